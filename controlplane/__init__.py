@@ -1,0 +1,1 @@
+"""leasehold-control: owns every decision and every file of the gateway."""

@@ -1,0 +1,3 @@
+"""leaseholdctl: placeholder, filled below."""
+def cli() -> None:
+    raise SystemExit("not yet")

@@ -1,0 +1,149 @@
+"""Shared pieces of the control HTTP surface: scopes, the auth middleware, JSON in and out.
+
+The middleware authenticates the bearer token in constant time **before** any handler runs, so
+no body is read for an unauthenticated caller (SPEC §13). Each handler declares its scope with
+`@requires(Scope.X)`; admin ⊇ mint ⊇ read.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from shared.codes import Refusal, Scope
+from shared.errors import GatewayError
+from shared.logging import get_logger
+from shared.settings import Settings
+
+log = get_logger("control.http")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
+
+_GRANTS: dict[Scope, frozenset[Scope]] = {
+    Scope.ADMIN: frozenset({Scope.ADMIN, Scope.MINT, Scope.READ}),
+    Scope.MINT: frozenset({Scope.MINT, Scope.READ}),
+    Scope.READ: frozenset({Scope.READ}),
+}
+SCOPE_KEY = web.AppKey("scope_of_request", dict)
+_encode = msgspec.json.Encoder().encode
+
+
+def requires(scope: Scope | None) -> Callable[[Handler], Handler]:
+    """Mark a handler with the scope it needs (None = public)."""
+    def mark(handler: Handler) -> Handler:
+        handler.__leasehold_scope__ = scope  # type: ignore[attr-defined]
+        return handler
+    return mark
+
+
+class TokenRing:
+    """The configured bearer tokens and the scope each grants."""
+
+    def __init__(self, settings: Settings) -> None:
+        pairs = [(settings.control_token, Scope.ADMIN), (settings.mint_token, Scope.MINT),
+                 (settings.read_token, Scope.READ)]
+        self._tokens = [(t.encode(), s) for t, s in pairs if t]
+
+    def scope_of(self, presented: str | None) -> Scope | None:
+        if not presented:
+            return None
+        raw = presented.encode("utf-8", "surrogatepass")
+        found: Scope | None = None
+        for token, scope in self._tokens:  # compare against every token: no early exit
+            if hmac.compare_digest(raw, token) and found is None:
+                found = scope
+        return found
+
+
+def bearer_of(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    kind, _, value = header.partition(" ")
+    return value.strip() if kind.lower() == "bearer" and value.strip() else None
+
+
+def error_response(code: Refusal | str, message: str, status: int,
+                   headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
+    body = {"error": {"code": str(code), "message": message, **extra}}
+    return web.Response(body=_encode(body), status=status, content_type="application/json",
+                        headers=headers)
+
+
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_encode(payload), status=status, content_type="application/json",
+                        headers=headers)
+
+
+def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        scope_needed = _scope_needed(request, metrics_public)
+        if scope_needed is not None:
+            granted = ring.scope_of(bearer_of(request))
+            if granted is None:
+                log.info("control_auth_refused", path=request.path, method=request.method)
+                return error_response(Refusal.UNAUTHENTICATED, "a valid bearer token is required", 401,
+                                      headers={"WWW-Authenticate": 'Bearer realm="leasehold"',
+                                               "Connection": "close"})
+            if scope_needed not in _GRANTS[granted]:
+                return error_response(Refusal.FORBIDDEN_SCOPE,
+                                      f"this route needs scope {scope_needed!s}; the token grants {granted!s}",
+                                      403, headers={"Connection": "close"})
+            request[SCOPE_KEY] = {"scope": granted}
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            headers = {}
+            if exc.retry_after_s is not None:
+                headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
+            return error_response(exc.code, exc.detail, exc.status, headers=headers, **exc.extra)
+    return middleware
+
+
+def _scope_needed(request: web.Request, metrics_public: bool) -> Scope | None:
+    route = request.match_info.route
+    handler = getattr(route, "handler", None)
+    marked = getattr(handler, "__leasehold_scope__", "unmarked")
+    if marked != "unmarked":
+        if request.path == "/metrics" and metrics_public:
+            return None
+        return marked  # type: ignore[return-value]
+    # Unknown routes under /control answer only to an authenticated caller.
+    return Scope.READ if request.path.startswith("/control") else None
+
+
+def granted_scope(request: web.Request) -> Scope | None:
+    info = request.get(SCOPE_KEY)
+    return None if info is None else info["scope"]
+
+
+async def read_json(request: web.Request, kind: type[T]) -> T:
+    """Decode the body strictly into `kind`; a bad body is a 422 naming what is wrong."""
+    if request.content_type not in ("application/json", ""):
+        raise GatewayError(Refusal.INVALID_REQUEST, "the body must be application/json", status=415)
+    body = await request.read()
+    try:
+        return msgspec.json.decode(body or b"{}", type=kind)
+    except msgspec.ValidationError as exc:
+        raise GatewayError(Refusal.INVALID_REQUEST, f"invalid body: {exc}") from None
+    except msgspec.DecodeError:
+        raise GatewayError(Refusal.INVALID_REQUEST, "the body is not valid JSON") from None
+
+
+def int_query(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise GatewayError(Refusal.INVALID_REQUEST, f"{name} must be an integer in {lo}..{hi}",
+                           extra={"param": name, "min": lo, "max": hi}) from None
+    if not lo <= value <= hi:
+        raise GatewayError(Refusal.INVALID_REQUEST, f"{name}={value} is outside {lo}..{hi}",
+                           extra={"param": name, "min": lo, "max": hi})
+    return value

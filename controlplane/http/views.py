@@ -1,0 +1,92 @@
+"""Read views (scope `read`): routes in flight and recent, and the liveness probe."""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from controlplane.http.common import int_query, json_response, requires
+from controlplane.http.keys import SERVICE
+from shared.clock import iso_ms, now_ms
+from shared.codes import Scope
+from shared.wire import AttemptRow
+
+RECENT_LIMIT_MAX = 200
+
+
+class RouteView(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt as a read payload: the row without anything secret-shaped."""
+
+    attempt_id: str
+    key_id: str
+    account_id: str
+    mint_decision_id: str | None
+    dispatch_id: str | None
+    repo_slug: str
+    principal_id: str
+    wire: str
+    path: str
+    requested_model: str | None
+    served_model: str | None
+    stream: bool
+    started_at: str
+    finished_at: str | None
+    status: str | None
+    http_status: int | None
+    condition: str | None
+    refusal_reason: str | None
+    usage: dict | None
+    cost_usd: float | None
+    cost_reason: str | None
+    overhead_ms: float | None
+
+
+_VIEW_FIELDS = RouteView.__struct_fields__
+
+
+def view_of(row: AttemptRow) -> dict:
+    view = {name: getattr(row, name) for name in _VIEW_FIELDS}
+    view["usage"] = msgspec.to_builtins(row.usage)
+    return view
+
+
+@requires(None)
+async def healthz(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return json_response({
+        "status": "ok",
+        "dataplane_connected": service.link.connected,
+        "ledger_ok": service.ledger.ok,
+    })
+
+
+@requires(Scope.READ)
+async def routes_active(request: web.Request) -> web.Response:
+    book = request.app[SERVICE].routes
+    rows = sorted(book.active.values(), key=lambda r: r.started_at)
+    return json_response({
+        "as_of": iso_ms(now_ms()),
+        "count": len(rows),
+        "routes": [view_of(r) for r in rows],
+        "dataplane_connected": request.app[SERVICE].link.connected,
+    })
+
+
+@requires(Scope.READ)
+async def routes_recent(request: web.Request) -> web.Response:
+    limit = int_query(request, "limit", 50, 1, RECENT_LIMIT_MAX)
+    rows, truncated, retained, since = request.app[SERVICE].routes.recent_view(limit)
+    return json_response({
+        "as_of": iso_ms(now_ms()),
+        "limit": limit,
+        "routes": [view_of(r) for r in rows],
+        "truncated": truncated,
+        "retained": retained,
+        "evidence_since": since,
+    })
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/control/v2/routes/active", routes_active)
+    app.router.add_get("/control/v2/routes/recent", routes_recent)

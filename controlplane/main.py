@@ -1,0 +1,117 @@
+"""leasehold-control: settings → logging → registry → stores → servers → signals.
+
+`main(argv) -> int` is plain and callable from tests; `cli()` is the console script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import uvloop
+from aiohttp import web
+
+from controlplane.http import keys as keys_http
+from controlplane.http import views as views_http
+from controlplane.http.common import TokenRing, auth_middleware
+from controlplane.prices import load_prices
+from controlplane.registry import Registry, RegistryError
+from controlplane.service import ControlService
+from controlplane.stores.keys import KeyTable
+from controlplane.stores.ledger import Ledger
+from shared.clock import now_ms
+from shared.logging import configure_logging, get_logger
+from shared.rpc import start_unix_server
+from shared.settings import Settings, SettingsError, load_settings, unknown_variables
+
+log = get_logger("control")
+
+REAPER_INTERVAL_S = 1.0
+CONTROL_BODY_LIMIT = 1024 * 1024
+
+
+def build_app(service: ControlService) -> web.Application:
+    settings = service.settings
+    app = web.Application(
+        middlewares=[auth_middleware(TokenRing(settings), settings.metrics_public)],
+        client_max_size=CONTROL_BODY_LIMIT,
+    )
+    app[keys_http.SERVICE] = service
+    keys_http.add_routes(app)
+    views_http.add_routes(app)
+    return app
+
+
+async def _reaper(service: ControlService) -> None:
+    while True:
+        await asyncio.sleep(REAPER_INTERVAL_S)
+        try:
+            await service.reap_expired()
+            await service.retry_storage()
+        except Exception:  # the reaper must outlive any one bad pass
+            log.exception("reaper_pass_failed")
+
+
+async def serve(settings: Settings, service: ControlService) -> None:
+    rpc_server = await start_unix_server(settings.rpc_socket, service.link.on_client)
+    runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.control_host, settings.control_port, reuse_address=True)
+    await site.start()
+    reaper = asyncio.create_task(_reaper(service))
+    log.info("control_started", listen=f"{settings.control_host}:{settings.control_port}",
+             rpc_socket=settings.rpc_socket, state_dir=settings.state_dir,
+             accounts=[a.id for a in service.registry.accounts])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("control_stopping")
+    reaper.cancel()
+    rpc_server.close()
+    if service.link.conn is not None:
+        service.link.conn.close()
+    await runner.cleanup()
+    service.ledger.close()
+    service.keys.close()
+    try:
+        os.unlink(settings.rpc_socket)
+    except OSError:
+        pass
+    log.info("control_stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    del argv  # no flags: everything is GATEWAY_* (SPEC §2)
+    try:
+        settings = load_settings(role="control")
+        registry = Registry.from_settings(settings)
+    except (SettingsError, RegistryError) as exc:
+        print(f"leasehold-control: {exc}", file=sys.stderr)
+        return 2
+    credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
+    configure_logging("leasehold-control", settings.log_level,
+                      secrets=[settings.control_token, settings.mint_token, settings.read_token,
+                               *credential_values])
+    for name in unknown_variables(os.environ):
+        if name not in {a.credential_env for a in registry.accounts}:
+            log.warning("setting_unknown", variable=name)
+    os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
+    keys = KeyTable(os.path.join(settings.state_dir, "keys.jsonl"))
+    keys.load(now_ms())
+    ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"))
+    ledger.open()
+    service = ControlService(settings, registry, keys, ledger, load_prices())
+    uvloop.run(serve(settings, service))
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,127 @@
+"""The control side of the RPC: one data plane, its lease replica kept exact.
+
+On connect: peer uid check → `Hello`/`Welcome` version handshake → `Snapshot` of every live
+lease and account route, acknowledged. Afterwards every added or removed lease is pushed and
+acknowledged, which is how a mint or revoke returns only once the data plane has it (SPEC §3).
+Attempt reports flow the other way and are handed to `on_message`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+
+from shared.logging import get_logger
+from shared.rpc import Connection, FrameError, peer_uid
+from shared.wire import (
+    PROTOCOL_VERSION, AccountRoute, Hello, Lease, LeaseAdded, LeaseRemoved, Message, Refused,
+    Snapshot, StorageState, Welcome,
+)
+
+log = get_logger("replication")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+# A data plane that does not acknowledge a push within this is treated as gone: the link is
+# closed, the data plane drops every lease and resynchronises from a fresh snapshot.
+ACK_TIMEOUT_S = 5.0
+
+
+class DataPlaneLink:
+    def __init__(
+        self,
+        snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
+        on_message: Callable[[Connection, Message], Awaitable[None]],
+        on_disconnect: Callable[[], None],
+    ) -> None:
+        self._snapshot = snapshot
+        self._on_message = on_message
+        self._on_disconnect = on_disconnect
+        self.conn: Connection | None = None
+        self.ready = asyncio.Event()
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and not self.conn.closed.is_set()
+
+    async def on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(reader, writer, "dataplane")
+        uid = peer_uid(writer)
+        if uid != os.getuid():
+            log.warning("rpc_peer_refused", reason="peer-uid-mismatch", peer_uid=uid)
+            conn.close()
+            return
+        try:
+            hello = await asyncio.wait_for(conn.read_message(), HANDSHAKE_TIMEOUT_S)
+        except (FrameError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            log.warning("rpc_handshake_failed", reason=getattr(exc, "reason", type(exc).__name__))
+            conn.close()
+            return
+        refusal = self._refusal(hello)
+        if refusal is not None:
+            log.warning("rpc_peer_refused", reason=refusal)
+            try:
+                await conn.send(Refused(reason=refusal))
+            finally:
+                conn.close()
+            return
+        await conn.send(Welcome(version=PROTOCOL_VERSION))
+        self.conn = conn
+        runner = asyncio.ensure_future(conn.run(self._on_message))
+        try:
+            leases, routes, storage_ok = self._snapshot()
+            await conn.request(
+                lambda rid: Snapshot(req_id=rid, leases=leases, accounts=routes, storage_ok=storage_ok),
+                ACK_TIMEOUT_S,
+            )
+            self.ready.set()
+            log.info("dataplane_synchronised", leases=len(leases), pid=hello.pid)  # type: ignore[union-attr]
+            await runner
+        except (ConnectionError, asyncio.TimeoutError) as exc:
+            log.warning("dataplane_sync_failed", reason=type(exc).__name__)
+        finally:
+            conn.close()
+            runner.cancel()
+            if self.conn is conn:
+                self.conn = None
+                self.ready.clear()
+                self._on_disconnect()
+                log.warning("dataplane_disconnected")
+
+    def _refusal(self, hello: Message) -> str | None:
+        if not isinstance(hello, Hello):
+            return "expected-hello"
+        if hello.version != PROTOCOL_VERSION:
+            return f"protocol-version-mismatch: control {PROTOCOL_VERSION}, dataplane {hello.version}"
+        if self.connected:
+            return "another-dataplane-connected"
+        return None
+
+    async def _push(self, build: Callable[[int], Message]) -> bool:
+        """Push and wait for the ack; True if the data plane has it, False if it is gone."""
+        conn = self.conn  # set before the snapshot is built, so no push can fall between them
+        if conn is None:
+            return False
+        try:
+            await conn.request(build, ACK_TIMEOUT_S)
+            return True
+        except asyncio.TimeoutError:
+            log.error("dataplane_ack_timeout", action="closing link; dataplane will resync")
+            conn.close()
+        except ConnectionError:
+            pass
+        return False
+
+    async def lease_added(self, lease: Lease) -> bool:
+        return await self._push(lambda rid: LeaseAdded(req_id=rid, lease=lease))
+
+    async def leases_removed(self, key_ids: list[str]) -> bool:
+        return await self._push(lambda rid: LeaseRemoved(req_id=rid, key_ids=key_ids))
+
+    def storage_state(self, ok: bool) -> None:
+        conn = self.conn
+        if conn is not None:
+            try:
+                conn.send_nowait(StorageState(ok=ok))
+            except ConnectionError:
+                pass

@@ -1,0 +1,50 @@
+"""Attempts in flight and the ring of recent terminal rows (SPEC §11, §14).
+
+`active` holds every attempt the data plane has started and not finished; `recent` is a ring
+of the last `RING_SIZE` terminal rows. Eviction is counted so a view can say `truncated`
+rather than present a partial history as the whole of it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from shared.wire import AttemptRow
+
+RING_SIZE = 200
+
+
+class RouteBook:
+    def __init__(self, ring_size: int = RING_SIZE) -> None:
+        self.active: dict[str, AttemptRow] = {}
+        self.recent: deque[AttemptRow] = deque(maxlen=ring_size)
+        self.evicted = 0
+
+    def started(self, row: AttemptRow) -> None:
+        self.active[row.attempt_id] = row
+
+    def finished(self, row: AttemptRow) -> None:
+        self.active.pop(row.attempt_id, None)
+        if len(self.recent) == self.recent.maxlen:
+            self.evicted += 1
+        self.recent.append(row)
+
+    def forget_active(self) -> list[AttemptRow]:
+        """The data plane went away: its in-flight list is resent after the reconnect."""
+        rows = list(self.active.values())
+        self.active.clear()
+        return rows
+
+    def in_flight_by_account(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for row in self.active.values():
+            counts[row.account_id] = counts.get(row.account_id, 0) + 1
+        return counts
+
+    def recent_view(self, limit: int) -> tuple[list[AttemptRow], bool, int, str | None]:
+        """Newest first: `(rows, truncated, retained, evidence_since)`."""
+        rows = list(reversed(self.recent))[:limit]
+        retained = len(self.recent)
+        truncated = self.evicted > 0 or retained > limit
+        evidence_since = self.recent[0].started_at if self.recent else None
+        return rows, truncated, retained, evidence_since

@@ -1,0 +1,150 @@
+"""The control daemon's operations: mint, revoke, the release seam, attempt reports.
+
+HTTP handlers and the RPC call these; this module does the I/O ordering (key table → capacity
+→ replication) and leaves decisions to `core`. Every path that ends a key goes through
+`end_keys`, the one release seam.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+from controlplane.core.pricing import PriceTable, cost_of
+from controlplane.registry import AccountSpec, Registry, is_configured
+from controlplane.replication import DataPlaneLink
+from controlplane.routebook import RouteBook
+from controlplane.stores.keys import KeyTable
+from controlplane.stores.ledger import Ledger
+from shared.capacity import CapacityTable
+from shared.clock import iso_ms, now_ms
+from shared.codes import Binding, Refusal
+from shared.errors import GatewayError
+from shared.logging import get_logger
+from shared.rpc import Connection
+from shared.settings import Settings
+from shared.tokens import new_token
+from shared.wire import (
+    Ack, AccountRoute, AttemptFinished, AttemptRow, AttemptStarted, Lease, Message, Ping,
+)
+
+log = get_logger("control")
+
+
+class Minted(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    lease: Lease
+    account: AccountSpec
+    base_url: str
+
+
+class ControlService:
+    def __init__(self, settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
+                 prices: PriceTable, env: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.keys = keys
+        self.ledger = ledger
+        self.prices = prices
+        self.env = dict(os.environ if env is None else env)
+        self.routes = RouteBook()
+        self.lease_capacity = CapacityTable()
+        self.link = DataPlaneLink(self._snapshot, self.on_message, self._on_disconnect)
+        for lease in keys.all():
+            account = registry.get(lease.account_id)
+            self.lease_capacity.reserve(lease.account_id, lease.key_id,
+                                        None if account is None else account.lease_capacity)
+
+    # ---- facts --------------------------------------------------------------------------
+
+    def configured(self, account: AccountSpec) -> bool:
+        return is_configured(account, self.env)
+
+    def base_url_for(self, account: AccountSpec) -> str:
+        root = self.settings.dataplane_url
+        return root + "/v1" if account.wire == "openai" else root
+
+    def _snapshot(self) -> tuple[list[Lease], list[AccountRoute], bool]:
+        return self.keys.all(), self.registry.routes(), self.ledger.ok
+
+    # ---- mint and the release seam ------------------------------------------------------
+
+    async def mint_v1(self, binding: Binding, principal_kind: str, principal_id: str,
+                      repo_slug: str, ttl_seconds: int | None) -> Minted:
+        account = self.registry.legacy_for(binding)
+        if not self.configured(account):
+            raise GatewayError(Refusal.ACCOUNT_NOT_CONFIGURED,
+                               f"the legacy account for binding {binding!s} ({account.id}) has no "
+                               f"credential: set {account.credential_env}")
+        ttl_s = ttl_seconds or self.settings.key_ttl_seconds
+        token, key_id, digest = new_token()
+        lease = Lease(key_id=key_id, digest=digest, account_id=account.id,
+                      expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=principal_kind,
+                      principal_id=principal_id, repo_slug=repo_slug)
+        return await self._grant(lease, account, token)
+
+    async def _grant(self, lease: Lease, account: AccountSpec, token: str) -> Minted:
+        if not self.lease_capacity.reserve(account.id, lease.key_id, account.lease_capacity):
+            raise GatewayError(Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity")
+        self.keys.add(lease)
+        await self.link.lease_added(lease)
+        log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
+                 expires_at=iso_ms(lease.expires_at_ms), dataplane=self.link.connected)
+        return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
+
+    async def end_keys(self, key_ids: list[str], reason: str) -> list[str]:
+        """The release seam: forget each key, return its lease slot, tell the data plane."""
+        ended = []
+        for key_id in key_ids:
+            lease = self.keys.remove(key_id)
+            self.lease_capacity.release(key_id)
+            if lease is not None:
+                ended.append(key_id)
+        if ended:
+            await self.link.leases_removed(ended)
+            for key_id in ended:
+                log.info("lease_ended", key_id=key_id, reason=reason)
+        return ended
+
+    async def revoke(self, key_id: str) -> bool:
+        return bool(await self.end_keys([key_id], "revoked"))
+
+    async def reap_expired(self) -> int:
+        expired = self.keys.expired(now_ms())
+        return len(await self.end_keys(expired, "expired")) if expired else 0
+
+    # ---- attempt reports ----------------------------------------------------------------
+
+    async def on_message(self, conn: Connection, message: Message) -> None:
+        if isinstance(message, AttemptStarted):
+            self.routes.started(message.row)
+        elif isinstance(message, AttemptFinished):
+            ok = self.record(message.row)
+            conn.send_nowait(Ack(req_id=message.req_id, ok=ok))
+        elif isinstance(message, Ping):
+            conn.send_nowait(Ack(req_id=message.req_id))
+        else:
+            log.warning("rpc_message_unexpected", op=type(message).__name__)
+
+    def record(self, row: AttemptRow) -> bool:
+        """Price the row, append it to the ledger once, move it from active to recent."""
+        if self.ledger.has(row.attempt_id):
+            self.routes.active.pop(row.attempt_id, None)
+            return True
+        cost, reason = cost_of(self.prices, row.served_model or row.requested_model, row.usage)
+        row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
+        was_ok = self.ledger.ok
+        ok = self.ledger.append(row)
+        self.routes.finished(row)
+        if ok != was_ok:
+            self.link.storage_state(ok)
+        return ok
+
+    async def retry_storage(self) -> None:
+        if not self.ledger.ok and self.ledger.flush():
+            log.info("ledger_recovered")
+            self.link.storage_state(True)
+
+    def _on_disconnect(self) -> None:
+        self.routes.forget_active()

@@ -1,0 +1,1 @@
+"""leasehold-dataplane: the hot path — authenticate, admit, forward, relay, finish."""

@@ -1,0 +1,88 @@
+"""The terminal chokepoint: one `Attempt` per accepted request, finished exactly once.
+
+`finish()` is idempotent: the first call builds the terminal row, classifies it
+(`condition_for_terminal`), logs the one `request_done` line and hands the row to the control
+link; later calls do nothing. The proxy calls it on every path and once more in a `finally`, so
+an exception or a cancellation still ends the attempt in exactly one row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dataplane.rpc_client import ControlLink
+from dataplane.wires.sse import Observation
+from shared.clock import iso_ms, now_ms
+from shared.codes import AttemptStatus, Refusal
+from shared.evidence import condition_for_terminal
+from shared.logging import get_logger
+from shared.tokens import new_ulid
+from shared.wire import AttemptRow, Lease, Usage
+
+log = get_logger("dataplane")
+
+
+class Attempt:
+    __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
+                 "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen")
+
+    def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str) -> None:
+        self.link = link
+        self.lease = lease
+        self.wire = wire
+        self.path = path
+        self.attempt_id = "att_" + new_ulid()
+        self.started_ms = now_ms()
+        self.t0 = time.perf_counter()
+        self.requested_model: str | None = None
+        self.stream = False
+        self.done = False
+        self.overhead_ms: float | None = None
+        self.bytes_out = 0
+        self.seen: Observation | None = None
+
+    def _row(self, **terminal: object) -> AttemptRow:
+        lease = self.lease
+        return AttemptRow(
+            attempt_id=self.attempt_id, key_id=lease.key_id, account_id=lease.account_id,
+            mint_decision_id=lease.mint_decision_id, dispatch_id=lease.dispatch_id,
+            repo_slug=lease.repo_slug, principal_id=lease.principal_id,
+            principal_kind=lease.principal_kind, worker_role=lease.worker_role,
+            wire=self.wire, path=self.path, requested_model=self.requested_model,
+            stream=self.stream, started_at=iso_ms(self.started_ms),
+            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out,
+            **terminal,  # type: ignore[arg-type]
+        )
+
+    def announce(self) -> None:
+        self.link.started(self._row(
+            served_model=None, finished_at=None, status=None, http_status=None, condition=None,
+            refusal_reason=None, usage=None, cost_usd=None, cost_reason=None))
+
+    def mark_overhead(self, upstream_wait_s: float) -> float:
+        """Gateway time so far, minus the time spent waiting on the upstream."""
+        self.overhead_ms = round((time.perf_counter() - self.t0 - upstream_wait_s) * 1000, 3)
+        return self.overhead_ms
+
+    def finish(self, status: AttemptStatus, http_status: int | None, *,
+               refusal: Refusal | None = None, usage: Usage | None = None,
+               served_model: str | None = None, retry_after_s: float | None = None,
+               ) -> asyncio.Future[bool] | None:
+        """End the attempt (first call only); the future resolves when control has the row."""
+        if self.done:
+            return None
+        self.done = True
+        condition = condition_for_terminal(status, http_status, refusal)
+        duration_ms = round((time.perf_counter() - self.t0) * 1000, 3)
+        row = self._row(
+            served_model=served_model, finished_at=iso_ms(now_ms()), status=str(status),
+            http_status=http_status, condition=None if condition is None else str(condition),
+            refusal_reason=None if refusal is None else str(refusal), usage=usage,
+            cost_usd=None, cost_reason=None, retry_after_s=retry_after_s, duration_ms=duration_ms,
+        )
+        log.info("request_done", attempt_id=self.attempt_id, account_id=self.lease.account_id,
+                 key_id=self.lease.key_id, status=row.status, http_status=http_status,
+                 code=row.refusal_reason or row.condition, bytes=self.bytes_out,
+                 duration_ms=duration_ms)
+        return self.link.finished(row)

@@ -1,0 +1,46 @@
+"""Gateway-authored answers in the worker's own wire shape (SPEC §12, §15).
+
+Every one carries the refusal code, a request id header (`request-id` on the Anthropic wire,
+`x-request-id` on the OpenAI wire; the attempt id where there is one), `x-should-retry: false`
+on 401, a whole-second `retry-after` on 429 and on a 503 whose end is known, and
+`x-leasehold-overhead-ms`.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from dataplane.wires import anthropic, openai
+from shared.codes import HTTP_STATUS, Refusal, Wire
+
+OVERHEAD_HEADER = "x-leasehold-overhead-ms"
+_ANTHROPIC_ONLY = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+
+
+def guess_wire(path: str, headers: CIMultiDictProxy[str]) -> Wire:
+    """The wire to answer in before a lease says which (unknown or refused key)."""
+    if path in _ANTHROPIC_ONLY:
+        return Wire.ANTHROPIC
+    if path in openai.PATHS and path != "/v1/models":
+        return Wire.OPENAI
+    if "anthropic-version" in headers or "x-api-key" in headers:
+        return Wire.ANTHROPIC
+    return Wire.OPENAI
+
+
+def refusal_response(wire: str, code: Refusal, message: str, request_id: str, overhead_ms: float,
+                     *, status: int | None = None, retry_after_s: float | None = None) -> web.Response:
+    status = status or HTTP_STATUS[code]
+    if wire == Wire.ANTHROPIC:
+        body = anthropic.error_body(status, str(code), message, request_id)
+        headers = {anthropic.REQUEST_ID_HEADER: request_id}
+    else:
+        body = openai.error_body(status, str(code), message, request_id)
+        headers = {openai.REQUEST_ID_HEADER: request_id}
+    headers[OVERHEAD_HEADER] = f"{overhead_ms:.3f}"
+    if status == 401:
+        headers["x-should-retry"] = "false"
+    if retry_after_s is not None:
+        headers["retry-after"] = str(max(1, int(retry_after_s + 0.999)))
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)

@@ -1,0 +1,87 @@
+"""leasehold-dataplane: settings → logging → replica → control link → proxy → signals.
+
+SIGTERM stops accepting connections, lets in-flight streams finish for
+`GATEWAY_DRAIN_SECONDS` (new requests on open connections get 503 `gateway-shutdown`), cancels
+what is left (each still ends in its row), then hands every queued row to control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import uvloop
+from aiohttp import web
+
+from dataplane.leases import LeaseReplica
+from dataplane.proxy import Proxy
+from dataplane.rpc_client import ControlLink
+from dataplane.upstreams import UpstreamPools
+from shared.logging import configure_logging, get_logger
+from shared.settings import Settings, SettingsError, load_settings
+
+log = get_logger("dataplane")
+
+# Request header lines up to 16 KiB are accepted (SPEC §15); the limit leaves headroom.
+MAX_HEADER_BYTES = 32 * 1024
+ROW_FLUSH_TIMEOUT_S = 3.0
+
+
+def build_app(settings: Settings, proxy: Proxy) -> web.Application:
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    return app
+
+
+async def serve(settings: Settings) -> None:
+    replica = LeaseReplica()
+    link = ControlLink(settings.rpc_socket, replica)
+    pools = UpstreamPools(settings)
+    proxy = Proxy(settings, replica, link, pools)
+    link_task = asyncio.create_task(link.run())
+    runner = web.AppRunner(build_app(settings, proxy), access_log=None, handle_signals=False,
+                           handler_cancellation=True, shutdown_timeout=settings.drain_seconds,
+                           max_field_size=MAX_HEADER_BYTES, max_line_size=MAX_HEADER_BYTES)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True,
+                       backlog=1024)
+    await site.start()
+    log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
+             rpc_socket=settings.rpc_socket)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("dataplane_draining", in_flight=len(proxy.in_flight), drain_seconds=settings.drain_seconds)
+    proxy.draining = True
+    await runner.cleanup()
+    left = await link.flush(ROW_FLUSH_TIMEOUT_S)
+    if left:
+        log.error("attempt_rows_unsent", count=left)
+    link.stop()
+    link_task.cancel()
+    await pools.close()
+    log.info("dataplane_stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    del argv
+    try:
+        settings = load_settings(role="dataplane")
+    except SettingsError as exc:
+        print(f"leasehold-dataplane: {exc}", file=sys.stderr)
+        return 2
+    configure_logging("leasehold-dataplane", settings.log_level,
+                      secrets=[settings.control_token, settings.mint_token, settings.read_token])
+    uvloop.run(serve(settings))
+    return 0
+
+
+def cli() -> None:
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    cli()

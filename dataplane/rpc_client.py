@@ -1,0 +1,166 @@
+"""The data plane's side of the RPC: dial control, hold the replica exact, report attempts.
+
+Connect → `Hello` → `Welcome` → `Snapshot` (ack) → pushes. On any loss the replica is cleared
+at once (fail closed) and the link redials with capped, jittered backoff. Attempt reports never
+block the hot path: `AttemptStarted` is a fire-and-forget frame; each `AttemptFinished` stays in
+an outbox until control acknowledges it and is re-sent after a reconnect (control deduplicates
+by attempt id), so a control restart loses no row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections import OrderedDict
+
+from dataplane.leases import LeaseReplica
+from shared.logging import get_logger
+from shared.rpc import Connection, FrameError
+from shared.wire import (
+    PROTOCOL_VERSION, Ack, AttemptFinished, AttemptRow, AttemptStarted, Hello, LeaseAdded,
+    LeaseRemoved, Message, Refused, Snapshot, StorageState, Welcome,
+)
+
+log = get_logger("dataplane.rpc")
+
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 2.0
+ACK_TIMEOUT_S = 10.0
+# Rows waiting for control while it is away; past this the oldest are dropped, loudly.
+OUTBOX_CAP = 100_000
+
+
+class ControlLink:
+    def __init__(self, socket_path: str, replica: LeaseReplica) -> None:
+        self.socket_path = socket_path
+        self.replica = replica
+        self.conn: Connection | None = None
+        self.in_flight: dict[str, AttemptRow] = {}
+        self.outbox: OrderedDict[str, AttemptRow] = OrderedDict()
+        self._delivering: dict[str, asyncio.Future[bool]] = {}
+        self.synced = asyncio.Event()
+        self._stopping = False
+
+    # ---- connection lifecycle -----------------------------------------------------------
+
+    async def run(self) -> None:
+        delay = BACKOFF_MIN_S
+        while not self._stopping:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.socket_path)
+            except OSError:
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(BACKOFF_MAX_S, delay * 2)
+                continue
+            delay = BACKOFF_MIN_S
+            conn = Connection(reader, writer, "control")
+            try:
+                await self._session(conn)
+            finally:
+                self._lost(conn)
+
+    async def _session(self, conn: Connection) -> None:
+        try:
+            await conn.send(Hello(version=PROTOCOL_VERSION, role="dataplane", pid=os.getpid()))
+            answer = await asyncio.wait_for(conn.read_message(), 5.0)
+        except (FrameError, asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
+            log.warning("control_handshake_failed", reason=getattr(exc, "reason", type(exc).__name__))
+            return
+        if isinstance(answer, Refused) or not isinstance(answer, Welcome):
+            log.error("control_refused_link", reason=getattr(answer, "reason", "unexpected-answer"))
+            await asyncio.sleep(BACKOFF_MAX_S)
+            return
+        self.conn = conn
+        await conn.run(self._on_message)
+
+    def _lost(self, conn: Connection) -> None:
+        conn.close()
+        if self.conn is conn:
+            self.conn = None
+            self.synced.clear()
+            had = len(self.replica)
+            self.replica.clear()
+            log.warning("control_link_lost", leases_dropped=had, rows_waiting=len(self.outbox))
+
+    async def _on_message(self, conn: Connection, message: Message) -> None:
+        if isinstance(message, Snapshot):
+            self.replica.load(message.leases, message.accounts, message.storage_ok)
+            conn.send_nowait(Ack(req_id=message.req_id))
+            self._resend(conn)
+            self.synced.set()
+            log.info("control_synchronised", leases=len(message.leases), accounts=len(message.accounts))
+        elif isinstance(message, LeaseAdded):
+            self.replica.add(message.lease)
+            conn.send_nowait(Ack(req_id=message.req_id))
+        elif isinstance(message, LeaseRemoved):
+            for key_id in message.key_ids:
+                self.replica.remove(key_id)
+            conn.send_nowait(Ack(req_id=message.req_id))
+        elif isinstance(message, StorageState):
+            self.replica.storage_ok = message.ok
+            log.warning("observation_storage_state", ok=message.ok)
+        else:
+            log.warning("rpc_message_unexpected", op=type(message).__name__)
+
+    def _resend(self, conn: Connection) -> None:
+        """After a resync: re-announce what is in flight and re-deliver unacknowledged rows."""
+        for row in self.in_flight.values():
+            conn.send_nowait(AttemptStarted(row=row))
+        for attempt_id in list(self.outbox):
+            self._deliver(attempt_id)
+
+    # ---- attempt reports ----------------------------------------------------------------
+
+    def started(self, row: AttemptRow) -> None:
+        self.in_flight[row.attempt_id] = row
+        conn = self.conn
+        if conn is not None and self.synced.is_set():
+            try:
+                conn.send_nowait(AttemptStarted(row=row))
+            except ConnectionError:
+                pass
+
+    def finished(self, row: AttemptRow) -> asyncio.Future[bool]:
+        """Queue the terminal row; the future resolves True once control has it."""
+        self.in_flight.pop(row.attempt_id, None)
+        self.outbox[row.attempt_id] = row
+        while len(self.outbox) > OUTBOX_CAP:
+            dropped, _ = self.outbox.popitem(last=False)
+            log.error("attempt_row_dropped", attempt_id=dropped, reason="outbox-full")
+        return self._deliver(row.attempt_id)
+
+    def _deliver(self, attempt_id: str) -> asyncio.Future[bool]:
+        pending = self._delivering.get(attempt_id)
+        if pending is not None and not pending.done():
+            return pending
+        task = asyncio.ensure_future(self._send_row(attempt_id))
+        self._delivering[attempt_id] = task
+        task.add_done_callback(lambda _t: self._delivering.pop(attempt_id, None))
+        return task
+
+    async def _send_row(self, attempt_id: str) -> bool:
+        row = self.outbox.get(attempt_id)
+        conn = self.conn
+        if row is None:
+            return True
+        if conn is None or not self.synced.is_set():
+            return False
+        try:
+            await conn.request(lambda rid: AttemptFinished(req_id=rid, row=row), ACK_TIMEOUT_S)
+        except (ConnectionError, asyncio.TimeoutError):
+            return False
+        self.outbox.pop(attempt_id, None)
+        return True
+
+    async def flush(self, timeout_s: float) -> int:
+        """Wait (bounded) for every queued row to be acknowledged; returns how many remain."""
+        pending = [self._deliver(a) for a in list(self.outbox)]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout_s)
+        return len(self.outbox)
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self.conn is not None:
+            self.conn.close()

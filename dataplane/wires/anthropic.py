@@ -1,0 +1,98 @@
+"""The Anthropic Messages wire: paths, error shape, stream terminal and usage extraction."""
+
+from __future__ import annotations
+
+import msgspec
+
+from dataplane.wires.sse import SseScanner
+from shared.wire import Usage
+
+PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens", "/v1/models"})
+REQUEST_ID_HEADER = "request-id"
+
+_ERROR_TYPE = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
+    426: "invalid_request_error", 429: "rate_limit_error", 529: "overloaded_error",
+}
+
+
+class _Usage(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+class _Message(msgspec.Struct):
+    model: str | None = None
+    usage: _Usage | None = None
+
+
+class _Start(msgspec.Struct):
+    message: _Message | None = None
+
+
+class _Delta(msgspec.Struct):
+    usage: _Usage | None = None
+
+
+_decode_message = msgspec.json.Decoder(_Message).decode
+_decode_start = msgspec.json.Decoder(_Start).decode
+_decode_delta = msgspec.json.Decoder(_Delta).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _usage(u: _Usage, base: Usage | None = None) -> Usage:
+    base = base or Usage()
+    return Usage(
+        input_tokens=u.input_tokens if u.input_tokens is not None else base.input_tokens,
+        output_tokens=u.output_tokens if u.output_tokens is not None else base.output_tokens,
+        cache_read_tokens=(u.cache_read_input_tokens if u.cache_read_input_tokens is not None
+                           else base.cache_read_tokens),
+        cache_creation_tokens=(u.cache_creation_input_tokens if u.cache_creation_input_tokens is not None
+                               else base.cache_creation_tokens),
+    )
+
+
+class Scanner(SseScanner):
+    """`message_stop` completes a stream; usage from `message_start` then `message_delta`."""
+
+    def on_event(self, name: bytes, data: bytes) -> None:
+        seen = self.seen
+        try:
+            if name == b"message_start":
+                start = _decode_start(data)
+                if start.message is not None:
+                    seen.model = start.message.model
+                    if start.message.usage is not None:
+                        seen.usage = _usage(start.message.usage)
+            elif name == b"message_delta":
+                delta = _decode_delta(data)
+                if delta.usage is not None:
+                    seen.usage = _usage(delta.usage, seen.usage)
+            elif name == b"message_stop":
+                seen.terminal = True
+            elif name == b"error":
+                seen.upstream_error = True
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass  # a malformed event is forwarded as it came; it does not cut the stream
+
+
+def usage_from_body(body: bytes) -> tuple[str | None, Usage | None]:
+    try:
+        message = _decode_message(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None, None
+    return message.model, None if message.usage is None else _usage(message.usage)
+
+
+def error_body(status: int, code: str, message: str, request_id: str) -> bytes:
+    kind = _ERROR_TYPE.get(status, "api_error")
+    return _encode({"type": "error", "error": {"type": kind, "message": message, "code": code},
+                    "request_id": request_id})
+
+
+def cut_event(message: str) -> bytes:
+    payload = _encode({"type": "error", "error": {"type": "api_error", "message": message}})
+    return b"event: error\ndata: " + payload + b"\n\n"

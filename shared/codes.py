@@ -1,0 +1,156 @@
+"""Every closed vocabulary of Leasehold, spelled exactly as SPEC.md spells it.
+
+A code is a `StrEnum` member, so it is its own wire string. Anything a refusal, skip, health
+verdict or terminal row can say is a member here; nothing else may appear on the wire.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Wire(StrEnum):
+    ANTHROPIC = "anthropic"
+    OPENAI = "openai"
+
+
+class Binding(StrEnum):
+    ANTHROPIC = "anthropic"
+    ZAI_HARNESS = "zai-harness"
+    OPENAI = "openai"
+
+
+WIRE_OF_BINDING: dict[Binding, Wire] = {
+    Binding.ANTHROPIC: Wire.ANTHROPIC,
+    Binding.ZAI_HARNESS: Wire.ANTHROPIC,
+    Binding.OPENAI: Wire.OPENAI,
+}
+
+
+class AuthStyle(StrEnum):
+    X_API_KEY = "x-api-key"
+    BEARER = "bearer"
+
+
+class Refusal(StrEnum):
+    """Why the gateway itself refused something (mint, fallback, or a proxied request)."""
+
+    # gateway-authored terminals of the data plane (SPEC §7, §14)
+    REQUEST_CAPACITY_EXHAUSTED = "request-capacity-exhausted"
+    CONTROL_UNAVAILABLE = "control-unavailable"
+    POOL_TIMEOUT = "pool-timeout"
+    BODY_TOO_LARGE = "body-too-large"
+    PATH_NOT_SERVED = "path-not-served"
+    GATEWAY_SHUTDOWN = "gateway-shutdown"
+    OBSERVATION_STORAGE_UNAVAILABLE = "observation-storage-unavailable"
+    # authentication and input (no row: refused before an authenticated lease)
+    UNKNOWN_KEY = "unknown-key"
+    INVALID_REQUEST = "invalid-request"
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN_SCOPE = "forbidden-scope"
+    NOT_FOUND = "not-found"
+    ACCOUNT_NOT_CONFIGURED = "account-not-configured"
+    WEBSOCKET_NOT_SUPPORTED = "websocket-not-supported"
+    UPSTREAM_TIMEOUT = "upstream-timeout"
+    UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    INTERNAL_ERROR = "internal-error"
+    # mint and fallback (SPEC §5, §6, §8)
+    NO_ELIGIBLE_ACCOUNT = "no-eligible-account"
+    FALLBACK_POOL_EXHAUSTED = "fallback-pool-exhausted"
+    ACCOUNT_STATE_UNAVAILABLE = "account-state-unavailable"
+    POLICY_UNAVAILABLE = "policy-unavailable"
+    FALLBACK_LINEAGE_UNKNOWN = "fallback-lineage-unknown"
+    FALLBACK_CITED_DECISION_NOT_SELECTED = "fallback-cited-decision-not-selected"
+    FALLBACK_LINEAGE_MISMATCH = "fallback-lineage-mismatch"
+    FALLBACK_RESPONSE_WAS_NOT_LOST = "fallback-response-was-not-lost"
+    FALLBACK_LEASE_STILL_HELD = "fallback-lease-still-held"
+    FALLBACK_NOT_AUTHORISED = "fallback-not-authorised"
+    FALLBACK_BUDGET_EXHAUSTED = "fallback-budget-exhausted"
+
+
+# The HTTP status each gateway-authored refusal answers with. A test keeps it total.
+HTTP_STATUS: dict[Refusal, int] = {
+    Refusal.REQUEST_CAPACITY_EXHAUSTED: 429,
+    Refusal.CONTROL_UNAVAILABLE: 503,
+    Refusal.POOL_TIMEOUT: 503,
+    Refusal.BODY_TOO_LARGE: 413,
+    Refusal.PATH_NOT_SERVED: 404,
+    Refusal.GATEWAY_SHUTDOWN: 503,
+    Refusal.OBSERVATION_STORAGE_UNAVAILABLE: 503,
+    Refusal.UNKNOWN_KEY: 401,
+    Refusal.INVALID_REQUEST: 422,
+    Refusal.UNAUTHENTICATED: 401,
+    Refusal.FORBIDDEN_SCOPE: 403,
+    Refusal.NOT_FOUND: 404,
+    Refusal.ACCOUNT_NOT_CONFIGURED: 422,
+    Refusal.WEBSOCKET_NOT_SUPPORTED: 426,
+    Refusal.UPSTREAM_TIMEOUT: 504,
+    Refusal.UPSTREAM_UNREACHABLE: 502,
+    Refusal.INTERNAL_ERROR: 500,
+    Refusal.NO_ELIGIBLE_ACCOUNT: 503,
+    Refusal.FALLBACK_POOL_EXHAUSTED: 409,
+    Refusal.ACCOUNT_STATE_UNAVAILABLE: 503,
+    Refusal.POLICY_UNAVAILABLE: 503,
+    Refusal.FALLBACK_LINEAGE_UNKNOWN: 503,
+    Refusal.FALLBACK_CITED_DECISION_NOT_SELECTED: 409,
+    Refusal.FALLBACK_LINEAGE_MISMATCH: 409,
+    Refusal.FALLBACK_RESPONSE_WAS_NOT_LOST: 409,
+    Refusal.FALLBACK_LEASE_STILL_HELD: 503,
+    Refusal.FALLBACK_NOT_AUTHORISED: 503,
+    Refusal.FALLBACK_BUDGET_EXHAUSTED: 503,
+}
+
+
+class Skip(StrEnum):
+    """Why selection passed over a candidate (SPEC §6, in filter order)."""
+
+    NOT_CONFIGURED = "not-configured"
+    ADMINISTRATIVE_DISABLED = "administrative-disabled"
+    ADMINISTRATIVE_DRAINING = "administrative-draining"
+    CIRCUIT_OPEN = "circuit-open"
+    LEASE_CAPACITY_EXHAUSTED = "lease-capacity-exhausted"
+
+
+class Condition(StrEnum):
+    """A qualifying failure condition of an upstream answer (SPEC §7)."""
+
+    RATE_LIMITED = "rate-limited"
+    OVERLOADED = "overloaded"
+    CREDIT_EXHAUSTED = "credit-exhausted"
+    UPSTREAM_UNAVAILABLE = "upstream-unavailable"
+    CREDENTIAL_REJECTED = "credential-rejected"
+    TRANSPORT_ERROR = "transport-error"
+
+
+class AttemptStatus(StrEnum):
+    COMPLETED = "completed"
+    UPSTREAM_ERROR = "upstream-error"
+    CLIENT_ABORTED = "client-aborted"
+    TRANSPORT_ERROR = "transport-error"
+    REFUSED = "refused"
+
+
+class Health(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNVERIFIED = "unverified"
+
+
+class HealthReason(StrEnum):
+    NO_EVIDENCE = "no-evidence"
+    CREDENTIAL_MISSING = "credential-missing"
+    ONLY_ABORTED_EVIDENCE = "only-aborted-evidence"
+    QUALIFYING_FAILURES = "qualifying-failures"
+    RECENT_SUCCESS = "recent-success"
+
+
+class CostReason(StrEnum):
+    PRICED = "priced"
+    UNPRICED = "unpriced"
+    NO_USAGE = "no-usage"
+
+
+class Scope(StrEnum):
+    ADMIN = "admin"
+    MINT = "mint"
+    READ = "read"

@@ -1,0 +1,191 @@
+"""The control ↔ data-plane RPC: length-prefixed msgpack frames over a Unix socket.
+
+A frame is a 4-byte big-endian length followed by that many bytes of msgpack, one `Message`.
+The length is checked against `FRAME_CAP` before a byte of the body is read, so a hostile or
+corrupt peer cannot make us allocate. A frame that is oversized, empty or does not decode is a
+`FrameError`: the connection carrying it is closed with a logged reason and the daemon lives on.
+
+Requests carry a `req_id`; the answer is an `Ack` with the same id, resolved through a future.
+Everything else is a push, handed in order to the connection's handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import stat
+import struct
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from shared.logging import get_logger
+from shared.wire import Ack, Message
+
+# A snapshot of every live lease is the largest frame; 32 MiB holds ~150k leases.
+FRAME_CAP = 32 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+log = get_logger("rpc")
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+class FrameError(Exception):
+    """A peer sent something that is not a valid frame; `reason` is a short code."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def encode_frame(message: Message) -> bytes:
+    body = _encoder.encode(message)
+    if len(body) > FRAME_CAP:
+        raise FrameError("frame-too-large")
+    return _HEADER.pack(len(body)) + body
+
+
+def check_length(header: bytes) -> int:
+    (length,) = _HEADER.unpack(header)
+    if length == 0:
+        raise FrameError("empty-frame")
+    if length > FRAME_CAP:
+        raise FrameError("frame-too-large")
+    return length
+
+
+def decode_body(body: bytes) -> Message:
+    try:
+        return _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise FrameError("malformed-frame") from exc
+
+
+def split_frames(buffer: bytes) -> tuple[list[Message], bytes]:
+    """Pure framing over a byte buffer: every whole message in it, and the unread rest."""
+    messages: list[Message] = []
+    offset = 0
+    while len(buffer) - offset >= _HEADER.size:
+        length = check_length(buffer[offset:offset + _HEADER.size])
+        end = offset + _HEADER.size + length
+        if len(buffer) < end:
+            break
+        messages.append(decode_body(buffer[offset + _HEADER.size:end]))
+        offset = end
+    return messages, buffer[offset:]
+
+
+Handler = Callable[["Connection", Message], Awaitable[None]]
+
+
+class Connection:
+    """One RPC peer: ordered pushes to `handler`, `request()` resolved by `Ack`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.name = name
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Ack]] = {}
+        self.closed = asyncio.Event()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    async def read_message(self) -> Message:
+        header = await self.reader.readexactly(_HEADER.size)
+        body = await self.reader.readexactly(check_length(header))
+        return decode_body(body)
+
+    def send_nowait(self, message: Message) -> None:
+        if self.closed.is_set() or self.writer.is_closing():
+            raise ConnectionError("rpc connection closed")
+        self.writer.write(encode_frame(message))
+
+    async def send(self, message: Message) -> None:
+        self.send_nowait(message)
+        await self.writer.drain()
+
+    async def request(self, build: Callable[[int], Message], timeout_s: float) -> Ack:
+        """Send the message `build(req_id)` and wait for its Ack (ConnectionError if lost)."""
+        req_id = self.next_id()
+        future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = future
+        try:
+            await self.send(build(req_id))
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._pending.pop(req_id, None)
+
+    async def run(self, handler: Handler) -> None:
+        """Read until the peer goes away; a bad frame closes this connection, logged."""
+        try:
+            while True:
+                message = await self.read_message()
+                if isinstance(message, Ack):
+                    future = self._pending.get(message.req_id)
+                    if future is not None and not future.done():
+                        future.set_result(message)
+                    continue
+                await handler(self, message)
+        except FrameError as exc:
+            log.warning("rpc_frame_rejected", peer=self.name, reason=exc.reason)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError("rpc connection lost"))
+        self._pending.clear()
+        self.writer.close()
+
+
+# ---- socket security (SPEC §13) -------------------------------------------------------------
+
+
+def prepare_socket_dir(socket_path: str) -> None:
+    """Make the socket's directory exist as 0700 and owned by us; refuse a shared directory."""
+    directory = os.path.dirname(os.path.abspath(socket_path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"RPC socket directory {directory} is not owned by this user")
+    if info.st_mode & stat.S_ISVTX:
+        raise PermissionError(f"RPC socket directory {directory} is shared (sticky); use a private one")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+
+
+def peer_uid(writer: asyncio.StreamWriter) -> int | None:
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+async def start_unix_server(socket_path: str, on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> asyncio.AbstractServer:
+    """Bind `socket_path` as 0600 inside a 0700 directory (no window where it is wider)."""
+    prepare_socket_dir(socket_path)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    previous = os.umask(0o177)
+    try:
+        server = await asyncio.start_unix_server(on_client, path=socket_path, limit=FRAME_CAP + 8)
+    finally:
+        os.umask(previous)
+    os.chmod(socket_path, 0o600)
+    return server

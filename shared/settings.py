@@ -1,0 +1,201 @@
+"""GATEWAY_* environment → one frozen `Settings`.
+
+This is the only module that reads configuration. Every problem is collected and reported at
+once, each naming its variable, so an operator fixes a bad env file in one pass. Credential
+*values* are not settings: the registry holds credential variable *names* and each daemon reads
+the value from its own environment when it needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+import msgspec
+
+from shared.codes import Condition
+
+PREFIX = "GATEWAY_"
+
+
+class SettingsError(Exception):
+    """Startup configuration is wrong; `problems` names every bad variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid configuration:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    state_dir: str
+    runtime_dir: str
+    rpc_socket: str
+    control_host: str
+    control_port: int
+    dataplane_host: str
+    dataplane_port: int
+    dataplane_url: str
+    control_url: str
+    control_token: str | None
+    mint_token: str | None
+    read_token: str | None
+    anthropic_base_url: str
+    zai_base_url: str
+    openai_base_url: str
+    accounts_file: str | None
+    max_fallback_hops: int
+    fallback_on: tuple[Condition, ...]
+    key_ttl_seconds: int
+    max_body_bytes: int
+    drain_seconds: float
+    upstream_connect_timeout: float
+    upstream_headers_timeout: float
+    upstream_idle_timeout: float
+    metrics_public: bool
+    circuit_cooldown_seconds: int
+    log_level: str
+
+
+# Variables this module understands; anything else under GATEWAY_ is a credential name the
+# accounts file may declare, so it is not refused here.
+KNOWN = frozenset(
+    PREFIX + n
+    for n in (
+        "STATE_DIR RUNTIME_DIR RPC_SOCKET CONTROL_LISTEN DATAPLANE_LISTEN DATAPLANE_URL "
+        "CONTROL_URL CONTROL_TOKEN MINT_TOKEN READ_TOKEN ANTHROPIC_BASE_URL ANTHROPIC_API_KEY "
+        "ZAI_BASE_URL ZAI_API_KEY OPENAI_BASE_URL OPENAI_API_KEY ACCOUNTS_FILE "
+        "MAX_FALLBACK_HOPS FALLBACK_ON KEY_TTL_SECONDS MAX_BODY_BYTES DRAIN_SECONDS "
+        "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
+        "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL"
+    ).split()
+)
+
+
+class _Reader:
+    """Reads variables, remembering every problem instead of stopping at the first."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.problems: list[str] = []
+
+    def text(self, name: str, default: str | None) -> str | None:
+        value = self.env.get(PREFIX + name)
+        if value is None or value.strip() == "":
+            return default
+        return value.strip()
+
+    def number(self, name: str, default: float, lo: float, hi: float, *, integer: bool) -> float:
+        raw = self.text(name, None)
+        if raw is None:
+            return default
+        try:
+            value = int(raw) if integer else float(raw)
+        except ValueError:
+            kind = "an integer" if integer else "a number"
+            self.problems.append(f"{PREFIX}{name}={raw!r} is not {kind}")
+            return default
+        if not lo <= value <= hi:
+            self.problems.append(f"{PREFIX}{name}={raw} is outside {lo:g}..{hi:g}")
+            return default
+        return value
+
+    def flag(self, name: str) -> bool:
+        raw = self.text(name, "0")
+        if raw not in ("0", "1"):
+            self.problems.append(f"{PREFIX}{name}={raw!r} must be 0 or 1")
+            return False
+        return raw == "1"
+
+    def listen(self, name: str, default: str) -> tuple[str, int]:
+        raw = self.text(name, default) or default
+        host, sep, port = raw.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            self.problems.append(f"{PREFIX}{name}={raw!r} must be HOST:PORT")
+            host, port = default.rsplit(":", 1)
+        return host.strip("[]"), int(port)
+
+    def url(self, name: str, default: str) -> str:
+        raw = self.text(name, default) or default
+        parts = urlsplit(raw)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            self.problems.append(f"{PREFIX}{name}={raw!r} must be an http(s) URL")
+            return default
+        return raw.rstrip("/")
+
+    def conditions(self, name: str) -> tuple[Condition, ...]:
+        raw = self.text(name, None)
+        if raw is None:
+            return tuple(Condition)
+        chosen: list[Condition] = []
+        for item in (part.strip() for part in raw.split(",")):
+            if not item:
+                continue
+            try:
+                chosen.append(Condition(item))
+            except ValueError:
+                allowed = ", ".join(Condition)
+                self.problems.append(f"{PREFIX}{name}: unknown condition {item!r} (known: {allowed})")
+        return tuple(c for c in Condition if c in chosen)
+
+
+def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control") -> Settings:
+    """Read every GATEWAY_* variable; raise `SettingsError` naming each bad one.
+
+    `role` is "control" (needs the control token) or "dataplane" / "ctl" (do not).
+    """
+    r = _Reader(os.environ if env is None else env)
+    state_dir = r.text("STATE_DIR", "/var/lib/leasehold")
+    runtime_dir = r.text("RUNTIME_DIR", "/run/leasehold")
+    control_host, control_port = r.listen("CONTROL_LISTEN", "127.0.0.1:8789")
+    dp_host, dp_port = r.listen("DATAPLANE_LISTEN", "127.0.0.1:8788")
+    control_token = r.text("CONTROL_TOKEN", None)
+    if role == "control" and control_token is None:
+        r.problems.append(f"{PREFIX}CONTROL_TOKEN is required (the admin bearer token)")
+    settings = Settings(
+        state_dir=os.path.abspath(state_dir or "."),
+        runtime_dir=os.path.abspath(runtime_dir or "."),
+        rpc_socket=os.path.abspath(r.text("RPC_SOCKET", None) or os.path.join(runtime_dir or ".", "control.sock")),
+        control_host=control_host,
+        control_port=control_port,
+        dataplane_host=dp_host,
+        dataplane_port=dp_port,
+        dataplane_url=r.url("DATAPLANE_URL", f"http://{_authority(dp_host, dp_port)}"),
+        control_url=r.url("CONTROL_URL", f"http://{_authority(control_host, control_port)}"),
+        control_token=control_token,
+        mint_token=r.text("MINT_TOKEN", None),
+        read_token=r.text("READ_TOKEN", None),
+        anthropic_base_url=r.url("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+        zai_base_url=r.url("ZAI_BASE_URL", "https://api.z.ai/api/anthropic"),
+        openai_base_url=r.url("OPENAI_BASE_URL", "https://api.openai.com"),
+        accounts_file=r.text("ACCOUNTS_FILE", None),
+        max_fallback_hops=int(r.number("MAX_FALLBACK_HOPS", 1, 0, 16, integer=True)),
+        fallback_on=r.conditions("FALLBACK_ON"),
+        key_ttl_seconds=int(r.number("KEY_TTL_SECONDS", 3600, 60, 86400, integer=True)),
+        max_body_bytes=int(r.number("MAX_BODY_BYTES", 33554432, 1024, 1 << 31, integer=True)),
+        drain_seconds=r.number("DRAIN_SECONDS", 30, 0, 3600, integer=False),
+        upstream_connect_timeout=r.number("UPSTREAM_CONNECT_TIMEOUT", 10, 0.1, 600, integer=False),
+        upstream_headers_timeout=r.number("UPSTREAM_HEADERS_TIMEOUT", 600, 0.1, 7200, integer=False),
+        upstream_idle_timeout=r.number("UPSTREAM_IDLE_TIMEOUT", 300, 0.1, 7200, integer=False),
+        metrics_public=r.flag("METRICS_PUBLIC"),
+        circuit_cooldown_seconds=int(r.number("CIRCUIT_COOLDOWN_SECONDS", 30, 1, 900, integer=True)),
+        log_level=(r.text("LOG_LEVEL", "info") or "info").lower(),
+    )
+    if settings.log_level not in ("debug", "info", "warning", "error"):
+        r.problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")
+    tokens = [t for t in (settings.control_token, settings.mint_token, settings.read_token) if t]
+    if len(set(tokens)) != len(tokens):
+        r.problems.append(f"{PREFIX}CONTROL_TOKEN, {PREFIX}MINT_TOKEN and {PREFIX}READ_TOKEN must differ")
+    if r.problems:
+        raise SettingsError(r.problems)
+    return settings
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """GATEWAY_* names this module does not know (credential names, or typos): for a warning."""
+    return sorted(k for k in env if k.startswith(PREFIX) and k not in KNOWN)
+
+
+def _authority(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"

@@ -1,0 +1,151 @@
+"""msgspec Structs that cross a process boundary: RPC messages and the attempt row.
+
+Every RPC message is a frozen Struct tagged by `op`, so one `Decoder(Message)` decodes any
+frame. New fields get defaults and are appended; existing fields are never reordered or
+renamed (golden frames in `tests/data/` hold the encoding still). No message carries a
+credential, a token or a token's secret half: leases travel as sha256 digests, accounts name
+the *variable* that holds their credential.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", omit_defaults=True):
+    pass
+
+
+# ---- values carried by messages ------------------------------------------------------------
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """The data plane's view of one virtual key. `digest` = sha256(token)."""
+
+    key_id: str
+    digest: bytes
+    account_id: str
+    expires_at_ms: int
+    principal_kind: str = ""
+    principal_id: str = ""
+    repo_slug: str = ""
+    dispatch_id: str | None = None
+    mint_decision_id: str | None = None
+    worker_role: str | None = None
+
+
+class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):
+    """What the data plane needs to reach an account; the credential by variable name only."""
+
+    id: str
+    provider_binding: str
+    wire: str
+    base_url: str
+    auth_style: str
+    credential_env: str
+    request_capacity: int | None = None
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_creation_tokens: int = 0
+
+
+class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt's terminal row: the ledger line and the routes view entry (SPEC §14)."""
+
+    attempt_id: str
+    key_id: str
+    account_id: str
+    mint_decision_id: str | None
+    dispatch_id: str | None
+    repo_slug: str
+    principal_id: str
+    wire: str
+    path: str
+    requested_model: str | None
+    served_model: str | None
+    stream: bool
+    started_at: str
+    finished_at: str | None
+    status: str | None
+    http_status: int | None
+    condition: str | None
+    refusal_reason: str | None
+    usage: Usage | None
+    cost_usd: float | None
+    cost_reason: str | None
+    overhead_ms: float | None
+    principal_kind: str = ""
+    worker_role: str | None = None
+    retry_after_s: float | None = None
+    bytes_out: int = 0
+    duration_ms: float | None = None
+
+
+# ---- messages ------------------------------------------------------------------------------
+
+
+class Hello(_Msg, tag="hello"):
+    version: int
+    role: str
+    pid: int
+
+
+class Welcome(_Msg, tag="welcome"):
+    version: int
+
+
+class Refused(_Msg, tag="refused"):
+    reason: str
+
+
+class Snapshot(_Msg, tag="snapshot"):
+    req_id: int
+    leases: list[Lease]
+    accounts: list[AccountRoute]
+    storage_ok: bool = True
+
+
+class LeaseAdded(_Msg, tag="lease_added"):
+    req_id: int
+    lease: Lease
+
+
+class LeaseRemoved(_Msg, tag="lease_removed"):
+    req_id: int
+    key_ids: list[str]
+
+
+class StorageState(_Msg, tag="storage_state"):
+    ok: bool
+
+
+class AttemptStarted(_Msg, tag="attempt_started"):
+    row: AttemptRow
+
+
+class AttemptFinished(_Msg, tag="attempt_finished"):
+    req_id: int
+    row: AttemptRow
+
+
+class Ack(_Msg, tag="ack"):
+    req_id: int
+    ok: bool = True
+
+
+class Ping(_Msg, tag="ping"):
+    req_id: int
+
+
+Message = Union[
+    Hello, Welcome, Refused, Snapshot, LeaseAdded, LeaseRemoved, StorageState,
+    AttemptStarted, AttemptFinished, Ack, Ping,
+]
