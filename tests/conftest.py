@@ -1,0 +1,46 @@
+"""Shared fixtures: one stub upstream per session, gateways per module or per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import Gateway, Stub, credential_like
+
+
+@pytest.fixture(scope="session")
+def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stub]:
+    upstream = Stub(tmp_path_factory.mktemp("stub"), anthropic_key=credential_like("sk-ant-api03-"),
+                    openai_key=credential_like("sk-proj-"))
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def clean_stub(stub: Stub) -> Stub:
+    stub.reset()
+    return stub
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
+    gw = Gateway(tmp_path_factory.mktemp("gateway"), stub).start()
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def make_gateway(tmp_path: Path, stub: Stub) -> Iterator:
+    """Build (not start) gateways owned by one test; every one is stopped afterwards."""
+    made: list[Gateway] = []
+
+    def make(extra_env: dict[str, str] | None = None, upstream: Stub | None = stub, name: str = "gw") -> Gateway:
+        gw = Gateway(tmp_path / f"{name}{len(made)}", upstream, extra_env)
+        made.append(gw)
+        return gw
+
+    yield make
+    for gw in made:
+        gw.stop()

@@ -1,0 +1,251 @@
+"""Process helpers for system tests: the stub and both daemons as real processes on loopback.
+
+Every wait is on a condition with a deadline (`wait_until`), never a bare sleep. Every process
+started here is stopped by its owner (`Gateway.stop`, `Proc.stop`), and each daemon's output
+is captured to a file the test can read (for the secret-absence checks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.02) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except Exception as exc:  # a probe may fail while the thing starts
+            last_error = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: {last_error!r})")
+        time.sleep(interval_s)
+
+
+def base_env() -> dict[str, str]:
+    """A clean environment for a child: no inherited GATEWAY_*, the repo importable."""
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT")}
+    keep["PYTHONPATH"] = str(REPO)
+    keep["PYTHONUNBUFFERED"] = "1"
+    return keep
+
+
+class Proc:
+    def __init__(self, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.popen = subprocess.Popen(argv, env=env, cwd=str(REPO), stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
+        if self.alive:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        self._log.close()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def credential_like(prefix: str) -> str:
+    return prefix + secrets.token_urlsafe(30).replace("-", "x").replace("_", "y")
+
+
+class Stub:
+    """The stub upstream as a process; `steps()` / `requests()` drive and observe it."""
+
+    def __init__(self, workdir: Path, anthropic_key: str | None, openai_key: str | None) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        port_file = workdir / f"stub-{secrets.token_hex(3)}.port"
+        argv = [sys.executable, "-m", "tests.support.stub_upstream", "--port", "0", "--port-file", str(port_file)]
+        if anthropic_key:
+            argv += ["--anthropic-key", anthropic_key]
+        if openai_key:
+            argv += ["--openai-key", openai_key]
+        self.anthropic_key = anthropic_key
+        self.openai_key = openai_key
+        self.proc = Proc(argv, base_env(), workdir / (port_file.stem + ".log"))
+        port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20, "stub port")
+        self.url = f"http://127.0.0.1:{int(port)}"
+        wait_until(lambda: http("GET", self.url + "/_stub/health")[0] == 200, 20, "stub health")
+
+    def script(self, *steps: dict[str, Any]) -> None:
+        http("POST", self.url + "/_stub/script", {"steps": list(steps)})
+
+    def reset(self) -> None:
+        http("DELETE", self.url + "/_stub/script")
+        http("DELETE", self.url + "/_stub/requests")
+
+    def requests(self) -> list[dict[str, Any]]:
+        return http("GET", self.url + "/_stub/requests")[2]
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
+         timeout_s: float = 30.0) -> tuple[int, dict[str, str], Any]:
+    """One HTTP exchange; returns (status, lower-cased headers, decoded JSON or text)."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
+    if data is not None and "Content-Type" not in request.headers:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            status, raw, got = response.status, response.read(), response.headers
+    except urllib.error.HTTPError as err:
+        status, raw, got = err.code, err.read(), err.headers
+    text = raw.decode("utf-8", "replace")
+    try:
+        payload: Any = json.loads(text) if text else None
+    except ValueError:
+        payload = text
+    return status, {k.lower(): v for k, v in got.items()}, payload
+
+
+class Gateway:
+    """Control daemon + data plane as processes, wired to `stub` as the legacy accounts."""
+
+    def __init__(self, workdir: Path, stub: Stub | None, extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = workdir / "state"
+        self.runtime_dir = workdir / "run"
+        self.control_token = credential_like("ctl_")
+        self.control_port = free_port()
+        self.dataplane_port = free_port()
+        self.control_url = f"http://127.0.0.1:{self.control_port}"
+        self.dataplane_url = f"http://127.0.0.1:{self.dataplane_port}"
+        self.env = base_env()
+        self.env.update({
+            "GATEWAY_STATE_DIR": str(self.state_dir),
+            "GATEWAY_RUNTIME_DIR": str(self.runtime_dir),
+            "GATEWAY_CONTROL_LISTEN": f"127.0.0.1:{self.control_port}",
+            "GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{self.dataplane_port}",
+            "GATEWAY_CONTROL_TOKEN": self.control_token,
+            "GATEWAY_DRAIN_SECONDS": "5",
+        })
+        if stub is not None:
+            if stub.anthropic_key:
+                self.env["GATEWAY_ANTHROPIC_BASE_URL"] = stub.url
+                self.env["GATEWAY_ANTHROPIC_API_KEY"] = stub.anthropic_key
+                self.env["GATEWAY_ZAI_BASE_URL"] = stub.url
+                self.env["GATEWAY_ZAI_API_KEY"] = stub.anthropic_key
+            if stub.openai_key:
+                self.env["GATEWAY_OPENAI_BASE_URL"] = stub.url
+                self.env["GATEWAY_OPENAI_API_KEY"] = stub.openai_key
+        self.env.update(extra_env or {})
+        self.control: Proc | None = None
+        self.dataplane: Proc | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Gateway:
+        self.start_control()
+        self.start_dataplane()
+        self.wait_synchronised()
+        return self
+
+    def start_control(self) -> None:
+        self.control = Proc([sys.executable, "-m", "controlplane.main"], self.env,
+                            self.workdir / "control.log")
+        wait_until(lambda: self.healthz() is not None or not self.control.alive, 20, "control healthz")
+        assert self.control.alive, self.control.output()
+
+    def start_dataplane(self) -> None:
+        self.dataplane = Proc([sys.executable, "-m", "dataplane.main"], self.env,
+                              self.workdir / "dataplane.log")
+
+    def wait_synchronised(self, timeout_s: float = 20) -> None:
+        wait_until(lambda: (self.healthz() or {}).get("dataplane_connected"), timeout_s,
+                   "data plane synchronised with control")
+
+    def healthz(self) -> dict[str, Any] | None:
+        try:
+            status, _, body = http("GET", self.control_url + "/healthz", timeout_s=2)
+        except OSError:
+            return None
+        return body if status == 200 else None
+
+    def stop(self) -> None:
+        for proc in (self.dataplane, self.control):
+            if proc is not None:
+                proc.stop()
+
+    def logs(self) -> str:
+        return "".join(p.output() for p in (self.control, self.dataplane) if p is not None)
+
+    # ---- control API --------------------------------------------------------------------
+
+    def api(self, method: str, path: str, body: Any = None, token: str | None = "admin") -> tuple[int, dict[str, str], Any]:
+        headers = {}
+        bearer = self.control_token if token == "admin" else token
+        if bearer:
+            headers["Authorization"] = f"Bearer {bearer}"
+        return http(method, self.control_url + path, body, headers)
+
+    def mint(self, binding: str = "anthropic", **fields: Any) -> dict[str, Any]:
+        body = {"provider_binding": binding, "principal_kind": "worker", "principal_id": "w-1",
+                "repo_slug": "acme/app", **fields}
+        status, _, payload = self.api("POST", "/control/v1/keys", body)
+        assert status == 201, (status, payload)
+        return payload
+
+    def revoke(self, key_id: str) -> bool:
+        status, _, payload = self.api("DELETE", f"/control/v1/keys/{key_id}")
+        assert status == 200, (status, payload)
+        return payload["revoked"]
+
+    def recent(self, limit: int = 200) -> dict[str, Any]:
+        return self.api("GET", f"/control/v2/routes/recent?limit={limit}")[2]
+
+    def active(self) -> dict[str, Any]:
+        return self.api("GET", "/control/v2/routes/active")[2]
+
+    def ledger(self) -> list[dict[str, Any]]:
+        path = self.state_dir / "ledger.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def wait_rows(self, count: int, timeout_s: float = 10) -> list[dict[str, Any]]:
+        return wait_until(lambda: (rows := self.ledger()) and len(rows) >= count and rows,
+                          timeout_s, f"{count} ledger rows")
