@@ -13,8 +13,12 @@ import sys
 import uvloop
 from aiohttp import web
 
+from controlplane.http import accounts as accounts_http
 from controlplane.http import keys as keys_http
+from controlplane.http import mint as mint_http
 from controlplane.http import views as views_http
+from controlplane.mint import MintDesk
+from controlplane.overlays import NoAdminOverlay, NoPolicy
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import load_prices
 from controlplane.registry import Registry, RegistryError
@@ -39,7 +43,11 @@ def build_app(service: ControlService) -> web.Application:
         client_max_size=CONTROL_BODY_LIMIT,
     )
     app[keys_http.SERVICE] = service
+    app[mint_http.DESK] = MintDesk(service, NoAdminOverlay(),
+                                   NoPolicy(settings.fallback_on, settings.max_fallback_hops))
     keys_http.add_routes(app)
+    mint_http.add_routes(app)
+    accounts_http.add_routes(app)
     views_http.add_routes(app)
     return app
 

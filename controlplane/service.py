@@ -11,7 +11,10 @@ import os
 
 import msgspec
 
+from controlplane.circuits import CircuitRegistry
 from controlplane.core.pricing import PriceTable, cost_of
+from controlplane.decisions import Decision, DecisionTable
+from controlplane.evidence import EvidenceBook
 from controlplane.registry import AccountSpec, Registry, is_configured
 from controlplane.replication import DataPlaneLink
 from controlplane.routebook import RouteBook
@@ -50,11 +53,16 @@ class ControlService:
         self.env = dict(os.environ if env is None else env)
         self.routes = RouteBook()
         self.lease_capacity = CapacityTable()
+        self.circuits = CircuitRegistry(settings.circuit_cooldown_seconds)
+        self.decisions = DecisionTable()
+        self.evidence = EvidenceBook(now_ms())
         self.link = DataPlaneLink(self._snapshot, self.on_message, self._on_disconnect)
         for lease in keys.all():
             account = registry.get(lease.account_id)
             self.lease_capacity.reserve(lease.account_id, lease.key_id,
                                         None if account is None else account.lease_capacity)
+            if lease.dispatch_id is not None:
+                self.decisions.note_live(lease.key_id, lease.repo_slug, lease.dispatch_id)
 
     # ---- facts --------------------------------------------------------------------------
 
@@ -82,11 +90,14 @@ class ControlService:
         lease = Lease(key_id=key_id, digest=digest, account_id=account.id,
                       expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=principal_kind,
                       principal_id=principal_id, repo_slug=repo_slug)
-        return await self._grant(lease, account, token)
-
-    async def _grant(self, lease: Lease, account: AccountSpec, token: str) -> Minted:
         if not self.lease_capacity.reserve(account.id, lease.key_id, account.lease_capacity):
-            raise GatewayError(Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity")
+            raise GatewayError(Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity",
+                               retry_after_s=1)
+        return await self.grant(lease, account, token, reserved=True)
+
+    async def grant(self, lease: Lease, account: AccountSpec, token: str, *, reserved: bool) -> Minted:
+        """Store the lease (its slot already reserved) and wait until the data plane has it."""
+        assert reserved and self.lease_capacity.holds(lease.key_id)
         self.keys.add(lease)
         await self.link.lease_added(lease)
         log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
@@ -96,10 +107,13 @@ class ControlService:
     async def end_keys(self, key_ids: list[str], reason: str) -> list[str]:
         """The release seam: forget each key, return its lease slot, tell the data plane."""
         ended = []
+        now = now_ms()
         for key_id in key_ids:
             lease = self.keys.remove(key_id)
             self.lease_capacity.release(key_id)
+            self.decisions.on_key_ended(key_id)
             if lease is not None:
+                self.circuits.on_lease_ended(lease.account_id, key_id, now)
                 ended.append(key_id)
         if ended:
             await self.link.leases_removed(ended)
@@ -109,6 +123,11 @@ class ControlService:
 
     async def revoke(self, key_id: str) -> bool:
         return bool(await self.end_keys([key_id], "revoked"))
+
+    async def end_account_keys(self, account_id: str, reason: str) -> int:
+        """Account-wide revocation (admin `revoke-leases`), through the same seam."""
+        keys = [lease.key_id for lease in self.keys.all() if lease.account_id == account_id]
+        return len(await self.end_keys(keys, reason))
 
     async def reap_expired(self) -> int:
         expired = self.keys.expired(now_ms())
@@ -136,7 +155,11 @@ class ControlService:
         row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
         was_ok = self.ledger.ok
         ok = self.ledger.append(row)
+        now = now_ms()
         self.routes.finished(row)
+        self.evidence.record(row, now)
+        self.circuits.on_row(row, now)
+        self.decisions.on_row(row)
         if ok != was_ok:
             self.link.storage_state(ok)
         return ok
@@ -145,6 +168,13 @@ class ControlService:
         if not self.ledger.ok and self.ledger.flush():
             log.info("ledger_recovered")
             self.link.storage_state(True)
+
+    def log_decision(self, decision: Decision) -> None:
+        log.info("mint_decided", mint_decision_id=decision.mint_decision_id,
+                 outcome=str(decision.outcome),
+                 refusal_reason=None if decision.refusal_reason is None else str(decision.refusal_reason),
+                 account_id=decision.account_id, position=decision.fallback_position, hop=decision.hop,
+                 dispatch_id=decision.lineage.dispatch_id, repo_slug=decision.lineage.repo_slug)
 
     def _on_disconnect(self) -> None:
         self.routes.forget_active()

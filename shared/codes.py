@@ -66,6 +66,8 @@ class Refusal(StrEnum):
     FALLBACK_LEASE_STILL_HELD = "fallback-lease-still-held"
     FALLBACK_NOT_AUTHORISED = "fallback-not-authorised"
     FALLBACK_BUDGET_EXHAUSTED = "fallback-budget-exhausted"
+    MODEL_NOT_SERVED = "model-not-served"
+    DECISION_UNKNOWN = "decision-unknown"
 
 
 # The HTTP status each gateway-authored refusal answers with. A test keeps it total.
@@ -98,6 +100,8 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.FALLBACK_LEASE_STILL_HELD: 503,
     Refusal.FALLBACK_NOT_AUTHORISED: 503,
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 503,
+    Refusal.MODEL_NOT_SERVED: 409,
+    Refusal.DECISION_UNKNOWN: 404,
 }
 
 
@@ -141,7 +145,7 @@ class HealthReason(StrEnum):
     CREDENTIAL_MISSING = "credential-missing"
     ONLY_ABORTED_EVIDENCE = "only-aborted-evidence"
     QUALIFYING_FAILURES = "qualifying-failures"
-    RECENT_SUCCESS = "recent-success"
+    WITHIN_THRESHOLD = "within-threshold"
 
 
 class CostReason(StrEnum):
@@ -154,3 +158,21 @@ class Scope(StrEnum):
     ADMIN = "admin"
     MINT = "mint"
     READ = "read"
+
+
+class AdminState(StrEnum):
+    ENABLED = "enabled"
+    DRAINING = "draining"
+    DISABLED = "disabled"
+
+
+class CircuitPhase(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+
+
+class Outcome(StrEnum):
+    SELECTED = "selected"
+    REJECTED = "rejected"
+    HELD = "held"

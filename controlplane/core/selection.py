@@ -1,0 +1,70 @@
+"""`select_account` (SPEC §6, seed 000 D2): the first candidate a live fact does not rule out.
+
+Pure. Candidates (the static, ordered answer for a model) are scanned from `start_position`;
+each one passed over gets the code of the FIRST filter that rules it out, in this order —
+cheapest and most permanent first, so the code names what would have to change:
+not-configured, administrative-disabled, administrative-draining, circuit-open,
+lease-capacity-exhausted.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.codes import AdminState, Refusal, Skip
+
+
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    account_id: str
+    position: int
+    provider_binding: str
+    effective_model: str
+
+
+class LiveFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What is true of one account right now (read by the shell, judged here)."""
+
+    configured: bool
+    administrative_state: AdminState = AdminState.ENABLED
+    circuit_admits: bool = True
+    lease_room: bool = True
+
+
+class Skipped(msgspec.Struct, frozen=True, kw_only=True):
+    account_id: str
+    position: int
+    code: Skip
+
+
+class Selection(msgspec.Struct, frozen=True, kw_only=True):
+    chosen: Candidate | None
+    skipped: tuple[Skipped, ...]
+    refusal: Refusal | None   # None when chosen; else no-eligible-account / fallback-pool-exhausted
+
+
+def rule_out(facts: LiveFacts) -> Skip | None:
+    if not facts.configured:
+        return Skip.NOT_CONFIGURED
+    if facts.administrative_state == AdminState.DISABLED:
+        return Skip.ADMINISTRATIVE_DISABLED
+    if facts.administrative_state == AdminState.DRAINING:
+        return Skip.ADMINISTRATIVE_DRAINING
+    if not facts.circuit_admits:
+        return Skip.CIRCUIT_OPEN
+    if not facts.lease_room:
+        return Skip.LEASE_CAPACITY_EXHAUSTED
+    return None
+
+
+def select_account(candidates: tuple[Candidate, ...], live: dict[str, LiveFacts],
+                   start_position: int) -> Selection:
+    if start_position >= len(candidates):
+        return Selection(chosen=None, skipped=(), refusal=Refusal.FALLBACK_POOL_EXHAUSTED)
+    skipped: list[Skipped] = []
+    for candidate in candidates[start_position:]:
+        facts = live.get(candidate.account_id, LiveFacts(configured=False))
+        code = rule_out(facts)
+        if code is None:
+            return Selection(chosen=candidate, skipped=tuple(skipped), refusal=None)
+        skipped.append(Skipped(account_id=candidate.account_id, position=candidate.position, code=code))
+    return Selection(chosen=None, skipped=tuple(skipped), refusal=Refusal.NO_ELIGIBLE_ACCOUNT)

@@ -1,0 +1,106 @@
+"""`GET /control/v2/accounts` (SPEC §11, seed 002 D2): every account, each fact on its own.
+
+A projection over the registry, the key table, the route book, the evidence book, the circuits
+and the admin overlay. It names the credential's variable, never reads its value (an AST test
+holds this module to that).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import msgspec
+from aiohttp import web
+
+from controlplane.core.health import derive_health
+from controlplane.http.common import int_query, json_response, requires
+from controlplane.http.keys import SERVICE
+from controlplane.http.mint import DESK
+from shared.clock import iso_ms, now_ms
+from shared.codes import Scope
+
+WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S = 900, 60, 86400
+
+
+class CircuitView(msgspec.Struct, frozen=True, kw_only=True):
+    state: str
+    opened_at: str | None
+    retry_at: str | None
+    opened_by: str | None
+
+
+class AccountView(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    display_name: str
+    provider_binding: str
+    upstream_origin: str
+    auth_style: str
+    credential_env: str
+    configured: bool
+    administrative_state: str
+    leased: bool
+    lease_count: int
+    in_flight: bool
+    in_flight_count: int
+    observed: bool
+    observed_request_count: int
+    observed_aborted_count: int
+    last_observed_at: str | None
+    circuit: CircuitView
+    health: str
+    health_reason: str
+
+
+class AccountsView(msgspec.Struct, frozen=True, kw_only=True):
+    accounts: list[AccountView]
+    window_seconds: int
+    as_of: str
+    evidence_since: str
+    evidence_truncated: bool
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def accounts_view(request: web.Request, window_s: int) -> AccountsView:
+    service = request.app[SERVICE]
+    admin = request.app[DESK].admin
+    now = now_ms()
+    leases = service.keys.count_by_account()
+    in_flight = service.routes.in_flight_by_account()
+    truncated_any = False
+    views = []
+    for account in service.registry.accounts:
+        counts, last_ms, truncated = service.evidence.window(account.id, now - window_s * 1000)
+        truncated_any = truncated_any or truncated
+        configured = service.configured(account)
+        health, reason = derive_health(configured, counts)
+        views.append(AccountView(
+            id=account.id, display_name=account.display_name,
+            provider_binding=str(account.provider_binding),
+            upstream_origin=origin_of(account.base_url), auth_style=str(account.auth_style),
+            credential_env=account.credential_env, configured=configured,
+            administrative_state=str(admin.state_of(account.id)),
+            leased=leases.get(account.id, 0) > 0, lease_count=leases.get(account.id, 0),
+            in_flight=in_flight.get(account.id, 0) > 0, in_flight_count=in_flight.get(account.id, 0),
+            observed=counts.observed > 0, observed_request_count=counts.observed,
+            observed_aborted_count=counts.aborted,
+            last_observed_at=None if last_ms is None else iso_ms(last_ms),
+            circuit=CircuitView(**service.circuits.view(account.id, now)),
+            health=str(health), health_reason=str(reason),
+        ))
+    return AccountsView(accounts=views, window_seconds=window_s, as_of=iso_ms(now),
+                        evidence_since=iso_ms(service.evidence.since_ms),
+                        evidence_truncated=truncated_any)
+
+
+@requires(Scope.READ)
+async def accounts(request: web.Request) -> web.Response:
+    window_s = int_query(request, "window_seconds", WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S)
+    return json_response(accounts_view(request, window_s))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/control/v2/accounts", accounts)

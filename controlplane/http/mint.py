@@ -1,0 +1,45 @@
+"""v2 mint and renew (SPEC §5): `POST /control/v2/mint`, `POST /control/v2/keys/{key_id}/renew`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from aiohttp import web
+
+from controlplane.http.common import json_response, read_json, requires
+from controlplane.mint import MintAnswer, MintDesk, MintV2
+from shared.codes import Refusal, Scope
+from shared.errors import GatewayError
+from shared.tokens import KEY_ID_RE
+
+DESK = web.AppKey("mint_desk", MintDesk)
+
+
+class Renew(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    ttl_seconds: Annotated[int, msgspec.Meta(ge=60, le=86400)] | None = None
+
+
+def _answer(answer: MintAnswer) -> web.Response:
+    headers = {"Retry-After": str(answer.retry_after_s)} if answer.retry_after_s is not None else None
+    return json_response(answer.body, status=answer.status, headers=headers)
+
+
+@requires(Scope.MINT)
+async def mint_v2(request: web.Request) -> web.Response:
+    body = await read_json(request, MintV2)
+    return _answer(await request.app[DESK].mint_v2(body))
+
+
+@requires(Scope.MINT)
+async def renew(request: web.Request) -> web.Response:
+    key_id = request.match_info["key_id"]
+    if not KEY_ID_RE.match(key_id):
+        raise GatewayError(Refusal.INVALID_REQUEST, "key_id must be a ULID")
+    body = await read_json(request, Renew) if request.can_read_body else Renew()
+    return _answer(await request.app[DESK].renew(key_id, body.ttl_seconds))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/control/v2/mint", mint_v2)
+    app.router.add_post("/control/v2/keys/{key_id}/renew", renew)
