@@ -1,0 +1,112 @@
+"""The shared contract by tables: codes, settings, tokens, condition_for_terminal, scrub."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.codes import HTTP_STATUS, AttemptStatus, Condition, Refusal
+from shared.envscrub import scrub_spawn_env
+from shared.evidence import condition_for_terminal
+from shared.settings import SettingsError, load_settings
+from shared.tokens import digest, format_token, parse_key_id, ulid
+
+BASE = {"GATEWAY_CONTROL_TOKEN": "control-token-value"}
+
+
+def test_every_refusal_has_an_http_status() -> None:
+    assert set(HTTP_STATUS) == set(Refusal)
+
+
+def test_codes_are_kebab_case_wire_strings() -> None:
+    for enum in (Refusal, Condition, AttemptStatus):
+        for member in enum:
+            assert member.value == member.value.lower() and " " not in member.value and "_" not in member.value
+
+
+CONDITIONS = [
+    ("429", AttemptStatus.UPSTREAM_ERROR, 429, None, Condition.RATE_LIMITED),
+    ("529", AttemptStatus.UPSTREAM_ERROR, 529, None, Condition.OVERLOADED),
+    ("402", AttemptStatus.UPSTREAM_ERROR, 402, None, Condition.CREDIT_EXHAUSTED),
+    ("500", AttemptStatus.UPSTREAM_ERROR, 500, None, Condition.UPSTREAM_UNAVAILABLE),
+    ("502", AttemptStatus.UPSTREAM_ERROR, 502, None, Condition.UPSTREAM_UNAVAILABLE),
+    ("503", AttemptStatus.UPSTREAM_ERROR, 503, None, Condition.UPSTREAM_UNAVAILABLE),
+    ("504", AttemptStatus.UPSTREAM_ERROR, 504, None, Condition.UPSTREAM_UNAVAILABLE),
+    ("401", AttemptStatus.UPSTREAM_ERROR, 401, None, Condition.CREDENTIAL_REJECTED),
+    ("403", AttemptStatus.UPSTREAM_ERROR, 403, None, Condition.CREDENTIAL_REJECTED),
+    ("400 is the request's fault", AttemptStatus.UPSTREAM_ERROR, 400, None, None),
+    ("404", AttemptStatus.UPSTREAM_ERROR, 404, None, None),
+    ("413", AttemptStatus.UPSTREAM_ERROR, 413, None, None),
+    ("2xx", AttemptStatus.COMPLETED, 200, None, None),
+    ("cut stream", AttemptStatus.TRANSPORT_ERROR, 200, None, Condition.TRANSPORT_ERROR),
+    ("connect failure", AttemptStatus.TRANSPORT_ERROR, 502, None, Condition.TRANSPORT_ERROR),
+    ("client abort", AttemptStatus.CLIENT_ABORTED, 200, None, None),
+    ("client abort before headers", AttemptStatus.CLIENT_ABORTED, None, None, None),
+    ("gateway 429", AttemptStatus.REFUSED, 429, "request-capacity-exhausted", None),
+    ("gateway 503", AttemptStatus.REFUSED, 503, "control-unavailable", None),
+    ("pool timeout", AttemptStatus.REFUSED, 503, "pool-timeout", None),
+    ("shutdown cut", AttemptStatus.TRANSPORT_ERROR, 200, "gateway-shutdown", None),
+]
+
+
+@pytest.mark.parametrize("name,status,http,refusal,expected", CONDITIONS, ids=[c[0] for c in CONDITIONS])
+def test_condition_for_terminal(name, status, http, refusal, expected) -> None:
+    assert condition_for_terminal(status, http, refusal) == expected
+
+
+SETTINGS_ERRORS = [
+    ("GATEWAY_MAX_FALLBACK_HOPS", "two"),
+    ("GATEWAY_KEY_TTL_SECONDS", "59"),
+    ("GATEWAY_KEY_TTL_SECONDS", "86401"),
+    ("GATEWAY_CIRCUIT_COOLDOWN_SECONDS", "901"),
+    ("GATEWAY_FALLBACK_ON", "rate-limited,bogus"),
+    ("GATEWAY_METRICS_PUBLIC", "yes"),
+    ("GATEWAY_CONTROL_LISTEN", "nope"),
+    ("GATEWAY_ANTHROPIC_BASE_URL", "ftp://x"),
+    ("GATEWAY_UPSTREAM_IDLE_TIMEOUT", "-1"),
+]
+
+
+@pytest.mark.parametrize("name,value", SETTINGS_ERRORS, ids=[f"{n}={v}" for n, v in SETTINGS_ERRORS])
+def test_bad_setting_names_its_variable(name: str, value: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({**BASE, name: value})
+    assert any(name in problem for problem in caught.value.problems)
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings({"GATEWAY_KEY_TTL_SECONDS": "1", "GATEWAY_MAX_BODY_BYTES": "x"})
+    assert len(caught.value.problems) == 3  # two bad values and the missing control token
+
+
+def test_defaults_match_the_spec() -> None:
+    s = load_settings(BASE)
+    assert (s.control_port, s.dataplane_port, s.max_fallback_hops, s.key_ttl_seconds) == (8789, 8788, 1, 3600)
+    assert s.fallback_on == tuple(Condition)
+    assert s.rpc_socket == "/run/leasehold/control.sock" and s.state_dir == "/var/lib/leasehold"
+    assert (s.max_body_bytes, s.drain_seconds, s.circuit_cooldown_seconds) == (33554432, 30, 30)
+    assert (s.upstream_connect_timeout, s.upstream_headers_timeout, s.upstream_idle_timeout) == (10, 600, 300)
+    assert load_settings({**BASE, "GATEWAY_FALLBACK_ON": "rate-limited"}).fallback_on == (Condition.RATE_LIMITED,)
+
+
+def test_dataplane_does_not_need_the_control_token() -> None:
+    assert load_settings({}, role="dataplane").control_token is None
+
+
+def test_token_format_round_trip() -> None:
+    key_id = ulid(1_700_000_000_000, bytes(range(10)))
+    assert len(key_id) == 26
+    token = format_token(key_id, b"\x01" * 32)
+    assert token.startswith("lhgw_" + key_id + ".") and "=" not in token
+    assert parse_key_id(token) == key_id
+    assert parse_key_id(token + "x") is None and parse_key_id("lhgw_" + key_id) is None
+    assert len(digest(token)) == 32
+
+
+def test_ulids_sort_by_time() -> None:
+    assert ulid(1, bytes(10)) < ulid(2, bytes(10)) < ulid(2, b"\xff" * 10)
+
+
+def test_scrub_removes_the_whole_gateway_namespace() -> None:
+    env = {"GATEWAY_ANTHROPIC_API_KEY": "x", "GATEWAY_WHATEVER_KEY": "y", "PATH": "/bin", "HOME": "/h"}
+    assert scrub_spawn_env(env) == {"PATH": "/bin", "HOME": "/h"}
