@@ -7,6 +7,7 @@ HTTP handlers and the RPC call these; this module does the I/O ordering (key tab
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import msgspec
@@ -22,7 +23,7 @@ from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.capacity import CapacityTable
 from shared.clock import iso_ms, now_ms
-from shared.codes import Binding, Refusal
+from shared.codes import AttemptStatus, Binding, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
 from shared.rpc import Connection
@@ -33,6 +34,9 @@ from shared.wire import (
 )
 
 log = get_logger("control")
+
+# How long routes of a lost data plane wait to be re-announced before they are closed.
+LOST_ROUTE_GRACE_S = 5.0
 
 
 class Minted(msgspec.Struct, frozen=True, kw_only=True):
@@ -177,4 +181,18 @@ class ControlService:
                  dispatch_id=decision.lineage.dispatch_id, repo_slug=decision.lineage.repo_slug)
 
     def _on_disconnect(self) -> None:
-        self.routes.forget_active()
+        """Routes in flight are forgotten now; any the data plane does not re-announce (or
+        finish) within the grace period get a terminal row, so none stays streaming forever."""
+        orphans = self.routes.forget_active()
+        if orphans:
+            asyncio.get_running_loop().call_later(LOST_ROUTE_GRACE_S, self._close_orphans, orphans)
+
+    def _close_orphans(self, orphans: list[AttemptRow]) -> None:
+        finished_at = iso_ms(now_ms())
+        for row in orphans:
+            if row.attempt_id in self.routes.active or self.ledger.has(row.attempt_id):
+                continue
+            log.warning("route_lost_with_dataplane", attempt_id=row.attempt_id, account_id=row.account_id)
+            self.record(msgspec.structs.replace(
+                row, finished_at=finished_at, status=str(AttemptStatus.TRANSPORT_ERROR),
+                refusal_reason=str(Refusal.DATAPLANE_LOST), condition=None))

@@ -54,6 +54,7 @@ class Refusal(StrEnum):
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
     INTERNAL_ERROR = "internal-error"
+    DATAPLANE_LOST = "dataplane-lost"
     # mint and fallback (SPEC §5, §6, §8)
     NO_ELIGIBLE_ACCOUNT = "no-eligible-account"
     FALLBACK_POOL_EXHAUSTED = "fallback-pool-exhausted"
@@ -89,6 +90,7 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.UPSTREAM_TIMEOUT: 504,
     Refusal.UPSTREAM_UNREACHABLE: 502,
     Refusal.INTERNAL_ERROR: 500,
+    Refusal.DATAPLANE_LOST: 503,
     Refusal.NO_ELIGIBLE_ACCOUNT: 503,
     Refusal.FALLBACK_POOL_EXHAUSTED: 409,
     Refusal.ACCOUNT_STATE_UNAVAILABLE: 503,
