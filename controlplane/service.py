@@ -15,6 +15,7 @@ import msgspec
 from controlplane.circuits import CircuitRegistry
 from controlplane.core.pricing import PriceTable, cost_of
 from controlplane.decisions import Decision, DecisionTable
+from controlplane.events import EventHub
 from controlplane.evidence import EvidenceBook
 from controlplane.registry import AccountSpec, Registry, is_configured
 from controlplane.replication import DataPlaneLink
@@ -60,6 +61,9 @@ class ControlService:
         self.circuits = CircuitRegistry(settings.circuit_cooldown_seconds)
         self.decisions = DecisionTable()
         self.evidence = EvidenceBook(now_ms())
+        self.events = EventHub()
+        self.circuits.on_transition = lambda account_id, _state: self.events.publish(
+            "circuit", {"account_id": account_id, **self.circuits.view(account_id, now_ms())})
         self.link = DataPlaneLink(self._snapshot, self.on_message, self._on_disconnect)
         for lease in keys.all():
             account = registry.get(lease.account_id)
@@ -141,7 +145,9 @@ class ControlService:
 
     async def on_message(self, conn: Connection, message: Message) -> None:
         if isinstance(message, AttemptStarted):
-            self.routes.started(message.row)
+            if message.row.attempt_id not in self.routes.active:
+                self.routes.started(message.row)
+                self.events.publish("route.started", message.row)
         elif isinstance(message, AttemptFinished):
             ok = self.record(message.row)
             conn.send_nowait(Ack(req_id=message.req_id, ok=ok))
@@ -161,6 +167,7 @@ class ControlService:
         ok = self.ledger.append(row)
         now = now_ms()
         self.routes.finished(row)
+        self.events.publish("route.finished", row)
         self.evidence.record(row, now)
         self.circuits.on_row(row, now)
         self.decisions.on_row(row)
