@@ -106,7 +106,9 @@ class HashChain(Generic[S]):
         check = self._snapshot()
         if check.verdict is Verdict.CORRUPT:
             check = self._snapshot()
-            log.error("chain_corrupt", path=self.path, fault=str(check.fault), line=check.fault_line)
+            if check.verdict is Verdict.CORRUPT:  # logged once per change: the verdict is cached
+                log.error("chain_corrupt", path=self.path, fault=str(check.fault),
+                          line=check.fault_line)
         state = None if check.verdict is Verdict.CORRUPT else self._fold(check.records)
         view = ChainView(check, state)
         if key is not None:
