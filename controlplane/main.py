@@ -14,15 +14,17 @@ import uvloop
 from aiohttp import web
 
 from controlplane.http import accounts as accounts_http
+from controlplane.http import admin as admin_http
 from controlplane.http import keys as keys_http
 from controlplane.http import mint as mint_http
 from controlplane.http import views as views_http
 from controlplane.mint import MintDesk
-from controlplane.overlays import NoAdminOverlay, NoPolicy
+from controlplane.overlays import NoPolicy
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.service import ControlService
+from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.clock import now_ms
@@ -43,8 +45,11 @@ def build_app(service: ControlService) -> web.Application:
         client_max_size=CONTROL_BODY_LIMIT,
     )
     app[keys_http.SERVICE] = service
-    app[mint_http.DESK] = MintDesk(service, NoAdminOverlay(),
+    admin = AccountAdminStore(settings.state_dir, [a.id for a in service.registry.accounts],
+                              on_commit=lambda record: service.events.publish("account.state", record))
+    app[mint_http.DESK] = MintDesk(service, admin,
                                    NoPolicy(settings.fallback_on, settings.max_fallback_hops))
+    admin_http.add_routes(app, admin, lambda account_id: service.end_account_keys(account_id, "account-revoked"))
     keys_http.add_routes(app)
     mint_http.add_routes(app)
     accounts_http.add_routes(app)

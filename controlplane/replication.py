@@ -38,6 +38,7 @@ class DataPlaneLink:
         self._on_message = on_message
         self._on_disconnect = on_disconnect
         self.conn: Connection | None = None
+        self.peer_pid: int | None = None
         self.ready = asyncio.Event()
 
     @property
@@ -67,6 +68,7 @@ class DataPlaneLink:
             return
         await conn.send(Welcome(version=PROTOCOL_VERSION))
         self.conn = conn
+        self.peer_pid = hello.pid  # type: ignore[union-attr]
         runner = asyncio.ensure_future(conn.run(self._on_message))
         try:
             leases, routes, storage_ok = self._snapshot()
@@ -84,6 +86,7 @@ class DataPlaneLink:
             runner.cancel()
             if self.conn is conn:
                 self.conn = None
+                self.peer_pid = None
                 self.ready.clear()
                 self._on_disconnect()
                 log.warning("dataplane_disconnected")

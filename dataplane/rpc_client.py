@@ -69,7 +69,7 @@ class ControlLink:
             return
         if isinstance(answer, Refused) or not isinstance(answer, Welcome):
             log.error("control_refused_link", reason=getattr(answer, "reason", "unexpected-answer"))
-            await asyncio.sleep(BACKOFF_MAX_S)
+            await asyncio.sleep(BACKOFF_MAX_S / 4)
             return
         self.conn = conn
         await conn.run(self._on_message)

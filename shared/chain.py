@@ -54,15 +54,6 @@ class Fault(StrEnum):
     UNREADABLE = "unreadable"  # a file could not be read at all (I/O error)
 
 
-class ChainRefusal(StrEnum):
-    """Refusal codes a chain-backed store answers with besides its own `*-unavailable`."""
-
-    REVISION_CONFLICT = "revision-conflict"
-
-
-CHAIN_HTTP_STATUS: dict[ChainRefusal, int] = {ChainRefusal.REVISION_CONFLICT: 409}
-
-
 class Anchor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     count: int
     head_hash: str | None

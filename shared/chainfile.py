@@ -8,6 +8,7 @@ account-admin overlay) and must not queue behind an operator's ten-second lock. 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -231,12 +232,24 @@ class HashChain(Generic[S]):
         _fsync_dir(self.anchor_path)
 
 
+# A chain is rare operator mutations; past this size something else is in the file.
+READ_CAP_BYTES = 256 * 1024 * 1024
+
+
 def _read_or_none(path: str) -> bytes | None:
+    """The whole file, or None if absent; a device, a FIFO or an oversized file is an OSError
+    (a symlink to /dev/full or /dev/zero would otherwise be read forever)."""
     try:
         with open(path, "rb") as handle:
-            return handle.read()
+            st = os.fstat(handle.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(f"{path} is not a regular file")
+            data = handle.read(READ_CAP_BYTES + 1)
     except FileNotFoundError:
         return None
+    if len(data) > READ_CAP_BYTES:
+        raise OSError(f"{path} is larger than {READ_CAP_BYTES} bytes")
+    return data
 
 
 def _tail(handle: Any) -> bytes:

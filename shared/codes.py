@@ -55,6 +55,7 @@ class Refusal(StrEnum):
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
     INTERNAL_ERROR = "internal-error"
     DATAPLANE_LOST = "dataplane-lost"
+    REVISION_CONFLICT = "revision-conflict"
     # mint and fallback (SPEC §5, §6, §8)
     NO_ELIGIBLE_ACCOUNT = "no-eligible-account"
     FALLBACK_POOL_EXHAUSTED = "fallback-pool-exhausted"
@@ -91,6 +92,7 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.UPSTREAM_UNREACHABLE: 502,
     Refusal.INTERNAL_ERROR: 500,
     Refusal.DATAPLANE_LOST: 503,
+    Refusal.REVISION_CONFLICT: 409,
     Refusal.NO_ELIGIBLE_ACCOUNT: 503,
     Refusal.FALLBACK_POOL_EXHAUSTED: 409,
     Refusal.ACCOUNT_STATE_UNAVAILABLE: 503,

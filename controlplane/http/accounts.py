@@ -57,6 +57,8 @@ class AccountsView(msgspec.Struct, frozen=True, kw_only=True):
     as_of: str
     evidence_since: str
     evidence_truncated: bool
+    admin_chain_verdict: str      # while `corrupt`, every account reads `disabled` and mints hold
+    admin_revision: int | None   # null while the chain is corrupt
 
 
 def origin_of(url: str) -> str:
@@ -91,9 +93,11 @@ def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             circuit=CircuitView(**service.circuits.view(account.id, now)),
             health=str(health), health_reason=str(reason),
         ))
+    chain = admin.read()
     return AccountsView(accounts=views, window_seconds=window_s, as_of=iso_ms(now),
                         evidence_since=iso_ms(service.evidence.since_ms),
-                        evidence_truncated=truncated_any)
+                        evidence_truncated=truncated_any,
+                        admin_chain_verdict=str(chain.check.verdict), admin_revision=chain.check.revision)
 
 
 @requires(Scope.READ)

@@ -55,7 +55,8 @@ async def healthz(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     return json_response({
         "status": "ok",
-        "dataplane_connected": service.link.connected,
+        "dataplane_connected": service.link.connected and service.link.ready.is_set(),
+        "dataplane_pid": service.link.peer_pid,
         "ledger_ok": service.ledger.ok,
     })
 

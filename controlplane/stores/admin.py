@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from controlplane.core.overlay import AdminAction, Overlay, fold_overlay
-from shared.chain import ChainCheck, ChainRefusal, Verdict
+from shared.chain import ChainCheck, Verdict
 from shared.chainfile import (
     ChainBusy, ChainCorrupt, ChainError, ChainUnwritable, ChainView, Committed, HashChain,
     RevisionConflict,
@@ -197,7 +197,7 @@ def refusal_of(exc: ChainError) -> GatewayError:
     """How a chain that did not append answers over HTTP."""
     if isinstance(exc, RevisionConflict):
         return GatewayError(
-            ChainRefusal.REVISION_CONFLICT,  # type: ignore[arg-type]
+            Refusal.REVISION_CONFLICT,
             f"expected_revision is {exc.expected} but the account-admin chain is at revision "
             f"{exc.current}; read it again and retry", status=409,
             extra={"current_revision": exc.current, "expected_revision": exc.expected})

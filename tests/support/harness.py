@@ -195,8 +195,11 @@ class Gateway:
                               self.workdir / "dataplane.log")
 
     def wait_synchronised(self, timeout_s: float = 20) -> None:
-        wait_until(lambda: (self.healthz() or {}).get("dataplane_connected"), timeout_s,
-                   "data plane synchronised with control")
+        """Until control reports *this* data plane process synchronised."""
+        def synced() -> bool:
+            health = self.healthz() or {}
+            return bool(health.get("dataplane_connected")) and health.get("dataplane_pid") == self.dataplane.popen.pid
+        wait_until(synced, timeout_s, "data plane synchronised with control")
 
     def healthz(self) -> dict[str, Any] | None:
         try:
