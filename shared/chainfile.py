@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -106,6 +107,10 @@ class HashChain(Generic[S]):
             return cached[1]
         check = self._snapshot()
         if check.verdict is Verdict.CORRUPT:
+            if check.fault is Fault.TORN_LINE:
+                # The signature of a read that overlapped an append crossing a page boundary:
+                # give the writer a moment to finish before the one confirming read.
+                time.sleep(TORN_LINE_SETTLE_S)
             check = self._snapshot()
             if check.verdict is Verdict.CORRUPT:  # logged once per change: the verdict is cached
                 log.error("chain_corrupt", path=self.path, fault=str(check.fault),
@@ -232,6 +237,8 @@ class HashChain(Generic[S]):
         _fsync_dir(self.anchor_path)
 
 
+# How long a reader that saw a torn final line waits before its one confirming read.
+TORN_LINE_SETTLE_S = 0.005
 # A chain is rare operator mutations; past this size something else is in the file.
 READ_CAP_BYTES = 256 * 1024 * 1024
 
