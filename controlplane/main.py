@@ -16,15 +16,18 @@ from aiohttp import web
 from controlplane.http import accounts as accounts_http
 from controlplane.http import keys as keys_http
 from controlplane.http import mint as mint_http
+from controlplane.http import policy as policy_http
 from controlplane.http import views as views_http
 from controlplane.mint import MintDesk
-from controlplane.overlays import NoAdminOverlay, NoPolicy
+from controlplane.core.policy import Ceiling
+from controlplane.overlays import NoAdminOverlay
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.service import ControlService
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
+from controlplane.stores.policy import PolicyStore
 from shared.clock import now_ms
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
@@ -43,12 +46,15 @@ def build_app(service: ControlService) -> web.Application:
         client_max_size=CONTROL_BODY_LIMIT,
     )
     app[keys_http.SERVICE] = service
-    app[mint_http.DESK] = MintDesk(service, NoAdminOverlay(),
-                                   NoPolicy(settings.fallback_on, settings.max_fallback_hops))
+    policy = PolicyStore(settings.state_dir, [a.id for a in service.registry.accounts],
+                         Ceiling(fallback_on=frozenset(settings.fallback_on),
+                                 max_fallback_hops=settings.max_fallback_hops))
+    app[mint_http.DESK] = MintDesk(service, NoAdminOverlay(), policy)
     keys_http.add_routes(app)
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
+    policy_http.add_routes(app, policy)
     return app
 
 
