@@ -58,23 +58,47 @@ def build_app(service: ControlService) -> web.Application:
     return app
 
 
-async def _reaper(service: ControlService) -> None:
+class RpcListener:
+    """The RPC socket, re-bound if its file disappears (a tmp cleaner, an operator's rm)."""
+
+    def __init__(self, settings: Settings, service: ControlService) -> None:
+        self.path = settings.rpc_socket
+        self.service = service
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        self.server = await start_unix_server(self.path, self.service.link.on_client)
+
+    async def ensure(self) -> None:
+        if not os.path.exists(self.path):
+            log.warning("rpc_socket_missing", path=self.path, action="rebinding")
+            self.close()
+            await self.start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+async def _reaper(service: ControlService, listener: RpcListener) -> None:
     while True:
         await asyncio.sleep(REAPER_INTERVAL_S)
         try:
             await service.reap_expired()
             await service.retry_storage()
+            await listener.ensure()
         except Exception:  # the reaper must outlive any one bad pass
             log.exception("reaper_pass_failed")
 
 
 async def serve(settings: Settings, service: ControlService) -> None:
-    rpc_server = await start_unix_server(settings.rpc_socket, service.link.on_client)
+    listener = RpcListener(settings, service)
+    await listener.start()
     runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.control_host, settings.control_port, reuse_address=True)
     await site.start()
-    reaper = asyncio.create_task(_reaper(service))
+    reaper = asyncio.create_task(_reaper(service, listener))
     log.info("control_started", listen=f"{settings.control_host}:{settings.control_port}",
              rpc_socket=settings.rpc_socket, state_dir=settings.state_dir,
              accounts=[a.id for a in service.registry.accounts])
@@ -85,7 +109,7 @@ async def serve(settings: Settings, service: ControlService) -> None:
     await stop.wait()
     log.info("control_stopping")
     reaper.cancel()
-    rpc_server.close()
+    listener.close()
     if service.link.conn is not None:
         service.link.conn.close()
     await runner.cleanup()

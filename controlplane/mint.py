@@ -126,14 +126,18 @@ class MintDesk:
                policy: ResolvedPolicy) -> tuple[int, int, tuple[Outcome, Refusal] | None]:
         """Where the scan starts and which hop this is; or a refusal of the citation."""
         cited_id = body.retry_of_mint_decision_id or body.supersedes_mint_decision_id
+        dispatch_live = bool(self.service.decisions.live_keys(body.repo_slug, body.dispatch_id))
         if cited_id is None:
-            if self.service.decisions.live_keys(body.repo_slug, body.dispatch_id):
+            if dispatch_live:  # one live lease per dispatch: revoke, then re-mint
                 return 0, 0, (Outcome.HELD, Refusal.FALLBACK_LEASE_STILL_HELD)
             return 0, 0, None
         kind = CitationKind.RETRY if body.retry_of_mint_decision_id else CitationKind.SUPERSEDE
         verdict = authorise_fallback(kind, self._cited(cited_id, candidates), lineage,
                                      policy.fallback_on,
                                      min(policy.max_fallback_hops, self.service.settings.max_fallback_hops))
+        if verdict.refusal is None and dispatch_live:
+            # The cited lease is gone but another of this dispatch (a renewal, a sibling hop) is not.
+            return 0, 0, (Outcome.HELD, Refusal.FALLBACK_LEASE_STILL_HELD)
         if verdict.refusal is not None:
             return 0, 0, (verdict.outcome, verdict.refusal)
         return verdict.start_position, verdict.hop, None

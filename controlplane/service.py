@@ -137,8 +137,8 @@ class ControlService:
         keys = [lease.key_id for lease in self.keys.all() if lease.account_id == account_id]
         return len(await self.end_keys(keys, reason))
 
-    async def reap_expired(self) -> int:
-        expired = self.keys.expired(now_ms())
+    async def reap_expired(self, now: int | None = None) -> int:
+        expired = self.keys.expired(now_ms() if now is None else now)
         return len(await self.end_keys(expired, "expired")) if expired else 0
 
     # ---- attempt reports ----------------------------------------------------------------

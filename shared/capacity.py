@@ -15,10 +15,15 @@ class CapacityTable:
         self._account_of: dict[str, str] = {}      # holder -> account_id
 
     def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
-        """Take a slot for `holder` on `account_id`; False when the ceiling is reached."""
+        """Take a slot for `holder` on `account_id`; False when the ceiling is reached.
+
+        A holder holds at most one slot anywhere: reserving it again on the same account is a
+        no-op that succeeds; on another account it is refused (it would leak the first slot).
+        """
+        owner = self._account_of.get(holder)
+        if owner is not None:
+            return owner == account_id
         held = self._holders.setdefault(account_id, set())
-        if holder in held:
-            return True
         if ceiling is not None and len(held) >= ceiling:
             return False
         held.add(holder)

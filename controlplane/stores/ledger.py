@@ -9,6 +9,7 @@ deduplicated by `attempt_id`: the data plane re-sends unacknowledged rows after 
 from __future__ import annotations
 
 import os
+import stat
 from collections import OrderedDict
 
 import msgspec
@@ -50,11 +51,14 @@ class Ledger:
 
     def _seed_seen(self) -> None:
         try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):
+                log.error("ledger_not_a_regular_file", path=self.path)
+                return
             with open(self.path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)
                 size = handle.tell()
                 handle.seek(max(0, size - TAIL_BYTES))
-                tail = handle.read()
+                tail = handle.read(TAIL_BYTES)
         except FileNotFoundError:
             return
         decode = msgspec.json.Decoder(_Id).decode

@@ -1,0 +1,211 @@
+"""`AccountAdminStore`: the administrative overlay, which *is* its audit chain (SPEC §9).
+
+`$GATEWAY_STATE_DIR/account-admin.jsonl` holds one record per operator action, anchored by
+`account-admin-head.json`. There is no snapshot file: the overlay is `fold_overlay` of the
+verified chain and the revision is its record count, so no state change exists without its
+audit record, nor a record without its change.
+
+Reads (`read`, `verdict`, `overlay`, `state_of`) are cheap and safe on the event loop: a stat, an
+anchor read and an O(1) tail read while the chain is unchanged, one verified re-fold when it has
+changed. A `corrupt` chain has no overlay (`overlay()` is None): the mint holds
+(`account-state-unavailable`) and every mutation here is refused.
+
+Mutations run in a worker thread (`asyncio.to_thread`): the lock poll is a blocking sleep, then
+the chain is re-read, re-hashed and fsynced, and none of that may stall the streams the loop is
+proxying. `revoke-leases` has a side effect that must sit *inside* the mutation, after the
+revision check and before the append (revoking first would let a stale request destroy leases
+and then be told 409; appending first would record a revocation that had not happened). The
+revocation is a coroutine of the control service, so it must run on the loop, yet the file lock
+must be held from the revision check to the append. The mutation therefore stays in ONE worker
+thread from lock to release, and that thread lends the revocation to the loop
+(`run_coroutine_threadsafe`) and waits for it, still holding the lock. The lock never crosses a
+thread (filelock's per-thread state stays coherent), no second writer can commit in between,
+and the loop is never blocked: it is merely awaiting the thread. A revoker must not itself
+mutate this store (it would wait for the lock it is running under).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from controlplane.core.overlay import AdminAction, AdminState, Overlay, fold_overlay
+from shared.chain import ChainCheck, ChainRefusal, Verdict
+from shared.chainfile import (
+    ChainBusy, ChainCorrupt, ChainError, ChainUnwritable, ChainView, Committed, HashChain,
+    RevisionConflict,
+)
+from shared.clock import iso_ms, now_ms
+from shared.codes import Refusal
+from shared.errors import GatewayError
+from shared.logging import get_logger
+
+log = get_logger("admin")
+
+CHAIN_FILE = "account-admin.jsonl"
+ANCHOR_FILE = "account-admin-head.json"
+# How long a revoke-leases mutation waits, holding the writer's lock, for the revocation.
+REVOCATION_TIMEOUT_S = 60.0
+
+Revoker = Callable[[str], Awaitable[int]]
+
+
+class AdminMutation(msgspec.Struct, frozen=True, kw_only=True):
+    record: dict[str, Any]
+    revision: int  # the revision after this record
+    based_on_revision: int  # the revision the mutation was decided against
+    expected_revision: int | None  # what the caller supplied (None: applied at the current one)
+    revoked: int | None = None  # leases ended by a revoke-leases mutation
+
+
+class RevocationFailed(Exception):
+    """The revocation raised or timed out: nothing was appended."""
+
+
+class AccountAdminStore:
+    def __init__(self, state_dir: str, account_ids: Sequence[str], *,
+                 clock: Callable[[], int] = now_ms,
+                 on_commit: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.account_ids = tuple(account_ids)
+        self._known = frozenset(self.account_ids)
+        self._clock = clock
+        self._on_commit = on_commit
+        self.chain: HashChain[Overlay] = HashChain(
+            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_overlay)
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def read(self) -> ChainView[Overlay]:
+        """One read: check and overlay from the same bytes (a revision never labels another
+        read's overlay)."""
+        return self.chain.read()
+
+    async def read_async(self) -> ChainView[Overlay]:
+        return await asyncio.to_thread(self.chain.read)
+
+    def verdict(self) -> Verdict:
+        return self.chain.read().check.verdict
+
+    def overlay(self) -> Overlay | None:
+        """The overlay, or None when the chain is corrupt (hold every v2 mint)."""
+        return self.chain.read().state
+
+    def state_of(self, account_id: str) -> AdminState | None:
+        overlay = self.overlay()
+        return None if overlay is None else overlay.state_of(account_id)
+
+    def is_known(self, account_id: str) -> bool:
+        return account_id in self._known
+
+    # ---- mutations ------------------------------------------------------------------------
+
+    async def set_state(self, account_id: str, state: AdminState, *, reason: str, actor: str | None,
+                        authenticated_by: str, expected_revision: int | None = None) -> AdminMutation:
+        self._require_known(account_id)
+
+        def build(_check: ChainCheck) -> dict[str, Any]:
+            return self._fields(account_id, AdminAction.SET_STATE, AdminState(state), reason, actor,
+                                authenticated_by)
+
+        committed = await self._commit(build, expected_revision)
+        log.info("account_state_set", account_id=account_id, state=str(state),
+                 revision=committed.revision, actor=actor, authenticated_by=authenticated_by)
+        return self._done(committed, expected_revision)
+
+    async def revoke_leases(self, account_id: str, revoke: Revoker, *, reason: str,
+                            actor: str | None, authenticated_by: str,
+                            expected_revision: int | None = None) -> AdminMutation:
+        self._require_known(account_id)
+        loop = asyncio.get_running_loop()
+        revoked: list[int] = []
+
+        def build(_check: ChainCheck) -> dict[str, Any]:
+            # In the mutation's thread, lock held, revision already checked: lend the revocation
+            # to the loop and wait for it before anything is appended.
+            future = asyncio.run_coroutine_threadsafe(revoke(account_id), loop)
+            try:
+                revoked.append(int(future.result(timeout=REVOCATION_TIMEOUT_S)))
+            except concurrent.futures.TimeoutError:
+                future.cancel()
+                raise RevocationFailed(f"no answer within {REVOCATION_TIMEOUT_S:g}s") from None
+            except Exception as exc:
+                raise RevocationFailed(repr(exc)) from exc
+            return self._fields(account_id, AdminAction.REVOKE_LEASES, None, reason, actor,
+                                authenticated_by)
+
+        committed = await self._commit(build, expected_revision)
+        log.info("account_leases_revoked", account_id=account_id, revoked=revoked[0],
+                 revision=committed.revision, actor=actor, authenticated_by=authenticated_by)
+        return self._done(committed, expected_revision, revoked[0])
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _require_known(self, account_id: str) -> None:
+        if account_id not in self._known:
+            raise GatewayError(Refusal.NOT_FOUND, f"no account {account_id!r} in the registry",
+                               extra={"account_id": account_id})
+
+    def _fields(self, account_id: str, action: AdminAction, state: AdminState | None, reason: str,
+                actor: str | None, authenticated_by: str) -> dict[str, Any]:
+        return {
+            "at": iso_ms(self._clock()),
+            "actor": actor,
+            "actor_authenticated_by": authenticated_by,
+            "account_id": account_id,
+            "action": str(action),
+            "state": None if state is None else str(state),
+            "reason": reason,
+        }
+
+    async def _commit(self, build: Callable[[ChainCheck], dict[str, Any]],
+                      expected_revision: int | None) -> Committed:
+        try:
+            return await asyncio.to_thread(self.chain.commit, build, expected_revision)
+        except ChainError as exc:
+            raise refusal_of(exc) from None
+        except RevocationFailed as exc:
+            log.error("account_revocation_failed", error=str(exc))
+            raise GatewayError(Refusal.INTERNAL_ERROR,
+                               "the lease revocation failed, so nothing was recorded; some leases "
+                               "may already be revoked; retry the request") from None
+
+    def _done(self, committed: Committed, expected_revision: int | None,
+              revoked: int | None = None) -> AdminMutation:
+        if self._on_commit is not None:
+            try:
+                self._on_commit(committed.record)
+            except Exception:  # a listener never unmakes a committed mutation
+                log.exception("admin_commit_listener_failed")
+        return AdminMutation(record=committed.record, revision=committed.revision,
+                             based_on_revision=committed.based_on_revision,
+                             expected_revision=expected_revision, revoked=revoked)
+
+
+def refusal_of(exc: ChainError) -> GatewayError:
+    """How a chain that did not append answers over HTTP."""
+    if isinstance(exc, RevisionConflict):
+        return GatewayError(
+            ChainRefusal.REVISION_CONFLICT,  # type: ignore[arg-type]
+            f"expected_revision is {exc.expected} but the account-admin chain is at revision "
+            f"{exc.current}; read it again and retry", status=409,
+            extra={"current_revision": exc.current, "expected_revision": exc.expected})
+    if isinstance(exc, ChainCorrupt):
+        return GatewayError(
+            Refusal.ACCOUNT_STATE_UNAVAILABLE,
+            f"the account-admin chain is corrupt ({exc.check.fault}); no mutation is accepted "
+            "until an operator restores it",
+            extra={"chain_verdict": str(Verdict.CORRUPT), "chain_reason": str(exc.check.fault)})
+    if isinstance(exc, ChainBusy):
+        return GatewayError(Refusal.ACCOUNT_STATE_UNAVAILABLE,
+                            "another administrative mutation holds the chain; retry",
+                            retry_after_s=1)
+    assert isinstance(exc, ChainUnwritable)
+    log.error("account_admin_unwritable", error=str(exc))
+    return GatewayError(Refusal.ACCOUNT_STATE_UNAVAILABLE,
+                        "the account-admin chain could not be written; nothing was recorded",
+                        retry_after_s=5)

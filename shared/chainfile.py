@@ -1,0 +1,264 @@
+"""The file shell of a hash chain (`shared.chain` is its pure core): `HashChain`.
+
+Readers never take the writer's lock: a reader runs on the event loop (the mint reads the
+account-admin overlay) and must not queue behind an operator's ten-second lock. Writers take
+`filelock` on `<chain>.lock`, decide from the file rather than the cache, and fsync.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import filelock
+import msgspec
+
+from shared.chain import (
+    GENESIS_HASH, ChainCheck, Fault, Head, Verdict, encode_anchor, encode_record, head_of_tail, seal,
+    split_lines, verify_chain, verify_chain_between,
+)
+from shared.logging import get_logger
+
+log = get_logger("chain")
+
+# A writer waits this long for another writer's lock before giving up (the lock's poll is a
+# blocking sleep, which is why writers run off the event loop).
+LOCK_TIMEOUT_S = 10.0
+# The head is read from the last TAIL_BYTES of the chain: O(1) whatever the chain's length.
+# Writers bound their records far below this (a record over it only makes `head()` answer None).
+TAIL_BYTES = 64 * 1024
+
+S = TypeVar("S")
+
+
+class ChainView(msgspec.Struct, Generic[S], frozen=True):
+    """One read: the check and, when the chain can be believed, the state folded from it."""
+
+    check: ChainCheck
+    state: S | None
+
+
+class Committed(msgspec.Struct, frozen=True, kw_only=True):
+    record: dict[str, Any]
+    revision: int  # the record count after this append
+    based_on_revision: int  # the record count the append was decided against
+
+
+class ChainError(Exception):
+    """A commit that did not append (nothing was written)."""
+
+
+class ChainCorrupt(ChainError):
+    def __init__(self, check: ChainCheck) -> None:
+        super().__init__(f"chain is corrupt ({check.fault})")
+        self.check = check
+
+
+class RevisionConflict(ChainError):
+    def __init__(self, current: int, expected: int) -> None:
+        super().__init__(f"expected revision {expected}, the chain is at {current}")
+        self.current = current
+        self.expected = expected
+
+
+class ChainBusy(ChainError):
+    """Another writer held the lock for LOCK_TIMEOUT_S."""
+
+
+class ChainUnwritable(ChainError):
+    """The append (or the re-anchor that must precede it) failed; the chain is as it was."""
+
+
+class HashChain(Generic[S]):
+    """One chain file and its anchor. Thread-safe for readers; writers serialise on a file lock.
+
+    The read cache is one tuple `(key, view)` rebound in one assignment, so a reader on the event
+    loop and one in a worker thread can never pair one read's key with another read's view. The
+    key is cheap (a stat, the anchor's few bytes and an O(1) tail read) and names what a change
+    to the chain or its anchor would change; on a miss the whole chain is read and verified again.
+    """
+
+    def __init__(self, path: str, anchor_path: str, fold: Callable[[Sequence[dict[str, Any]]], S]) -> None:
+        self.path = path
+        self.anchor_path = anchor_path
+        self.lock_path = path + ".lock"
+        self._fold = fold
+        self._cache: tuple[tuple[Any, ...], ChainView[S]] | None = None
+        self.full_reads = 0  # how many whole-chain reads were made (tests prove the retry count)
+
+    # ---- reads (never take the lock) ----------------------------------------------------
+
+    def read(self) -> ChainView[S]:
+        """The verified view, from cache while the files are unchanged.
+
+        A corrupt read is confirmed by exactly one second read: a read landing mid-append can
+        see a torn final line, which a second look resolves, while real damage reads the same
+        twice. No more than one retry, so a broken chain holds on the very next attempt.
+        """
+        try:
+            key = self._key()
+        except OSError:
+            key = None
+        cached = self._cache
+        if key is not None and cached is not None and cached[0] == key:
+            return cached[1]
+        check = self._snapshot()
+        if check.verdict is Verdict.CORRUPT:
+            check = self._snapshot()
+            if check.verdict is Verdict.CORRUPT:  # logged once per change: the verdict is cached
+                log.error("chain_corrupt", path=self.path, fault=str(check.fault),
+                          line=check.fault_line)
+        state = None if check.verdict is Verdict.CORRUPT else self._fold(check.records)
+        view = ChainView(check, state)
+        if key is not None:
+            self._cache = (key, view)
+        return view
+
+    def head(self) -> Head | None:
+        """The last record's `(seq, hash)` by an O(1) tail read (unverified; None if none)."""
+        try:
+            with open(self.path, "rb") as handle:
+                return head_of_tail(_tail(handle))
+        except FileNotFoundError:
+            return None
+
+    def _key(self) -> tuple[Any, ...]:
+        anchor = _read_or_none(self.anchor_path)
+        try:
+            with open(self.path, "rb") as handle:
+                st = os.fstat(handle.fileno())
+                tail = _tail(handle)
+        except FileNotFoundError:
+            return (anchor,)
+        return (anchor, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, tail)
+
+    def _snapshot(self) -> ChainCheck:
+        """One whole read: anchor, chain, anchor again (see `verify_chain_between`)."""
+        self.full_reads += 1
+        try:
+            before = _read_or_none(self.anchor_path)
+            data = _read_or_none(self.path) or b""
+            after = _read_or_none(self.anchor_path)
+        except OSError as exc:
+            log.error("chain_read_failed", path=self.path, error=str(exc))
+            return ChainCheck(verdict=Verdict.CORRUPT, fault=Fault.UNREADABLE)
+        return verify_chain_between(split_lines(data), before, after)
+
+    # ---- the one write ------------------------------------------------------------------
+
+    def commit(self, build: Callable[[ChainCheck], Mapping[str, Any]],
+               expected_revision: int | None = None) -> Committed:
+        """Append one record, deciding from the file under the writer's lock. Blocking.
+
+        Order: lock → read and verify the file (never the cache) → refuse if corrupt → check
+        `expected_revision` → (re-)anchor what is there if the anchor lags (seed or crash
+        window) → `build(check)` returns the record's fields, and may do the mutation's side
+        effect, or raise to abort → append + fsync → anchor. An anchor write failing after the
+        append is logged, not raised: the append committed, and the next commit re-anchors.
+        """
+        lock = filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=0o600)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise ChainBusy(f"{self.lock_path} held for more than {LOCK_TIMEOUT_S:g}s") from None
+        try:
+            self._cache = None
+            return self._commit_locked(build, expected_revision)
+        finally:
+            self._cache = None
+            lock.release()
+
+    def _commit_locked(self, build: Callable[[ChainCheck], Mapping[str, Any]],
+                       expected_revision: int | None) -> Committed:
+        try:
+            anchor = _read_or_none(self.anchor_path)
+            data = _read_or_none(self.path) or b""
+        except OSError as exc:
+            raise ChainCorrupt(ChainCheck(verdict=Verdict.CORRUPT, fault=Fault.UNREADABLE)) from exc
+        check = verify_chain(split_lines(data), anchor)
+        if check.verdict is Verdict.CORRUPT:
+            raise ChainCorrupt(check)
+        count = len(check.records)
+        if expected_revision is not None and expected_revision != count:
+            raise RevisionConflict(count, expected_revision)
+        current = encode_anchor(count, check.head_hash)
+        if anchor != current:
+            try:
+                self._write_anchor(current)
+            except OSError as exc:
+                raise ChainUnwritable(f"cannot anchor {self.anchor_path}: {exc}") from exc
+        record = seal(build(check), count + 1, check.head_hash or GENESIS_HASH)
+        try:
+            self._append(encode_record(record), len(data))
+        except OSError as exc:
+            raise ChainUnwritable(f"cannot append to {self.path}: {exc}") from exc
+        try:
+            self._write_anchor(encode_anchor(count + 1, record["hash"]))
+        except OSError as exc:
+            log.error("chain_anchor_write_failed", path=self.anchor_path, revision=count + 1,
+                      error=str(exc))
+        return Committed(record=record, revision=count + 1, based_on_revision=count)
+
+    def _append(self, line: bytes, size_before: int) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                _write_all(fd, line)
+                os.fsync(fd)
+            except OSError:
+                try:  # never leave a torn line behind a failed write
+                    os.ftruncate(fd, size_before)
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(fd)
+        if size_before == 0:
+            _fsync_dir(self.path)
+
+    def _write_anchor(self, data: bytes) -> None:
+        """Temp file, fsync, rename over the anchor, fsync the directory (only the writer,
+        under the lock, writes it, so one fixed temp name is enough)."""
+        tmp = self.anchor_path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.anchor_path)
+        _fsync_dir(self.anchor_path)
+
+
+def _read_or_none(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def _tail(handle: Any) -> bytes:
+    size = os.fstat(handle.fileno()).st_size
+    handle.seek(max(0, size - TAIL_BYTES))
+    return handle.read(TAIL_BYTES)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,135 @@
+"""Randomised properties: capacity tables never leak or go negative, and no sequence of mint,
+retry, supersede, evidence, revoke and expiry calls yields two live leases for one dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.mint import MintDesk, MintV2
+from controlplane.overlays import NoAdminOverlay, NoPolicy
+from controlplane.registry import AccountSpec, Registry
+from controlplane.service import ControlService
+from controlplane.stores.keys import KeyTable
+from controlplane.stores.ledger import Ledger
+from controlplane.core.pricing import PriceTable
+from shared.capacity import CapacityTable
+from shared.codes import AuthStyle, Binding
+from shared.settings import load_settings
+from shared.wire import AttemptRow
+
+HOLDERS = [f"h{i}" for i in range(6)]
+ACCOUNTS = ["a", "b"]
+
+capacity_ops = st.lists(st.tuples(st.sampled_from(["reserve", "release"]), st.sampled_from(ACCOUNTS),
+                                  st.sampled_from(HOLDERS)), max_size=60)
+
+
+@given(capacity_ops, st.integers(min_value=1, max_value=4))
+def test_capacity_table_never_leaks_or_goes_negative(ops, ceiling) -> None:
+    table = CapacityTable()
+    held: dict[str, str] = {}  # the model: holder -> account
+    for op, account, holder in ops:
+        if op == "reserve":
+            ok = table.reserve(account, holder, ceiling)
+            if holder in held:
+                assert ok == (held[holder] == account)  # twice takes one slot; never two accounts
+            elif ok:
+                held[holder] = account
+            else:
+                assert sum(1 for a in held.values() if a == account) >= ceiling
+        else:
+            assert table.release(holder) == (holder in held)
+            held.pop(holder, None)
+        for acc in ACCOUNTS:
+            count = table.count(acc)
+            assert count == sum(1 for a in held.values() if a == acc)
+            assert 0 <= count <= ceiling
+
+
+def _service(tmp: Path) -> ControlService:
+    settings = load_settings({"GATEWAY_CONTROL_TOKEN": "t" * 16, "GATEWAY_STATE_DIR": str(tmp),
+                              "GATEWAY_MAX_FALLBACK_HOPS": "2"})
+    accounts = [AccountSpec(id=i, display_name=i, provider_binding=Binding.ANTHROPIC, base_url="http://x",
+                            auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{i.upper()}_KEY",
+                            models=("m*",), lease_capacity=2) for i in ("acc-a", "acc-b", "acc-c")]
+    env = {a.credential_env: "k" for a in accounts}
+    ledger = Ledger(str(tmp / "ledger.jsonl"))
+    ledger.open()
+    return ControlService(settings, Registry(accounts), KeyTable(None), ledger, PriceTable(price=()), env=env)
+
+
+step = st.one_of(
+    st.tuples(st.just("mint"), st.integers(0, 2)),
+    st.tuples(st.just("retry"), st.integers(0, 30)),
+    st.tuples(st.just("supersede"), st.integers(0, 30)),
+    st.tuples(st.just("fail"), st.integers(0, 30), st.sampled_from([429, 500, 402, 400, 200])),
+    st.tuples(st.just("revoke"), st.integers(0, 30)),
+    st.tuples(st.just("expire"), st.integers(0, 30)),
+    st.tuples(st.just("renew"), st.integers(0, 30)),
+)
+
+
+def _row(lease, decision_id: str, n: int, status: int) -> AttemptRow:
+    from shared.evidence import condition_for_terminal
+    kind = "completed" if status == 200 else "upstream-error"
+    condition = condition_for_terminal(kind, status, None)
+    return AttemptRow(attempt_id=f"att-{n}", key_id=lease.key_id, account_id=lease.account_id,
+                      mint_decision_id=decision_id, dispatch_id=lease.dispatch_id, repo_slug=lease.repo_slug,
+                      principal_id="p", wire="anthropic", path="/v1/messages", requested_model="m1",
+                      served_model=None, stream=False, started_at="x", finished_at="y", status=kind,
+                      http_status=status, condition=None if condition is None else str(condition),
+                      refusal_reason=None, usage=None, cost_usd=None, cost_reason=None, overhead_ms=None)
+
+
+async def _run(tmp: Path, steps) -> None:
+    service = _service(tmp)
+    desk = MintDesk(service, NoAdminOverlay(), NoPolicy(service.settings.fallback_on, 2))
+    decisions: list[str] = []
+    renewals: set[str] = set()   # successors minted by renew, whose predecessor may still be live
+
+    def body(dispatch: int, **cite) -> MintV2:
+        return MintV2(dispatch_id=f"d{dispatch}", repo_slug="r", principal_kind="w", principal_id="p",
+                      model="m1", **cite)
+
+    for n, item in enumerate(steps):
+        op = item[0]
+        if op == "mint":
+            answer = await desk.mint_v2(body(item[1]))
+            decisions.append(answer.body["mint_decision_id"])
+        elif op in ("retry", "supersede") and decisions:
+            cited = service.decisions.get(decisions[item[1] % len(decisions)])
+            key = "retry_of_mint_decision_id" if op == "retry" else "supersedes_mint_decision_id"
+            answer = await desk.mint_v2(body(int(cited.lineage.dispatch_id[1:]), **{key: cited.mint_decision_id}))
+            decisions.append(answer.body["mint_decision_id"])
+        elif op in ("fail", "revoke", "expire", "renew"):
+            live = service.keys.all()
+            if not live:
+                continue
+            lease = live[item[1] % len(live)]
+            if op == "fail":
+                service.record(_row(lease, lease.mint_decision_id, n, item[2]))
+            elif op == "renew":
+                answer = await desk.renew(lease.key_id, None)
+                if answer.status == 201:
+                    renewals.add(answer.body["key_id"])
+                    await service.end_keys([lease.key_id], "renewed")  # the caller revokes after
+            else:
+                await service.end_keys([lease.key_id], "revoked" if op == "revoke" else "expired")
+        per_dispatch: dict[str, int] = {}
+        for lease in service.keys.all():
+            per_dispatch[lease.dispatch_id] = per_dispatch.get(lease.dispatch_id, 0) + 1
+        assert all(count <= 1 for count in per_dispatch.values()), per_dispatch
+        for account in service.registry.accounts:
+            live_here = sum(1 for lease in service.keys.all() if lease.account_id == account.id)
+            assert service.lease_capacity.count(account.id) == live_here
+            assert live_here <= (account.lease_capacity or 10**9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(step, min_size=1, max_size=40))
+def test_no_sequence_yields_two_live_leases_for_one_dispatch(tmp_path: Path, steps) -> None:
+    asyncio.run(_run(tmp_path, steps))
