@@ -321,38 +321,20 @@ def _decide(layers: Sequence[Layer], field: PolicyField) -> _Decided:
 
 
 def fold_policy(layers: Sequence[Layer], ceiling: Ceiling, revision: int) -> ResolvedPolicy:
-    provenance: dict[str, str] = {}
-    locked_by: dict[str, str] = {}
-    vetoed: dict[str, tuple[str, ...]] = {}
-    ceilinged: list[str] = []
-    decided: dict[PolicyField, _Decided] = {}
-    for field in PolicyField:
-        decision = decided[field] = _decide(layers, field)
-        provenance[str(field)] = decision.winner.label if decision.winner is not None else DEFAULT
-        if decision.locked_by is not None:
-            locked_by[str(field)] = decision.locked_by
-        if decision.vetoed:
-            vetoed[str(field)] = decision.vetoed
+    decided = {field: _decide(layers, field) for field in PolicyField}
+    provenance = {str(f): d.winner.label if d.winner is not None else DEFAULT for f, d in decided.items()}
+    locked_by = {str(f): d.locked_by for f, d in decided.items() if d.locked_by is not None}
+    vetoed = {str(f): d.vetoed for f, d in decided.items() if d.vetoed}
 
     def value(field: PolicyField) -> Any:
         winner = decided[field].winner
         return None if winner is None else getattr(winner.document, str(field))
 
-    fallback_on = ceiling.fallback_on
-    if value(PolicyField.FALLBACK_ON) is not None:
-        chosen = frozenset(Condition(c) for c in value(PolicyField.FALLBACK_ON))
-        fallback_on = chosen & ceiling.fallback_on
-        if chosen - ceiling.fallback_on:
-            ceilinged.append(str(PolicyField.FALLBACK_ON))
-    else:
-        provenance[str(PolicyField.FALLBACK_ON)] = CEILING
-    hops = ceiling.max_fallback_hops
-    if value(PolicyField.MAX_FALLBACK_HOPS) is not None:
-        hops = min(value(PolicyField.MAX_FALLBACK_HOPS), ceiling.max_fallback_hops)
-        if value(PolicyField.MAX_FALLBACK_HOPS) > ceiling.max_fallback_hops:
-            ceilinged.append(str(PolicyField.MAX_FALLBACK_HOPS))
-    else:
-        provenance[str(PolicyField.MAX_FALLBACK_HOPS)] = CEILING
+    fallback_on, hops, ceilinged = _under_ceiling(value(PolicyField.FALLBACK_ON),
+                                                  value(PolicyField.MAX_FALLBACK_HOPS), ceiling)
+    for field in (PolicyField.FALLBACK_ON, PolicyField.MAX_FALLBACK_HOPS):
+        if value(field) is None:
+            provenance[str(field)] = CEILING
     classes, cell_provenance = _fold_model_classes(decided[PolicyField.MODEL_CLASSES].eligible)
     provenance.update(cell_provenance)
     account_order, providers = value(PolicyField.ACCOUNT_ORDER), value(PolicyField.PROVIDERS)
@@ -361,7 +343,26 @@ def fold_policy(layers: Sequence[Layer], ceiling: Ceiling, revision: int) -> Res
         account_order=None if account_order is None else tuple(account_order),
         providers=None if providers is None else tuple(providers),
         fallback_on=fallback_on, max_fallback_hops=hops, model_classes=classes,
-        provenance=provenance, locked_by=locked_by, vetoed=vetoed, ceilinged=tuple(ceilinged))
+        provenance=provenance, locked_by=locked_by, vetoed=vetoed, ceilinged=ceilinged)
+
+
+def _under_ceiling(chosen_on: Sequence[str] | None, chosen_hops: int | None,
+                   ceiling: Ceiling) -> tuple[frozenset[Condition], int, tuple[str, ...]]:
+    """The platform ceiling prunes `fallback_on` and caps the hops; it never extends either.
+    Unset, each is the ceiling itself. Also names the fields whose chosen value it cut."""
+    cut: list[str] = []
+    fallback_on = ceiling.fallback_on
+    if chosen_on is not None:
+        chosen = frozenset(Condition(c) for c in chosen_on)
+        fallback_on = chosen & ceiling.fallback_on
+        if chosen - ceiling.fallback_on:
+            cut.append(str(PolicyField.FALLBACK_ON))
+    hops = ceiling.max_fallback_hops
+    if chosen_hops is not None:
+        hops = min(chosen_hops, ceiling.max_fallback_hops)
+        if chosen_hops > ceiling.max_fallback_hops:
+            cut.append(str(PolicyField.MAX_FALLBACK_HOPS))
+    return fallback_on, hops, tuple(cut)
 
 
 def _fold_model_classes(eligible: Sequence[Layer]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:

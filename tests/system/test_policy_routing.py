@@ -113,6 +113,13 @@ def test_a_binding_policy_narrows_fallback_on_for_that_role_only(make_gateway, t
     status, hop = retry(gw, again, dispatch_id="d-rev-2", worker_role="reviewer")
     assert (status, hop["account_id"]) == (201, "anthropic-b")
 
+    # and a binding's hop budget is the policy's: zero refuses every hop for that role
+    assert put_level(gw, f"binding:{PAY}#lead", {"max_fallback_hops": 0}, 1)[0] == 200
+    status, lead = mint(gw, dispatch_id="d-lead", worker_role="lead")
+    fail_and_release(gw, lead, 429)
+    status, held = retry(gw, lead, dispatch_id="d-lead", worker_role="lead")
+    assert (status, held["refusal_reason"]) == (503, "fallback-budget-exhausted")
+
 
 def test_a_model_class_lets_a_fallback_cross_bindings(make_gateway, tmp_path, clean_stub):
     gw = make_gateway().start()
@@ -171,7 +178,7 @@ def test_explain_names_the_deciding_level_for_every_field(make_gateway, tmp_path
         assert status == 200, body
     status, _, explained = gw.api("GET", f"/control/v2/policy/explain?repo_slug={PAY}&worker_role=reviewer&model={MODEL}")
     assert status == 200, explained
-    assert explained["provenance"] | {} == {
+    assert explained["provenance"] == {
         "account_order": "team:payments", "providers": "platform", "fallback_on": f"binding:{PAY}#reviewer",
         "max_fallback_hops": "org:acme", "model_classes": f"repo:{PAY}", "model_classes.top.anthropic": f"repo:{PAY}"}
     assert explained["locked_by"] == {"providers": "platform"}

@@ -1,14 +1,11 @@
-"""Policy level names, document validation and tenancy conflicts, by table; the core stays pure."""
+"""Policy level names, document validation and tenancy conflicts, by table."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
-from controlplane.core import policy as core
 from controlplane.core.policy import (
     Level, LevelKind, Problem, check_document, fold_records, parse_level, tenancy_conflicts,
 )
@@ -121,17 +118,3 @@ def test_tenancy_conflicts_name_the_members_and_their_holder() -> None:
     other_org = parse_level("org:globex")
     found = tenancy_conflicts(state, other_org, check_document(other_org, {"teams": ["payments"]}, ACCOUNTS).document)
     assert [f.names for f in found] == [("payments",)]
-
-
-FORBIDDEN_IMPORTS = {"asyncio", "aiohttp", "filelock", "structlog", "os", "socket", "time", "secrets"}
-
-
-def test_the_policy_core_does_no_io() -> None:
-    tree = ast.parse(Path(core.__file__).read_text())
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert not imported & FORBIDDEN_IMPORTS
