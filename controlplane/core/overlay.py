@@ -17,26 +17,12 @@ from typing import Any
 
 import msgspec
 
-from shared.codes import Skip
-
-
-class AdminState(StrEnum):
-    # Same members as the lead's `shared.codes.AdminState`; import that one once it lands.
-    ENABLED = "enabled"
-    DRAINING = "draining"
-    DISABLED = "disabled"
+from shared.codes import AdminState
 
 
 class AdminAction(StrEnum):
     SET_STATE = "set-state"
     REVOKE_LEASES = "revoke-leases"
-
-
-# The selection skip each withdrawn state answers with (SPEC §6); `enabled` skips nothing.
-SKIP_OF_STATE: dict[AdminState, Skip] = {
-    AdminState.DISABLED: Skip.ADMINISTRATIVE_DISABLED,
-    AdminState.DRAINING: Skip.ADMINISTRATIVE_DRAINING,
-}
 
 
 class Overlay(msgspec.Struct, frozen=True, kw_only=True):

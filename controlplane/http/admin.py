@@ -22,11 +22,10 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from controlplane.core.overlay import AdminState
 from controlplane.http.common import granted_scope, json_response, read_json, requires
 from controlplane.stores.admin import AccountAdminStore, AdminMutation, Revoker
 from shared.clock import iso_ms, now_ms
-from shared.codes import Refusal, Scope
+from shared.codes import AdminState, Refusal, Scope
 from shared.errors import GatewayError
 from shared.logging import redact_text
 

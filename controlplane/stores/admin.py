@@ -5,10 +5,11 @@
 verified chain and the revision is its record count, so no state change exists without its
 audit record, nor a record without its change.
 
-Reads (`read`, `verdict`, `overlay`, `state_of`) are cheap and safe on the event loop: a stat, an
-anchor read and an O(1) tail read while the chain is unchanged, one verified re-fold when it has
-changed. A `corrupt` chain has no overlay (`overlay()` is None): the mint holds
-(`account-state-unavailable`) and every mutation here is refused.
+Reads (`read`, `is_unavailable`, `state_of`, `overlay`) are cheap and safe on the event loop: a
+stat, an anchor read and an O(1) tail read while the chain is unchanged, one verified re-fold
+when it has changed. The store is the mint's `controlplane.overlays.AdminOverlay`: a `corrupt`
+chain is `is_unavailable()` (the mint holds, `account-state-unavailable`), has no overlay, and
+refuses every mutation here.
 
 Mutations run in a worker thread (`asyncio.to_thread`): the lock poll is a blocking sleep, then
 the chain is re-read, re-hashed and fsynced, and none of that may stall the streams the loop is
@@ -34,14 +35,14 @@ from typing import Any
 
 import msgspec
 
-from controlplane.core.overlay import AdminAction, AdminState, Overlay, fold_overlay
+from controlplane.core.overlay import AdminAction, Overlay, fold_overlay
 from shared.chain import ChainCheck, ChainRefusal, Verdict
 from shared.chainfile import (
     ChainBusy, ChainCorrupt, ChainError, ChainUnwritable, ChainView, Committed, HashChain,
     RevisionConflict,
 )
 from shared.clock import iso_ms, now_ms
-from shared.codes import Refusal
+from shared.codes import AdminState, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
 
@@ -91,13 +92,19 @@ class AccountAdminStore:
     def verdict(self) -> Verdict:
         return self.chain.read().check.verdict
 
+    def is_unavailable(self) -> bool:
+        """The chain cannot be believed: hold every v2 mint (`account-state-unavailable`)."""
+        return self.chain.read().check.verdict is Verdict.CORRUPT
+
     def overlay(self) -> Overlay | None:
-        """The overlay, or None when the chain is corrupt (hold every v2 mint)."""
+        """The overlay, or None when the chain is corrupt."""
         return self.chain.read().state
 
-    def state_of(self, account_id: str) -> AdminState | None:
+    def state_of(self, account_id: str) -> AdminState:
+        """An account's state; `disabled` while the chain is corrupt (callers that must tell the
+        two apart ask `is_unavailable()` or `overlay()` first: the mint holds before selecting)."""
         overlay = self.overlay()
-        return None if overlay is None else overlay.state_of(account_id)
+        return AdminState.DISABLED if overlay is None else overlay.state_of(account_id)
 
     def is_known(self, account_id: str) -> bool:
         return account_id in self._known

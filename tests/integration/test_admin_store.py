@@ -14,10 +14,10 @@ import filelock
 import pytest
 from structlog.testing import capture_logs
 
-from controlplane.core.overlay import AdminState
 from controlplane.stores.admin import ANCHOR_FILE, CHAIN_FILE, AccountAdminStore
 from shared.chain import ChainCheck, Fault, Verdict, encode_anchor, record_hash
 from shared.chainfile import HashChain
+from shared.codes import AdminState
 from shared.errors import GatewayError
 
 ACCOUNTS = ("legacy-anthropic", "legacy-zai-harness", "legacy-openai", "team-b")
@@ -58,7 +58,7 @@ def test_no_chain_reads_absent_and_everything_enabled(tmp_path: Path) -> None:
     store = make_store(tmp_path)
     view = store.read()
     assert view.check.verdict is Verdict.ABSENT and view.check.revision == 0
-    assert store.verdict() is Verdict.ABSENT
+    assert store.verdict() is Verdict.ABSENT and not store.is_unavailable()
     assert all(store.state_of(a) is AdminState.ENABLED for a in ACCOUNTS)
 
 
@@ -158,7 +158,8 @@ async def test_tampering_reads_corrupt_and_refuses_every_mutation(tmp_path: Path
     view = make_store(tmp_path).read()  # a cold reader
     assert (view.check.verdict, view.check.fault) == (Verdict.CORRUPT, fault)
     assert store.read().check.fault is fault  # the warm one notices too
-    assert store.overlay() is None and store.state_of("team-b") is None  # → mint held
+    assert store.is_unavailable() and store.overlay() is None  # → every v2 mint held
+    assert store.state_of("team-b") is AdminState.DISABLED  # and nothing reads as enabled
     for attempt in (disable(store), store.revoke_leases("team-b", _never, reason="r", actor=None,
                                                         authenticated_by="control-token")):
         with pytest.raises(GatewayError) as refused:
@@ -419,3 +420,4 @@ async def test_a_torn_line_completed_before_the_second_read_reads_verified(tmp_p
     assert not [e for e in logs if e["event"] == "chain_corrupt"]
     (tmp_path / ANCHOR_FILE).write_bytes(last_anchor)
     assert os.path.getsize(tmp_path / CHAIN_FILE) == sum(map(len, lines))
+

@@ -7,10 +7,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from controlplane.core.overlay import (
-    SKIP_OF_STATE, AdminAction, AdminState, Overlay, fold_overlay, read_state,
-)
-from shared.codes import Skip
+from controlplane.core.overlay import AdminAction, Overlay, fold_overlay, read_state
+from shared.codes import AdminState
 
 
 def rec(account_id: Any, action: str = "set-state", state: Any = "disabled") -> dict[str, Any]:
@@ -64,11 +62,6 @@ def test_overlay_lists_only_accounts_some_record_set() -> None:
 def test_read_state_knows_exactly_the_vocabulary() -> None:
     assert [read_state(s.value) for s in AdminState] == list(AdminState)
     assert read_state("ENABLED") is DI and read_state("") is DI
-
-
-def test_skip_codes_for_withdrawn_states() -> None:
-    assert SKIP_OF_STATE == {DI: Skip.ADMINISTRATIVE_DISABLED, DR: Skip.ADMINISTRATIVE_DRAINING}
-    assert E not in SKIP_OF_STATE
 
 
 def test_vocabulary_spelling() -> None:
