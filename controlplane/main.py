@@ -17,9 +17,10 @@ from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
 from controlplane.http import keys as keys_http
 from controlplane.http import mint as mint_http
+from controlplane.http import policy as policy_http
 from controlplane.http import views as views_http
 from controlplane.mint import MintDesk
-from controlplane.overlays import NoPolicy
+from controlplane.core.policy import Ceiling
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import load_prices
 from controlplane.registry import Registry, RegistryError
@@ -27,6 +28,7 @@ from controlplane.service import ControlService
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
+from controlplane.stores.policy import PolicyStore
 from shared.clock import now_ms
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
@@ -45,15 +47,19 @@ def build_app(service: ControlService) -> web.Application:
         client_max_size=CONTROL_BODY_LIMIT,
     )
     app[keys_http.SERVICE] = service
-    admin = AccountAdminStore(settings.state_dir, [a.id for a in service.registry.accounts],
+    account_ids = [a.id for a in service.registry.accounts]
+    admin = AccountAdminStore(settings.state_dir, account_ids,
                               on_commit=lambda record: service.events.publish("account.state", record))
-    app[mint_http.DESK] = MintDesk(service, admin,
-                                   NoPolicy(settings.fallback_on, settings.max_fallback_hops))
+    policy = PolicyStore(settings.state_dir, account_ids,
+                         Ceiling(fallback_on=frozenset(settings.fallback_on),
+                                 max_fallback_hops=settings.max_fallback_hops))
+    app[mint_http.DESK] = MintDesk(service, admin, policy)
     admin_http.add_routes(app, admin, lambda account_id: service.end_account_keys(account_id, "account-revoked"))
     keys_http.add_routes(app)
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
+    policy_http.add_routes(app, policy)
     return app
 
 

@@ -94,7 +94,7 @@ class MintDesk:
         start, hop, refusal = self._start(body, lineage, candidates, policy)
         if refusal is not None:
             return self._refuse(base, refusal[0], refusal[1])
-        selection = select_account(candidates, self._live(candidates), start)
+        selection = select_account(candidates, self.live_facts(candidates), start)
         return await self._conclude(base, body, selection, hop, policy, predecessor=None)
 
     async def renew(self, key_id: str, ttl_seconds: int | None) -> MintAnswer:
@@ -111,7 +111,7 @@ class MintDesk:
         candidate = Candidate(account_id=prior.account_id, position=prior.fallback_position or 0,
                               provider_binding=str(self.service.registry.get(prior.account_id).provider_binding),
                               effective_model=prior.effective_model or "")
-        live = self._live((candidate,), renewing=key_id)
+        live = self.live_facts((candidate,), renewing=key_id)
         selection = select_account((candidate,), live, 0)
         if selection.chosen is not None:
             selection = msgspec.structs.replace(selection, chosen=candidate)
@@ -154,7 +154,8 @@ class MintDesk:
                              terminal_conditions=decisions.evidence(decision_id),
                              position_now=position_now)
 
-    def _live(self, candidates: tuple[Candidate, ...], renewing: str | None = None) -> dict[str, LiveFacts]:
+    def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None) -> dict[str, LiveFacts]:
+        """What is true of each candidate's account now (also read by policy explain's dry run)."""
         service, now = self.service, now_ms()
         facts: dict[str, LiveFacts] = {}
         for candidate in candidates:

@@ -27,7 +27,10 @@ class ResolvedPolicy(msgspec.Struct, frozen=True, kw_only=True):
     fallback_on: frozenset[Condition] = frozenset(Condition)
     max_fallback_hops: int = 1
     model_classes: dict[str, dict[str, str]] = {}
-    provenance: dict[str, str] = {}
+    provenance: dict[str, str] = {}                 # field (or model_classes.<class>.<binding>) → level label
+    locked_by: dict[str, str] = {}                  # field → the least specific level that locked it
+    vetoed: dict[str, tuple[str, ...]] = {}         # field → more specific setters a lock overruled
+    ceilinged: tuple[str, ...] = ()                 # fields whose chosen value the platform ceiling cut
 
 
 class PolicySource(Protocol):
