@@ -214,6 +214,8 @@ def run_events(args: argparse.Namespace, client: Client) -> int:
         try:
             with client.stream(EVENTS_PATH, Scope.READ, headers, EVENTS_READ_TIMEOUT_S) as response:
                 connected_once, backoff = True, RECONNECT_BACKOFF_S[0]
+                warn(f"connected to {client.url}{EVENTS_PATH}"
+                     + (f", resuming after id {last_id}" if last_id is not None else ""))
                 parser = SseParser()
                 for raw in response:
                     event = parser.feed(raw.decode("utf-8", "replace"))
