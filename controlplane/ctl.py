@@ -18,13 +18,13 @@ from controlplane.cli.exits import EXIT_HELP, CtlError, Exit
 from controlplane.cli.output import warn
 
 GROUPS = (keys, views, execute, admin, policy)
+TOKEN_HELP = "bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the control daemon's raw answer")
-    common.add_argument("--token", help="bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, "
-                                        "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)")
+    common.add_argument("--token", help=TOKEN_HELP)
     parser = argparse.ArgumentParser(
         prog="leaseholdctl", description="Operate a Leasehold gateway through its control API.",
         epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `leaseholdctl routes | head`: silence the final flush too
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return Exit.OK
+    except Exception as exc:  # a bug or an answer of an unexpected shape: still one line
+        warn(f"unexpected {type(exc).__name__}: {exc} (a bug in leaseholdctl, or a control daemon "
+             "answering in a shape it does not know)")
+        return Exit.FAILED
 
 
 def cli() -> None:

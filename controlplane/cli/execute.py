@@ -164,11 +164,13 @@ def run_exec(args: argparse.Namespace, client: Client) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("exec", parents=[common], help="run a command on a fresh lease, then revoke it",
+    p = sub.add_parser("exec", help="run a command on a fresh lease, then revoke it",
                        description="Mint a v2 lease, run CMD with a scrubbed environment (no GATEWAY_*) "
                                    "plus ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY or OPENAI_BASE_URL/"
                                    "OPENAI_API_KEY, forward SIGINT/SIGTERM/SIGHUP, revoke the lease when "
                                    "CMD exits and return CMD's exit status.")
+    del common  # exec prints its command's output, not a control answer: no --json
+    p.add_argument("--token", help="bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
     p.add_argument("--repo", required=True, help="repo_slug")
     p.add_argument("--principal", required=True, help="principal_id")
     p.add_argument("--principal-kind", default="worker", help="principal_kind (default worker)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -287,3 +288,55 @@ def test_exec_of_a_missing_command_is_127_and_revokes(gw: Gateway) -> None:
                "/nonexistent/worker", env=exec_env(gw))
     assert done.returncode == 127 and "command not found" in done.stderr
     assert lease_count(gw) == before
+
+
+def _read_until(fd: int, marker: bytes, timeout_s: float) -> bytes:
+    """Read a pty master until `marker` shows up (select with a deadline: never a bare sleep)."""
+    import select
+    import time
+
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"timed out waiting for {marker!r}; got {seen!r}"
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: every slave end closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen
+
+
+def test_exec_hands_the_terminal_to_the_worker_so_ctrl_c_reaches_it_once(gw: Gateway) -> None:
+    """Interactive use: the worker owns the terminal (its reads work), Ctrl-C reaches it, and
+    leaseholdctl takes the terminal back, revokes, and returns 128 + SIGINT."""
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()
+
+    def controlling_tty() -> None:  # the test's ctl becomes a session leader owning the pty
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    worker = ("import os, sys, time; print('FG', os.tcgetpgrp(0) == os.getpgrp(), "
+              "os.environ['ANTHROPIC_API_KEY'], 'READY', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
+                             sys.executable, "-c", worker], env=exec_env(gw), stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True, preexec_fn=controlling_tty)
+    os.close(slave)
+    try:
+        line = _read_until(master, b"READY", 20).decode()
+        words = line[line.index("FG"):].split()
+        assert words[1] == "True", line  # the worker's group is the terminal's foreground group
+        os.write(master, b"\x03")  # Ctrl-C, delivered by the terminal to its foreground group
+        assert proc.wait(20) == 128 + signal.SIGINT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert call(gw, words[2]) == 401

@@ -173,3 +173,16 @@ def test_policy_document_refusals(tmp_path: Path, name: str, content: str | None
     with pytest.raises(CtlError) as caught:
         load_document(str(path))
     assert caught.value.code == Exit.USAGE and name in caught.value.message
+
+
+def test_an_unexpected_error_is_still_one_line(monkeypatch, capsys) -> None:
+    from controlplane.cli import views
+
+    def boom(args: Any, client: Any) -> int:
+        return {}["accounts"]  # what a surprising answer shape does to a formatter
+
+    monkeypatch.setattr(views, "run_accounts", boom)
+    monkeypatch.setenv("LEASEHOLD_TOKEN", "t")
+    assert main(["accounts"]) == Exit.FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("leaseholdctl: unexpected KeyError") and len(err.strip().splitlines()) == 1
