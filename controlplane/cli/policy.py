@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from controlplane.cli.admin import current_revision, verdict_line, verify_exit
+from controlplane.cli.admin import current_revision, default_actor, verdict_line, verify_exit
 from controlplane.cli.client import Client
 from controlplane.cli.exits import CtlError, Exit
 from controlplane.cli.output import cell, emit, emit_json, render_pairs, render_table, warn
@@ -56,7 +56,9 @@ def _levels(body: dict[str, Any]) -> list[tuple[str, Any]]:
 def describe_policy(body: dict[str, Any]) -> str:
     parts = [verdict_line(body)]
     levels = _levels(body)
-    if not levels:
+    if body.get("levels", {}) is None:
+        parts.append("level documents withheld: the policy chain cannot be believed")
+    elif not levels:
         parts.append("no level document: the registry order and the platform ceilings decide")
     for name, document in levels:
         parts.append(f"[{name}]\n{json.dumps(document, indent=2, sort_keys=True)}")
@@ -65,30 +67,57 @@ def describe_policy(body: dict[str, Any]) -> str:
 
 def describe_level(name: str, body: dict[str, Any]) -> str:
     document = body.get("document", body)
-    head = f"[{body.get('name', name)}] revision {cell(body.get('revision'))}"
+    written = body.get("written_at_revision")
+    head = f"[{body.get('name', name)}] " + (f"written at revision {written}" if written is not None
+                                            else f"policy revision {cell(body.get('revision'))}")
     return head + "\n" + (json.dumps(document, indent=2, sort_keys=True) if document is not None
                           else "no document at this level")
 
 
+def _field_line(field: str, value: Any, body: dict[str, Any]) -> tuple[str, str]:
+    source = (body.get("provenance") or {}).get(field, "default")
+    notes = [f"from {source}"]
+    locked = (body.get("locked_by") or {}).get(field)
+    if locked:
+        notes.append(f"locked at {locked}")
+    vetoed = (body.get("vetoed") or {}).get(field)
+    if vetoed:
+        notes.append("vetoed: " + ", ".join(vetoed if isinstance(vetoed, list) else [str(vetoed)]))
+    return field, f"{cell(value)}  ({'; '.join(notes)})"
+
+
+def _tenancy_text(tenancy: Any) -> str:
+    if not isinstance(tenancy, dict):
+        return "tenancy unknown"
+    levels = [f"{lv.get('name')}{'' if lv.get('present') else ' (empty)'}" for lv in tenancy.get("levels") or []]
+    return (f"team {cell(tenancy.get('team'))}, org {cell(tenancy.get('org'))}; levels "
+            + (" < ".join(levels) if levels else "-"))
+
+
 def describe_explain(body: dict[str, Any]) -> str:
     resolved = body.get("resolved") or body.get("policy") or {}
-    provenance = body.get("provenance") or {}
-    fields = [(field, f"{cell(value)}  (from {provenance.get(field, 'default')})")
-              for field, value in resolved.items() if field != "provenance"]
-    candidates = body.get("candidates") or []
+    fields = [_field_line(field, value, body) for field, value in resolved.items() if field != "provenance"]
+    candidates = body.get("candidates")
     rows = [(c.get("position"), c.get("account_id"), c.get("provider_binding"), c.get("effective_model"),
-             _codes(c)) for c in candidates]
+             _codes(c)) for c in candidates or []]
+    if rows:
+        listing = render_table(("POS", "ACCOUNT", "BINDING", "MODEL", "LIVE FILTERS"), rows)
+    elif candidates is None and "candidates" in body:
+        listing = "no candidate list: the policy cannot be resolved now"
+    else:
+        listing = "no candidate serves this model"
     selection = next((body[k] for k in ("would_select", "selection", "selected") if k in body), None)
-    parts = [f"policy revision {cell(body.get('policy_revision', body.get('revision')))}",
-             render_pairs(fields) if fields else "no field set at any level",
-             render_table(("POS", "ACCOUNT", "BINDING", "MODEL", "LIVE FILTER"), rows) if rows
-             else "no candidate serves this model",
-             f"a mint now would select: {_selection_text(selection)}"]
-    return "\n\n".join(parts)
+    head = f"policy revision {cell(body.get('policy_revision', body.get('revision')))}"
+    if body.get("chain_verdict"):
+        head += f", chain {body['chain_verdict']}" + (f" ({body['chain_reason']})" if body.get("chain_reason") else "")
+    if "tenancy" in body:
+        head += "\n" + _tenancy_text(body["tenancy"])
+    return "\n\n".join([head, render_pairs(fields) if fields else "no resolved policy", listing,
+                         f"a mint now would select: {_selection_text(selection)}"])
 
 
 def _codes(candidate: dict[str, Any]) -> str:
-    for key in ("code", "skip", "codes", "filter"):
+    for key in ("filters", "codes", "code", "skip"):
         value = candidate.get(key)
         if value:
             return ", ".join(value) if isinstance(value, list) else str(value)
@@ -130,6 +159,9 @@ def run_set(args: argparse.Namespace, client: Client) -> int:
     if revision is None:
         revision = current_revision(client, POLICY_PATH, "policy chain")
     body = {"name": args.level, "expected_revision": revision, "document": document, "reason": args.reason}
+    actor = args.actor or default_actor()
+    if actor:
+        body["actor"] = actor
     payload = client.expect(client.call("PUT", LEVEL_PATH, body), Scope.ADMIN, LEVEL_PATH)
     emit_json(payload) if args.json else emit(f"{args.level}: written; policy revision {cell(payload.get('revision'))}")
     return Exit.OK
@@ -165,7 +197,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = verbs.add_parser("set", parents=[common], help="write one level document (scope admin)")
     p.add_argument("--level", required=True, metavar="NAME")
     p.add_argument("--file", required=True, help="the document, .toml or .json")
-    p.add_argument("--reason", required=True)
+    p.add_argument("--reason", required=True, help="why (recorded forever)")
+    p.add_argument("--actor", help="who (recorded as your claim; default: your login name)")
     p.add_argument("--expected-revision", type=int, metavar="N", help="refuse (409) unless the chain is at N")
     p.set_defaults(run=run_set)
 

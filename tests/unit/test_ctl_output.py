@@ -187,23 +187,42 @@ def test_policy_renderings() -> None:
     assert "no level document" in policy.describe_policy({"revision": 0, "chain_verdict": "absent", "levels": []})
     as_list = policy.describe_policy({"levels": [{"name": "platform", "document": {"providers": ["openai"]}}]})
     assert "[platform]" in as_list and '"openai"' in as_list
+    assert "withheld" in policy.describe_policy({"chain_verdict": "corrupt", "revision": 3, "levels": None})
+    level = policy.describe_level("repo:acme/app", {"name": "repo:acme/app", "revision": 5, "written_at_revision": 2,
+                                                     "document": {"providers": ["anthropic"]}})
+    assert level.splitlines()[0] == "[repo:acme/app] written at revision 2"
+    never = policy.describe_level("platform", {"name": "platform", "revision": 5, "document": None})
+    assert never.splitlines() == ["[platform] policy revision 5", "no document at this level"]
     explain = policy.describe_explain({
-        "policy_revision": 4,
-        "resolved": {"account_order": ["b", "a"], "max_fallback_hops": 1},
-        "provenance": {"account_order": "team:core"},
+        "policy_revision": 4, "chain_verdict": "verified",
+        "tenancy": {"team": "core", "org": None, "levels": [{"name": "platform", "present": False},
+                                                           {"name": "team:core", "present": True}]},
+        "resolved": {"account_order": ["b", "a"], "providers": ["anthropic"], "max_fallback_hops": 1},
+        "provenance": {"account_order": "team:core", "providers": "team:core", "max_fallback_hops": "ceiling"},
+        "locked_by": {"providers": "team:core"}, "vetoed": {"providers": ["repo:acme/app"]},
         "candidates": [{"account_id": "b", "position": 0, "provider_binding": "anthropic", "effective_model": "m",
-                        "code": "circuit-open"},
+                        "code": "administrative-disabled",
+                        "filters": ["administrative-disabled", "circuit-open"]},
                        {"account_id": "a", "position": 1, "provider_binding": "anthropic", "effective_model": "m",
-                        "code": None}],
-        "would_select": {"account_id": "a", "position": 1}})
-    assert "policy revision 4" in explain
-    assert 'account_order      ["b","a"]  (from team:core)' in explain
-    assert "max_fallback_hops  1  (from default)" in explain
-    assert "circuit-open" in explain and "eligible" in explain
-    assert "a mint now would select: a (position 1)" in explain
-    held = policy.describe_explain({"candidates": [], "selection": {"outcome": "held",
-                                                                    "refusal_reason": "no-eligible-account"}})
-    assert "no candidate serves this model" in held and "nothing: no-eligible-account" in held
+                        "code": None, "filters": []}],
+        "would_select": {"outcome": "selected", "account_id": "a", "fallback_position": 1}})
+    lines = explain.splitlines()
+    assert lines[:2] == ["policy revision 4, chain verified",
+                         "team core, org -; levels platform (empty) < team:core"]
+    assert 'account_order      ["b","a"]  (from team:core)' in lines
+    assert 'providers          ["anthropic"]  (from team:core; locked at team:core; vetoed: repo:acme/app)' in lines
+    assert "max_fallback_hops  1  (from ceiling)" in lines
+    assert lines[-4].split()[-2:] == ["administrative-disabled,", "circuit-open"]
+    assert lines[-3].split()[-1] == "eligible"
+    assert lines[-1] == "a mint now would select: a (position 1)"
+    held = policy.describe_explain({"candidates": [], "would_select": {"outcome": "rejected",
+                                                                        "refusal_reason": "model-not-served"}})
+    assert "no candidate serves this model" in held and "nothing: model-not-served" in held
+    unbelievable = policy.describe_explain({"chain_verdict": "corrupt", "chain_reason": "hash-mismatch",
+                                            "resolved": None, "candidates": None,
+                                            "would_select": {"outcome": "held", "refusal_reason": "policy-unavailable"}})
+    assert "chain corrupt (hash-mismatch)" in unbelievable and "cannot be resolved" in unbelievable
+    assert "nothing: policy-unavailable" in unbelievable
     audit = policy.audit_table({"revision": 1, "chain_verdict": "verified",
                                 "records": [{"seq": 0, "at": "T", "name": "platform", "actor": None, "reason": "r"}]})
     assert audit.splitlines()[2].split() == ["0", "T", "platform", "-", "r"]
