@@ -1,0 +1,170 @@
+"""leaseholdctl's client: which token and URL, how each unwanted answer reads, and real loopback I/O."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from controlplane.cli.client import Client, Reply, TokenChoice, choose_token, control_url, error_of, failure_of
+from controlplane.cli.exits import CtlError, Exit
+from shared.codes import Scope
+from tests.support.harness import free_port
+
+SECRET = "ctl_0123456789abcdefghijklmnopqrstuvwxyzABCD"
+
+
+@dataclass(frozen=True)
+class TokenCase:
+    name: str
+    flag: str | None
+    env: dict[str, str]
+    expect: TokenChoice
+
+
+TOKEN_CASES = [
+    TokenCase("flag wins", "f", {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"}, TokenChoice("f", "--token")),
+    TokenCase("leasehold before gateway", None, {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"},
+              TokenChoice("l", "LEASEHOLD_TOKEN")),
+    TokenCase("control before mint", None, {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_CONTROL_TOKEN": "c"},
+              TokenChoice("c", "GATEWAY_CONTROL_TOKEN")),
+    TokenCase("mint before read", None, {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_READ_TOKEN": "r"},
+              TokenChoice("m", "GATEWAY_MINT_TOKEN")),
+    TokenCase("read alone", None, {"GATEWAY_READ_TOKEN": "r"}, TokenChoice("r", "GATEWAY_READ_TOKEN")),
+    TokenCase("blank is unset", None, {"LEASEHOLD_TOKEN": "  ", "GATEWAY_READ_TOKEN": "r"},
+              TokenChoice("r", "GATEWAY_READ_TOKEN")),
+    TokenCase("none", None, {}, TokenChoice(None, "")),
+]
+
+
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=lambda c: c.name)
+def test_token_choice(case: TokenCase) -> None:
+    assert choose_token(case.flag, case.env) == case.expect
+
+
+@pytest.mark.parametrize(("env", "expect"), [
+    ({}, "http://127.0.0.1:8789"),
+    ({"GATEWAY_CONTROL_URL": "http://10.0.0.1:9000/"}, "http://10.0.0.1:9000"),
+    ({"GATEWAY_CONTROL_URL": ""}, "http://127.0.0.1:8789"),
+], ids=["default", "set", "blank"])
+def test_control_url(env: dict[str, str], expect: str) -> None:
+    assert control_url(env) == expect
+
+
+@pytest.mark.parametrize("raw", ["127.0.0.1:8789", "ftp://x", "http://"])
+def test_control_url_refuses_non_http(raw: str) -> None:
+    with pytest.raises(CtlError) as caught:
+        control_url({"GATEWAY_CONTROL_URL": raw})
+    assert caught.value.code == Exit.USAGE and "GATEWAY_CONTROL_URL" in caught.value.message
+
+
+def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, **extra}}
+
+
+@dataclass(frozen=True)
+class FailureCase:
+    name: str
+    reply: Reply
+    scope: Scope
+    source: str
+    expect_code: Exit
+    expect_words: tuple[str, ...]
+
+
+FAILURES = [
+    FailureCase("401 names the variable and scope", Reply(401, {}, _error("unauthenticated", "x")), Scope.MINT,
+                "GATEWAY_READ_TOKEN", Exit.AUTH, ("GATEWAY_READ_TOKEN", "401", "scope mint")),
+    FailureCase("403 names scope and the variable to use", Reply(403, {}, _error("forbidden-scope", "needs admin")),
+                Scope.ADMIN, "GATEWAY_MINT_TOKEN", Exit.AUTH, ("GATEWAY_MINT_TOKEN", "scope admin", "GATEWAY_CONTROL_TOKEN")),
+    FailureCase("422 prints the server's message", Reply(422, {}, _error("invalid-request", "ttl_seconds >= 60")),
+                Scope.MINT, "--token", Exit.FAILED, ("422", "ttl_seconds >= 60")),
+    FailureCase("409 revision conflict names the current revision",
+                Reply(409, {}, _error("invalid-request", "m", current_revision=7, expected_revision=3)),
+                Scope.ADMIN, "--token", Exit.REJECTED, ("current revision is 7", "not 3")),
+    FailureCase("409 other", Reply(409, {}, _error("fallback-lineage-mismatch", "no")), Scope.MINT, "--token",
+                Exit.REJECTED, ("fallback-lineage-mismatch",)),
+    FailureCase("plain 404 is a missing route", Reply(404, {}, "404: Not Found"), Scope.READ, "--token",
+                Exit.FAILED, ("does not serve /p",)),
+    FailureCase("coded 404 is the server's word", Reply(404, {}, _error("decision-unknown", "no live v2 lease")),
+                Scope.MINT, "--token", Exit.FAILED, ("decision-unknown", "no live v2 lease")),
+    FailureCase("500", Reply(500, {}, "boom"), Scope.READ, "--token", Exit.FAILED, ("500", "boom")),
+]
+
+
+@pytest.mark.parametrize("case", FAILURES, ids=lambda c: c.name)
+def test_failure_lines(case: FailureCase) -> None:
+    error = failure_of(case.reply, case.scope, TokenChoice(SECRET, case.source), "/p")
+    assert error.code == case.expect_code
+    for word in case.expect_words:
+        assert word in error.message
+    assert "\n" not in error.message and SECRET not in error.message
+
+
+def test_error_of_reads_every_shape() -> None:
+    assert error_of(_error("c", "m", current_revision=1)) == ("c", "m", {"current_revision": 1})
+    assert error_of({"outcome": "held", "refusal_reason": "no-eligible-account"})[0] == "no-eligible-account"
+    assert error_of("text body") == ("", "text body", {})
+    assert error_of(None) == ("", "", {})
+
+
+# ---- real loopback I/O --------------------------------------------------------------------
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)})
+        payload = json.dumps({"ok": True}).encode()
+        self.send_response(201)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _Recorder.seen = []
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_client_sends_bearer_and_json_and_ignores_proxy_variables(recorder: str, monkeypatch) -> None:
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    client = Client(recorder, TokenChoice(SECRET, "GATEWAY_CONTROL_TOKEN"))
+    reply = client.call("POST", "/control/v2/mint", {"a": 1}, query={"x": "1", "skip": None})
+    assert (reply.status, reply.body) == (201, {"ok": True})
+    assert _Recorder.seen == [{"path": "/control/v2/mint?x=1", "auth": f"Bearer {SECRET}", "body": {"a": 1}}]
+
+
+def test_unreachable_is_one_line_naming_url_and_variable() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(CtlError) as caught:
+        Client(url, TokenChoice(SECRET, "--token")).call("GET", "/control/v2/accounts")
+    assert caught.value.code == Exit.UNREACHABLE
+    message = caught.value.message
+    assert url in message and "GATEWAY_CONTROL_URL" in message and "leasehold-control running" in message
+    assert SECRET not in message
+
+
+def test_no_token_is_an_auth_error_before_any_io() -> None:
+    with pytest.raises(CtlError) as caught:
+        Client("http://127.0.0.1:1", TokenChoice(None, "")).call("GET", "/x")
+    assert caught.value.code == Exit.AUTH and "LEASEHOLD_TOKEN" in caught.value.message
