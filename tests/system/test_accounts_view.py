@@ -114,6 +114,9 @@ def test_recent_view_says_truncated_when_the_limit_cuts(gateway: Gateway, clean_
     minted = gateway.mint()
     for _ in range(3):
         assert call(gateway, minted["token"]) == 200
+    # 2xx rows reach control just after the answer: wait for all three before reading the view
+    wait_until(lambda: sum(r["key_id"] == minted["key_id"] for r in gateway.recent()["routes"]) == 3,
+               10, "three rows")
     body = gateway.api("GET", "/control/v2/routes/recent?limit=2")[2]
     assert len(body["routes"]) == 2 and body["truncated"] is True and body["retained"] >= 3
     body = gateway.api("GET", "/control/v2/routes/recent?limit=200")[2]
