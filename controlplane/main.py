@@ -14,9 +14,12 @@ import uvloop
 from aiohttp import web
 
 from controlplane.http import accounts as accounts_http
+from controlplane.http import events as events_http
 from controlplane.http import keys as keys_http
+from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import views as views_http
+from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.overlays import NoAdminOverlay, NoPolicy
 from controlplane.http.common import TokenRing, auth_middleware
@@ -49,6 +52,9 @@ def build_app(service: ControlService) -> web.Application:
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
+    events_http.add_routes(app, service.events)
+    metrics_http.add_routes(app, GatewayMetrics(service, service.events,
+                                                lambda account_id: app[mint_http.DESK].admin.state_of(account_id)))
     return app
 
 
