@@ -14,6 +14,7 @@ import uvloop
 from aiohttp import web
 
 from controlplane.http import accounts as accounts_http
+from controlplane.http import dashboard as dashboard_http
 from controlplane.http import events as events_http
 from controlplane.http import keys as keys_http
 from controlplane.http import metrics as metrics_http
@@ -55,6 +56,7 @@ def build_app(service: ControlService) -> web.Application:
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, GatewayMetrics(service, service.events,
                                                 lambda account_id: app[mint_http.DESK].admin.state_of(account_id)))
+    dashboard_http.add_routes(app)
     return app
 
 
