@@ -16,9 +16,11 @@ from aiohttp import web
 from controlplane.http.common import requires
 
 ASSETS = web.AppKey("dashboard_assets", dict)
-FILES = {  # served name → (file in controlplane/static, content type)
+FILES = {  # file in controlplane/static → content type
     "dashboard.html": "text/html; charset=utf-8",
-    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",   # state and lifecycle (an ES module)
+    "source.js": "text/javascript; charset=utf-8",      # the read API and the feed reader
+    "render.js": "text/javascript; charset=utf-8",      # data in, DOM out
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {

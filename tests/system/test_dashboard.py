@@ -63,10 +63,16 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
+    """A fresh tab; the test fails on any uncaught script error or Content-Security-Policy refusal."""
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     opened = context.new_page()
+    faults: list[str] = []
+    opened.on("pageerror", lambda error: faults.append(f"uncaught: {error}"))
+    opened.on("console", lambda message: faults.append(message.text)
+              if "Content Security Policy" in message.text else None)
     yield opened
     context.close()
+    assert faults == []
 
 
 def open_dashboard(page: Any, gw: Gateway, token: str) -> list[str]:
@@ -173,7 +179,8 @@ def test_the_page_is_public_self_contained_and_locked_to_its_own_origin(gateway:
     policy = headers["content-security-policy"]
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy and "script-src 'self'" in policy
     assert "/dashboard/dashboard.js" in page_html and "/dashboard/dashboard.css" in page_html
-    for name, kind in (("dashboard.js", "text/javascript"), ("dashboard.css", "text/css")):
+    for name, kind in (("dashboard.js", "text/javascript"), ("source.js", "text/javascript"),
+                       ("render.js", "text/javascript"), ("dashboard.css", "text/css")):
         status, headers, body = http("GET", f"{gateway.control_url}/dashboard/{name}")
         assert status == 200 and headers["content-type"].startswith(kind) and body
     assert http("GET", gateway.control_url + "/dashboard/../main.py")[0] == 404
