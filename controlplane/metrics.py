@@ -36,6 +36,10 @@ NONE = "none"
 # The data plane's own time before the first upstream byte: sub-millisecond to a few seconds.
 OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_creation")
+_WIRES = frozenset(str(w) for w in Wire)
+_STATUSES = frozenset(str(s) for s in AttemptStatus)
+_CONDITIONS = frozenset(str(c) for c in Condition)
+_REFUSALS = frozenset(str(r) for r in Refusal)
 
 
 class RowLabels(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,10 +61,10 @@ def row_labels(account_id: str, wire: str, status: str | None, condition: str | 
     """The label values one terminal row counts under, each from a closed vocabulary."""
     return RowLabels(
         account_id=_bounded(account_id, known_accounts),
-        wire=_bounded(wire, {str(w) for w in Wire}),
-        status=_bounded(status, {str(s) for s in AttemptStatus}),
-        condition=_bounded(condition, {str(c) for c in Condition}),
-        refusal=None if refusal_reason is None else _bounded(refusal_reason, {str(r) for r in Refusal}),
+        wire=_bounded(wire, _WIRES),
+        status=_bounded(status, _STATUSES),
+        condition=_bounded(condition, _CONDITIONS),
+        refusal=None if refusal_reason is None else _bounded(refusal_reason, _REFUSALS),
     )
 
 

@@ -3,7 +3,8 @@
 Every event goes out as `id: {epoch}-{seq}`, `event: {kind}`, `data: {sanitized JSON}`. A reader
 resumes with `Last-Event-ID`; a `gap` event comes first when the hub cannot replay everything
 that followed that id. Heartbeats are SSE comment lines (`: ping`) every `HEARTBEAT_S`, so idle
-connections stay open through proxies and a vanished reader is noticed.
+connections stay open through proxies; a reader that closed its connection is noticed within
+`LIVENESS_CHECK_S` even when there is nothing to send. On shutdown every feed ends cleanly.
 
 A reader that stops reading fills its kernel buffers, then aiohttp's write buffer, then its hub
 queue; the hub then drops it, and this module aborts its connection. The send buffer is capped

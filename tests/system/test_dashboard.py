@@ -27,6 +27,8 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 MODEL = "claude-sonnet-4-6"
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
 WAIT_MS = 15_000
+# The first test may install chromium with apt-get (a minute or two on a fresh machine).
+pytestmark = pytest.mark.timeout(600)
 
 
 def ensure_chromium() -> str:
