@@ -1,33 +1,289 @@
 """The event hub behind `GET /control/v2/events` (SPEC §11).
 
-Producers call `publish(kind, payload)`; the hub assigns a monotonically increasing id and keeps
-the last `REPLAY_SIZE` events for `Last-Event-ID` resumption. (Subscribers and the SSE route are
-built on top of this in `http/events.py`.)
+Rule: what leaves the hub is a sanitized read model, encoded once. Producers call
+`publish(kind, data)` with whatever they hold — the raw `AttemptRow`, a circuit dict, an admin
+or policy summary — and the hub projects it through that kind's model before anything else sees
+it: a route event carries the `RouteView` (the same projection `/control/v2/routes/*` serves),
+never the row; every other model declares only the fields it publishes, so a stray key in a
+producer's dict is dropped, not forwarded.
+
+Bounds, each with its reason:
+- the replay buffer keeps the last `REPLAY_SIZE` (1,024) events (SPEC) for `Last-Event-ID`
+  resumption; an id older than the buffer, or one this process never issued, is answered with
+  one `gap` event first, so a resumed reader is told it missed something instead of believing
+  its view is whole (seed 002: never render absence as a fact);
+- each subscriber's queue holds at most `SUBSCRIBER_QUEUE_MAX` events. A feed reader that lets
+  its queue fill has stopped reading (its socket buffers are already full behind it), so it is
+  dropped with a logged reason rather than buffered without bound;
+- event ids are `{epoch}-{seq}`: `epoch` names this process, so an id from before a control
+  restart reads as never issued (a gap), not as a position in the new sequence.
+
+Listeners (`listen`) are synchronous callbacks run at publish time — the metrics use one. They
+receive the sanitized event, like every subscriber.
 """
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from collections import deque
+from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 import msgspec
 
+from shared.logging import get_logger
+
+log = get_logger("events")
+
 REPLAY_SIZE = 1024
+# ~250 route events are ~200 KiB: far more than any burst a live reader falls behind by, far less
+# than what a stalled reader would otherwise pin per connection.
+SUBSCRIBER_QUEUE_MAX = 256
+
+
+class EventKind(StrEnum):
+    ROUTE_STARTED = "route.started"
+    ROUTE_FINISHED = "route.finished"
+    ACCOUNT_STATE = "account.state"
+    CIRCUIT = "circuit"
+    POLICY = "policy"
+    GAP = "gap"
+
+
+class GapReason(StrEnum):
+    EVICTED = "evicted"            # the id was issued, but the buffer no longer holds what followed
+    NEVER_ISSUED = "never-issued"  # not an id of this process (malformed, future, or pre-restart)
+
+
+class CloseReason(StrEnum):
+    QUEUE_FULL = "queue-full"      # the reader stopped reading: dropped
+    DISCONNECTED = "disconnected"  # the reader went away
+    SHUTDOWN = "shutdown"          # the control daemon is stopping
+
+
+# ---- the sanitized models ------------------------------------------------------------------
+
+
+class CircuitEvent(msgspec.Struct, frozen=True, kw_only=True):
+    account_id: str
+    state: str
+    opened_at: str | None = None
+    retry_at: str | None = None
+    opened_by: str | None = None
+
+
+class AccountStateEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An admin mutation: which account, what was done, the chain revision it produced."""
+
+    account_id: str | None = None
+    action: str | None = None
+    state: str | None = None
+    revision: int | None = None
+    at: str | None = None
+    revoked_leases: int | None = None
+
+
+class PolicyEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A policy write: which level document changed and the revision it produced."""
+
+    name: str | None = None
+    revision: int | None = None
+    at: str | None = None
+
+
+class GapEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """Events were missed: refetch the views, then follow the feed from here."""
+
+    reason: str
+    last_event_id: str | None
+    oldest_retained_id: str | None
+
+
+def _route_view(data: Any) -> msgspec.Struct:
+    # Imported here: `http.views` imports the service, which imports this module.
+    from controlplane.http.views import RouteView, view_of
+    if isinstance(data, RouteView):
+        return data
+    return RouteView(**view_of(data))
+
+
+def _model(kind: type[msgspec.Struct]) -> Callable[[Any], msgspec.Struct]:
+    return lambda data: msgspec.convert(data, kind, from_attributes=True)
+
+
+PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
+    EventKind.ROUTE_STARTED: _route_view,
+    EventKind.ROUTE_FINISHED: _route_view,
+    EventKind.CIRCUIT: _model(CircuitEvent),
+    EventKind.ACCOUNT_STATE: _model(AccountStateEvent),
+    EventKind.POLICY: _model(PolicyEvent),
+    EventKind.GAP: _model(GapEvent),
+}
+
+_encode = msgspec.json.Encoder().encode
 
 
 class Event(msgspec.Struct, frozen=True):
-    id: int
-    kind: str
-    data: Any
+    id: str
+    seq: int
+    kind: EventKind
+    data: msgspec.Struct
+    payload: bytes  # `data` as JSON, encoded once for every reader
+
+
+# ---- resumption (pure) ---------------------------------------------------------------------
+
+
+def parse_event_id(text: str | None) -> tuple[str, int] | None:
+    """`"{epoch}-{seq}"` → `(epoch, seq)`; anything else → None."""
+    if not text:
+        return None
+    epoch, sep, seq = text.strip().rpartition("-")
+    if not sep or not epoch or not seq.isdigit():
+        return None
+    return epoch, int(seq)
+
+
+def resume_from(last_event_id: str | None, epoch: str, oldest_seq: int | None,
+                next_seq: int) -> tuple[GapReason | None, int]:
+    """Where a reader presenting `last_event_id` resumes: `(gap reason or None, first seq)`.
+
+    No id: live events only. An id of this epoch still covered by the buffer: what followed it.
+    Otherwise a gap, then everything the buffer still holds.
+    """
+    first_held = next_seq if oldest_seq is None else oldest_seq
+    if last_event_id is None:
+        return None, next_seq
+    parsed = parse_event_id(last_event_id)
+    if parsed is None or parsed[0] != epoch or parsed[1] >= next_seq:
+        return GapReason.NEVER_ISSUED, first_held
+    if parsed[1] + 1 < first_held:
+        return GapReason.EVICTED, first_held
+    return None, parsed[1] + 1
+
+
+# ---- subscribers and the hub ---------------------------------------------------------------
+
+
+class Subscriber:
+    """One feed reader: a bounded queue the hub fills and the HTTP handler drains."""
+
+    def __init__(self, peer: str, queue_max: int) -> None:
+        self.peer = peer
+        self.queue_max = queue_max
+        self.queue: deque[Event] = deque()
+        self.closed: CloseReason | None = None
+        self.on_close: Callable[[CloseReason], None] | None = None
+        self._wakeup = asyncio.Event()
+
+    def offer(self, event: Event) -> bool:
+        """Queue `event`; False when the queue is full (the caller drops this reader)."""
+        if self.closed is not None:
+            return True
+        if len(self.queue) >= self.queue_max:
+            return False
+        self.queue.append(event)
+        self._wakeup.set()
+        return True
+
+    def close(self, reason: CloseReason) -> None:
+        if self.closed is not None:
+            return
+        self.closed = reason
+        self.queue.clear()
+        self._wakeup.set()
+        if self.on_close is not None:
+            self.on_close(reason)
+
+    async def next_batch(self) -> list[Event]:
+        """Everything queued, waiting for at least one event; [] once closed."""
+        while not self.queue and self.closed is None:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        if self.closed is not None:
+            return []
+        batch = list(self.queue)
+        self.queue.clear()
+        return batch
 
 
 class EventHub:
-    def __init__(self, replay_size: int = REPLAY_SIZE) -> None:
+    def __init__(self, replay_size: int = REPLAY_SIZE, queue_max: int = SUBSCRIBER_QUEUE_MAX,
+                 epoch: str | None = None) -> None:
+        self.epoch = epoch or secrets.token_hex(4)
         self.replay: deque[Event] = deque(maxlen=replay_size)
-        self._next_id = 1
+        self.queue_max = queue_max
+        self.subscribers: set[Subscriber] = set()
+        self.closed_by_reason: dict[CloseReason, int] = {reason: 0 for reason in CloseReason}
+        self.published = 0
+        self.queue_high_water = 0  # deepest any subscriber's queue has been
+        self._next_seq = 1
+        self._listeners: list[Callable[[Event], None]] = []
 
-    def publish(self, kind: str, data: Any) -> Event:
-        event = Event(self._next_id, kind, data)
-        self._next_id += 1
+    def id_of(self, seq: int) -> str:
+        return f"{self.epoch}-{seq}"
+
+    def _make(self, seq: int, kind: EventKind, data: Any) -> Event:
+        model = PROJECTIONS[kind](data)
+        return Event(self.id_of(seq), seq, kind, model, _encode(model))
+
+    def publish(self, kind: str, data: Any) -> Event | None:
+        """Project, encode, retain and fan out one event. Never raises into the producer."""
+        try:
+            event = self._make(self._next_seq, EventKind(kind), data)
+        except Exception as exc:  # an unknown kind or a shape the model refuses: a producer bug
+            log.error("event_unpublishable", kind=str(kind), error=type(exc).__name__)
+            return None
+        self._next_seq += 1
+        self.published += 1
         self.replay.append(event)
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not lose the event for everyone else
+                log.exception("event_listener_failed", kind=event.kind)
+        for subscriber in list(self.subscribers):
+            if not subscriber.offer(event):
+                self._drop(subscriber, CloseReason.QUEUE_FULL)
+            else:
+                self.queue_high_water = max(self.queue_high_water, len(subscriber.queue))
         return event
+
+    def listen(self, listener: Callable[[Event], None]) -> None:
+        self._listeners.append(listener)
+
+    def subscribe(self, last_event_id: str | None, peer: str = "") -> tuple[Subscriber, list[Event]]:
+        """A new reader and its backlog (a `gap` first when one is due, then the replay).
+
+        Synchronous on purpose: no event can be published between computing the backlog and
+        registering the reader, so nothing is missed or sent twice.
+        """
+        oldest = self.replay[0].seq if self.replay else None
+        gap, first_seq = resume_from(last_event_id, self.epoch, oldest, self._next_seq)
+        backlog = [event for event in self.replay if event.seq >= first_seq]
+        if gap is not None:
+            gap_event = self._make(first_seq - 1, EventKind.GAP, GapEvent(
+                reason=str(gap), last_event_id=last_event_id,
+                oldest_retained_id=None if oldest is None else self.id_of(oldest)))
+            backlog.insert(0, gap_event)
+            log.info("event_feed_gap", reason=str(gap), peer=peer, replayed=len(backlog) - 1)
+        subscriber = Subscriber(peer, self.queue_max)
+        self.subscribers.add(subscriber)
+        return subscriber, backlog
+
+    def unsubscribe(self, subscriber: Subscriber, reason: CloseReason = CloseReason.DISCONNECTED) -> None:
+        if subscriber in self.subscribers:
+            self.subscribers.discard(subscriber)
+            self.closed_by_reason[reason] += 1
+        subscriber.close(reason)
+
+    def close_all(self, reason: CloseReason = CloseReason.SHUTDOWN) -> None:
+        for subscriber in list(self.subscribers):
+            self.unsubscribe(subscriber, reason)
+
+    def _drop(self, subscriber: Subscriber, reason: CloseReason) -> None:
+        log.warning("event_subscriber_dropped", reason=str(reason), peer=subscriber.peer,
+                    queued=len(subscriber.queue), queue_max=subscriber.queue_max)
+        self.unsubscribe(subscriber, reason)

@@ -15,10 +15,14 @@ from aiohttp import web
 
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
+from controlplane.http import dashboard as dashboard_http
+from controlplane.http import events as events_http
 from controlplane.http import keys as keys_http
+from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
 from controlplane.http import views as views_http
+from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
 from controlplane.http.common import TokenRing, auth_middleware
@@ -60,6 +64,9 @@ def build_app(service: ControlService) -> web.Application:
     accounts_http.add_routes(app)
     views_http.add_routes(app)
     policy_http.add_routes(app, policy)
+    events_http.add_routes(app, service.events)
+    metrics_http.add_routes(app, GatewayMetrics(service, service.events, admin.state_of))
+    dashboard_http.add_routes(app)
     return app
 
 

@@ -29,7 +29,7 @@ _GRANTS: dict[Scope, frozenset[Scope]] = {
     Scope.MINT: frozenset({Scope.MINT, Scope.READ}),
     Scope.READ: frozenset({Scope.READ}),
 }
-SCOPE_KEY = web.AppKey("scope_of_request", dict)
+SCOPE_KEY = web.RequestKey("scope_of_request", dict) if hasattr(web, "RequestKey") else "scope_of_request"
 _encode = msgspec.json.Encoder().encode
 
 

@@ -71,7 +71,7 @@ async def test_a_write_answers_its_revision_publishes_an_event_and_reads_back(cl
     assert (body["name"], body["revision"], body["based_on_revision"]) == ("team:payments", 1, 0)
     assert body["record"]["actor_authenticated_by"] == "control-token" and body["record"]["actor"] == "alice"
     events = [e for e in service.events.replay if e.kind == "policy"]
-    assert [e.data for e in events] == [{"name": "team:payments", "revision": 1}]
+    assert [(e.data.name, e.data.revision) for e in events] == [("team:payments", 1)]
 
     status, got = await call(client, "GET", "/control/v2/policy/level?name=team:payments", token=READ)
     assert (got["document"], got["written_at_revision"], got["revision"]) == \

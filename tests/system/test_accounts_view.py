@@ -149,8 +149,8 @@ def test_a_killed_data_plane_leaves_no_phantom_route(make_gateway, clean_stub: S
     def doomed_stream() -> None:
         try:
             call(gw, minted["token"], '{"stall_after_events": 2, "stall_s": 30}', stream=True)
-        except OSError:
-            pass  # the data plane is killed under it
+        except Exception:  # noqa: BLE001 — the data plane is killed under it: any broken read
+            pass
 
     worker = threading.Thread(target=doomed_stream, daemon=True)
     worker.start()

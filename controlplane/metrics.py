@@ -1,0 +1,194 @@
+"""Prometheus metrics of the control daemon (SPEC §11), via `prometheus-client`.
+
+Two sources, one registry per app (never the library's global one, so two daemons in one
+process — tests — never share counters):
+- counters and the overhead histogram are fed from `route.finished` events: the hub's sanitized
+  `RouteView`, the same projection the routes view serves, so a metric cannot carry what a read
+  payload may not;
+- gauges (in flight, leases, circuit state, configured, administrative state, feed readers) are
+  computed at scrape time from the service, so they are never stale and never drift.
+
+Labels are account ids, wire, status, condition, state and code — each a closed vocabulary or
+the registry's own account ids; a value outside its vocabulary is counted as `other` rather than
+minting a new series (`row_labels`). Never a key id, principal, repo or anything secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from controlplane.events import CloseReason, Event, EventHub, EventKind
+from shared.clock import now_ms
+from shared.codes import AdminState, AttemptStatus, CircuitPhase, Condition, Refusal, Wire
+
+if TYPE_CHECKING:
+    from controlplane.http.views import RouteView
+    from controlplane.service import ControlService
+
+OTHER = "other"
+NONE = "none"
+# The data plane's own time before the first upstream byte: sub-millisecond to a few seconds.
+OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+TOKEN_KINDS = ("input", "output", "cache_read", "cache_creation")
+_WIRES = frozenset(str(w) for w in Wire)
+_STATUSES = frozenset(str(s) for s in AttemptStatus)
+_CONDITIONS = frozenset(str(c) for c in Condition)
+_REFUSALS = frozenset(str(r) for r in Refusal)
+
+
+class RowLabels(msgspec.Struct, frozen=True, kw_only=True):
+    account_id: str
+    wire: str
+    status: str
+    condition: str
+    refusal: str | None
+
+
+def _bounded(value: str | None, allowed: Iterable[str], absent: str = NONE) -> str:
+    if value is None:
+        return absent
+    return value if value in allowed else OTHER
+
+
+def row_labels(account_id: str, wire: str, status: str | None, condition: str | None,
+               refusal_reason: str | None, known_accounts: frozenset[str]) -> RowLabels:
+    """The label values one terminal row counts under, each from a closed vocabulary."""
+    return RowLabels(
+        account_id=_bounded(account_id, known_accounts),
+        wire=_bounded(wire, _WIRES),
+        status=_bounded(status, _STATUSES),
+        condition=_bounded(condition, _CONDITIONS),
+        refusal=None if refusal_reason is None else _bounded(refusal_reason, _REFUSALS),
+    )
+
+
+class GatewayMetrics:
+    """The registry, the row-fed instruments, and the scrape-time gauges over `service`."""
+
+    def __init__(self, service: ControlService, hub: EventHub,
+                 admin_state_of: Callable[[str], AdminState] | None = None) -> None:
+        self.service = service
+        self.hub = hub
+        self.admin_state_of = admin_state_of
+        self.accounts = frozenset(a.id for a in service.registry.accounts)
+        # `*_created` series double every counter for no use a scraper of this daemon has; the
+        # switch is process-wide in the library, and this daemon is its only user.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.attempts = Counter("leasehold_attempts", "Terminal attempt rows.",
+                                ["account_id", "wire", "status", "condition"], registry=r)
+        self.refusals = Counter("leasehold_refusals", "Gateway-authored terminals, by refusal code.",
+                                ["code"], registry=r)
+        self.tokens = Counter("leasehold_tokens", "Tokens the upstream reported, by kind.",
+                              ["account_id", "kind"], registry=r)
+        self.cost = Counter("leasehold_cost_usd", "Priced cost of terminal attempts in USD.",
+                            ["account_id"], registry=r)
+        self.unpriced = Counter("leasehold_attempts_unpriced",
+                                "Attempts with usage but no price (cost null, never counted as 0).",
+                                ["account_id"], registry=r)
+        self.overhead = Histogram("leasehold_dataplane_overhead_seconds",
+                                  "The data plane's own time before the first upstream byte.",
+                                  ["wire"], buckets=OVERHEAD_BUCKETS_S, registry=r)
+        r.register(_LiveCollector(self))
+        hub.listen(self.on_event)
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == EventKind.ROUTE_FINISHED:
+            self.observe(event.data)  # type: ignore[arg-type]
+
+    def observe(self, view: RouteView) -> None:
+        labels = row_labels(view.account_id, view.wire, view.status, view.condition,
+                            view.refusal_reason, self.accounts)
+        self.attempts.labels(labels.account_id, labels.wire, labels.status, labels.condition).inc()
+        if labels.refusal is not None:
+            self.refusals.labels(labels.refusal).inc()
+        usage = view.usage
+        if usage:
+            for kind in TOKEN_KINDS:
+                self.tokens.labels(labels.account_id, kind).inc(usage.get(f"{kind}_tokens") or 0)
+        if view.cost_usd is not None:
+            self.cost.labels(labels.account_id).inc(view.cost_usd)
+        elif usage:
+            self.unpriced.labels(labels.account_id).inc()
+        if view.overhead_ms is not None:
+            self.overhead.labels(labels.wire).observe(view.overhead_ms / 1000.0)
+
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class _LiveCollector:
+    """Gauges computed from the service at scrape time."""
+
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed description: computed on every collect
+
+    def collect(self) -> Iterator[Metric]:
+        service = self.m.service
+        now = now_ms()
+        in_flight = service.routes.in_flight_by_account()
+        leases = service.keys.count_by_account()
+        g_flight = GaugeMetricFamily("leasehold_in_flight", "Attempts streaming now.", labels=["account_id"])
+        g_leased = GaugeMetricFamily("leasehold_leases", "Unexpired leases (virtual keys).", labels=["account_id"])
+        g_conf = GaugeMetricFamily("leasehold_account_configured",
+                                   "1 when the account's credential is set.", labels=["account_id"])
+        g_circuit = GaugeMetricFamily("leasehold_circuit_state", "1 for the circuit's current state.",
+                                      labels=["account_id", "state"])
+        g_admin = GaugeMetricFamily("leasehold_account_administrative_state",
+                                    "1 for the account's administrative state.", labels=["account_id", "state"])
+        for account in service.registry.accounts:
+            g_flight.add_metric([account.id], in_flight.get(account.id, 0))
+            g_leased.add_metric([account.id], leases.get(account.id, 0))
+            g_conf.add_metric([account.id], 1 if service.configured(account) else 0)
+            phase = service.circuits.get(account.id, now).phase
+            for state in CircuitPhase:
+                g_circuit.add_metric([account.id, str(state)], 1 if state == phase else 0)
+            current = self._admin_state(account.id)
+            for state in AdminState if current is not None else ():
+                g_admin.add_metric([account.id, str(state)], 1 if state == current else 0)
+        yield from (g_flight, g_leased, g_conf, g_circuit, g_admin)
+        yield from self._daemon(service)
+
+    def _admin_state(self, account_id: str) -> AdminState | None:
+        """None when no overlay is wired or it cannot answer: no series beats a guessed one."""
+        if self.m.admin_state_of is None:
+            return None
+        try:
+            return AdminState(self.m.admin_state_of(account_id))
+        except Exception:
+            return None
+
+    def _daemon(self, service: ControlService) -> Iterator[Metric]:
+        hub = self.m.hub
+        yield GaugeMetricFamily("leasehold_dataplane_connected", "1 while the data plane is connected.",
+                                value=1 if service.link.connected else 0)
+        yield GaugeMetricFamily("leasehold_ledger_ok", "1 while the ledger accepts appends.",
+                                value=1 if service.ledger.ok else 0)
+        yield GaugeMetricFamily("leasehold_event_subscribers", "Open event feed readers.",
+                                value=len(hub.subscribers))
+        yield GaugeMetricFamily("leasehold_event_queue_depth_max",
+                                "Deepest queue among open event feed readers.",
+                                value=max((len(s.queue) for s in hub.subscribers), default=0))
+        yield GaugeMetricFamily("leasehold_event_queue_high_water",
+                                "Deepest any reader's event queue has been since start.",
+                                value=hub.queue_high_water)
+        yield GaugeMetricFamily("leasehold_event_queue_limit", "Per-reader event queue bound.",
+                                value=hub.queue_max)
+        closed = CounterMetricFamily("leasehold_event_subscribers_closed",
+                                     "Event feed readers closed, by reason.", labels=["reason"])
+        for reason in CloseReason:
+            closed.add_metric([str(reason)], hub.closed_by_reason[reason])
+        yield closed
+        yield CounterMetricFamily("leasehold_events_published", "Events published on the feed.",
+                                  value=hub.published)
