@@ -52,8 +52,8 @@ class Feed:
                 elif not line.startswith(":"):
                     field, _, value = line.partition(": ")
                     block[field] = value
-        except (OSError, ValueError, http.client.HTTPException):
-            pass  # closed under the reader by `close()` or by the server
+        except Exception:  # noqa: BLE001 — closed under the reader by `close()` or by the server
+            pass
         self.ended = True
 
     def wait_for(self, predicate, what: str, timeout_s: float = 10) -> list[dict[str, Any]]:
