@@ -27,7 +27,7 @@ from dataplane.errors import guess_wire, refusal_response, refuse
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
-from dataplane.upstreams import UpstreamPools
+from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.wires import anthropic, openai
 from shared.capacity import CapacityTable
 from shared.clock import now_ms
@@ -94,7 +94,7 @@ class Proxy:
         if not self.replica.ready:
             return self._early(request, t0, Refusal.CONTROL_UNAVAILABLE,
                                "the gateway has lost its control daemon; retry shortly", retry_after_s=1)
-        lease = self.authenticate(request)
+        lease, presented = self.authenticate(request)
         if lease is None:
             log.info("key_refused", path=request.path)  # never the presented string
             return self._early(request, t0, Refusal.UNKNOWN_KEY,
@@ -105,7 +105,7 @@ class Proxy:
         self.in_flight.add(attempt)
         self._idle.clear()
         try:
-            return await self._serve(request, attempt)
+            return await self._serve(request, attempt, presented)
         except asyncio.CancelledError:
             if not attempt.stopping:
                 attempt.finish(AttemptStatus.CLIENT_ABORTED, attempt.http_status)
@@ -128,18 +128,22 @@ class Proxy:
             if not attempt.done:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
 
-    def authenticate(self, request: web.Request) -> Lease | None:
-        """x-api-key first, then Authorization: Bearer; the first live lease wins."""
+    def authenticate(self, request: web.Request) -> tuple[Lease | None, str]:
+        """x-api-key first, then Authorization: Bearer; the first live lease wins.
+
+        Returns the lease and the string that named it (kept only to scrub it from the URL).
+        """
         now = now_ms()
-        key = request.headers.get("x-api-key")
+        key = request.headers.get("x-api-key", "").strip()
         if key:
-            lease = self.replica.lookup(key.strip(), now)
+            lease = self.replica.lookup(key, now)
             if lease is not None:
-                return lease
-        auth = request.headers.get("Authorization")
-        if auth and auth[:7].lower() == "bearer ":
-            return self.replica.lookup(auth[7:].strip(), now)
-        return None
+                return lease, key
+        auth = request.headers.get("Authorization", "")
+        if auth[:7].lower() == "bearer ":
+            token = auth[7:].strip()
+            return self.replica.lookup(token, now), token
+        return None, ""
 
     def _early(self, request: web.Request, t0: float, code: Refusal, message: str,
                retry_after_s: float | None = None) -> web.Response:
@@ -150,7 +154,7 @@ class Proxy:
 
     # ---- admission ----------------------------------------------------------------------
 
-    async def _serve(self, request: web.Request, attempt: Attempt) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, attempt: Attempt, presented: str) -> web.StreamResponse:
         account = self.replica.accounts.get(attempt.lease.account_id)
         paths = anthropic.PATHS if attempt.wire == Wire.ANTHROPIC else openai.PATHS
         if account is None or attempt.path not in paths:
@@ -180,7 +184,8 @@ class Proxy:
         if not self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
             return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,
                           f"account {account.id} is at its request capacity", retry_after_s=1)
-        return await self.relay.exchange(request, attempt, account, credential, body)
+        path_qs = upstream_path_qs(request.rel_url, presented)
+        return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
 
     # ---- graceful shutdown --------------------------------------------------------------
 

@@ -57,7 +57,7 @@ class Relay:
         self.pools = pools
 
     async def exchange(self, request: web.Request, attempt: Attempt, account: AccountRoute,
-                       credential: str, body: bytes) -> web.StreamResponse:
+                       credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
         gate = self.pools.gate_for(account.id)
         try:
             await gate.acquire(self.settings.upstream_pool_timeout)
@@ -65,13 +65,13 @@ class Relay:
             return refuse(attempt, Refusal.POOL_TIMEOUT,
                           f"no upstream connection to {account.id} freed up in time", retry_after_s=1)
         try:
-            return await self._send(request, attempt, account, credential, body)
+            return await self._send(request, attempt, account, credential, body, path_qs)
         finally:
             gate.release()
 
     async def _send(self, request: web.Request, attempt: Attempt, account: AccountRoute,
-                    credential: str, body: bytes) -> web.StreamResponse:
-        url = URL(upstream_url(account, request.path_qs), encoded=True)
+                    credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
+        url = URL(upstream_url(account, path_qs), encoded=True)
         headers = upstream_headers(request.headers, account.auth_style, credential)
         session = self.pools.session_for(account.id)
         sent_at = time.perf_counter()

@@ -12,6 +12,7 @@ import collections
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from shared.codes import AuthStyle
 from shared.settings import Settings
@@ -56,6 +57,14 @@ def downstream_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     """The upstream's response headers minus hop-by-hop ones (Content-Encoding stays)."""
     drop = DROP_DOWNSTREAM | _listed_in_connection(upstream)
     return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+
+
+def upstream_path_qs(rel_url: URL, presented: str) -> str:
+    """The worker's path and query string, minus any query parameter carrying its virtual key."""
+    if not presented or presented not in rel_url.raw_query_string:
+        return rel_url.raw_path_qs
+    kept = [(k, v) for k, v in rel_url.query.items() if presented not in v]
+    return rel_url.with_query(kept).raw_path_qs
 
 
 def upstream_url(account: AccountRoute, path_qs: str) -> str:

@@ -6,6 +6,8 @@ Every wait is on a condition with a deadline (`wait_until`), never a bare sleep.
 from __future__ import annotations
 
 import json
+import socket
+import time
 from typing import Any
 
 import anthropic
@@ -81,3 +83,24 @@ def assert_swapped(entry: dict[str, Any], token: str, header: str, credential: s
     other = "authorization" if header == "x-api-key" else "x-api-key"
     assert other not in headers, headers
     assert not any(token in v or "lhgw_" in v for v in headers.values()), headers
+
+
+def send_raw(gw: Gateway, body: dict, headers: dict[str, str], path: str = "/v1/messages") -> socket.socket:
+    """Send one request on a plain socket (the test decides when the worker goes away)."""
+    payload = json.dumps(body).encode()
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
+            f"Content-Length: {len(payload)}", *(f"{k}: {v}" for k, v in headers.items())]
+    sock = socket.create_connection(("127.0.0.1", gw.dataplane_port), timeout=10)
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+    return sock
+
+
+def read_until(sock: socket.socket, marker: bytes) -> bytes:
+    got = b""
+    deadline = time.monotonic() + 10
+    while marker not in got:
+        assert time.monotonic() < deadline, got
+        chunk = sock.recv(65536)
+        assert chunk, got
+        got += chunk
+    return got
