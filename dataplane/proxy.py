@@ -112,6 +112,9 @@ class Proxy:
                 raise
             asyncio.current_task().uncancel()  # type: ignore[union-attr]  # our own stop_all
             return await self._shut(request, attempt)
+        except ConnectionError:  # the worker went away while we wrote to it
+            attempt.finish(AttemptStatus.CLIENT_ABORTED, attempt.http_status)
+            return attempt.response or web.Response(status=400)  # never reaches anyone
         except Exception as exc:
             log.error("request_failed", attempt_id=attempt.attempt_id, error=type(exc).__name__,
                       exc_info=True)

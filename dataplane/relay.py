@@ -15,7 +15,7 @@ import asyncio
 import time
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from yarl import URL
 
 from dataplane.attempt import Attempt
@@ -143,8 +143,8 @@ class Relay:
         length = upstream.headers.get("Content-Length")
         if length is not None and not is_sse and length.isdigit():
             response.content_length = int(length)
-        else:
-            response.enable_chunked_encoding()
+        elif request.version >= HttpVersion11:
+            response.enable_chunked_encoding()  # (an HTTP/1.0 worker gets a close-delimited body)
         observer = Observer(attempt.wire, attempt.path, is_sse, encoding)
         attempt.seen = observer.seen
         attempt.http_status = upstream.status

@@ -156,3 +156,21 @@ def test_openai_stream_usage_and_served_model(gateway: Gateway, clean_stub: Stub
     row = one_row(gateway, minted["key_id"])
     assert row["served_model"] == O_MODEL and row["usage"]["output_tokens"] == 3
     assert row["usage"]["cache_read_tokens"] == 4 and row["cost_reason"] == "priced"
+
+
+def test_non_streaming_answer_cut_mid_body_reaches_the_worker_short(gateway: Gateway, clean_stub: Stub) -> None:
+    """A JSON answer cut after its headers: the worker gets a short body, never a complete one."""
+    minted = gateway.mint()
+    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):
+        anthropic_sdk(gateway, minted["token"]).messages.create(
+            model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(cut_after_events=1))
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=10)
+    conn.request("POST", "/v1/messages", json.dumps(A_BODY),
+                 {**A_HEADERS, "x-api-key": minted["token"], **step(cut_after_events=1)})
+    response = conn.getresponse()
+    with pytest.raises(http.client.IncompleteRead):
+        response.read()
+    conn.close()
+    rows = settled(gateway, minted["key_id"], 2)
+    assert all((r["status"], r["http_status"], r["stream"], r["usage"]) == ("transport-error", 200, False, None)
+               for r in rows)

@@ -291,7 +291,7 @@ def test_end_to_end_headers_pass_and_hop_by_hop_do_not(gateway: Gateway, clean_s
     minted = gateway.mint()
     kept = {"x-stainless-timeout": "NOT_GIVEN", "x-app": "cli", "anthropic-beta": "a-2026-01-01,b-2026-02-02",
             "X-Claude-Code-Session-Id": "3b9c7a8e-0000-4000-8000-000000000000",
-            "x-codex-turn-metadata": json.dumps({"k": "v" * 700}), "x-big": "z" * (12 * 1024),
+            "x-codex-turn-metadata": json.dumps({"k": "v" * 700}), "x-big": "z" * (16 * 1024 - 8),
             "anthropic-dangerous-direct-browser-access": "true"}
     hop = {"Connection": "keep-alive, x-hop-private", "x-hop-private": "1", "TE": "trailers",
            "Proxy-Authorization": "Basic c2VjcmV0", "Keep-Alive": "timeout=5"}
