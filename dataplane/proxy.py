@@ -116,13 +116,7 @@ class Proxy:
             attempt.finish(AttemptStatus.CLIENT_ABORTED, attempt.http_status)
             return attempt.response or web.Response(status=400)  # never reaches anyone
         except Exception as exc:
-            log.error("request_failed", attempt_id=attempt.attempt_id, error=type(exc).__name__,
-                      exc_info=True)
-            if attempt.response is not None:
-                await cut(request, attempt, "the gateway failed this request")
-                attempt.finish(AttemptStatus.REFUSED, attempt.http_status, refusal=Refusal.INTERNAL_ERROR)
-                return attempt.response
-            return refuse(attempt, Refusal.INTERNAL_ERROR, "the gateway failed this request")
+            return await self._failed_internally(request, attempt, exc)
         finally:
             self.in_flight.discard(attempt)
             if not self.in_flight:
@@ -130,6 +124,17 @@ class Proxy:
             self.capacity.release(attempt.attempt_id)
             if not attempt.done:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
+
+    async def _failed_internally(self, request: web.Request, attempt: Attempt,
+                                 exc: Exception) -> web.StreamResponse:
+        """A bug, not a fault of the worker or the upstream: logged (redacted), answered, cut."""
+        log.error("request_failed", attempt_id=attempt.attempt_id, error=type(exc).__name__,
+                  exc_info=exc)
+        if attempt.response is None:
+            return refuse(attempt, Refusal.INTERNAL_ERROR, "the gateway failed this request")
+        await cut(request, attempt, "the gateway failed this request")
+        attempt.finish(AttemptStatus.REFUSED, attempt.http_status, refusal=Refusal.INTERNAL_ERROR)
+        return attempt.response
 
     def authenticate(self, request: web.Request) -> tuple[Lease | None, str]:
         """x-api-key first, then Authorization: Bearer; the first live lease wins.
