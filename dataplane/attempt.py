@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from aiohttp import web
+
 from dataplane.rpc_client import ControlLink
 from dataplane.wires.sse import Observation
 from shared.clock import iso_ms, now_ms
@@ -25,7 +27,8 @@ log = get_logger("dataplane")
 
 class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
-                 "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen")
+                 "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
+                 "task", "stopping", "response", "http_status", "sse_plain")
 
     def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str) -> None:
         self.link = link
@@ -40,7 +43,12 @@ class Attempt:
         self.done = False
         self.overhead_ms: float | None = None
         self.bytes_out = 0
-        self.seen: Observation | None = None
+        self.seen: Observation | None = None        # what the relay has learned so far
+        self.task: asyncio.Task | None = asyncio.current_task()
+        self.stopping = False                          # the drain window ran out
+        self.response: web.StreamResponse | None = None  # set once headers went to the worker
+        self.http_status: int | None = None            # the status the worker was sent
+        self.sse_plain = False                         # relaying uncompressed SSE
 
     def _row(self, **terminal: object) -> AttemptRow:
         lease = self.lease
@@ -69,10 +77,18 @@ class Attempt:
                refusal: Refusal | None = None, usage: Usage | None = None,
                served_model: str | None = None, retry_after_s: float | None = None,
                ) -> asyncio.Future[bool] | None:
-        """End the attempt (first call only); the future resolves when control has the row."""
+        """End the attempt (first call only); the future resolves when control has the row.
+
+        Usage and the served model default to what the relay has seen so far, so a cut or
+        aborted stream is billed for what it delivered.
+        """
         if self.done:
             return None
         self.done = True
+        seen = self.seen
+        if seen is not None:
+            usage = usage if usage is not None else seen.usage
+            served_model = served_model if served_model is not None else seen.model
         condition = condition_for_terminal(status, http_status, refusal)
         duration_ms = round((time.perf_counter() - self.t0) * 1000, 3)
         row = self._row(

@@ -11,8 +11,9 @@ from __future__ import annotations
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
+from dataplane.attempt import Attempt
 from dataplane.wires import anthropic, openai
-from shared.codes import HTTP_STATUS, Refusal, Wire
+from shared.codes import HTTP_STATUS, AttemptStatus, Refusal, Wire
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 _ANTHROPIC_ONLY = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
@@ -44,3 +45,12 @@ def refusal_response(wire: str, code: Refusal, message: str, request_id: str, ov
     if retry_after_s is not None:
         headers["retry-after"] = str(max(1, int(retry_after_s + 0.999)))
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+def refuse(attempt: Attempt, code: Refusal, message: str,
+           retry_after_s: float | None = None) -> web.Response:
+    """A gateway-authored refusal of an accepted attempt: its row (never evidence) and answer."""
+    response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
+                                attempt.mark_overhead(0.0), retry_after_s=retry_after_s)
+    attempt.finish(AttemptStatus.REFUSED, response.status, refusal=code, retry_after_s=retry_after_s)
+    return response

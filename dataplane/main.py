@@ -26,6 +26,8 @@ log = get_logger("dataplane")
 # Request header lines up to 16 KiB are accepted (SPEC §15); the limit leaves headroom.
 MAX_HEADER_BYTES = 32 * 1024
 ROW_FLUSH_TIMEOUT_S = 3.0
+# After the drain window: how long the stopped attempts get to write their rows and cuts.
+STOP_GRACE_S = 2.0
 
 
 def build_app(settings: Settings, proxy: Proxy) -> web.Application:
@@ -40,9 +42,11 @@ async def serve(settings: Settings) -> None:
     pools = UpstreamPools(settings)
     proxy = Proxy(settings, replica, link, pools)
     link_task = asyncio.create_task(link.run())
+    # auto_decompress=False: a compressed request body is forwarded as it came (SPEC §15).
     runner = web.AppRunner(build_app(settings, proxy), access_log=None, handle_signals=False,
-                           handler_cancellation=True, shutdown_timeout=settings.drain_seconds,
-                           max_field_size=MAX_HEADER_BYTES, max_line_size=MAX_HEADER_BYTES)
+                           handler_cancellation=True, shutdown_timeout=STOP_GRACE_S,
+                           auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
+                           max_line_size=MAX_HEADER_BYTES)
     await runner.setup()
     site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True,
                        backlog=1024)
@@ -54,9 +58,7 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("dataplane_draining", in_flight=len(proxy.in_flight), drain_seconds=settings.drain_seconds)
-    proxy.draining = True
-    await runner.cleanup()
+    await drain(settings, proxy, runner, site)
     left = await link.flush(ROW_FLUSH_TIMEOUT_S)
     if left:
         log.error("attempt_rows_unsent", count=left)
@@ -64,6 +66,18 @@ async def serve(settings: Settings) -> None:
     link_task.cancel()
     await pools.close()
     log.info("dataplane_stopped")
+
+
+async def drain(settings: Settings, proxy: Proxy, runner: web.AppRunner, site: web.TCPSite) -> None:
+    """Stop accepting, let in-flight requests finish for the drain window, then end the rest."""
+    proxy.draining = True
+    log.info("dataplane_draining", in_flight=len(proxy.in_flight), drain_seconds=settings.drain_seconds)
+    await site.stop()  # no new connections; idle keep-alive ones are closed by cleanup below
+    if not await proxy.drained(settings.drain_seconds):
+        stopped = proxy.stop_all()
+        log.warning("dataplane_drain_expired", stopped=stopped)
+        await proxy.drained(STOP_GRACE_S)
+    await runner.cleanup()
 
 
 def main(argv: list[str] | None = None) -> int:

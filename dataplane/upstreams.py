@@ -7,8 +7,12 @@ adding no header of their own.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from shared.codes import AuthStyle
 from shared.settings import Settings
@@ -55,6 +59,14 @@ def downstream_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
 
 
+def upstream_path_qs(rel_url: URL, presented: str) -> str:
+    """The worker's path and query string, minus any query parameter carrying its virtual key."""
+    if not presented or presented not in rel_url.raw_query_string:
+        return rel_url.raw_path_qs
+    kept = [(k, v) for k, v in rel_url.query.items() if presented not in v]
+    return rel_url.with_query(kept).raw_path_qs
+
+
 def upstream_url(account: AccountRoute, path_qs: str) -> str:
     """Account base URL + the worker's path and query; a base ending in /v1 is not doubled."""
     base = account.base_url
@@ -63,14 +75,68 @@ def upstream_url(account: AccountRoute, path_qs: str) -> str:
     return base + path_qs
 
 
+class PoolTimeout(Exception):
+    """No connection slot of the account's pool freed up within the pool timeout."""
+
+
+class _Gate:
+    """At most `size` exchanges of one account in flight; the rest wait, up to a bound."""
+
+    __slots__ = ("size", "in_use", "_waiters")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self, timeout_s: float) -> None:
+        if self.in_use < self.size and not self._waiters:
+            self.in_use += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter  # release() hands its slot over: in_use already counts it
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot just as we gave up: pass it on
+            else:
+                waiter.cancel()
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+            if isinstance(exc, TimeoutError):
+                raise PoolTimeout from None
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes to the waiter
+                return
+        self.in_use -= 1
+
+
 class UpstreamPools:
+    """One `ClientSession` (its own connector) and one gate per account, created lazily.
+
+    The gate bounds an account's concurrent exchanges at `GATEWAY_UPSTREAM_POOL_SIZE`; a
+    request that waits past `GATEWAY_UPSTREAM_POOL_TIMEOUT` for a slot is refused 503
+    `pool-timeout` by the proxy (gateway-authored, never evidence). Pools are per account, so
+    one account's saturation never delays another's requests.
+    """
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._gates: dict[str, _Gate] = {}
 
     def session_for(self, account_id: str) -> aiohttp.ClientSession:
         session = self._sessions.get(account_id)
         if session is None or session.closed:
+            # The gate bounds concurrency; the connector itself is unbounded so the two never
+            # disagree about a connection that is closing.
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
             timeout = aiohttp.ClientTimeout(total=None, connect=None,
                                             sock_connect=self.settings.upstream_connect_timeout,
@@ -82,6 +148,16 @@ class UpstreamPools:
             )
             self._sessions[account_id] = session
         return session
+
+    def gate_for(self, account_id: str) -> _Gate:
+        gate = self._gates.get(account_id)
+        if gate is None:
+            gate = self._gates[account_id] = _Gate(self.settings.upstream_pool_size)
+        return gate
+
+    def in_use(self, account_id: str) -> int:
+        gate = self._gates.get(account_id)
+        return 0 if gate is None else gate.in_use
 
     async def close(self) -> None:
         for session in self._sessions.values():

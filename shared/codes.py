@@ -53,6 +53,7 @@ class Refusal(StrEnum):
     WEBSOCKET_NOT_SUPPORTED = "websocket-not-supported"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
     INTERNAL_ERROR = "internal-error"
     DATAPLANE_LOST = "dataplane-lost"
     REVISION_CONFLICT = "revision-conflict"
@@ -90,6 +91,7 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.WEBSOCKET_NOT_SUPPORTED: 426,
     Refusal.UPSTREAM_TIMEOUT: 504,
     Refusal.UPSTREAM_UNREACHABLE: 502,
+    Refusal.UPSTREAM_PROTOCOL_ERROR: 502,
     Refusal.INTERNAL_ERROR: 500,
     Refusal.DATAPLANE_LOST: 503,
     Refusal.REVISION_CONFLICT: 409,

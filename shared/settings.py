@@ -52,6 +52,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     upstream_connect_timeout: float
     upstream_headers_timeout: float
     upstream_idle_timeout: float
+    upstream_pool_size: int
+    upstream_pool_timeout: float
     metrics_public: bool
     circuit_cooldown_seconds: int
     log_level: str
@@ -67,6 +69,7 @@ KNOWN = frozenset(
         "ZAI_BASE_URL ZAI_API_KEY OPENAI_BASE_URL OPENAI_API_KEY ACCOUNTS_FILE "
         "MAX_FALLBACK_HOPS FALLBACK_ON KEY_TTL_SECONDS MAX_BODY_BYTES DRAIN_SECONDS "
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
+        "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
         "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL"
     ).split()
 )
@@ -177,6 +180,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
         upstream_connect_timeout=r.number("UPSTREAM_CONNECT_TIMEOUT", 10, 0.1, 600, integer=False),
         upstream_headers_timeout=r.number("UPSTREAM_HEADERS_TIMEOUT", 600, 0.1, 7200, integer=False),
         upstream_idle_timeout=r.number("UPSTREAM_IDLE_TIMEOUT", 300, 0.1, 7200, integer=False),
+        upstream_pool_size=int(r.number("UPSTREAM_POOL_SIZE", 1024, 1, 65536, integer=True)),
+        upstream_pool_timeout=r.number("UPSTREAM_POOL_TIMEOUT", 10, 0.01, 600, integer=False),
         metrics_public=r.flag("METRICS_PUBLIC"),
         circuit_cooldown_seconds=int(r.number("CIRCUIT_COOLDOWN_SECONDS", 30, 1, 900, integer=True)),
         log_level=(r.text("LOG_LEVEL", "info") or "info").lower(),

@@ -58,6 +58,8 @@ def _usage(u: _Usage, base: Usage | None = None) -> Usage:
 class Scanner(SseScanner):
     """`message_stop` completes a stream; usage from `message_start` then `message_delta`."""
 
+    wanted = frozenset({b"message_start", b"message_delta", b"message_stop", b"error"})
+
     def on_event(self, name: bytes, data: bytes) -> None:
         seen = self.seen
         try:

@@ -86,6 +86,8 @@ class ChatScanner(SseScanner):
 class ResponsesScanner(SseScanner):
     """`response.completed`, `response.incomplete` or `response.failed` completes."""
 
+    wanted = frozenset({b"error", b"response.created", *_RESPONSES_TERMINAL})
+
     def on_event(self, name: bytes, data: bytes) -> None:
         if name == b"error":
             self.seen.upstream_error = True

@@ -31,7 +31,13 @@ class Observation:
 
 
 class SseScanner:
-    """Base scanner: splits events; subclasses implement `on_event(name, data)`."""
+    """Base scanner: splits events; subclasses implement `on_event(name, data)`.
+
+    `wanted` names the events worth decoding (None: every event); an event whose first line
+    names another event is skipped without looking at its data.
+    """
+
+    wanted: frozenset[bytes] | None = None
 
     def __init__(self) -> None:
         self.seen = Observation()
@@ -39,9 +45,9 @@ class SseScanner:
         self._skipping = False
 
     def feed(self, data: bytes) -> None:
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n")
         buf = self._carry + data if self._carry else data
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
         start = 0
         while True:
             end = buf.find(b"\n\n", start)
@@ -58,6 +64,11 @@ class SseScanner:
         self._carry = rest
 
     def _event(self, block: bytes) -> None:
+        wanted = self.wanted
+        if wanted is not None and block.startswith(b"event:"):
+            cut = block.find(b"\n")
+            if block[6:cut if cut >= 0 else None].strip() not in wanted:
+                return
         name = b""
         data = b""
         for line in block.split(b"\n"):
@@ -79,7 +90,8 @@ class Decompressor:
 
     def __init__(self, encoding: str) -> None:
         encoding = encoding.strip().lower()
-        if encoding in ("", "identity"):
+        self.plain = encoding in ("", "identity")
+        if self.plain:
             self._z = None
             self.supported = True
         elif encoding in ("gzip", "x-gzip"):

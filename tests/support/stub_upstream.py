@@ -27,7 +27,13 @@ Script steps (JSON objects, all fields optional), from the ``x-stub-step`` reque
   end the response cleanly; cut wins if both), stall_between_events_s, stall_after_events +
   stall_s, malformed_event_at (insert ``data: {malformed`` before event index i; it counts as
   an event), gzip (Content-Encoding: gzip; streams are compressed incrementally, flushed per
-  event).
+  event), reset (reset the connection (RST) instead of answering), reset_after_events (stream
+  N events then reset the connection), raw_response (write this string to the socket as the
+  whole answer, e.g. a malformed status line ``HTTP/1.1 999 Nope``, then close).
+
+Each recorded request also says how it ended (``outcome``: ``completed``, ``cut``, ``reset``,
+``raw`` or ``client-gone`` when the caller went away first: the gateway cancelled it), how
+many events were sent and when (``first_sent_at`` / ``last_sent_at``, epoch seconds).
 
 Usage is deterministic: see the STUB_* constants; output tokens == number of deltas, and the
 text is ``stub_text(deltas)``.
@@ -42,6 +48,8 @@ import functools
 import itertools
 import os
 import signal
+import socket
+import struct
 import sys
 import time
 import zlib
@@ -270,24 +278,49 @@ def _close_abruptly(request: web.Request) -> None:
         transport.close()
 
 
+def _reset(request: web.Request) -> None:
+    """Reset the connection (RST): SO_LINGER 0, then abort."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    transport.abort()
+
+
+def _sent(entry: dict[str, Any]) -> None:
+    now = time.time()
+    if entry.get("first_sent_at") is None:
+        entry["first_sent_at"] = now
+    entry["last_sent_at"] = now
+    entry["events_sent"] = entry.get("events_sent", 0) + 1
+
+
 async def _send_body(request: web.Request, status: int, body: bytes, headers: dict[str, str],
-                     step: dict[str, Any]) -> web.StreamResponse:
+                     step: dict[str, Any], entry: dict[str, Any]) -> web.StreamResponse:
     if step.get("gzip"):
         body = zlib.compress(body, wbits=31)
         headers["Content-Encoding"] = "gzip"
     cut = step.get("cut_after_events")
+    _sent(entry)
     if cut is None:
+        entry["outcome"] = "completed"
         return web.Response(status=status, body=body, headers=headers)
     headers["Content-Length"] = str(len(body))
     resp = web.StreamResponse(status=status, headers=headers)
     await resp.prepare(request)
     await resp.write(body[: len(body) // 2])
     _close_abruptly(request)
+    entry["outcome"] = "cut"
     return resp
 
 
 async def _send_stream(request: web.Request, events: list[bytes], headers: dict[str, str],
-                       step: dict[str, Any]) -> web.StreamResponse:
+                       step: dict[str, Any], entry: dict[str, Any]) -> web.StreamResponse:
     gz = zlib.compressobj(wbits=31) if step.get("gzip") else None
     if gz is not None:
         headers["Content-Encoding"] = "gzip"
@@ -295,6 +328,9 @@ async def _send_stream(request: web.Request, events: list[bytes], headers: dict[
     resp = web.StreamResponse(status=200, headers=headers)
     await resp.prepare(request)
     cut, eof = step.get("cut_after_events"), step.get("eof_after_events")
+    reset = step.get("reset_after_events")
+    if reset is not None:
+        cut = reset
     stop = len(events) if cut is None and eof is None else min(len(events), cut if cut is not None else eof)
     between = step.get("stall_between_events_s") or 0
     stall_at, stall_s = step.get("stall_after_events"), step.get("stall_s") or 0
@@ -306,16 +342,23 @@ async def _send_stream(request: web.Request, events: list[bytes], headers: dict[
                 await asyncio.sleep(stall_s)
             chunk = events[i]
             await resp.write(gz.compress(chunk) + gz.flush(zlib.Z_SYNC_FLUSH) if gz is not None else chunk)
+            _sent(entry)
         if stall_at == stop and stall_s:
             await asyncio.sleep(stall_s)
+        if reset is not None:
+            _reset(request)
+            entry["outcome"] = "reset"
+            return resp
         if cut is not None:
             _close_abruptly(request)
+            entry["outcome"] = "cut"
             return resp
         if gz is not None:
             await resp.write(gz.flush(zlib.Z_FINISH))
         await resp.write_eof()
+        entry["outcome"] = "completed"
     except ConnectionError:  # the client went away: nothing to log, nothing to finish
-        pass
+        entry["outcome"] = "client-gone"
     return resp
 
 
@@ -343,6 +386,14 @@ def _models_wire(request: web.Request, state: StubState) -> str:
 
 def _route(wire: str | None, kind: str):
     async def handler(request: web.Request) -> web.StreamResponse:
+        entry: dict[str, Any] = {}
+        try:
+            return await answer(request, entry)
+        except asyncio.CancelledError:  # the caller went away (the stub runs with handler cancellation)
+            entry["outcome"] = "client-gone"
+            raise
+
+    async def answer(request: web.Request, entry: dict[str, Any]) -> web.StreamResponse:
         state = request.app[STATE]
         raw = await request.read()
         w = wire or _models_wire(request, state)
@@ -357,9 +408,10 @@ def _route(wire: str | None, kind: str):
             headers_in[low] = f"{headers_in[low]}, {value}" if low in headers_in else value
         model = data.get("model") if data_ok else None
         stream = data_ok and data.get("stream") is True and _ANSWERS.get(kind, (0, None))[1] is not None
-        entry = {"method": request.method, "path": request.path_qs, "headers": headers_in,
-                 "body_len": len(raw), "model": model, "stream": stream, "wire": w,
-                 "time": time.time(), "status": None}
+        entry.update({"method": request.method, "path": request.path_qs, "headers": headers_in,
+                      "body_len": len(raw), "model": model, "stream": stream, "wire": w,
+                      "time": time.time(), "status": None, "outcome": None, "events_sent": 0,
+                      "first_sent_at": None, "last_sent_at": None})
         state.requests.append(entry)
         rid = _new_id("req_")
         headers = {"request-id" if w == ANTHROPIC else "x-request-id": rid, "Content-Type": "application/json"}
@@ -382,6 +434,15 @@ def _route(wire: str | None, kind: str):
         delay = (step.get("delay_s") or 0) + (step.get("stall_before_headers_s") or 0)
         if delay:
             await asyncio.sleep(delay)
+        if step.get("reset") or step.get("raw_response") is not None:
+            if step.get("reset"):
+                entry["outcome"] = "reset"
+                _reset(request)
+            else:
+                entry["outcome"] = "raw"
+                request.transport.write(str(step["raw_response"]).encode())  # type: ignore[union-attr]
+                _close_abruptly(request)
+            return web.Response()  # never sent: the connection is gone
         status = step.get("status") or 200
         if status < 400 and not data_ok and request.method == "POST":
             status = 400
@@ -416,8 +477,8 @@ def _route(wire: str | None, kind: str):
             at = step.get("malformed_event_at")
             if at is not None:
                 events.insert(int(at), _MALFORMED)
-            return await _send_stream(request, events, headers, step)
-        return await _send_body(request, status, body, headers, step)
+            return await _send_stream(request, events, headers, step, entry)
+        return await _send_body(request, status, body, headers, step, entry)
 
     return handler
 
@@ -472,7 +533,8 @@ async def start_stub(host: str = "127.0.0.1", port: int = 0, *, anthropic_key: s
                      openai_key: str | None = None, **kwargs: Any) -> tuple[web.AppRunner, str]:
     """Start the stub in this event loop; returns (runner, "http://host:port"). Call runner.cleanup()."""
     runner = web.AppRunner(make_app(anthropic_key=anthropic_key, openai_key=openai_key, **kwargs),
-                           access_log=None, shutdown_timeout=1.0)
+                           access_log=None, shutdown_timeout=1.0, handler_cancellation=True,
+                           max_field_size=64 * 1024, max_line_size=64 * 1024)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     bound = runner.addresses[0]

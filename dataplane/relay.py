@@ -1,0 +1,225 @@
+"""One upstream exchange: pool slot → send once → relay the answer → classify how it ended.
+
+The worker's body goes upstream as the original bytes, once; the data plane never retries.
+Three timeouts bound the exchange (connect, headers, idle between chunks); there is no total
+timeout. A 2xx answer is written to the worker chunk by chunk as it arrives while an `Observer`
+reads a copy; a non-2xx answer is read whole and its row acknowledged by control before the
+worker sees it (SPEC §7). An exchange that ends without its wire's terminal event is cut: the
+wire's error event when the stream is readable plain SSE, then the connection is closed
+without the chunked terminator (SPEC §12).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import HttpVersion11, web
+from yarl import URL
+
+from dataplane.attempt import Attempt
+from dataplane.endings import Ending, verdict
+from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
+from dataplane.observer import Observer
+from dataplane.upstreams import PoolTimeout, UpstreamPools, downstream_headers, upstream_headers, upstream_url
+from dataplane.wires import anthropic, openai
+from shared.codes import AttemptStatus, Refusal, Wire
+from shared.logging import get_logger
+from shared.settings import Settings
+from shared.wire import AccountRoute
+
+log = get_logger("dataplane")
+
+# How long a non-2xx answer waits for control to hold its row before going out anyway.
+EVIDENCE_ACK_WAIT_S = 5.0
+CUT_MESSAGE = "the upstream stream ended before its terminal event (transport-error)"
+SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
+
+
+def _retry_after_s(headers: object) -> float | None:
+    value = headers.get("retry-after")  # type: ignore[attr-defined]
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def cut_event(attempt: Attempt, message: str) -> bytes:
+    if attempt.wire == Wire.ANTHROPIC:
+        return anthropic.cut_event(message)
+    return openai.cut_event(attempt.path, message)
+
+
+class Relay:
+    def __init__(self, settings: Settings, pools: UpstreamPools) -> None:
+        self.settings = settings
+        self.pools = pools
+
+    async def exchange(self, request: web.Request, attempt: Attempt, account: AccountRoute,
+                       credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
+        gate = self.pools.gate_for(account.id)
+        try:
+            await gate.acquire(self.settings.upstream_pool_timeout)
+        except PoolTimeout:
+            return refuse(attempt, Refusal.POOL_TIMEOUT,
+                          f"no upstream connection to {account.id} freed up in time", retry_after_s=1)
+        try:
+            return await self._send(request, attempt, account, credential, body, path_qs)
+        finally:
+            gate.release()
+
+    async def _send(self, request: web.Request, attempt: Attempt, account: AccountRoute,
+                    credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
+        url = URL(upstream_url(account, path_qs), encoded=True)
+        headers = upstream_headers(request.headers, account.auth_style, credential)
+        session = self.pools.session_for(account.id)
+        sent_at = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.settings.upstream_headers_timeout):
+                upstream = await session.request(request.method, url, data=body or None,
+                                                 headers=headers, allow_redirects=False)
+        except TimeoutError:
+            return await self._failed(attempt, Refusal.UPSTREAM_TIMEOUT,
+                                      "the upstream did not answer in time")
+        except aiohttp.ClientResponseError as exc:
+            log.warning("upstream_malformed", account_id=account.id, error=type(exc).__name__)
+            return await self._failed(attempt, Refusal.UPSTREAM_PROTOCOL_ERROR,
+                                      "the upstream sent a malformed response")
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("upstream_unreachable", account_id=account.id, error=type(exc).__name__)
+            return await self._failed(attempt, Refusal.UPSTREAM_UNREACHABLE,
+                                      "the upstream could not be reached")
+        upstream_wait = time.perf_counter() - sent_at
+        ended_clean = False
+        try:
+            if not 100 <= upstream.status <= 599:
+                log.warning("upstream_malformed", account_id=account.id, error="status-out-of-range")
+                return await self._failed(attempt, Refusal.UPSTREAM_PROTOCOL_ERROR,
+                                          "the upstream sent a malformed status line")
+            if not 200 <= upstream.status < 300:
+                response = await self._relay_error(attempt, upstream, upstream_wait)
+            else:
+                response = await self._relay(request, attempt, upstream, upstream_wait)
+            ended_clean = upstream.content.is_eof()
+            return response
+        finally:
+            if ended_clean:
+                upstream.release()  # back to the account's keep-alive pool
+            else:
+                upstream.close()    # the upstream request is cancelled with its connection
+
+    async def _failed(self, attempt: Attempt, code: Refusal, message: str) -> web.Response:
+        """No usable upstream answer: a transport-error row (evidence), acknowledged first."""
+        response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
+                                    attempt.mark_overhead(0.0))
+        await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status))
+        return response
+
+    async def _relay_error(self, attempt: Attempt, upstream: aiohttp.ClientResponse,
+                           upstream_wait: float) -> web.StreamResponse:
+        """A non-2xx answer: its row reaches control before the worker sees it (SPEC §7)."""
+        try:
+            async with asyncio.timeout(self.settings.upstream_idle_timeout):
+                payload = await upstream.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return await self._failed(attempt, Refusal.UPSTREAM_UNREACHABLE,
+                                      "the upstream's error answer was cut")
+        headers = downstream_headers(upstream.headers)
+        headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
+        attempt.bytes_out = len(payload)
+        await await_ack(attempt.finish(AttemptStatus.UPSTREAM_ERROR, upstream.status,
+                                       retry_after_s=_retry_after_s(upstream.headers)))
+        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
+                            body=payload)
+
+    async def _relay(self, request: web.Request, attempt: Attempt,
+                     upstream: aiohttp.ClientResponse, upstream_wait: float) -> web.StreamResponse:
+        is_sse = upstream.content_type == "text/event-stream"
+        encoding = upstream.headers.get("Content-Encoding", "")
+        headers = downstream_headers(upstream.headers)
+        headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        length = upstream.headers.get("Content-Length")
+        if length is not None and not is_sse and length.isdigit():
+            response.content_length = int(length)
+        elif request.version >= HttpVersion11:
+            response.enable_chunked_encoding()  # (an HTTP/1.0 worker gets a close-delimited body)
+        observer = Observer(attempt.wire, attempt.path, is_sse, encoding)
+        attempt.seen = observer.seen
+        attempt.http_status = upstream.status
+        await response.prepare(request)
+        attempt.response = response
+        attempt.sse_plain = is_sse and observer.decompress.plain
+        ending = await self._pump(upstream, response, attempt, observer)
+        complete = False
+        if ending == Ending.EOF:
+            observer.finish()
+            complete = observer.complete()
+        result = verdict(ending, complete)
+        if result.cut:
+            await cut(request, attempt, CUT_MESSAGE)
+        elif ending == Ending.EOF:
+            try:
+                await response.write_eof()
+            except ConnectionError:
+                result = verdict(Ending.CLIENT_GONE, complete)
+        attempt.finish(result.status, upstream.status, refusal=result.refusal)
+        return response
+
+    async def _pump(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse,
+                    attempt: Attempt, observer: Observer) -> Ending:
+        """Relay chunks as they arrive, no buffering, no per-chunk logging."""
+        loop = asyncio.get_running_loop()
+        idle_s = self.settings.upstream_idle_timeout
+        read = upstream.content.readany
+        write = response.write
+        observe = observer.feed
+        try:
+            async with asyncio.timeout(None) as deadline:
+                while True:
+                    deadline.reschedule(loop.time() + idle_s)
+                    try:
+                        chunk = await read()
+                    except (aiohttp.ClientError, OSError):
+                        return Ending.UPSTREAM_FAILED
+                    deadline.reschedule(None)
+                    if not chunk:
+                        return Ending.EOF
+                    observe(chunk)
+                    try:
+                        await write(chunk)
+                    except ConnectionError:
+                        return Ending.CLIENT_GONE
+                    attempt.bytes_out += len(chunk)
+        except TimeoutError:
+            return Ending.IDLE_TIMEOUT
+
+
+async def cut(request: web.Request, attempt: Attempt, message: str) -> None:
+    """End a relayed answer so no client can take it for complete (SPEC §12).
+
+    Readable plain SSE first gets the wire's error event (unless the upstream already sent
+    one); then the connection is closed, which flushes what was written and never writes the
+    chunked terminator (a length-delimited body simply ends short).
+    """
+    response = attempt.response
+    seen = attempt.seen
+    if response is not None and attempt.sse_plain and not (seen is not None and seen.upstream_error):
+        try:
+            async with asyncio.timeout(1.0):
+                await response.write(cut_event(attempt, message))
+        except (ConnectionError, TimeoutError):
+            pass
+    transport = request.transport
+    if transport is not None:
+        transport.close()
+
+
+async def await_ack(future: asyncio.Future[bool] | None) -> None:
+    if future is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(future), EVIDENCE_ACK_WAIT_S)
+    except TimeoutError:
+        log.warning("evidence_ack_timeout")
