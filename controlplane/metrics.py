@@ -29,7 +29,8 @@ from shared.codes import AdminState, AttemptStatus, CircuitPhase, Condition, Ref
 
 if TYPE_CHECKING:
     from controlplane.http.views import RouteView
-    from controlplane.service import ControlService
+    from controlplane.decisions import Decision
+from controlplane.service import ControlService
 
 OTHER = "other"
 NONE = "none"
@@ -48,6 +49,9 @@ class RowLabels(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     condition: str
     refusal: str | None
+
+
+REFUSAL_CODES = frozenset(str(r) for r in Refusal)
 
 
 def _bounded(value: str | None, allowed: Iterable[str], absent: str = NONE) -> str:
@@ -96,8 +100,16 @@ class GatewayMetrics:
         self.overhead = Histogram("leasehold_dataplane_overhead_seconds",
                                   "The data plane's own time before the first upstream byte.",
                                   ["wire"], buckets=OVERHEAD_BUCKETS_S, registry=r)
+        self.decisions = Counter("leasehold_mint_decisions", "v2 mint decisions, by outcome and refusal code.",
+                                 ["outcome", "code"], registry=r)
         r.register(_LiveCollector(self))
         hub.listen(self.on_event)
+        service.decision_listeners.append(self.on_decision)
+
+    def on_decision(self, decision: Decision) -> None:
+        code = _bounded(None if decision.refusal_reason is None else str(decision.refusal_reason),
+                        REFUSAL_CODES)
+        self.decisions.labels(str(decision.outcome), code).inc()
 
     def on_event(self, event: Event) -> None:
         if event.kind == EventKind.ROUTE_FINISHED:

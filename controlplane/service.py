@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 import msgspec
 
@@ -62,6 +63,7 @@ class ControlService:
         self.decisions = DecisionTable()
         self.evidence = EvidenceBook(now_ms())
         self.events = EventHub()
+        self.decision_listeners: list[Callable[[Decision], None]] = []
         self.circuits.on_transition = lambda account_id, _state: self.events.publish(
             "circuit", {"account_id": account_id, **self.circuits.view(account_id, now_ms())})
         self.link = DataPlaneLink(self._snapshot, self.on_message, self._on_disconnect)
@@ -181,6 +183,8 @@ class ControlService:
             self.link.storage_state(True)
 
     def log_decision(self, decision: Decision) -> None:
+        for listener in self.decision_listeners:
+            listener(decision)
         log.info("mint_decided", mint_decision_id=decision.mint_decision_id,
                  outcome=str(decision.outcome),
                  refusal_reason=None if decision.refusal_reason is None else str(decision.refusal_reason),

@@ -16,36 +16,19 @@ string as an authenticated identity.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
 
-from controlplane.http.common import granted_scope, json_response, read_json, requires
+from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.stores.admin import AccountAdminStore, AdminMutation, Revoker
 from shared.clock import iso_ms, now_ms
-from shared.codes import AdminState, Refusal, Scope
-from shared.errors import GatewayError
-from shared.logging import redact_text
+from shared.codes import AdminState, Scope
 
 ADMIN_STORE = web.AppKey("account_admin_store", AccountAdminStore)
 LEASE_REVOKER = web.AppKey("account_lease_revoker", object)  # a `Revoker`
 
-
-class AuthenticatedBy(StrEnum):
-    """Which configured token authenticated a mutation (recorded as `actor_authenticated_by`)."""
-
-    CONTROL_TOKEN = "control-token"
-    MINT_TOKEN = "mint-token"
-    READ_TOKEN = "read-token"
-
-
-AUTHENTICATED_BY: dict[Scope, AuthenticatedBy] = {
-    Scope.ADMIN: AuthenticatedBy.CONTROL_TOKEN,
-    Scope.MINT: AuthenticatedBy.MINT_TOKEN,
-    Scope.READ: AuthenticatedBy.READ_TOKEN,
-}
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Actor = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -101,9 +84,9 @@ async def set_state(request: web.Request) -> web.Response:
     store = request.app[ADMIN_STORE]
     account_id = request.match_info["account_id"]
     body = await read_json(request, SetStateBody)
-    _refuse_secret_shapes(reason=body.reason, actor=body.actor)
+    refuse_secret_shapes(reason=body.reason, actor=body.actor)
     done = await store.set_state(account_id, body.state, reason=body.reason, actor=body.actor,
-                                 authenticated_by=_authenticated_by(request),
+                                 authenticated_by=authenticated_by(request),
                                  expected_revision=body.expected_revision)
     return json_response(_mutation_payload(done))
 
@@ -113,28 +96,12 @@ async def revoke_leases(request: web.Request) -> web.Response:
     store = request.app[ADMIN_STORE]
     account_id = request.match_info["account_id"]
     body = await read_json(request, RevokeLeasesBody)
-    _refuse_secret_shapes(reason=body.reason, actor=body.actor)
+    refuse_secret_shapes(reason=body.reason, actor=body.actor)
     revoker: Revoker = request.app[LEASE_REVOKER]  # type: ignore[assignment]
     done = await store.revoke_leases(account_id, revoker, reason=body.reason, actor=body.actor,
-                                     authenticated_by=_authenticated_by(request),
+                                     authenticated_by=authenticated_by(request),
                                      expected_revision=body.expected_revision)
     return json_response(_mutation_payload(done))
-
-
-def _authenticated_by(request: web.Request) -> str:
-    scope = granted_scope(request)
-    if scope is None:  # unreachable behind the middleware: a mutation always needs a token
-        raise GatewayError(Refusal.UNAUTHENTICATED, "a valid bearer token is required")
-    return str(AUTHENTICATED_BY[scope])
-
-
-def _refuse_secret_shapes(**fields: str | None) -> None:
-    """Free text lands in a file kept forever: refuse anything credential-shaped."""
-    for name, value in fields.items():
-        if value is not None and redact_text(value) != value:
-            raise GatewayError(Refusal.INVALID_REQUEST,
-                               f"{name} looks like it contains a credential or token; "
-                               "it is recorded forever, so it is refused", extra={"field": name})
 
 
 def _mutation_payload(done: AdminMutation) -> dict[str, Any]:

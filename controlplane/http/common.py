@@ -16,7 +16,7 @@ from aiohttp import web
 
 from shared.codes import Refusal, Scope
 from shared.errors import GatewayError
-from shared.logging import get_logger
+from shared.logging import get_logger, redact_text
 from shared.settings import Settings
 
 log = get_logger("control.http")
@@ -114,6 +114,28 @@ def _scope_needed(request: web.Request, metrics_public: bool) -> Scope | None:
         return marked  # type: ignore[return-value]
     # Unknown routes under /control answer only to an authenticated caller.
     return Scope.READ if request.path.startswith("/control") else None
+
+
+# What `actor_authenticated_by` records: the configured token that authenticated a mutation
+# (the caller's `actor` is only its claim).
+AUTHENTICATED_BY: dict[Scope, str] = {Scope.ADMIN: "control-token", Scope.MINT: "mint-token",
+                                      Scope.READ: "read-token"}
+
+
+def authenticated_by(request: web.Request) -> str:
+    scope = granted_scope(request)
+    if scope is None:  # unreachable behind the middleware: a mutation always needs a token
+        raise GatewayError(Refusal.UNAUTHENTICATED, "a valid bearer token is required")
+    return AUTHENTICATED_BY[scope]
+
+
+def refuse_secret_shapes(**fields: str | None) -> None:
+    """Free text lands in a chain kept forever: refuse anything credential-shaped."""
+    for name, value in fields.items():
+        if value is not None and redact_text(value) != value:
+            raise GatewayError(Refusal.INVALID_REQUEST,
+                               f"{name} looks like it contains a credential or token; "
+                               "it is recorded forever, so it is refused", extra={"field": name})
 
 
 def granted_scope(request: web.Request) -> Scope | None:

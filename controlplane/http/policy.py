@@ -22,7 +22,7 @@ from aiohttp import web
 
 from controlplane.core.candidates import build_candidates
 from controlplane.core.selection import Candidate, LiveFacts, rule_out, select_account
-from controlplane.http.common import granted_scope, json_response, read_json, requires
+from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.http.keys import SERVICE
 from controlplane.http.mint import DESK
 from controlplane.overlays import ResolvedPolicy
@@ -30,26 +30,12 @@ from controlplane.stores.policy import PolicyStore, Resolution
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, Outcome, Refusal, Scope, Skip
 from shared.errors import GatewayError
-from shared.logging import redact_text
 
 POLICY_STORE = web.AppKey("policy_store", PolicyStore)
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Actor = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=600)]
-
-
-# Which configured token authenticated a write (recorded as `actor_authenticated_by`; the
-# caller's `actor` is only its claim). Same spelling as the account-admin chain's records.
-AUTHENTICATED_BY: dict[Scope, str] = {Scope.ADMIN: "control-token", Scope.MINT: "mint-token",
-                                      Scope.READ: "read-token"}
-
-
-def authenticated_by(request: web.Request) -> str:
-    scope = granted_scope(request)
-    if scope is None:  # unreachable behind the middleware: a write always needs a token
-        raise GatewayError(Refusal.UNAUTHENTICATED, "a valid bearer token is required")
-    return AUTHENTICATED_BY[scope]
 
 
 class PutLevel(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -106,7 +92,7 @@ async def level_view(request: web.Request) -> web.Response:
 async def put_level(request: web.Request) -> web.Response:
     store = request.app[POLICY_STORE]
     body = await read_json(request, PutLevel)
-    _refuse_secret_shapes(reason=body.reason, actor=body.actor,
+    refuse_secret_shapes(reason=body.reason, actor=body.actor,
                           document=msgspec.json.encode(body.document).decode())
     written = await store.put_level(body.name, body.document, expected_revision=body.expected_revision,
                                     reason=body.reason, actor=body.actor,
@@ -211,15 +197,6 @@ def _dry_run(candidates: tuple[Candidate, ...], live: dict[str, LiveFacts] | Non
     chosen = selection.chosen
     return _would(Outcome.SELECTED, account_id=chosen.account_id, fallback_position=chosen.position,
                   effective_model=chosen.effective_model, skipped=skipped)
-
-
-def _refuse_secret_shapes(**fields: str | None) -> None:
-    """Free text lands in a file kept forever: refuse anything credential-shaped."""
-    for name, value in fields.items():
-        if value is not None and redact_text(value) != value:
-            raise GatewayError(Refusal.INVALID_REQUEST,
-                               f"{name} looks like it contains a credential or token; "
-                               "it is recorded forever, so it is refused", extra={"field": name})
 
 
 def add_routes(app: web.Application, store: PolicyStore) -> None:

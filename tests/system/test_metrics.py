@@ -135,3 +135,16 @@ def test_openmetrics_is_served_when_asked_for(gateway: Gateway) -> None:
         "Authorization": f"Bearer {gateway.control_token}", "Accept": "application/openmetrics-text"})
     assert status == 200 and headers["content-type"].startswith("application/openmetrics-text")
     assert text.rstrip().endswith("# EOF")
+
+
+def test_mint_decisions_are_counted_by_outcome_and_code(make_gateway, clean_stub: Stub) -> None:
+    gw = make_gateway().start()
+    body = {"dispatch_id": "d", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
+            "model": "claude-sonnet-4-6"}
+    assert gw.api("POST", "/control/v2/mint", body)[0] == 201
+    assert gw.api("POST", "/control/v2/mint", body)[0] == 503  # the dispatch already holds a lease
+    assert gw.api("POST", "/control/v2/mint", {**body, "dispatch_id": "e", "model": "llama-3"})[0] == 409
+    _, samples = scrape(gw, gw.control_token)
+    assert value(samples, "leasehold_mint_decisions_total", outcome="selected", code="none") == 1
+    assert value(samples, "leasehold_mint_decisions_total", outcome="held", code="fallback-lease-still-held") == 1
+    assert value(samples, "leasehold_mint_decisions_total", outcome="rejected", code="model-not-served") == 1

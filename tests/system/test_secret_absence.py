@@ -15,7 +15,6 @@ import pkgutil
 import re
 import secrets
 import threading
-from pathlib import Path
 
 import msgspec
 import pytest
