@@ -106,7 +106,20 @@ def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str |
         "machine": machine(), "versions": versions(), "layout": layout.describe(),
         "layout_cpus": msgspec.to_builtins(layout), "plan": msgspec.to_builtins(plan),
     }
-    pin_self(layout.server_cpus)
+    pin_self(layout.server_cpus)  # the servers started below inherit it
+    try:
+        _measure_pinned(results, plan, layout, workdir, all_cpus, peers, peers_spec, say)
+    finally:
+        os.sched_setaffinity(0, all_cpus)
+    results["noise"] = noise.result()
+    results["derived"] = derive(results)
+    results["aims"] = [msgspec.to_builtins(v) for v in aims(results, results["derived"])]
+    results["generator_check"] = generator_check(results)
+    return results
+
+
+def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir: Path,
+                    all_cpus: set[int], peers: bool, peers_spec: str | None, say) -> None:
     say("rpc: messages per second over a Unix socket ...")
     results["rpc"] = rpc_rate.run(plan.rpc_s, sequential=plan.rpc_sequential)
     say("starting stub, minimal proxy, Leasehold ...")
@@ -140,11 +153,6 @@ def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str |
                                                          plan.mint_iterations)
     finally:
         servers.close()
-    results["noise"] = noise.result()
-    results["derived"] = derive(results)
-    results["aims"] = [msgspec.to_builtins(v) for v in aims(results, results["derived"])]
-    results["generator_check"] = generator_check(results)
-    return results
 
 
 def write(results: dict[str, Any], out_dir: Path) -> Path:

@@ -123,7 +123,7 @@ def fmt(value: Any, digits: int = 2) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        if abs(value) >= 1000:
+        if abs(value) >= 100:
             return f"{value:,.0f}"
         return f"{value:.{digits}f}"
     return str(value)
