@@ -171,7 +171,9 @@ async def rate(job: dict[str, Any]) -> dict[str, Any]:
         conn.close()
     ok = [a for a in answers if a.ok]
     return {"requests": len(ok), "rate": job["rate"], "latency_ms": summarize_ms([a.total_s for a in ok]),
-            "ttfb_ms": summarize_ms([a.ttfb_s for a in ok]), "errors": _errors(answers), "send_lateness_ms": summarize_ms(lateness),
+            "ttfb_ms": summarize_ms([a.ttfb_s for a in ok]),
+            "raw_latency_s": [round(a.total_s, 7) for a in ok], "raw_ttfb_s": [round(a.ttfb_s, 7) for a in ok],
+            "errors": _errors(answers), "send_lateness_ms": summarize_ms(lateness),
             "extra_connections": opened_extra, "cpu": usage}
 
 

@@ -15,6 +15,7 @@ import msgspec
 
 from bench.control_ops import leasehold_settled
 from bench.procs import HeldStreams, Layout, Servers, Target, hwm_kib, rss_kib, run_loadgen
+from bench.stats import merge_rate, merge_saturation
 
 MODEL = "claude-sonnet-4-6"
 ANTHROPIC_HEADERS = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
@@ -26,12 +27,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     """Sizes and durations of a run (`default`, `quick` and `smoke` presets in bench/run.py)."""
 
     body_bytes: int = 2048
+    rounds: int = 3  # saturation and fixed-rate phases alternate the targets this many times
     warm_requests: int = 50
     saturate_connections: int = 64
-    saturate_warmup_s: float = 1.0
+    saturate_warmup_s: float = 0.5
     saturate_s: float = 5.0
     rate: int = 200
-    rate_warmup_s: float = 1.0
+    rate_warmup_s: float = 0.5
     rate_s: float = 10.0
     stream_rate: int = 50
     stream_rate_s: float = 4.0
@@ -133,33 +135,47 @@ def held_streams(ctx: Context) -> dict[str, Any]:
     return out
 
 
+def _in_rounds(ctx: Context, one) -> dict[str, list[dict[str, Any]]]:
+    """Run `one(target, round_share)` for every target, `plan.rounds` times, interleaved."""
+    rounds = max(1, ctx.plan.rounds)
+    out: dict[str, list[dict[str, Any]]] = {t.name: [] for t in ctx.targets}
+    for _ in range(rounds):
+        for target in ctx.targets:
+            out[target.name].append(one(target, 1.0 / rounds))
+    return out
+
+
 def saturation(ctx: Context) -> dict[str, Any]:
     plan = ctx.plan
-    return {t.name: run_loadgen(_job(ctx, t, "saturate", stream=False, step=None,
-                                     connections=plan.saturate_connections,
-                                     warmup_s=plan.saturate_warmup_s, duration_s=plan.saturate_s))
-            for t in ctx.targets}
+    runs = _in_rounds(ctx, lambda t, share: run_loadgen(_job(
+        ctx, t, "saturate", stream=False, step=None, connections=plan.saturate_connections,
+        warmup_s=plan.saturate_warmup_s, duration_s=plan.saturate_s * share)))
+    return {name: merge_saturation(parts) for name, parts in runs.items()}
 
 
 def fixed_rate(ctx: Context) -> dict[str, Any]:
     plan = ctx.plan
-    return {t.name: run_loadgen(_job(ctx, t, "rate", stream=False, step=None, rate=plan.rate,
-                                     warmup_s=plan.rate_warmup_s, duration_s=plan.rate_s))
-            for t in ctx.targets}
+    runs = _in_rounds(ctx, lambda t, share: run_loadgen(_job(
+        ctx, t, "rate", stream=False, step=None, rate=plan.rate, warmup_s=plan.rate_warmup_s,
+        duration_s=plan.rate_s * share)))
+    return {name: merge_rate(parts) for name, parts in runs.items()}
 
 
 def stream_rate(ctx: Context) -> dict[str, Any]:
     """Streams opened at a moderate fixed rate: the TTFB a single worker sees, unqueued."""
     plan = ctx.plan
     step = {"deltas": max(0, plan.stream_chunks - FIXED_EVENTS)}
-    out = {}
-    for t in ctx.targets:
-        count = int((plan.rate_warmup_s + plan.stream_rate_s) * plan.stream_rate) + 1
+
+    def one(t: Target, share: float) -> dict[str, Any]:
+        count = int((plan.rate_warmup_s + plan.stream_rate_s * share) * plan.stream_rate) + 1
         _scripted(ctx, t, step, count)
-        out[t.name] = run_loadgen(_job(ctx, t, "rate", stream=True, step=step, rate=plan.stream_rate,
-                                       warmup_s=plan.rate_warmup_s, duration_s=plan.stream_rate_s))
-        _unscripted(ctx, t)
-    return out
+        try:
+            return run_loadgen(_job(ctx, t, "rate", stream=True, step=step, rate=plan.stream_rate,
+                                    warmup_s=plan.rate_warmup_s, duration_s=plan.stream_rate_s * share))
+        finally:
+            _unscripted(ctx, t)
+
+    return {name: merge_rate(parts) for name, parts in _in_rounds(ctx, one).items()}
 
 
 def concurrent_streams(ctx: Context) -> dict[str, Any]:

@@ -129,11 +129,18 @@ def render(results: dict[str, Any]) -> str:
         for daemon, fig in (_get(results, "held", name, "daemons") or {}).items():
             if daemon == "stub" and name != "direct":
                 continue
-            lines.append(f"  {name + ' / ' + daemon:<40}idle {fmt(_kib_mib(fig['rss_idle_kib']))} MiB, "
+            label = name if daemon == name else f"{name} / {daemon}"
+            lines.append(f"  {label:<40}idle {fmt(_kib_mib(fig['rss_idle_kib']))} MiB, "
                          f"held {fmt(_kib_mib(fig['rss_held_kib']))} MiB, "
                          f"peak {fmt(_kib_mib(fig['peak_rss_kib']))} MiB, "
                          f"{fmt(fig['kib_per_stream'])} KiB/stream")
     lines += _control_lines(results)
+    for peer, info in (results.get("peers") or {}).items():
+        if "unavailable" in info:
+            lines.append(f"  {peer + ' (peer)':<40}unavailable: {info['unavailable'][:200]}")
+        else:
+            lines.append(f"  {peer + ' start to ready, ms':<40}{fmt(info['start_to_ready_s'] * 1000)} "
+                         f"({info['spec']})")
     lines += _generator_lines(results, names)
     lines.append("Aims (issue 9; Leasehold)")
     for v in results.get("aims") or []:
@@ -176,7 +183,15 @@ def _generator_lines(results: dict[str, Any], names: list[str]) -> list[str]:
         lines.append(f"  other processes on this machine used {fmt(noise.get('foreign_cpu_share'))} of "
                      f"{fmt(noise.get('cores'))} cores during the run (load avg {noise.get('loadavg_start')} → "
                      f"{noise.get('loadavg_end')})")
+        if is_noisy(noise):
+            lines.append("  WARNING: the machine was busy with other work; latency tails and throughput are "
+                         "skewed — rerun with --wait-quiet on a quiet machine")
     return lines
+
+
+def is_noisy(noise: dict[str, Any]) -> bool:
+    share = noise.get("foreign_cpu_share")
+    return share is not None and share > noise.get("quiet_threshold", 0.25)
 
 
 def generator_check(results: dict[str, Any]) -> dict[str, Any]:

@@ -33,13 +33,15 @@ from bench.procs import Layout, Servers, pin_self
 from bench.report import aims, derive, generator_check, render
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Other processes using more than this many cores make the figures unreliable (noted in the table).
+QUIET_CORES = 0.25
 
 PLANS = {
     "default": Plan(),
-    "quick": Plan(saturate_warmup_s=0.5, saturate_s=1.5, rate_warmup_s=0.5, rate_s=3.0,
+    "quick": Plan(rounds=1, saturate_warmup_s=0.5, saturate_s=1.5, rate_warmup_s=0.5, rate_s=3.0,
                   stream_rate_s=2.0, streams=100, held_streams=300, mint_warmup=5,
                   mint_iterations=50, start_trials=1, rpc_s=0.3, rpc_sequential=100),
-    "smoke": Plan(body_bytes=512, warm_requests=2, saturate_connections=2, saturate_warmup_s=0.1,
+    "smoke": Plan(body_bytes=512, rounds=1, warm_requests=2, saturate_connections=2, saturate_warmup_s=0.1,
                   saturate_s=0.2, rate=50, rate_warmup_s=0.05, rate_s=0.2, stream_rate=20,
                   stream_rate_s=0.2, streams=3, stream_chunks=8, stream_gap_s=0.0, held_streams=3,
                   hold_stall_s=30.0, mint_warmup=1, mint_iterations=3, start_trials=1, rpc_s=0.05,
@@ -78,6 +80,24 @@ class Noise:
                 "loadavg_start": self.load0, "loadavg_end": _loadavg()}
 
 
+def busy_cores(seconds: float = 1.0) -> float:
+    """How many cores the whole machine kept busy over the next `seconds` (we are idle)."""
+    busy0, _ = _cpu_jiffies()
+    time.sleep(seconds)
+    busy1, _ = _cpu_jiffies()
+    return round((busy1 - busy0) / os.sysconf("SC_CLK_TCK") / seconds, 2)
+
+
+def wait_quiet(limit_s: float, say, threshold: float = QUIET_CORES) -> float:
+    """Wait (up to `limit_s`) until other processes use less than `threshold` cores."""
+    deadline = time.monotonic() + limit_s
+    busy = busy_cores()
+    while busy >= threshold and time.monotonic() < deadline:
+        say(f"machine busy ({busy} cores used by other processes); waiting for it to quieten ...")
+        busy = busy_cores(2.0)
+    return busy
+
+
 def _cpu_jiffies() -> tuple[int, int]:
     with open("/proc/stat") as fh:
         fields = [int(x) for x in fh.readline().split()[1:]]
@@ -96,10 +116,11 @@ def _loadavg() -> str:
 
 
 def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str | None,
-            say=print) -> dict[str, Any]:
+            say=print, quiet_wait_s: float = 0.0) -> dict[str, Any]:
     """Run every phase and return the results dict (the JSON file's content)."""
     all_cpus = os.sched_getaffinity(0)
     layout = Layout.decide(all_cpus, pin)
+    preflight = wait_quiet(quiet_wait_s, say) if quiet_wait_s > 0 else None
     noise = Noise()
     results: dict[str, Any] = {
         "schema": 1, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -111,7 +132,7 @@ def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str |
         _measure_pinned(results, plan, layout, workdir, all_cpus, peers, peers_spec, say)
     finally:
         os.sched_setaffinity(0, all_cpus)
-    results["noise"] = noise.result()
+    results["noise"] = {**noise.result(), "busy_cores_before": preflight, "quiet_threshold": QUIET_CORES}
     results["derived"] = derive(results)
     results["aims"] = [msgspec.to_builtins(v) for v in aims(results, results["derived"])]
     results["generator_check"] = generator_check(results)
@@ -174,12 +195,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pin", action="store_true", help="do not pin generator and servers to cores")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
     parser.add_argument("--keep-workdir", action="store_true", help="keep daemon logs and state")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="first wait up to SECONDS for other processes to leave the CPUs idle")
     args = parser.parse_args(argv)
     plan = PLANS[args.preset or ("quick" if args.quick else "default")]
     workdir = Path(tempfile.mkdtemp(prefix="leasehold-bench-"))
     try:
         results = measure(plan, workdir, not args.no_pin, args.peers, args.peers_spec,
-                          say=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))
+                          say=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True),
+                          quiet_wait_s=args.wait_quiet)
     finally:
         if args.keep_workdir:
             print(f"bench: logs and state kept in {workdir}", file=sys.stderr)

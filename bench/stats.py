@@ -66,6 +66,48 @@ def per_stream_kib(rss_before_kib: int | None, rss_held_kib: int | None, streams
     return round((rss_held_kib - rss_before_kib) / streams, 2)
 
 
+# ---- rounds: one phase measured in several interleaved rounds, merged -------------------------
+
+
+def merge_counts(parts: Sequence[dict[str, int]]) -> dict[str, int]:
+    merged: dict[str, int] = {}
+    for part in parts:
+        for key, n in part.items():
+            merged[key] = merged.get(key, 0) + n
+    return merged
+
+
+def mean_shares(parts: Sequence[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per-key mean of CPU shares over rounds (a key missing or None in a round is skipped)."""
+    keys = [k for part in parts for k in part]
+    out: dict[str, float | None] = {}
+    for key in dict.fromkeys(keys):
+        values = [p[key] for p in parts if p.get(key) is not None]
+        out[key] = round(sum(values) / len(values), 3) if values else None  # type: ignore[arg-type]
+    return out
+
+
+def merge_saturation(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Equal-length rounds: mean throughput; the latency of the median round; summed errors."""
+    ordered = sorted(rounds, key=lambda r: r["rps"])
+    median = ordered[len(ordered) // 2]
+    return {**median, "rps": round(sum(r["rps"] for r in rounds) / len(rounds), 1),
+            "requests": sum(r["requests"] for r in rounds), "rounds_rps": [r["rps"] for r in rounds],
+            "errors": merge_counts([r["errors"] for r in rounds]),
+            "cpu": mean_shares([r.get("cpu") or {} for r in rounds])}
+
+
+def merge_rate(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Pool every round's samples, then summarise (raw samples are dropped from the result)."""
+    latency = [x for r in rounds for x in r.get("raw_latency_s", ())]
+    ttfb = [x for r in rounds for x in r.get("raw_ttfb_s", ())]
+    first = {k: v for k, v in rounds[0].items() if not k.startswith("raw_")}
+    return {**first, "requests": sum(r["requests"] for r in rounds), "latency_ms": summarize_ms(latency),
+            "ttfb_ms": summarize_ms(ttfb), "errors": merge_counts([r["errors"] for r in rounds]),
+            "extra_connections": sum(r.get("extra_connections", 0) for r in rounds),
+            "cpu": mean_shares([r.get("cpu") or {} for r in rounds]), "rounds": len(rounds)}
+
+
 # ---- aims (issue 9) ----------------------------------------------------------------------------
 
 

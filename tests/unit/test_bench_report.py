@@ -158,3 +158,32 @@ def test_table_names_every_column_and_every_aim() -> None:
     for aim in AIMS:
         assert aim.name in table
     assert "250 (0.25x)" in table and "MISSED" in table
+
+
+def test_rounds_merge_pools_samples_and_sums_errors() -> None:
+    from bench.stats import merge_rate, merge_saturation
+
+    sat = merge_saturation([
+        {"rps": 100.0, "requests": 100, "errors": {"http-503": 1}, "cpu": {"generator": 0.2, "stub": 0.9},
+         "latency_ms": {"p50": 1.0}},
+        {"rps": 300.0, "requests": 300, "errors": {"http-503": 2}, "cpu": {"generator": 0.4, "stub": None},
+         "latency_ms": {"p50": 3.0}},
+        {"rps": 200.0, "requests": 200, "errors": {}, "cpu": {"generator": 0.3}, "latency_ms": {"p50": 2.0}},
+    ])
+    assert sat["rps"] == 200.0 and sat["requests"] == 600 and sat["errors"] == {"http-503": 3}
+    assert sat["latency_ms"] == {"p50": 2.0}  # the median round's
+    assert sat["cpu"] == {"generator": 0.3, "stub": 0.9}
+    rate = merge_rate([
+        {"requests": 2, "raw_latency_s": [0.001, 0.003], "raw_ttfb_s": [0.001, 0.001], "errors": {}},
+        {"requests": 1, "raw_latency_s": [0.002], "raw_ttfb_s": [0.002], "errors": {"stream-cut": 1}},
+    ])
+    assert rate["requests"] == 3 and rate["latency_ms"]["p50"] == pytest.approx(2.0)
+    assert rate["errors"] == {"stream-cut": 1} and not any(k.startswith("raw_") for k in rate)
+
+
+def test_peer_column_and_an_unavailable_peer_are_reported() -> None:
+    results = _results()
+    results["derived"] = derive(results)
+    results["aims"] = []
+    results["peers"] = {"litellm": {"spec": "litellm[proxy]==1", "unavailable": "pip failed: no network"}}
+    assert "unavailable: pip failed: no network" in render(results)
