@@ -40,14 +40,30 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def context_switches(pid: int) -> int | None:
+    """Voluntary + involuntary context switches of a process so far (None if it is gone)."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    except OSError:
+        return None
+    return total
+
+
 class CpuWindow:
-    """CPU share (1.0 = one core busy) of this process and of watched pids over a window."""
+    """CPU share (1.0 = one core busy) of this process and of watched pids over a window, and
+    the watched pids' context switches (`switches()`): a process woken per message shows it."""
 
     def __init__(self, watch: dict[str, int]) -> None:
         self.watch = watch
         self.t0 = time.perf_counter()
         self.self0 = time.process_time()
         self.pids0 = {name: cpu_seconds(pid) for name, pid in watch.items()}
+        self.switches0 = {name: context_switches(pid) for name, pid in watch.items()}
+        self.switches1: dict[str, int | None] = {}
 
     def result(self) -> dict[str, float | None]:
         wall = max(time.perf_counter() - self.t0, 1e-9)
@@ -55,6 +71,8 @@ class CpuWindow:
         for name, pid in self.watch.items():
             before, after = self.pids0[name], cpu_seconds(pid)
             out[name] = None if before is None or after is None else round((after - before) / wall, 3)
+            s0, s1 = self.switches0[name], context_switches(pid)
+            self.switches1[name] = None if s0 is None or s1 is None else s1 - s0
         return out
 
 
@@ -96,6 +114,7 @@ async def saturate(job: dict[str, Any]) -> dict[str, Any]:
     kept: list[Answer] = []
     failures: list[Answer] = []
     usage: dict[str, float | None] = {}
+    switches: dict[str, int | None] = {}
 
     async def worker(conn: Http1Connection) -> None:
         while True:
@@ -114,6 +133,7 @@ async def saturate(job: dict[str, Any]) -> dict[str, Any]:
         window = CpuWindow(job.get("watch_pids") or {})
         await asyncio.sleep(window_end - time.perf_counter())
         usage.update(window.result())
+        switches.update(window.switches1)
 
     watcher = asyncio.create_task(watch_window())
     await asyncio.gather(*(worker(c) for c in conns))
@@ -123,7 +143,7 @@ async def saturate(job: dict[str, Any]) -> dict[str, Any]:
     ok = [a for a in kept if a.ok]
     return {"requests": len(ok), "rps": round(len(ok) / duration_s, 1),
             "latency_ms": summarize_ms([a.total_s for a in ok]), "errors": _errors(failures),
-            "cpu": usage, "connections": len(conns)}
+            "cpu": usage, "context_switches": switches, "connections": len(conns)}
 
 
 async def rate(job: dict[str, Any]) -> dict[str, Any]:

@@ -171,11 +171,14 @@ def _control_lines(results: dict[str, Any]) -> list[str]:
 
 
 def _generator_lines(results: dict[str, Any], names: list[str]) -> list[str]:
-    lines = ["Load generator check (CPU share of one core during saturation)"]
+    lines = ["CPU during saturation: share of one core (µs per request, context switches per request)"]
     for name in names:
-        cpu = _get(results, "saturation", name, "cpu") or {}
-        servers = ", ".join(f"{k} {fmt(v)}" for k, v in cpu.items() if k != "generator")
-        lines.append(f"  {name:<40}generator {fmt(cpu.get('generator'))}; {servers}")
+        sat = _get(results, "saturation", name) or {}
+        cpu, us = sat.get("cpu") or {}, sat.get("cpu_us_per_request") or {}
+        switches = sat.get("switches_per_request") or {}
+        servers = ", ".join(f"{k} {fmt(v)} ({fmt(us.get(k), 0)} µs, {fmt(switches.get(k), 1)} cs)"
+                            for k, v in cpu.items() if k != "generator")
+        lines.append(f"  {name:<22}generator {fmt(cpu.get('generator'))}; {servers}")
     check = results.get("generator_check") or {}
     lines.append(f"  verdict: {check.get('verdict', '—')}")
     noise = results.get("noise") or {}

@@ -91,10 +91,16 @@ def merge_saturation(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Equal-length rounds: mean throughput; the latency of the median round; summed errors."""
     ordered = sorted(rounds, key=lambda r: r["rps"])
     median = ordered[len(ordered) // 2]
-    return {**median, "rps": round(sum(r["rps"] for r in rounds) / len(rounds), 1),
-            "requests": sum(r["requests"] for r in rounds), "rounds_rps": [r["rps"] for r in rounds],
-            "errors": merge_counts([r["errors"] for r in rounds]),
-            "cpu": mean_shares([r.get("cpu") or {} for r in rounds])}
+    rps = round(sum(r["rps"] for r in rounds) / len(rounds), 1)
+    cpu = mean_shares([r.get("cpu") or {} for r in rounds])
+    switches = merge_counts([{k: v for k, v in (r.get("context_switches") or {}).items() if v is not None}
+                             for r in rounds])
+    requests = sum(r["requests"] for r in rounds)
+    return {**median, "rps": rps, "requests": requests, "rounds_rps": [r["rps"] for r in rounds],
+            "errors": merge_counts([r["errors"] for r in rounds]), "cpu": cpu,
+            "context_switches": switches,
+            "cpu_us_per_request": {k: round(v / rps * 1e6, 1) for k, v in cpu.items() if v and rps},
+            "switches_per_request": {k: round(v / requests, 2) for k, v in switches.items() if requests}}
 
 
 def merge_rate(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
