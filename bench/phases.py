@@ -130,8 +130,9 @@ def held_streams(ctx: Context) -> dict[str, Any]:
                              else round((now - before) / held.state["held"], 2)}
         out[target.name] = {"streams_open": held.state["held"], "errors": released["errors"],
                             "daemons": daemons}
-        if target.name == "leasehold":
-            out[target.name]["settled"] = leasehold_settled(ctx.servers.gateway)
+        gateway = ctx.servers.gateway_named(target.name)
+        if gateway is not None:
+            out[target.name]["settled"] = leasehold_settled(gateway)
     return out
 
 
@@ -186,6 +187,7 @@ def concurrent_streams(ctx: Context) -> dict[str, Any]:
         _scripted(ctx, t, step, plan.streams)
         out[t.name] = run_loadgen(_job(ctx, t, "streams", stream=True, step=step, count=plan.streams))
         _unscripted(ctx, t)
-    if "leasehold" in out:
-        out["leasehold"]["settled"] = leasehold_settled(ctx.servers.gateway)
+        gateway = ctx.servers.gateway_named(t.name)
+        if gateway is not None:
+            out[t.name]["settled"] = leasehold_settled(gateway)
     return out

@@ -134,9 +134,28 @@ def start_minimal_proxy(workdir: Path, upstream: str) -> Proc:
     return proc
 
 
-def start_gateway(workdir: Path, stub: Stub) -> Gateway:
-    """Control + data plane as the system tests run them (logs to files in `workdir`)."""
-    return Gateway(workdir, stub).start()
+def module_argv(module: str, tree: Path | None = None) -> list[str]:
+    """`python -m module`, or the same module imported from another checkout `tree`."""
+    if tree is None:
+        return [sys.executable, "-m", module]
+    code = (f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", code]
+
+
+def start_gateway(workdir: Path, stub: Stub, env: dict[str, str] | None = None,
+                  tree: Path | None = None) -> Gateway:
+    """Control + data plane as the system tests run them (logs to files in `workdir`); with
+    `tree`, the daemons' code comes from that checkout (to compare two versions in one run)."""
+    gw = Gateway(workdir, stub, env)
+    if tree is None:
+        return gw.start()
+    gw.control = Proc(module_argv("controlplane.main", tree), gw.env, workdir / "control.log")
+    wait_until(lambda: gw.healthz() is not None or not gw.control.alive, 20, "control healthz")
+    assert gw.control.alive, gw.control.output()[-2000:]
+    gw.dataplane = Proc(module_argv("dataplane.main", tree), gw.env, workdir / "dataplane.log")
+    gw.wait_synchronised()
+    return gw
 
 
 def mint_token(gateway: Gateway) -> str:
@@ -144,18 +163,30 @@ def mint_token(gateway: Gateway) -> str:
 
 
 class Servers:
-    """The stub, the minimal proxy and Leasehold, up for the whole run; `close()` stops all."""
+    """The stub, the minimal proxy and Leasehold (plus any variants), up for the whole run;
+    `close()` stops all. A variant is Leasehold from another checkout: ("leasehold@NAME", tree)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, gateway_env: dict[str, str] | None = None,
+                 trees: tuple[Path, ...] = ()) -> None:
         self.workdir = workdir
         self._stack = ExitStack()
-        self.stub = start_stub(workdir / "stub")
-        self._stack.callback(self.stub.stop)
-        self.minimal = start_minimal_proxy(workdir, self.stub.url)
-        self._stack.callback(self.minimal.stop)
-        self.gateway = start_gateway(workdir / "leasehold", self.stub)
-        self._stack.callback(self.gateway.stop)
-        self.token = mint_token(self.gateway)
+        try:
+            self.stub = start_stub(workdir / "stub")
+            self._stack.callback(self.stub.stop)
+            self.minimal = start_minimal_proxy(workdir, self.stub.url)
+            self._stack.callback(self.minimal.stop)
+            self.gateway = start_gateway(workdir / "leasehold", self.stub, gateway_env)
+            self._stack.callback(self.gateway.stop)
+            self.token = mint_token(self.gateway)
+            self.variants: list[tuple[str, Gateway, str]] = []
+            for tree in trees:
+                name = f"leasehold@{tree.resolve().name}"
+                gw = start_gateway(workdir / name, self.stub, gateway_env, tree.resolve())
+                self._stack.callback(gw.stop)
+                self.variants.append((name, gw, mint_token(gw)))
+        except BaseException:
+            self._stack.close()
+            raise
 
     def targets(self, path: str, common: dict[str, str]) -> list[Target]:
         stub_port = int(self.stub.url.rsplit(":", 1)[1])
@@ -169,17 +200,29 @@ class Servers:
             Target(name="minimal-proxy", host="127.0.0.1", port=self.minimal.port,  # type: ignore[attr-defined]
                    path=path, headers={**common, **key},
                    pids={"minimal-proxy": self.minimal.popen.pid, "stub": stub_pid}),
-            Target(name="leasehold", host="127.0.0.1", port=gw.dataplane_port, path=path,
-                   headers={**common, "x-api-key": self.token},
-                   pids={"dataplane": gw.dataplane.popen.pid, "control": gw.control.popen.pid,
-                         "stub": stub_pid}),
+            *(_leasehold_target(name, variant, token, path, common, stub_pid)
+              for name, variant, token in [("leasehold", gw, self.token), *self.variants]),
         ]
+
+    def gateway_named(self, name: str) -> Gateway | None:
+        if name == "leasehold":
+            return self.gateway
+        return next((gw for n, gw, _ in self.variants if n == name), None)
 
     def add(self, stop: Any) -> None:
         self._stack.callback(stop)
 
     def close(self) -> None:
         self._stack.close()
+
+
+def _leasehold_target(name: str, gw: Gateway, token: str, path: str, common: dict[str, str],
+                      stub_pid: int) -> Target:
+    assert gw.dataplane is not None and gw.control is not None
+    return Target(name=name, host="127.0.0.1", port=gw.dataplane_port, path=path,
+                  headers={**common, "x-api-key": token},
+                  pids={"dataplane": gw.dataplane.popen.pid, "control": gw.control.popen.pid,
+                        "stub": stub_pid})
 
 
 def pin_self(cpus: tuple[int, ...] | None) -> None:

@@ -57,8 +57,8 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
                 base = _get(results, "streams", "direct", metric, q)
                 row[f"streams_{metric}_{q}_vs_direct"] = ratio(mine, base)
                 row[f"streams_{metric}_{q}_added"] = added(mine, base)
-        row["kib_per_stream"] = _get(results, "held", name, "daemons", MAIN_DAEMON.get(name, ""),
-                                     "kib_per_stream")
+        daemon = "dataplane" if name.startswith("leasehold") else MAIN_DAEMON.get(name, name)
+        row["kib_per_stream"] = _get(results, "held", name, "daemons", daemon, "kib_per_stream")
         row["errors"] = error_count(results, name)
         out[name] = row
     return out
@@ -103,7 +103,7 @@ def _row(results: dict[str, Any], names: list[str], label: str, path: tuple[str,
 
 def render(results: dict[str, Any]) -> str:
     names: list[str] = results["targets"]
-    width = 24
+    width = max([24] + [len(n) + 2 for n in names])
     machine, versions = results["machine"], results["versions"]
     plan = results["plan"]
     lines = [
@@ -178,7 +178,7 @@ def _generator_lines(results: dict[str, Any], names: list[str]) -> list[str]:
         switches = sat.get("switches_per_request") or {}
         servers = ", ".join(f"{k} {fmt(v)} ({fmt(us.get(k), 0)} µs, {fmt(switches.get(k), 1)} cs)"
                             for k, v in cpu.items() if k != "generator")
-        lines.append(f"  {name:<22}generator {fmt(cpu.get('generator'))}; {servers}")
+        lines.append(f"  {name:<{max(22, len(name) + 1)}}generator {fmt(cpu.get('generator'))}; {servers}")
     check = results.get("generator_check") or {}
     lines.append(f"  verdict: {check.get('verdict', '—')}")
     noise = results.get("noise") or {}

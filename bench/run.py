@@ -116,7 +116,8 @@ def _loadavg() -> str:
 
 
 def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str | None,
-            say=print, quiet_wait_s: float = 0.0) -> dict[str, Any]:
+            say=print, quiet_wait_s: float = 0.0, gateway_env: dict[str, str] | None = None,
+            trees: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Run every phase and return the results dict (the JSON file's content)."""
     all_cpus = os.sched_getaffinity(0)
     layout = Layout.decide(all_cpus, pin)
@@ -129,7 +130,8 @@ def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str |
     }
     pin_self(layout.server_cpus)  # the servers started below inherit it
     try:
-        _measure_pinned(results, plan, layout, workdir, all_cpus, peers, peers_spec, say)
+        _measure_pinned(results, plan, layout, workdir, all_cpus, peers, peers_spec, say,
+                        gateway_env, trees)
     finally:
         os.sched_setaffinity(0, all_cpus)
     results["noise"] = {**noise.result(), "busy_cores_before": preflight, "quiet_threshold": QUIET_CORES}
@@ -140,11 +142,15 @@ def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str |
 
 
 def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir: Path,
-                    all_cpus: set[int], peers: bool, peers_spec: str | None, say) -> None:
+                    all_cpus: set[int], peers: bool, peers_spec: str | None, say,
+                    gateway_env: dict[str, str] | None, trees: tuple[Path, ...]) -> None:
     say("rpc: messages per second over a Unix socket ...")
     results["rpc"] = rpc_rate.run(plan.rpc_s, sequential=plan.rpc_sequential)
     say("starting stub, minimal proxy, Leasehold ...")
-    servers = Servers(workdir)
+    results["leasehold_env"] = {k: ("<redacted>" if "TOKEN" in k or "KEY" in k else v)
+                                for k, v in (gateway_env or {}).items()}
+    results["compare_trees"] = [str(t) for t in trees]
+    servers = Servers(workdir, gateway_env, trees)
     try:
         targets = servers.targets("/v1/messages", phases.ANTHROPIC_HEADERS)
         if peers:
@@ -195,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pin", action="store_true", help="do not pin generator and servers to cores")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
     parser.add_argument("--keep-workdir", action="store_true", help="keep daemon logs and state")
+    parser.add_argument("--leasehold-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra GATEWAY_* setting for the Leasehold columns (repeatable)")
+    parser.add_argument("--compare-tree", action="append", default=[], type=Path, metavar="PATH",
+                        help="add a column running Leasehold's daemons from another checkout")
     parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to SECONDS for other processes to leave the CPUs idle")
     args = parser.parse_args(argv)
@@ -203,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = measure(plan, workdir, not args.no_pin, args.peers, args.peers_spec,
                           say=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True),
-                          quiet_wait_s=args.wait_quiet)
+                          quiet_wait_s=args.wait_quiet,
+                          gateway_env=dict(item.split("=", 1) for item in args.leasehold_env),
+                          trees=tuple(args.compare_tree))
     finally:
         if args.keep_workdir:
             print(f"bench: logs and state kept in {workdir}", file=sys.stderr)
