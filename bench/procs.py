@@ -124,14 +124,14 @@ def start_stub(workdir: Path) -> Stub:
     return Stub(workdir, anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
 
 
-def start_minimal_proxy(workdir: Path, upstream: str) -> Proc:
+def start_minimal_proxy(workdir: Path, upstream: str) -> tuple[Proc, int]:
+    """The floor proxy as a process; returns (process, port)."""
     port_file = workdir / "minimal-proxy.port"
     proc = Proc([sys.executable, "-m", "bench.minimal_proxy", "--upstream", upstream,
                  "--port-file", str(port_file)], base_env(), workdir / "minimal-proxy.log")
     wait_until(lambda: port_file.exists() or not proc.alive, 20, "minimal proxy port")
     assert proc.alive, proc.output()
-    proc.port = int(port_file.read_text())  # type: ignore[attr-defined]
-    return proc
+    return proc, int(port_file.read_text())
 
 
 def module_argv(module: str, tree: Path | None = None) -> list[str]:
@@ -173,7 +173,7 @@ class Servers:
         try:
             self.stub = start_stub(workdir / "stub")
             self._stack.callback(self.stub.stop)
-            self.minimal = start_minimal_proxy(workdir, self.stub.url)
+            self.minimal, self.minimal_port = start_minimal_proxy(workdir, self.stub.url)
             self._stack.callback(self.minimal.stop)
             self.gateway = start_gateway(workdir / "leasehold", self.stub, gateway_env)
             self._stack.callback(self.gateway.stop)
@@ -193,13 +193,11 @@ class Servers:
         stub_pid = self.stub.proc.popen.pid
         key = {"x-api-key": self.stub.anthropic_key or ""}
         gw = self.gateway
-        assert gw.dataplane is not None and gw.control is not None
         return [
             Target(name="direct", host="127.0.0.1", port=stub_port, path=path,
                    headers={**common, **key}, pids={"stub": stub_pid}),
-            Target(name="minimal-proxy", host="127.0.0.1", port=self.minimal.port,  # type: ignore[attr-defined]
-                   path=path, headers={**common, **key},
-                   pids={"minimal-proxy": self.minimal.popen.pid, "stub": stub_pid}),
+            Target(name="minimal-proxy", host="127.0.0.1", port=self.minimal_port, path=path,
+                   headers={**common, **key}, pids={"minimal-proxy": self.minimal.popen.pid, "stub": stub_pid}),
             *(_leasehold_target(name, variant, token, path, common, stub_pid)
               for name, variant, token in [("leasehold", gw, self.token), *self.variants]),
         ]
