@@ -1,8 +1,8 @@
 """Peers for `make bench-peers`: LiteLLM's proxy, installed on demand into its own venv.
 
 Rule: a peer never touches the project's venv. LiteLLM is installed into `bench/.peers/litellm`
-the first time it is asked for, at a pinned version (one LiteLLM release on PyPI was
-compromised and withdrawn; a pin keeps the next run from silently picking up a new one), and
+the first time it is asked for, at a pinned version (LiteLLM releases have been compromised
+on PyPI and withdrawn; a pin keeps a run from silently picking up whatever is newest), and
 configured to send `claude-sonnet-4-6` to the stub with the stub's key. Its outbound calls are
 turned off (no cost-map download, no telemetry). Any failure — install, start, or a first
 request — is reported and the run goes on without the column.
