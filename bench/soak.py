@@ -26,6 +26,7 @@ import asyncio
 import collections
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -219,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'ok  ' if held else 'FAIL'} {name:<40} {detail}")
     failed = [n for n, held, _ in results if not held]
     print(f"soak: {'all invariants held' if not failed else f'{len(failed)} invariant(s) failed'} (seed {seed})")
+    if failed:
+        print(f"soak: logs and state kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
 
 
