@@ -1,0 +1,231 @@
+"""`make soak`: a bounded soak of the v1 surface, then the invariants that must still hold.
+
+Usage: ``python -m bench.soak [--minutes 10] [--seconds S] [--seed N] [--workers 12]``.
+
+Rule: every operation is drawn from a seeded mix and its expected terminal row is counted as
+it is sent, so at the end the ledger can be checked exactly, not approximately. The mix:
+non-streaming calls, streams, streams the client aborts after the first chunk, upstream 429,
+500 and mid-stream resets (scripted per request through the stub's ``x-stub-step``), mints,
+revokes of retired keys (a key is retired from use before it is revoked, so no request races
+its revocation) and calls with revoked keys (401, and never a row).
+
+Invariants checked at the end (exit status 1 if any fails):
+- ledger rows == attempts accepted, one row per attempt id, and per kind the expected status
+  and condition (completed, upstream-error/rate-limited, upstream-error/upstream-unavailable,
+  transport-error, client-aborted);
+- nothing in flight: `/control/v2/routes/active` is empty;
+- RSS of each daemon grew less than 5% between the end of warm-up (a fifth of the run) and the end.
+Not yet covered (their features are not on main yet): renewals, fallbacks, admin mutations,
+capacity tables' counts and chain verification.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.procs import MINT_BODY, rss_kib
+from tests.support.harness import Gateway, Stub, credential_like, wait_until
+
+MODEL = "claude-sonnet-4-6"
+RSS_GROWTH_LIMIT = 0.05
+RSS_MIN_SECONDS = 60  # shorter runs are still warming up: RSS growth is reported, not judged
+LIVE_KEYS = 4
+# kind -> (weight, x-stub-step, stream, expected (status, condition) of the row)
+MIX: dict[str, tuple[int, dict[str, Any] | None, bool, tuple[str, str | None]]] = {
+    "json": (40, None, False, ("completed", None)),
+    "stream": (30, {"deltas": 20}, True, ("completed", None)),
+    "abort": (8, {"deltas": 20, "stall_between_events_s": 0.05}, True, ("client-aborted", None)),
+    "429": (6, {"status": 429, "headers": {"retry-after": "1"}}, False, ("upstream-error", "rate-limited")),
+    "500": (6, {"status": 500}, False, ("upstream-error", "upstream-unavailable")),
+    "reset": (6, {"deltas": 20, "cut_after_events": 4}, True, ("transport-error", "transport-error")),
+    "revoked": (4, None, False, ("", None)),  # 401, no row
+}
+
+
+class Soak:
+    def __init__(self, gw: Gateway, seed: int, workers: int) -> None:
+        self.gw = gw
+        self.rng = random.Random(seed)
+        self.workers = workers
+        self.live: list[dict[str, Any]] = []
+        self.in_use: collections.Counter[str] = collections.Counter()
+        self.revoked_tokens: list[str] = []
+        self.expected: collections.Counter[tuple[str, str | None]] = collections.Counter()
+        self.sent: collections.Counter[str] = collections.Counter()
+        self.surprises: list[str] = []
+        self.mints = self.revokes = 0
+        self.seconds = 0.0
+
+    async def mint(self, session: aiohttp.ClientSession) -> None:
+        async with session.post(self.gw.control_url + "/control/v1/keys", json=MINT_BODY,
+                                headers={"Authorization": f"Bearer {self.gw.control_token}"}) as r:
+            body = await r.json()
+            if r.status != 201:
+                self.surprises.append(f"mint answered {r.status}")
+                return
+        self.live.append(body)
+        self.mints += 1
+
+    async def retire_one(self, session: aiohttp.ClientSession) -> None:
+        """Take the oldest key out of use, wait for its requests, revoke it."""
+        key = self.live.pop(0)
+        deadline = time.monotonic() + 30
+        while self.in_use[key["key_id"]] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        async with session.delete(self.gw.control_url + f"/control/v1/keys/{key['key_id']}",
+                                  headers={"Authorization": f"Bearer {self.gw.control_token}"}) as r:
+            if r.status != 200 or (await r.json()).get("revoked") is not True:
+                self.surprises.append(f"revoke answered {r.status}")
+        self.revoked_tokens.append(key["token"])
+        self.revokes += 1
+
+    async def one(self, session: aiohttp.ClientSession, kind: str) -> None:
+        _, step, stream, expect = MIX[kind]
+        if kind == "revoked":
+            if not self.revoked_tokens:
+                return
+            token, key_id = self.rng.choice(self.revoked_tokens), None
+        else:
+            key = self.rng.choice(self.live)
+            token, key_id = key["token"], key["key_id"]
+            self.in_use[key_id] += 1
+            self.expected[expect] += 1
+        self.sent[kind] += 1
+        headers = {"x-api-key": token, "anthropic-version": "2023-06-01"}
+        if step is not None:
+            headers["x-stub-step"] = json.dumps(step)
+        body = {"model": MODEL, "max_tokens": 16, "stream": stream,
+                "messages": [{"role": "user", "content": "soak"}]}
+        try:
+            await self._exchange(session, kind, headers, body)
+        finally:
+            if key_id is not None:
+                self.in_use[key_id] -= 1
+
+    async def _exchange(self, session: aiohttp.ClientSession, kind: str, headers: dict[str, str],
+                        body: dict[str, Any]) -> None:
+        try:
+            async with session.post(self.gw.dataplane_url + "/v1/messages", json=body, headers=headers) as r:
+                want = {"revoked": 401, "429": 429, "500": 500}.get(kind, 200)
+                if r.status != want:
+                    self.surprises.append(f"{kind}: HTTP {r.status}")
+                if kind == "abort":
+                    await r.content.readany()
+                    r.close()  # the worker gives up mid-stream
+                    return
+                await r.read()
+                if kind == "reset":
+                    self.surprises.append("reset: the cut stream ended cleanly")
+        except aiohttp.ClientPayloadError:
+            if kind != "reset":
+                self.surprises.append(f"{kind}: stream broken")
+
+    async def run(self, seconds: float, on_warm) -> None:
+        self.seconds = seconds
+        kinds = list(MIX)
+        weights = [MIX[k][0] for k in kinds]
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for _ in range(LIVE_KEYS):
+                await self.mint(session)
+            stop_at = time.monotonic() + seconds
+            warm_at = time.monotonic() + seconds / 5
+
+            async def worker() -> None:
+                while time.monotonic() < stop_at:
+                    await self.one(session, self.rng.choices(kinds, weights)[0])
+
+            async def key_churn() -> None:
+                warmed = False
+                while time.monotonic() < stop_at:
+                    await asyncio.sleep(0.5)
+                    await self.mint(session)
+                    await self.retire_one(session)
+                    if not warmed and time.monotonic() >= warm_at:
+                        warmed = True
+                        on_warm()
+
+            await asyncio.gather(key_churn(), *(worker() for _ in range(self.workers)))
+
+
+def check(gw: Gateway, soak: Soak, rss_warm: dict[str, int | None]) -> list[tuple[str, bool, str]]:
+    """(invariant, held, detail) for every invariant of the module docstring."""
+    total = sum(soak.expected.values())
+    try:
+        rows = wait_until(lambda: (r := gw.ledger()) and len(r) >= total and r, 60, f"{total} ledger rows")
+    except AssertionError:
+        rows = gw.ledger()
+    got = collections.Counter((r["status"], r["condition"]) for r in rows)
+    ids = [r["attempt_id"] for r in rows]
+    active = gw.active().get("count")
+    rss_end = {name: rss_kib(p.popen.pid) for name, p in (("dataplane", gw.dataplane), ("control", gw.control))}
+    growth = {n: None if not rss_warm.get(n) or not rss_end[n] else (rss_end[n] - rss_warm[n]) / rss_warm[n]
+              for n in rss_end}
+    judged = soak.seconds >= RSS_MIN_SECONDS
+    return [
+        ("ledger rows == attempts accepted", len(rows) == total, f"{len(rows)} rows, {total} attempts"),
+        ("one row per attempt id", len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicates"),
+        ("rows by status/condition as sent", got == soak.expected,
+         ", ".join(f"{s}/{c}: {got[(s, c)]} of {n}" for (s, c), n in sorted(soak.expected.items(), key=str))),
+        ("nothing in flight", active == 0, f"{active} active routes"),
+        ("no unexpected answer", not soak.surprises, "; ".join(soak.surprises[:5]) or "none"),
+        *((f"{name} RSS growth < 5% after warm-up", not judged or (g is not None and g < RSS_GROWTH_LIMIT),
+           f"{rss_warm.get(name)} → {rss_end[name]} KiB ({'—' if g is None else f'{100 * g:+.1f}%'})"
+           + ("" if judged else f"; not judged under {RSS_MIN_SECONDS} s"))
+          for name, g in growth.items()),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=None, help="overrides --minutes")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=12)
+    args = parser.parse_args(argv)
+    seconds = args.seconds if args.seconds is not None else args.minutes * 60
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print(f"soak: {seconds:.0f} s, seed {seed}, {args.workers} workers", flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="leasehold-soak-"))
+    stub = Stub(workdir / "stub", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
+    gw = Gateway(workdir / "gw", stub)
+    try:
+        gw.start()
+        soak = Soak(gw, seed, args.workers)
+        rss_warm: dict[str, int | None] = {}
+
+        def on_warm() -> None:
+            assert gw.dataplane is not None and gw.control is not None
+            rss_warm.update(dataplane=rss_kib(gw.dataplane.popen.pid), control=rss_kib(gw.control.popen.pid))
+
+        asyncio.run(soak.run(seconds, on_warm))
+        results = check(gw, soak, rss_warm)
+    finally:
+        gw.stop()
+        stub.stop()
+    print(f"sent: {dict(soak.sent)}; mints {soak.mints}, revokes {soak.revokes}")
+    for name, held, detail in results:
+        print(f"  {'ok  ' if held else 'FAIL'} {name:<40} {detail}")
+    failed = [n for n, held, _ in results if not held]
+    print(f"soak: {'all invariants held' if not failed else f'{len(failed)} invariant(s) failed'} (seed {seed})")
+    if failed:
+        print(f"soak: logs and state kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""`make bench` cannot rot silently: the smallest real run, every phase, every column.
+
+Real processes on loopback (stub, minimal proxy, control, data plane, generator), the `smoke`
+preset (a few requests per phase). No wall-clock limit is asserted — only that every phase
+produced figures for every column, nothing failed, and the report and files are written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench import rpc_rate
+from bench.run import PLANS, measure, write
+from bench.report import render
+from bench.stats import AIMS
+
+
+def test_smallest_run_measures_every_phase_for_every_column(tmp_path: Path) -> None:
+    results = measure(PLANS["smoke"], tmp_path / "work", pin=True, peers=False, peers_spec=None,
+                      say=lambda _message: None)
+    names = results["targets"]
+    assert names == ["direct", "minimal-proxy", "leasehold"]
+    for phase in ("held", "saturation", "fixed_rate", "stream_rate", "streams"):
+        for name in names:
+            assert results[phase][name]["errors"] == {}, (phase, name, results[phase][name])
+    for name in names:
+        assert results["saturation"][name]["rps"] > 0
+        assert results["fixed_rate"][name]["latency_ms"]["n"] > 0
+        assert results["stream_rate"][name]["ttfb_ms"]["n"] > 0
+        assert results["streams"][name]["streams"] == PLANS["smoke"].streams
+        assert results["held"][name]["streams_open"] == PLANS["smoke"].held_streams
+    assert results["held"]["leasehold"]["settled"] is True
+    assert results["streams"]["leasehold"]["settled"] is True
+    assert results["mint_revoke"]["iterations"] == PLANS["smoke"].mint_iterations
+    assert results["mint_revoke"]["errors"] == {}
+    assert results["start"]["gateway_ready_ms"]["n"] == 1
+    assert results["rpc"]["one_way_msgs_per_s"] > 0 and results["rpc"]["round_trips_per_s"] > 0
+    assert results["derived"]["leasehold"]["errors"] == 0
+    assert {a["name"] for a in results["aims"]} == {a.name for a in AIMS}
+    assert all(a["measured"] is not None for a in results["aims"])
+    assert set(results["versions"]) == {"python", "aiohttp", "msgspec", "uvloop"}
+    assert results["machine"]["cores"] >= 1
+
+    latest = write(results, tmp_path / "results")
+    assert json.loads(latest.read_text())["started_at"] == results["started_at"]
+    assert len(list((tmp_path / "results").glob("run-*.json"))) == 1
+    table = render(results)
+    assert all(name in table for name in names)
+
+
+def test_rpc_rate_counts_messages_over_a_real_socket() -> None:
+    figures = rpc_rate.run(duration_s=0.05, in_flight=4, sequential=3)
+    assert figures["one_way_msgs_per_s"] > 0 and figures["round_trips_per_s"] > 0
+    assert figures["sequential_round_trip_ms"]["n"] == 3
