@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,3 +48,18 @@ def test_cores_do_no_io() -> None:
     for path in cores:
         bad = {n for n in imports_of(path) if n in IO_MODULES or n.split(".")[0] in IO_MODULES}
         assert not bad, f"{path.name} imports {bad}"
+
+
+def test_cli_imports_only_shared_its_own_package_and_the_stdlib() -> None:
+    """leaseholdctl is a client of the control HTTP API, not of the daemon's internals."""
+    files = [REPO / "controlplane" / "ctl.py", *sorted((REPO / "controlplane" / "cli").glob("*.py"))]
+    assert len(files) >= 9  # ctl.py + the package's modules: the sweep is not vacuous
+    offenders = {}
+    for path in files:
+        for name in imports_of(path):
+            top = name.split(".")[0]
+            allowed = (top in ("shared", "__future__", "msgspec") or top in sys.stdlib_module_names
+                       or name == "controlplane.cli" or name.startswith("controlplane.cli."))
+            if not allowed:
+                offenders.setdefault(path.name, []).append(name)
+    assert offenders == {}, f"leaseholdctl must not import these: {offenders}"
