@@ -132,7 +132,7 @@ class Soak:
             if kind != "reset":
                 self.surprises.append(f"{kind}: stream broken")
 
-    async def run(self, seconds: float, on_warm) -> None:
+    async def run(self, seconds: float, on_warm, on_sample=lambda at_s, attempts: None) -> None:
         self.seconds = seconds
         kinds = list(MIX)
         weights = [MIX[k][0] for k in kinds]
@@ -149,6 +149,7 @@ class Soak:
 
             async def key_churn() -> None:
                 warmed = False
+                next_sample = time.monotonic()
                 while time.monotonic() < stop_at:
                     await asyncio.sleep(0.5)
                     await self.mint(session)
@@ -156,6 +157,9 @@ class Soak:
                     if not warmed and time.monotonic() >= warm_at:
                         warmed = True
                         on_warm()
+                    if time.monotonic() >= next_sample:
+                        next_sample += seconds / 10
+                        on_sample(seconds - (stop_at - time.monotonic()), sum(self.expected.values()))
 
             await asyncio.gather(key_churn(), *(worker() for _ in range(self.workers)))
 
@@ -210,12 +214,20 @@ def main(argv: list[str] | None = None) -> int:
             assert gw.dataplane is not None and gw.control is not None
             rss_warm.update(dataplane=rss_kib(gw.dataplane.popen.pid), control=rss_kib(gw.control.popen.pid))
 
-        asyncio.run(soak.run(seconds, on_warm))
+        timeline: list[str] = []
+
+        def on_sample(at_s: float, attempts: int) -> None:
+            assert gw.dataplane is not None and gw.control is not None
+            timeline.append(f"{at_s:6.0f} s {attempts:>9,} attempts  dataplane {rss_kib(gw.dataplane.popen.pid)} KiB"
+                            f"  control {rss_kib(gw.control.popen.pid)} KiB")
+
+        asyncio.run(soak.run(seconds, on_warm, on_sample))
         results = check(gw, soak, rss_warm)
     finally:
         gw.stop()
         stub.stop()
     print(f"sent: {dict(soak.sent)}; mints {soak.mints}, revokes {soak.revokes}")
+    print("RSS over the run:\n  " + "\n  ".join(timeline))
     for name, held, detail in results:
         print(f"  {'ok  ' if held else 'FAIL'} {name:<40} {detail}")
     failed = [n for n, held, _ in results if not held]
