@@ -103,13 +103,26 @@ async def _reaper(service: ControlService, listener: RpcListener) -> None:
             log.exception("reaper_pass_failed")
 
 
+class StartupError(Exception):
+    """A listener could not be opened; the message names the variable to fix."""
+
+
 async def serve(settings: Settings, service: ControlService) -> None:
     listener = RpcListener(settings, service)
-    await listener.start()
+    try:
+        await listener.start()
+    except OSError as exc:
+        raise StartupError(f"cannot open the RPC socket {settings.rpc_socket} "
+                           f"(GATEWAY_RPC_SOCKET / GATEWAY_RUNTIME_DIR): {exc}") from exc
     runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.control_host, settings.control_port, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        listener.close()
+        raise StartupError(f"cannot listen on {settings.control_host}:{settings.control_port} "
+                           f"(GATEWAY_CONTROL_LISTEN): {exc}") from exc
     reaper = asyncio.create_task(_reaper(service, listener))
     log.info("control_started", listen=f"{settings.control_host}:{settings.control_port}",
              rpc_socket=settings.rpc_socket, state_dir=settings.state_dir,
@@ -155,7 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"))
     ledger.open()
     service = ControlService(settings, registry, keys, ledger, load_prices())
-    uvloop.run(serve(settings, service))
+    try:
+        uvloop.run(serve(settings, service))
+    except StartupError as exc:
+        log.error("control_start_failed", reason=str(exc))
+        print(f"leasehold-control: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

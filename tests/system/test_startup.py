@@ -1,0 +1,60 @@
+"""Startup refusals from the console scripts: a clear message naming what to fix, exit 2."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.harness import base_env, free_port
+
+BIN = Path(sys.executable).parent
+
+
+def run_control(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    full = {**base_env(), "GATEWAY_CONTROL_TOKEN": "control-token-for-startup-tests",
+            "GATEWAY_STATE_DIR": str(tmp_path / "state"), "GATEWAY_RUNTIME_DIR": str(tmp_path / "run"),
+            "GATEWAY_CONTROL_LISTEN": f"127.0.0.1:{free_port()}", **env}
+    return subprocess.run([str(BIN / "leasehold-control")], env=full, capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("variable,value", [("GATEWAY_KEY_TTL_SECONDS", "5"), ("GATEWAY_FALLBACK_ON", "nope"),
+                                            ("GATEWAY_CONTROL_LISTEN", "localhost")])
+def test_a_bad_setting_names_its_variable(tmp_path: Path, variable: str, value: str) -> None:
+    result = run_control(tmp_path, **{variable: value})
+    assert result.returncode == 2 and variable in result.stderr
+
+
+def test_a_missing_control_token_is_refused(tmp_path: Path) -> None:
+    result = run_control(tmp_path, GATEWAY_CONTROL_TOKEN="")
+    assert result.returncode == 2 and "GATEWAY_CONTROL_TOKEN" in result.stderr
+
+
+def test_a_bad_accounts_file_names_file_entry_and_field(tmp_path: Path) -> None:
+    accounts = tmp_path / "accounts.toml"
+    accounts.write_text('[[account]]\nid = "legacy-openai"\nprovider_binding = "openai"\nbase_url = "https://x"\n'
+                        'auth_style = "bearer"\ncredential_env = "GATEWAY_X_KEY"\nmodels = ["gpt-*"]\n')
+    result = run_control(tmp_path, GATEWAY_ACCOUNTS_FILE=str(accounts))
+    assert result.returncode == 2
+    assert str(accounts) in result.stderr and "account[0]" in result.stderr and "id" in result.stderr
+
+
+def test_a_shared_socket_directory_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    result = run_control(tmp_path, GATEWAY_RPC_SOCKET=str(shared / "control.sock"))
+    assert result.returncode == 2 and "GATEWAY_RPC_SOCKET" in result.stderr
+
+
+def test_a_taken_port_names_the_listen_variable(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = run_control(tmp_path, GATEWAY_CONTROL_LISTEN=f"127.0.0.1:{port}")
+    assert result.returncode == 2 and "GATEWAY_CONTROL_LISTEN" in result.stderr
