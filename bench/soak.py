@@ -15,8 +15,11 @@ Invariants checked at the end (exit status 1 if any fails):
   transport-error, client-aborted);
 - nothing in flight: `/control/v2/routes/active` is empty;
 - RSS of each daemon grew less than 5% between the end of warm-up (a fifth of the run) and the end.
-Not yet covered (their features are not on main yet): renewals, fallbacks, admin mutations,
-capacity tables' counts and chain verification.
+Alongside, `bench/soak_v2.py` runs dispatches through a two-account pool (v2 mints, fallbacks
+after a scripted 429, renewals, supersedes) while an operator drains and re-enables the second
+account and rewrites the repo's routing policy; its invariants: never two live leases for one
+dispatch, lease and in-flight counts back to what is held, both chains verified with one record
+per write, no operator write refused.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any
 
 import aiohttp
 
+from bench import soak_v2
 from bench.procs import MINT_BODY, rss_kib
 from tests.support.harness import Gateway, Stub, credential_like, wait_until
 
@@ -67,6 +71,8 @@ class Soak:
         self.surprises: list[str] = []
         self.mints = self.revokes = 0
         self.seconds = 0.0
+        self.v2_results: list[tuple[str, bool, str]] = []
+        self.lanes: list[soak_v2.DispatchLane] = []
 
     async def mint(self, session: aiohttp.ClientSession) -> None:
         async with session.post(self.gw.control_url + "/control/v1/keys", json=MINT_BODY,
@@ -161,12 +167,26 @@ class Soak:
                         next_sample += seconds / 10
                         on_sample(seconds - (stop_at - time.monotonic()), sum(self.expected.values()))
 
-            await asyncio.gather(key_churn(), *(worker() for _ in range(self.workers)))
+            control = soak_v2.Control(self.gw, session)
+            self.lanes = [soak_v2.DispatchLane(f"lane{i}", self.gw, control, random.Random(self.rng.random()))
+                          for i in range(2)]
+            operator = soak_v2.Operator(control)
+            loop_stop = asyncio.get_running_loop().time() + seconds
+            await asyncio.gather(key_churn(), *(worker() for _ in range(self.workers)),
+                                 *(lane.run(loop_stop) for lane in self.lanes), operator.run(loop_stop))
+            self.v2_results = await soak_v2.final_checks(control, operator, self.lanes, len(self.live))
+
+    def expected_rows(self) -> collections.Counter[tuple[str, str | None]]:
+        total = collections.Counter(self.expected)
+        for lane in self.lanes:
+            total.update(lane.expected)
+        return total
 
 
 def check(gw: Gateway, soak: Soak, rss_warm: dict[str, int | None]) -> list[tuple[str, bool, str]]:
     """(invariant, held, detail) for every invariant of the module docstring."""
-    total = sum(soak.expected.values())
+    expected = soak.expected_rows()
+    total = sum(expected.values())
     try:
         rows = wait_until(lambda: (r := gw.ledger()) and len(r) >= total and r, 60, f"{total} ledger rows")
     except AssertionError:
@@ -181,14 +201,15 @@ def check(gw: Gateway, soak: Soak, rss_warm: dict[str, int | None]) -> list[tupl
     return [
         ("ledger rows == attempts accepted", len(rows) == total, f"{len(rows)} rows, {total} attempts"),
         ("one row per attempt id", len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicates"),
-        ("rows by status/condition as sent", got == soak.expected,
-         ", ".join(f"{s}/{c}: {got[(s, c)]} of {n}" for (s, c), n in sorted(soak.expected.items(), key=str))),
+        ("rows by status/condition as sent", got == expected,
+         ", ".join(f"{s}/{c}: {got[(s, c)]} of {n}" for (s, c), n in sorted(expected.items(), key=str))),
         ("nothing in flight", active == 0, f"{active} active routes"),
         ("no unexpected answer", not soak.surprises, "; ".join(soak.surprises[:5]) or "none"),
         *((f"{name} RSS growth < 5% after warm-up", not judged or (g is not None and g < RSS_GROWTH_LIMIT),
            f"{rss_warm.get(name)} → {rss_end[name]} KiB ({'—' if g is None else f'{100 * g:+.1f}%'})"
            + ("" if judged else f"; not judged under {RSS_MIN_SECONDS} s"))
           for name, g in growth.items()),
+        *soak.v2_results,
     ]
 
 
@@ -204,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: {seconds:.0f} s, seed {seed}, {args.workers} workers", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="leasehold-soak-"))
     stub = Stub(workdir / "stub", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
-    gw = Gateway(workdir / "gw", stub)
+    accounts = workdir / "accounts.toml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    accounts.write_text(soak_v2.accounts_file(stub.url))
+    gw = Gateway(workdir / "gw", stub, {"GATEWAY_ACCOUNTS_FILE": str(accounts),
+                                        "GATEWAY_ANTHROPIC_SOAK_B_KEY": stub.anthropic_key or ""})
     try:
         gw.start()
         soak = Soak(gw, seed, args.workers)

@@ -16,7 +16,9 @@ from controlplane.core.selection import Skipped
 from shared.codes import Condition, Outcome, Refusal
 from shared.wire import AttemptRow
 
-DECISION_CAP = 200_000
+# A citation names a recent decision (a retry follows its failure within seconds or minutes);
+# an evicted one is `fallback-lineage-unknown`, held — the safe direction.
+DECISION_CAP = 50_000
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):

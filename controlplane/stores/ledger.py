@@ -21,10 +21,12 @@ log = get_logger("ledger")
 
 # How many attempt ids are remembered for deduplication, and how many unwritten rows are held
 # while storage is failing (beyond that the data plane is already refusing new requests).
-DEDUP_WINDOW = 100_000
+# Re-sent rows are those in flight when the link dropped (the data plane refuses new requests
+# while it is down), so the window only needs to outlast one reconnect's worth of rows.
+DEDUP_WINDOW = 32_768
 RETRY_BUFFER = 10_000
 # How much of the ledger's tail is read at startup to seed deduplication.
-TAIL_BYTES = 8 * 1024 * 1024
+TAIL_BYTES = 16 * 1024 * 1024
 
 _encode = msgspec.json.Encoder().encode
 
