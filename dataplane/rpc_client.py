@@ -118,7 +118,7 @@ class ControlLink:
         conn = self.conn
         if conn is not None and self.synced.is_set():
             try:
-                conn.send_nowait(AttemptStarted(row=row))
+                conn.send_nowait(AttemptStarted(row=row), lazy=True)
             except ConnectionError:
                 pass
 
@@ -162,7 +162,8 @@ class ControlLink:
         row = self.outbox[attempt_id]
         try:
             conn.post(lambda rid: AttemptFinished(req_id=rid, row=row),
-                      lambda ack: self._acked(attempt_id, ack))
+                      lambda ack: self._acked(attempt_id, ack),
+                      lazy=attempt_id not in self._waiters)  # someone waits: now
         except ConnectionError:
             self._resolve(attempt_id, False)
             return

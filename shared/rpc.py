@@ -29,6 +29,8 @@ FRAME_CAP = 32 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 # One read takes whatever the socket holds, up to this.
 READ_SIZE = 256 * 1024
+# How long a lazy frame may wait for others to share its write.
+LAZY_FLUSH_S = 0.002
 
 log = get_logger("rpc")
 
@@ -94,7 +96,8 @@ class Connection:
 
     Frames sent in one event-loop iteration are coalesced: `send_nowait` appends to a buffer
     and one callback (`call_soon`) writes them all with a single `write`, so a burst of reports
-    costs one syscall and one wake-up of the peer instead of one per frame. `send` flushes at
+    costs one syscall and one wake-up of the peer instead of one per frame; reports nobody
+    waits for are sent `lazy` and wait a little longer for company. `send` flushes at
     once (the handshake and anything written after it stay in order). Reading takes whatever
     the socket holds and splits every whole frame out of it, the length checked against
     `FRAME_CAP` before the body is waited for.
@@ -108,7 +111,8 @@ class Connection:
         self._pending: dict[int, asyncio.Future[Ack]] = {}
         self._callbacks: dict[int, Callable[[Ack | None], None]] = {}
         self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self._soon = False                               # a flush is due this iteration
+        self._timer: asyncio.TimerHandle | None = None   # a flush is due for lazy frames
         self.closed = asyncio.Event()
 
     def next_id(self) -> int:
@@ -119,18 +123,32 @@ class Connection:
         body = await self.reader.readexactly(check_length(header))
         return decode_body(body)
 
-    def send_nowait(self, message: Message) -> None:
-        """Queue one frame; it is written with the others of this loop iteration."""
+    def send_nowait(self, message: Message, *, lazy: bool = False) -> None:
+        """Queue one frame; it is written with the others of this loop iteration.
+
+        A `lazy` frame (a report nobody waits for) may wait up to `LAZY_FLUSH_S` for company:
+        a short request's two reports then leave together after its answer, off its critical
+        path, and under load many requests share one write and one wake-up of the peer. Any
+        other frame sent meanwhile takes the lazy ones along. Order is kept either way.
+        """
         if self.closed.is_set() or self.writer.is_closing():
             raise ConnectionError("rpc connection closed")
         self._out.append(encode_frame(message))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+        if self._soon:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._soon = True
+            loop.call_soon(self.flush)
+        elif self._timer is None:
+            self._timer = loop.call_later(LAZY_FLUSH_S, self.flush)
 
     def flush(self) -> None:
         """Write every queued frame now, in one `write`."""
-        self._flush_scheduled = False
+        self._soon = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         out = self._out
         if not out:
             return
@@ -144,10 +162,11 @@ class Connection:
         self.flush()
         await self.writer.drain()
 
-    def post(self, build: Callable[[int], Message], on_ack: Callable[[Ack | None], None]) -> int:
+    def post(self, build: Callable[[int], Message], on_ack: Callable[[Ack | None], None], *,
+             lazy: bool = False) -> int:
         """Send `build(req_id)` without waiting: `on_ack` gets its Ack, or None if the link is lost."""
         req_id = self.next_id()
-        self.send_nowait(build(req_id))
+        self.send_nowait(build(req_id), lazy=lazy)
         self._callbacks[req_id] = on_ack
         return req_id
 
