@@ -22,7 +22,9 @@ from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
-from dataplane.upstreams import PoolTimeout, UpstreamPools, downstream_headers, upstream_headers, upstream_url
+from dataplane.upstreams import (
+    PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers, upstream_url,
+)
 from dataplane.wires import anthropic, openai
 from shared.codes import AttemptStatus, Refusal, Wire
 from shared.logging import get_logger
@@ -138,9 +140,10 @@ class Relay:
                      upstream: aiohttp.ClientResponse, upstream_wait: float) -> web.StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
-        headers = downstream_headers(upstream.headers)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        headers = response.headers
+        headers.extend(downstream_pairs(upstream.headers))
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         length = upstream.headers.get("Content-Length")
         if length is not None and not is_sse and length.isdigit():
             response.content_length = int(length)
