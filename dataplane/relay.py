@@ -16,14 +16,13 @@ import time
 
 import aiohttp
 from aiohttp import HttpVersion11, web
-from yarl import URL
 
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
 from dataplane.upstreams import (
-    PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers, upstream_url,
+    PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
 )
 from dataplane.wires import anthropic, openai
 from shared.codes import AttemptStatus, Refusal, Wire
@@ -73,7 +72,7 @@ class Relay:
 
     async def _send(self, request: web.Request, attempt: Attempt, account: AccountRoute,
                     credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
-        url = URL(upstream_url(account, path_qs), encoded=True)
+        url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
         session = self.pools.session_for(account.id)
         sent_at = time.perf_counter()

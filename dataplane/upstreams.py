@@ -30,6 +30,8 @@ DROP_UPSTREAM = HOP_BY_HOP | {
 }
 DROP_DOWNSTREAM = HOP_BY_HOP | {"content-length"}
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
+# Distinct upstream URLs kept parsed (paths with query strings vary; the cache is then reset).
+URL_CACHE_CAP = 1024
 
 
 def _listed_in_connection(headers: CIMultiDictProxy[str]) -> set[str]:
@@ -140,6 +142,7 @@ class UpstreamPools:
         self.settings = settings
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._gates: dict[str, _Gate] = {}
+        self._urls: dict[str, URL] = {}
 
     def session_for(self, account_id: str) -> aiohttp.ClientSession:
         session = self._sessions.get(account_id)
@@ -157,6 +160,16 @@ class UpstreamPools:
             )
             self._sessions[account_id] = session
         return session
+
+    def url_for(self, account: AccountRoute, path_qs: str) -> URL:
+        """The upstream URL, parsed once per distinct base and path (most requests share one)."""
+        text = upstream_url(account, path_qs)
+        url = self._urls.get(text)
+        if url is None:
+            if len(self._urls) >= URL_CACHE_CAP:
+                self._urls.clear()
+            url = self._urls[text] = URL(text, encoded=True)
+        return url
 
     def gate_for(self, account_id: str) -> _Gate:
         gate = self._gates.get(account_id)
