@@ -168,8 +168,9 @@ class LineWriter:
     """Where rendered lines go: one `write` per event-loop iteration, not one per line.
 
     Inside a running loop a line is queued and a single `call_soon` callback writes every
-    queued line together (a burst of requests costs one syscall); outside a loop a line is
-    written at once. Lines still queued at exit are written then.
+    queued line together (a burst of requests costs one syscall); outside a loop (a worker
+    thread, a script) a line is written at once, with whatever is queued before it. Lines
+    still queued at exit are written then.
     """
 
     def __init__(self, stream: Any) -> None:
@@ -179,24 +180,30 @@ class LineWriter:
         self._binary = binary is not None
         self._lines: list[bytes] = []
         self._scheduled = False
+        self._lock = threading.Lock()
         atexit.register(self.flush)
 
     def msg(self, line: bytes) -> None:
-        self._lines.append(line)
-        if self._scheduled:
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.flush()
-            return
-        self._scheduled = True
-        loop.call_soon(self.flush)
+            loop = None
+        with self._lock:
+            self._lines.append(line)
+            if loop is None:
+                self._write_queued()
+            elif not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self.flush)
 
     debug = info = warning = warn = error = err = critical = fatal = exception = failure = log = msg
 
     def flush(self) -> None:
-        self._scheduled = False
+        with self._lock:
+            self._scheduled = False
+            self._write_queued()
+
+    def _write_queued(self) -> None:
         lines = self._lines
         if not lines:
             return
