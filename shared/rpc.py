@@ -5,8 +5,10 @@ The length is checked against `FRAME_CAP` before a byte of the body is read, so 
 corrupt peer cannot make us allocate. A frame that is oversized, empty or does not decode is a
 `FrameError`: the connection carrying it is closed with a logged reason and the daemon lives on.
 
-Requests carry a `req_id`; the answer is an `Ack` with the same id, resolved through a future.
-Everything else is a push, handed in order to the connection's handler.
+Requests carry a `req_id`; the answer is an `Ack` with the same id, resolved through a future
+(`request`, awaited) or handed to a callback (`post`, nobody waits). Everything else is a push,
+handed in order to the connection's handler. Frames are written coalesced, one `write` per
+loop iteration (see `Connection`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ proxy, the body limit — on a plain socket, byte for byte."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 
@@ -50,3 +51,20 @@ def test_any_path_reaches_the_proxy(gateway: Gateway) -> None:
         answer = read_until(sock, b"}")
         assert answer.split(b"\r\n", 1)[0].startswith(b"HTTP/1.1 404"), answer
         assert b"path-not-served" in answer
+
+
+def test_a_chunked_body_past_aiohttp_default_limit_is_relayed(gateway: Gateway, clean_stub: Stub) -> None:
+    """The body ceiling is GATEWAY_MAX_BODY_BYTES (32 MiB by default), not aiohttp's 1 MiB."""
+    minted = gateway.mint()
+    body = {**A_BODY, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024 // 2)}]}
+    payload = json.dumps(body).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=20)
+    conn.request("POST", "/v1/messages", iter([payload[i:i + 65536] for i in range(0, len(payload), 65536)]),
+                 {"Content-Type": "application/json", "anthropic-version": "2023-06-01",
+                  "x-api-key": minted["token"]}, encode_chunked=True)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    assert response.status == 200
+    rows = settled(gateway, minted["key_id"])
+    assert rows[0]["status"] == "completed"
