@@ -183,6 +183,8 @@ class ControlLink:
             self._transmit(attempt_id)
             if not future.done():
                 pending.append(future)
+        if self.conn is not None:
+            self.conn.flush()  # rows sent lazily a moment ago go now, not at their timer
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
         return len(self.outbox)
