@@ -44,7 +44,7 @@ _lock = threading.Lock()
 
 def register_secret(value: str | None) -> None:
     """Scrub `value` from every later log line (values shorter than 6 chars are ignored)."""
-    global _secret_pattern
+    global _secret_pattern, _generation
     if not value or len(value) < 6:
         return
     with _lock:
@@ -53,6 +53,7 @@ def register_secret(value: str | None) -> None:
         _secret_values.add(value)
         ordered = sorted(_secret_values, key=len, reverse=True)
         _secret_pattern = re.compile("|".join(re.escape(v) for v in ordered))
+        _generation += 1
         _memo.clear()
 
 
@@ -97,14 +98,16 @@ SAFE_KEYS = frozenset({"event", "attempt_id", "status", "code"})
 _MEMO_CAP = 4096
 _MEMO_LEN = 200  # longer text (tracebacks, messages) is scanned every time, never kept
 _memo: dict[str, str] = {}
+_generation = 0  # bumped by every `register_secret`
 
 
 def _redact_str(text: str) -> str:
     found = _memo.get(text)
     if found is None:
+        generation = _generation
         found = redact_text(text)
-        if len(text) > _MEMO_LEN:
-            return found
+        if len(text) > _MEMO_LEN or generation != _generation:
+            return found  # too long to keep, or a secret was registered while scanning
         if len(_memo) >= _MEMO_CAP:
             _memo.clear()
         _memo[text] = found
