@@ -11,15 +11,16 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 from aiohttp import web
 
 from dataplane.rpc_client import ControlLink
 from dataplane.wires.sse import Observation
-from shared.clock import iso_ms, now_ms
+from dataplane.stamps import iso_ms, new_ulid
+from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
 from shared.logging import get_logger
-from shared.tokens import new_ulid
 from shared.wire import AttemptRow, Lease, Usage
 
 log = get_logger("dataplane")
@@ -28,7 +29,7 @@ log = get_logger("dataplane")
 class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
-                 "task", "stopping", "response", "http_status", "sse_plain")
+                 "task", "stopping", "response", "http_status", "sse_plain", "row")
 
     def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str) -> None:
         self.link = link
@@ -49,8 +50,10 @@ class Attempt:
         self.response: web.StreamResponse | None = None  # set once headers went to the worker
         self.http_status: int | None = None            # the status the worker was sent
         self.sse_plain = False                         # relaying uncompressed SSE
+        self.row: AttemptRow | None = None             # as announced; finished by replacing
 
-    def _row(self, **terminal: object) -> AttemptRow:
+    def _started_row(self) -> AttemptRow:
+        """The row as announced: everything known before the upstream answers."""
         lease = self.lease
         return AttemptRow(
             attempt_id=self.attempt_id, key_id=lease.key_id, account_id=lease.account_id,
@@ -59,14 +62,14 @@ class Attempt:
             principal_kind=lease.principal_kind, worker_role=lease.worker_role,
             wire=self.wire, path=self.path, requested_model=self.requested_model,
             stream=self.stream, started_at=iso_ms(self.started_ms),
-            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out,
-            **terminal,  # type: ignore[arg-type]
+            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, served_model=None,
+            finished_at=None, status=None, http_status=None, condition=None,
+            refusal_reason=None, usage=None, cost_usd=None, cost_reason=None,
         )
 
     def announce(self) -> None:
-        self.link.started(self._row(
-            served_model=None, finished_at=None, status=None, http_status=None, condition=None,
-            refusal_reason=None, usage=None, cost_usd=None, cost_reason=None))
+        self.row = self._started_row()
+        self.link.started(self.row)
 
     def mark_overhead(self, upstream_wait_s: float) -> float:
         """Gateway time so far, minus the time spent waiting on the upstream."""
@@ -76,8 +79,9 @@ class Attempt:
     def finish(self, status: AttemptStatus, http_status: int | None, *,
                refusal: Refusal | None = None, usage: Usage | None = None,
                served_model: str | None = None, retry_after_s: float | None = None,
-               ) -> asyncio.Future[bool] | None:
-        """End the attempt (first call only); the future resolves when control has the row.
+               wait: bool = False) -> asyncio.Future[bool] | None:
+        """End the attempt (first call only); with `wait`, a future resolved once control
+        holds the row (the §7 evidence wait), else nothing to wait on.
 
         Usage and the served model default to what the relay has seen so far, so a cut or
         aborted stream is billed for what it delivered.
@@ -91,14 +95,16 @@ class Attempt:
             served_model = served_model if served_model is not None else seen.model
         condition = condition_for_terminal(status, http_status, refusal)
         duration_ms = round((time.perf_counter() - self.t0) * 1000, 3)
-        row = self._row(
-            served_model=served_model, finished_at=iso_ms(now_ms()), status=str(status),
-            http_status=http_status, condition=None if condition is None else str(condition),
+        row = msgspec.structs.replace(
+            self.row or self._started_row(), served_model=served_model,
+            finished_at=iso_ms(now_ms()), status=str(status), http_status=http_status,
+            condition=None if condition is None else str(condition),
             refusal_reason=None if refusal is None else str(refusal), usage=usage,
-            cost_usd=None, cost_reason=None, retry_after_s=retry_after_s, duration_ms=duration_ms,
+            retry_after_s=retry_after_s, duration_ms=duration_ms,
+            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out,
         )
         log.info("request_done", attempt_id=self.attempt_id, account_id=self.lease.account_id,
                  key_id=self.lease.key_id, status=row.status, http_status=http_status,
                  code=row.refusal_reason or row.condition, bytes=self.bytes_out,
                  duration_ms=duration_ms)
-        return self.link.finished(row)
+        return self.link.finished(row, wait)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from typing import Any
 
 import uvloop
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
@@ -25,15 +26,54 @@ log = get_logger("dataplane")
 
 # Request header lines up to 16 KiB are accepted (SPEC §15); the limit leaves headroom.
 MAX_HEADER_BYTES = 32 * 1024
+EXPECT = hdrs.EXPECT
 ROW_FLUSH_TIMEOUT_S = 3.0
 # After the drain window: how long the stopped attempts get to write their rows and cuts.
 STOP_GRACE_S = 2.0
 
 
 def build_app(settings: Settings, proxy: Proxy) -> web.Application:
+    """The proxy behind aiohttp's router: what in-process tests mount on an `AppRunner`."""
     app = web.Application(client_max_size=settings.max_body_bytes)
     app.router.add_route("*", "/{tail:.*}", proxy.handle)
     return app
+
+
+def build_server(settings: Settings, proxy: Proxy) -> web.Server:
+    """The daemon's HTTP server: aiohttp's low-level server straight into `Proxy.handle`.
+
+    Every path goes to one handler, so there is nothing for a router (or an Application's
+    per-request resolution and match-info bookkeeping) to do. What the Application did besides
+    routing is done here: `Expect: 100-continue` answered (any other expectation 417), and
+    bodies bounded by `GATEWAY_MAX_BODY_BYTES`. auto_decompress=False: a compressed request
+    body is forwarded as it came (SPEC §15).
+    """
+    loop = asyncio.get_running_loop()
+    limit = settings.max_body_bytes
+
+    def request_factory(message: Any, payload: Any, protocol: Any, writer: Any,
+                        task: asyncio.Task[None]) -> web.BaseRequest:
+        return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.headers.get(EXPECT):
+            await expect_continue(request)
+        return await proxy.handle(request)  # type: ignore[arg-type]
+
+    return web.Server(handle, request_factory=request_factory, handler_cancellation=True,
+                      access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
+                      max_line_size=MAX_HEADER_BYTES)
+
+
+async def expect_continue(request: web.BaseRequest) -> None:
+    """As aiohttp's router does: `100 Continue` for an HTTP/1.1 `Expect: 100-continue`."""
+    expect = request.headers.get(EXPECT, "")
+    if request.version == HttpVersion11:
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+        await request.writer.drain()
 
 
 async def serve(settings: Settings) -> None:
@@ -42,11 +82,8 @@ async def serve(settings: Settings) -> None:
     pools = UpstreamPools(settings)
     proxy = Proxy(settings, replica, link, pools)
     link_task = asyncio.create_task(link.run())
-    # auto_decompress=False: a compressed request body is forwarded as it came (SPEC §15).
-    runner = web.AppRunner(build_app(settings, proxy), access_log=None, handle_signals=False,
-                           handler_cancellation=True, shutdown_timeout=STOP_GRACE_S,
-                           auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
-                           max_line_size=MAX_HEADER_BYTES)
+    runner = web.ServerRunner(build_server(settings, proxy), handle_signals=False,
+                              shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True,
                        backlog=1024)
@@ -68,7 +105,7 @@ async def serve(settings: Settings) -> None:
     log.info("dataplane_stopped")
 
 
-async def drain(settings: Settings, proxy: Proxy, runner: web.AppRunner, site: web.TCPSite) -> None:
+async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: web.TCPSite) -> None:
     """Stop accepting, let in-flight requests finish for the drain window, then end the rest."""
     proxy.draining = True
     log.info("dataplane_draining", in_flight=len(proxy.in_flight), drain_seconds=settings.drain_seconds)

@@ -16,13 +16,14 @@ import time
 
 import aiohttp
 from aiohttp import HttpVersion11, web
-from yarl import URL
 
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
-from dataplane.upstreams import PoolTimeout, UpstreamPools, downstream_headers, upstream_headers, upstream_url
+from dataplane.upstreams import (
+    PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
+)
 from dataplane.wires import anthropic, openai
 from shared.codes import AttemptStatus, Refusal, Wire
 from shared.logging import get_logger
@@ -71,7 +72,7 @@ class Relay:
 
     async def _send(self, request: web.Request, attempt: Attempt, account: AccountRoute,
                     credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
-        url = URL(upstream_url(account, path_qs), encoded=True)
+        url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
         session = self.pools.session_for(account.id)
         sent_at = time.perf_counter()
@@ -113,7 +114,7 @@ class Relay:
         """No usable upstream answer: a transport-error row (evidence), acknowledged first."""
         response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
                                     attempt.mark_overhead(0.0))
-        await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status))
+        await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
         return response
 
     async def _relay_error(self, attempt: Attempt, upstream: aiohttp.ClientResponse,
@@ -129,7 +130,8 @@ class Relay:
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
         attempt.bytes_out = len(payload)
         await await_ack(attempt.finish(AttemptStatus.UPSTREAM_ERROR, upstream.status,
-                                       retry_after_s=_retry_after_s(upstream.headers)))
+                                       retry_after_s=_retry_after_s(upstream.headers),
+                                       wait=True))
         return web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
                             body=payload)
 
@@ -137,9 +139,10 @@ class Relay:
                      upstream: aiohttp.ClientResponse, upstream_wait: float) -> web.StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
-        headers = downstream_headers(upstream.headers)
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        headers = response.headers
+        headers.extend(downstream_pairs(upstream.headers))
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         length = upstream.headers.get("Content-Length")
         if length is not None and not is_sse and length.isdigit():
             response.content_length = int(length)
@@ -169,31 +172,74 @@ class Relay:
 
     async def _pump(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse,
                     attempt: Attempt, observer: Observer) -> Ending:
-        """Relay chunks as they arrive, no buffering, no per-chunk logging."""
+        """Relay chunks as they arrive, no buffering, no per-chunk logging or timer."""
         loop = asyncio.get_running_loop()
-        idle_s = self.settings.upstream_idle_timeout
-        read = upstream.content.readany
+        content = upstream.content
+        read = content.readany
         write = response.write
         observe = observer.feed
+        watch = IdleWatch(loop, self.settings.upstream_idle_timeout, content)
         try:
-            async with asyncio.timeout(None) as deadline:
-                while True:
-                    deadline.reschedule(loop.time() + idle_s)
-                    try:
-                        chunk = await read()
-                    except (aiohttp.ClientError, OSError):
-                        return Ending.UPSTREAM_FAILED
-                    deadline.reschedule(None)
-                    if not chunk:
-                        return Ending.EOF
-                    observe(chunk)
-                    try:
-                        await write(chunk)
-                    except ConnectionError:
-                        return Ending.CLIENT_GONE
-                    attempt.bytes_out += len(chunk)
-        except TimeoutError:
-            return Ending.IDLE_TIMEOUT
+            while True:
+                watch.reading_since = loop.time()
+                try:
+                    chunk = await read()
+                except IdleTimeout:
+                    return Ending.IDLE_TIMEOUT
+                except (aiohttp.ClientError, OSError):
+                    return Ending.UPSTREAM_FAILED
+                watch.reading_since = None
+                if not chunk:
+                    return Ending.EOF
+                observe(chunk)
+                try:
+                    await write(chunk)
+                except ConnectionError:
+                    return Ending.CLIENT_GONE
+                attempt.bytes_out += len(chunk)
+        finally:
+            watch.stop()
+
+
+class IdleTimeout(Exception):
+    """The upstream sent nothing for the idle timeout while the relay was waiting on it."""
+
+
+class IdleWatch:
+    """One coarse timer per exchange instead of one per chunk (SPEC §12's idle timeout).
+
+    The pump notes when its current read began (`reading_since`, None while it writes to the
+    worker). The timer fires at the earliest moment the read could have gone idle; if it has,
+    the upstream stream is failed with `IdleTimeout` (the pending read raises it), otherwise
+    the timer is set again for the current read's deadline. A fast exchange costs one timer.
+    """
+
+    __slots__ = ("loop", "idle_s", "content", "reading_since", "handle")
+
+    # A timer may fire this much before its deadline (the loop's clock granularity).
+    SLACK_S = 0.002
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float,
+                 content: aiohttp.StreamReader) -> None:
+        self.loop = loop
+        self.idle_s = idle_s
+        self.content = content
+        self.reading_since: float | None = None
+        self.handle: asyncio.TimerHandle | None = loop.call_later(idle_s, self._check)
+
+    def _check(self) -> None:
+        since = self.reading_since
+        now = self.loop.time()
+        if since is not None and now - since >= self.idle_s - self.SLACK_S:
+            self.handle = None
+            self.content.set_exception(IdleTimeout())
+            return
+        self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
 
 
 async def cut(request: web.Request, attempt: Attempt, message: str) -> None:

@@ -2,9 +2,10 @@
 
 Connect → `Hello` → `Welcome` → `Snapshot` (ack) → pushes. On any loss the replica is cleared
 at once (fail closed) and the link redials with capped, jittered backoff. Attempt reports never
-block the hot path: `AttemptStarted` is a fire-and-forget frame; each `AttemptFinished` stays in
-an outbox until control acknowledges it and is re-sent after a reconnect (control deduplicates
-by attempt id), so a control restart loses no row.
+block the hot path: `AttemptStarted` is a fire-and-forget frame; each `AttemptFinished` is sent
+at once (no task, no wait) and stays in an outbox until control's Ack for it arrives; whatever
+is still there after a reconnect is re-sent (control deduplicates by attempt id), so a control
+restart loses no row. Only a caller that must wait (the §7 evidence row) gets a future.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ log = get_logger("dataplane.rpc")
 
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
-ACK_TIMEOUT_S = 10.0
 # Rows waiting for control while it is away; past this the oldest are dropped, loudly.
 OUTBOX_CAP = 100_000
 
@@ -38,7 +38,8 @@ class ControlLink:
         self.conn: Connection | None = None
         self.in_flight: dict[str, AttemptRow] = {}
         self.outbox: OrderedDict[str, AttemptRow] = OrderedDict()
-        self._delivering: dict[str, asyncio.Future[bool]] = {}
+        self._sending: set[str] = set()  # rows sent on the live link, their Ack not yet in
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
         self.synced = asyncio.Event()
         self._stopping = False
 
@@ -87,8 +88,8 @@ class ControlLink:
         if isinstance(message, Snapshot):
             self.replica.load(message.leases, message.accounts, message.storage_ok)
             conn.send_nowait(Ack(req_id=message.req_id))
-            self._resend(conn)
             self.synced.set()
+            self._resend(conn)
             log.info("control_synchronised", leases=len(message.leases), accounts=len(message.accounts))
         elif isinstance(message, LeaseAdded):
             self.replica.add(message.lease)
@@ -108,7 +109,7 @@ class ControlLink:
         for row in self.in_flight.values():
             conn.send_nowait(AttemptStarted(row=row))
         for attempt_id in list(self.outbox):
-            self._deliver(attempt_id)
+            self._transmit(attempt_id)
 
     # ---- attempt reports ----------------------------------------------------------------
 
@@ -117,45 +118,73 @@ class ControlLink:
         conn = self.conn
         if conn is not None and self.synced.is_set():
             try:
-                conn.send_nowait(AttemptStarted(row=row))
+                conn.send_nowait(AttemptStarted(row=row), lazy=True)
             except ConnectionError:
                 pass
 
-    def finished(self, row: AttemptRow) -> asyncio.Future[bool]:
-        """Queue the terminal row; the future resolves True once control has it."""
-        self.in_flight.pop(row.attempt_id, None)
-        self.outbox[row.attempt_id] = row
+    def finished(self, row: AttemptRow, wait: bool = False) -> asyncio.Future[bool] | None:
+        """Queue the terminal row and send it; nothing waits for control's Ack unless `wait`.
+
+        With `wait` the returned future resolves True once control holds the row, False when
+        it cannot get there now (no link, or the link was lost first); the row stays queued
+        either way until acknowledged.
+        """
+        attempt_id = row.attempt_id
+        self.in_flight.pop(attempt_id, None)
+        self.outbox[attempt_id] = row
         while len(self.outbox) > OUTBOX_CAP:
             dropped, _ = self.outbox.popitem(last=False)
             log.error("attempt_row_dropped", attempt_id=dropped, reason="outbox-full")
-        return self._deliver(row.attempt_id)
+            self._resolve(dropped, False)
+        future = self._waiter(attempt_id) if wait else None
+        self._transmit(attempt_id)
+        return future
 
-    def _deliver(self, attempt_id: str) -> asyncio.Future[bool]:
-        pending = self._delivering.get(attempt_id)
-        if pending is not None and not pending.done():
-            return pending
-        task = asyncio.ensure_future(self._send_row(attempt_id))
-        self._delivering[attempt_id] = task
-        task.add_done_callback(lambda _t: self._delivering.pop(attempt_id, None))
-        return task
+    def _waiter(self, attempt_id: str) -> asyncio.Future[bool]:
+        future = self._waiters.get(attempt_id)
+        if future is None or future.done():
+            future = self._waiters[attempt_id] = asyncio.get_running_loop().create_future()
+        return future
 
-    async def _send_row(self, attempt_id: str) -> bool:
-        row = self.outbox.get(attempt_id)
+    def _resolve(self, attempt_id: str, held: bool) -> None:
+        future = self._waiters.pop(attempt_id, None)
+        if future is not None and not future.done():
+            future.set_result(held)
+
+    def _transmit(self, attempt_id: str) -> None:
+        """Send the queued row on the live link unless it is already on its way there."""
         conn = self.conn
-        if row is None:
-            return True
+        if attempt_id in self._sending or attempt_id not in self.outbox:
+            return
         if conn is None or not self.synced.is_set():
-            return False
+            self._resolve(attempt_id, False)
+            return
+        row = self.outbox[attempt_id]
         try:
-            await conn.request(lambda rid: AttemptFinished(req_id=rid, row=row), ACK_TIMEOUT_S)
-        except (ConnectionError, asyncio.TimeoutError):
-            return False
-        self.outbox.pop(attempt_id, None)
-        return True
+            conn.post(lambda rid: AttemptFinished(req_id=rid, row=row),
+                      lambda ack: self._acked(attempt_id, ack),
+                      lazy=attempt_id not in self._waiters)  # someone waits: now
+        except ConnectionError:
+            self._resolve(attempt_id, False)
+            return
+        self._sending.add(attempt_id)
+
+    def _acked(self, attempt_id: str, ack: Ack | None) -> None:
+        self._sending.discard(attempt_id)
+        if ack is not None:
+            self.outbox.pop(attempt_id, None)
+        self._resolve(attempt_id, ack is not None)
 
     async def flush(self, timeout_s: float) -> int:
         """Wait (bounded) for every queued row to be acknowledged; returns how many remain."""
-        pending = [self._deliver(a) for a in list(self.outbox)]
+        pending = []
+        for attempt_id in list(self.outbox):
+            future = self._waiter(attempt_id)
+            self._transmit(attempt_id)
+            if not future.done():
+                pending.append(future)
+        if self.conn is not None:
+            self.conn.flush()  # rows sent lazily a moment ago go now, not at their timer
         if pending:
             await asyncio.wait(pending, timeout=timeout_s)
         return len(self.outbox)

@@ -30,6 +30,8 @@ DROP_UPSTREAM = HOP_BY_HOP | {
 }
 DROP_DOWNSTREAM = HOP_BY_HOP | {"content-length"}
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
+# Distinct upstream URLs kept parsed (paths with query strings vary; the cache is then reset).
+URL_CACHE_CAP = 1024
 
 
 def _listed_in_connection(headers: CIMultiDictProxy[str]) -> set[str]:
@@ -39,13 +41,18 @@ def _listed_in_connection(headers: CIMultiDictProxy[str]) -> set[str]:
     return listed
 
 
+def _drop_set(headers: CIMultiDictProxy[str], base: frozenset[str]) -> frozenset[str]:
+    """`base` plus whatever the `Connection` header names (usually nothing new: `keep-alive`)."""
+    if "Connection" not in headers:
+        return base
+    listed = _listed_in_connection(headers)
+    return base if listed <= base else base | listed
+
+
 def upstream_headers(incoming: CIMultiDictProxy[str], auth_style: str, credential: str) -> CIMultiDict[str]:
     """Every end-to-end header of the worker's request, with the account credential swapped in."""
-    drop = DROP_UPSTREAM | _listed_in_connection(incoming)
-    out: CIMultiDict[str] = CIMultiDict()
-    for name, value in incoming.items():
-        if name.lower() not in drop:
-            out.add(name, value)
+    drop = _drop_set(incoming, DROP_UPSTREAM)
+    out: CIMultiDict[str] = CIMultiDict([(n, v) for n, v in incoming.items() if n.lower() not in drop])
     if auth_style == AuthStyle.X_API_KEY:
         out["x-api-key"] = credential
     else:
@@ -53,10 +60,14 @@ def upstream_headers(incoming: CIMultiDictProxy[str], auth_style: str, credentia
     return out
 
 
-def downstream_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def downstream_pairs(upstream: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
     """The upstream's response headers minus hop-by-hop ones (Content-Encoding stays)."""
-    drop = DROP_DOWNSTREAM | _listed_in_connection(upstream)
-    return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+    drop = _drop_set(upstream, DROP_DOWNSTREAM)
+    return [(k, v) for k, v in upstream.items() if k.lower() not in drop]
+
+
+def downstream_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+    return CIMultiDict(downstream_pairs(upstream))
 
 
 def upstream_path_qs(rel_url: URL, presented: str) -> str:
@@ -131,6 +142,7 @@ class UpstreamPools:
         self.settings = settings
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._gates: dict[str, _Gate] = {}
+        self._urls: dict[str, URL] = {}
 
     def session_for(self, account_id: str) -> aiohttp.ClientSession:
         session = self._sessions.get(account_id)
@@ -148,6 +160,16 @@ class UpstreamPools:
             )
             self._sessions[account_id] = session
         return session
+
+    def url_for(self, account: AccountRoute, path_qs: str) -> URL:
+        """The upstream URL, parsed once per distinct base and path (most requests share one)."""
+        text = upstream_url(account, path_qs)
+        url = self._urls.get(text)
+        if url is None:
+            if len(self._urls) >= URL_CACHE_CAP:
+                self._urls.clear()
+            url = self._urls[text] = URL(text, encoded=True)
+        return url
 
     def gate_for(self, account_id: str) -> _Gate:
         gate = self._gates.get(account_id)

@@ -5,8 +5,10 @@ The length is checked against `FRAME_CAP` before a byte of the body is read, so 
 corrupt peer cannot make us allocate. A frame that is oversized, empty or does not decode is a
 `FrameError`: the connection carrying it is closed with a logged reason and the daemon lives on.
 
-Requests carry a `req_id`; the answer is an `Ack` with the same id, resolved through a future.
-Everything else is a push, handed in order to the connection's handler.
+Requests carry a `req_id`; the answer is an `Ack` with the same id, resolved through a future
+(`request`, awaited) or handed to a callback (`post`, nobody waits). Everything else is a push,
+handed in order to the connection's handler. Frames are written coalesced, one `write` per
+loop iteration (see `Connection`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from shared.wire import Ack, Message
 # A snapshot of every live lease is the largest frame; 32 MiB holds ~150k leases.
 FRAME_CAP = 32 * 1024 * 1024
 _HEADER = struct.Struct(">I")
+# One read takes whatever the socket holds, up to this.
+READ_SIZE = 256 * 1024
+# How long a lazy frame may wait for others to share its write.
+LAZY_FLUSH_S = 0.002
 
 log = get_logger("rpc")
 
@@ -50,7 +56,12 @@ def encode_frame(message: Message) -> bytes:
 
 
 def check_length(header: bytes) -> int:
-    (length,) = _HEADER.unpack(header)
+    return check_length_at(header, 0)
+
+
+def check_length_at(buffer: bytes | bytearray, offset: int) -> int:
+    """The body length announced by the header at `offset`, refused if empty or over the cap."""
+    (length,) = _HEADER.unpack_from(buffer, offset)
     if length == 0:
         raise FrameError("empty-frame")
     if length > FRAME_CAP:
@@ -83,7 +94,16 @@ Handler = Callable[["Connection", Message], Awaitable[None]]
 
 
 class Connection:
-    """One RPC peer: ordered pushes to `handler`, `request()` resolved by `Ack`."""
+    """One RPC peer: ordered pushes to `handler`, `request()` resolved by `Ack`.
+
+    Frames sent in one event-loop iteration are coalesced: `send_nowait` appends to a buffer
+    and one callback (`call_soon`) writes them all with a single `write`, so a burst of reports
+    costs one syscall and one wake-up of the peer instead of one per frame; reports nobody
+    waits for are sent `lazy` and wait a little longer for company. `send` flushes at
+    once (the handshake and anything written after it stay in order). Reading takes whatever
+    the socket holds and splits every whole frame out of it, the length checked against
+    `FRAME_CAP` before the body is waited for.
+    """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
         self.reader = reader
@@ -91,6 +111,10 @@ class Connection:
         self.name = name
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Ack]] = {}
+        self._callbacks: dict[int, Callable[[Ack | None], None]] = {}
+        self._out: list[bytes] = []
+        self._soon = False                               # a flush is due this iteration
+        self._timer: asyncio.TimerHandle | None = None   # a flush is due for lazy frames
         self.closed = asyncio.Event()
 
     def next_id(self) -> int:
@@ -101,14 +125,52 @@ class Connection:
         body = await self.reader.readexactly(check_length(header))
         return decode_body(body)
 
-    def send_nowait(self, message: Message) -> None:
+    def send_nowait(self, message: Message, *, lazy: bool = False) -> None:
+        """Queue one frame; it is written with the others of this loop iteration.
+
+        A `lazy` frame (a report nobody waits for) may wait up to `LAZY_FLUSH_S` for company:
+        a short request's two reports then leave together after its answer, off its critical
+        path, and under load many requests share one write and one wake-up of the peer. Any
+        other frame sent meanwhile takes the lazy ones along. Order is kept either way.
+        """
         if self.closed.is_set() or self.writer.is_closing():
             raise ConnectionError("rpc connection closed")
-        self.writer.write(encode_frame(message))
+        self._out.append(encode_frame(message))
+        if self._soon:
+            return
+        loop = asyncio.get_running_loop()
+        if not lazy:
+            self._soon = True
+            loop.call_soon(self.flush)
+        elif self._timer is None:
+            self._timer = loop.call_later(LAZY_FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        """Write every queued frame now, in one `write`."""
+        self._soon = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        if self.writer.is_closing():
+            return
+        self.writer.write(out[0] if len(out) == 1 else b"".join(out))
 
     async def send(self, message: Message) -> None:
         self.send_nowait(message)
+        self.flush()
         await self.writer.drain()
+
+    def post(self, build: Callable[[int], Message], on_ack: Callable[[Ack | None], None], *,
+             lazy: bool = False) -> int:
+        """Send `build(req_id)` without waiting: `on_ack` gets its Ack, or None if the link is lost."""
+        req_id = self.next_id()
+        self.send_nowait(build(req_id), lazy=lazy)
+        self._callbacks[req_id] = on_ack
+        return req_id
 
     async def request(self, build: Callable[[int], Message], timeout_s: float) -> Ack:
         """Send the message `build(req_id)` and wait for its Ack (ConnectionError if lost)."""
@@ -116,22 +178,57 @@ class Connection:
         future: asyncio.Future[Ack] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
         try:
-            await self.send(build(req_id))
-            return await asyncio.wait_for(future, timeout_s)
+            self.send_nowait(build(req_id))
+            if self._over_high_water():
+                self.flush()
+                await self.writer.drain()
+            async with asyncio.timeout(timeout_s):
+                return await future
         finally:
             self._pending.pop(req_id, None)
 
+    def _over_high_water(self) -> bool:
+        transport = self.writer.transport
+        return transport.get_write_buffer_size() > transport.get_write_buffer_limits()[1]
+
+    def _on_ack(self, ack: Ack) -> None:
+        future = self._pending.get(ack.req_id)
+        if future is not None:
+            if not future.done():
+                future.set_result(ack)
+            return
+        callback = self._callbacks.pop(ack.req_id, None)
+        if callback is not None:
+            callback(ack)
+
     async def run(self, handler: Handler) -> None:
         """Read until the peer goes away; a bad frame closes this connection, logged."""
+        read = self.reader.read
+        on_ack = self._on_ack
+        rest = bytearray()  # the start of a frame whose end has not arrived yet
         try:
             while True:
-                message = await self.read_message()
-                if isinstance(message, Ack):
-                    future = self._pending.get(message.req_id)
-                    if future is not None and not future.done():
-                        future.set_result(message)
-                    continue
-                await handler(self, message)
+                data: bytes | bytearray = await read(READ_SIZE)
+                if not data:
+                    break
+                if rest:
+                    rest += data
+                    data = rest
+                offset, size = 0, len(data)
+                while size - offset >= _HEADER.size:
+                    end = offset + _HEADER.size + check_length_at(data, offset)
+                    if end > size:
+                        break
+                    message = decode_body(data[offset + _HEADER.size:end])
+                    offset = end
+                    if isinstance(message, Ack):
+                        on_ack(message)
+                    else:
+                        await handler(self, message)
+                if data is rest:
+                    del rest[:offset]
+                elif offset < size:
+                    rest += data[offset:]
         except FrameError as exc:
             log.warning("rpc_frame_rejected", peer=self.name, reason=exc.reason)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -143,10 +240,15 @@ class Connection:
         if self.closed.is_set():
             return
         self.closed.set()
+        if self._out and not self.writer.is_closing():
+            self.flush()
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(ConnectionError("rpc connection lost"))
         self._pending.clear()
+        callbacks, self._callbacks = self._callbacks, {}
+        for callback in callbacks.values():
+            callback(None)
         self.writer.close()
 
 

@@ -1,0 +1,186 @@
+"""Attempt rows over a real Unix socket: sent without a task or a wait, kept until acknowledged,
+re-sent after a reconnect; frames of one loop iteration leave in one write, lazy ones a little
+later, in order."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from controlplane.replication import DataPlaneLink
+from dataplane.leases import LeaseReplica
+from dataplane.rpc_client import ControlLink
+from shared.rpc import LAZY_FLUSH_S, Connection, start_unix_server
+from shared.wire import Ack, AccountRoute, AttemptFinished, AttemptRow, AttemptStarted, Message
+
+ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
+                     base_url="http://127.0.0.1:9", auth_style="x-api-key", credential_env="GATEWAY_X")
+ROW = AttemptRow(attempt_id="att_1", key_id="01J0000000000000000000000A", account_id=ROUTE.id,
+                 mint_decision_id=None, dispatch_id=None, repo_slug="acme/app", principal_id="w",
+                 wire="anthropic", path="/v1/messages", requested_model="m", served_model=None,
+                 stream=False, started_at="2026-01-01T00:00:00.000Z", finished_at=None, status=None,
+                 http_status=None, condition=None, refusal_reason=None, usage=None, cost_usd=None,
+                 cost_reason=None, overhead_ms=None)
+
+
+def row(n: int, status: str = "completed", http_status: int = 200) -> AttemptRow:
+    return msgspec.structs.replace(ROW, attempt_id=f"att_{n}", status=status, http_status=http_status,
+                                   finished_at="2026-01-01T00:00:01.000Z")
+
+
+async def wait_for(predicate, timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+class Control:
+    """A control side that records what arrives and acknowledges rows while `acking`."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.received: list[Message] = []
+        self.acking = True
+        self.link = DataPlaneLink(lambda: ([], [ROUTE], True), self.on_message, lambda: None)
+        self.server: asyncio.AbstractServer | None = None
+
+    async def on_message(self, conn: Connection, message: Message) -> None:
+        self.received.append(message)
+        if isinstance(message, AttemptFinished) and self.acking:
+            conn.send_nowait(Ack(req_id=message.req_id))
+
+    async def start(self) -> Control:
+        self.server = await start_unix_server(self.socket_path, self.link.on_client)
+        return self
+
+    def rows(self) -> list[str]:
+        return [m.row.attempt_id for m in self.received if isinstance(m, AttemptFinished)]
+
+
+@pytest.fixture
+def socket_path(tmp_path: Path) -> str:
+    return str(tmp_path / "rt" / "control.sock")
+
+
+async def linked(socket_path: str) -> tuple[Control, ControlLink, asyncio.Task[None]]:
+    control = await Control(socket_path).start()
+    client = ControlLink(socket_path, LeaseReplica(env={}))
+    task = asyncio.create_task(client.run())
+    await asyncio.wait_for(client.synced.wait(), 5)
+    return control, client, task
+
+
+async def test_a_2xx_row_is_sent_without_waiting_and_leaves_the_outbox_on_its_ack(socket_path: str) -> None:
+    control, client, task = await linked(socket_path)
+    try:
+        client.started(ROW)
+        assert client.finished(row(1)) is None  # nothing to wait on
+        assert list(client.outbox) == ["att_1"]
+        await wait_for(lambda: not client.outbox)
+        assert [type(m) for m in control.received] == [AttemptStarted, AttemptFinished]  # in order
+    finally:
+        client.stop()
+        task.cancel()
+        control.server.close()
+
+
+async def test_a_waited_row_resolves_true_on_its_ack_and_false_without_a_link(socket_path: str) -> None:
+    control, client, task = await linked(socket_path)
+    try:
+        held = client.finished(row(2, "upstream_error", 500), wait=True)
+        assert await asyncio.wait_for(held, 5) is True
+        assert control.rows() == ["att_2"] and not client.outbox
+    finally:
+        client.stop()
+        task.cancel()
+        control.server.close()
+    alone = ControlLink(socket_path + ".none", LeaseReplica(env={}))
+    future = alone.finished(row(3, "upstream_error", 500), wait=True)
+    assert future.done() and future.result() is False
+    assert list(alone.outbox) == ["att_3"]  # kept for the next link
+
+
+async def test_unacknowledged_rows_are_resent_after_a_reconnect(socket_path: str) -> None:
+    control, client, task = await linked(socket_path)
+    try:
+        control.acking = False
+        for n in range(5):
+            client.finished(row(n))
+        await wait_for(lambda: len(control.rows()) == 5)
+        assert len(client.outbox) == 5  # sent, never acknowledged
+        control.acking = True
+        control.link.conn.close()  # control goes away; the data plane redials and resyncs
+        await wait_for(lambda: not client.outbox)
+        assert sorted(control.rows()) == sorted([f"att_{n}" for n in range(5)] * 2)  # each re-sent once
+    finally:
+        client.stop()
+        task.cancel()
+        control.server.close()
+
+
+async def test_shutdown_flush_waits_for_every_row(socket_path: str) -> None:
+    control, client, task = await linked(socket_path)
+    try:
+        for n in range(20):
+            client.finished(row(n))
+        assert await client.flush(5.0) == 0
+        assert len(control.rows()) == 20
+    finally:
+        client.stop()
+        task.cancel()
+        control.server.close()
+
+
+class CountingWriter:
+    """The real StreamWriter, with its `write` calls counted."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.inner = writer
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.inner.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_frames_of_one_iteration_leave_in_one_write_and_lazy_ones_wait(socket_path: str) -> None:
+    got: list[Message] = []
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def handler(_conn: Connection, message: Message) -> None:
+            got.append(message)
+        await Connection(reader, writer, "peer").run(handler)
+
+    server = await start_unix_server(socket_path, on_client)
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    counting = CountingWriter(writer)
+    conn = Connection(reader, counting, "test")  # type: ignore[arg-type]
+    try:
+        for n in range(3):
+            conn.send_nowait(AttemptStarted(row=row(n)))
+        assert counting.writes == 0
+        await wait_for(lambda: len(got) == 3)
+        assert counting.writes == 1
+
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
+        conn.send_nowait(AttemptStarted(row=row(10)), lazy=True)
+        conn.send_nowait(AttemptStarted(row=row(11)), lazy=True)
+        await wait_for(lambda: len(got) == 5)
+        assert loop.time() - sent_at >= LAZY_FLUSH_S * 0.9  # waited for company
+        assert counting.writes == 2
+
+        conn.send_nowait(AttemptStarted(row=row(20)), lazy=True)
+        conn.send_nowait(AttemptStarted(row=row(21)))  # an eager frame takes the lazy one along
+        await wait_for(lambda: len(got) == 7)
+        assert counting.writes == 3
+        assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in (0, 1, 2, 10, 11, 20, 21)]
+    finally:
+        conn.close()
+        server.close()
