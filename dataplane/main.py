@@ -87,7 +87,15 @@ async def serve(settings: Settings) -> None:
     await runner.setup()
     site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True,
                        backlog=1024)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        link.stop()
+        link_task.cancel()
+        await runner.cleanup()
+        await pools.close()
+        raise StartupError(f"cannot listen on {settings.dataplane_host}:{settings.dataplane_port} "
+                           f"(GATEWAY_DATAPLANE_LISTEN): {exc}") from exc
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()
@@ -117,6 +125,10 @@ async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: 
     await runner.cleanup()
 
 
+class StartupError(Exception):
+    """The listener could not be opened; the message names the variable to fix."""
+
+
 def main(argv: list[str] | None = None) -> int:
     del argv
     try:
@@ -126,7 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging("leasehold-dataplane", settings.log_level,
                       secrets=[settings.control_token, settings.mint_token, settings.read_token])
-    uvloop.run(serve(settings))
+    try:
+        uvloop.run(serve(settings))
+    except StartupError as exc:
+        log.error("dataplane_start_failed", reason=str(exc))
+        print(f"leasehold-dataplane: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -58,3 +58,15 @@ def test_a_taken_port_names_the_listen_variable(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         result = run_control(tmp_path, GATEWAY_CONTROL_LISTEN=f"127.0.0.1:{port}")
     assert result.returncode == 2 and "GATEWAY_CONTROL_LISTEN" in result.stderr
+
+
+def test_the_data_plane_names_its_listen_variable_when_the_port_is_taken(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = {**base_env(), "GATEWAY_RUNTIME_DIR": str(tmp_path / "run"),
+               "GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}"}
+        result = subprocess.run([str(BIN / "leasehold-dataplane")], env=env, capture_output=True, text=True,
+                                timeout=30)
+    assert result.returncode == 2 and "GATEWAY_DATAPLANE_LISTEN" in result.stderr
