@@ -44,7 +44,7 @@ from shared.settings import Settings, SettingsError, load_settings, unknown_vari
 log = get_logger("control")
 
 REAPER_INTERVAL_S = 1.0
-HEAP_TRIM_EVERY_PASSES = 30
+HEAP_TRIM_EVERY_PASSES = 5
 CONTROL_BODY_LIMIT = 1024 * 1024
 
 
