@@ -21,6 +21,7 @@ from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
+from dataplane.upstream_client import UpstreamResponse
 from dataplane.upstreams import (
     PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
 )
@@ -34,6 +35,8 @@ log = get_logger("dataplane")
 
 # How long a non-2xx answer waits for control to hold its row before going out anyway.
 EVIDENCE_ACK_WAIT_S = 5.0
+# What an exchange answers with: the lean client's response, or aiohttp's for a handed-over one.
+Upstream = UpstreamResponse | aiohttp.ClientResponse
 CUT_MESSAGE = "the upstream stream ended before its terminal event (transport-error)"
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 
@@ -74,12 +77,11 @@ class Relay:
                     credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
         url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
-        session = self.pools.session_for(account.id)
+        client = self.pools.client_for(account.id)
         sent_at = time.perf_counter()
         try:
             async with asyncio.timeout(self.settings.upstream_headers_timeout):
-                upstream = await session.request(request.method, url, data=body or None,
-                                                 headers=headers, allow_redirects=False)
+                upstream = await client.request(request.method, url, headers, body or None)
         except TimeoutError:
             return await self._failed(attempt, Refusal.UPSTREAM_TIMEOUT,
                                       "the upstream did not answer in time")
@@ -117,7 +119,7 @@ class Relay:
         await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
         return response
 
-    async def _relay_error(self, attempt: Attempt, upstream: aiohttp.ClientResponse,
+    async def _relay_error(self, attempt: Attempt, upstream: Upstream,
                            upstream_wait: float) -> web.StreamResponse:
         """A non-2xx answer: its row reaches control before the worker sees it (SPEC §7)."""
         try:
@@ -136,7 +138,7 @@ class Relay:
                             body=payload)
 
     async def _relay(self, request: web.Request, attempt: Attempt,
-                     upstream: aiohttp.ClientResponse, upstream_wait: float) -> web.StreamResponse:
+                     upstream: Upstream, upstream_wait: float) -> web.StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -170,7 +172,7 @@ class Relay:
         attempt.finish(result.status, upstream.status, refusal=result.refusal)
         return response
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse,
+    async def _pump(self, upstream: Upstream, response: web.StreamResponse,
                     attempt: Attempt, observer: Observer) -> Ending:
         """Relay chunks as they arrive, no buffering, no per-chunk logging or timer."""
         loop = asyncio.get_running_loop()
