@@ -16,14 +16,18 @@ import time
 
 import aiohttp
 from aiohttp import HttpVersion11, web
+from multidict import CIMultiDict
+from yarl import URL
 
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
+from dataplane.upstream_client import UpstreamClient, UpstreamResponse
 from dataplane.upstreams import (
     PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
 )
+from dataplane.watch import ExchangeWatch, IdleTimeout
 from dataplane.wires import anthropic, openai
 from shared.codes import AttemptStatus, Refusal, Wire
 from shared.logging import get_logger
@@ -34,6 +38,8 @@ log = get_logger("dataplane")
 
 # How long a non-2xx answer waits for control to hold its row before going out anyway.
 EVIDENCE_ACK_WAIT_S = 5.0
+# What an exchange answers with: the lean client's response, or aiohttp's for a handed-over one.
+Upstream = UpstreamResponse | aiohttp.ClientResponse
 CUT_MESSAGE = "the upstream stream ended before its terminal event (transport-error)"
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
 
@@ -74,12 +80,26 @@ class Relay:
                     credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
         url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
-        session = self.pools.session_for(account.id)
+        client = self.pools.client_for(account.id)
         sent_at = time.perf_counter()
+        watch = ExchangeWatch(asyncio.get_running_loop(), self.settings.upstream_headers_timeout,
+                              self.settings.upstream_idle_timeout)
         try:
-            async with asyncio.timeout(self.settings.upstream_headers_timeout):
-                upstream = await session.request(request.method, url, data=body or None,
-                                                 headers=headers, allow_redirects=False)
+            return await self._exchange(request, attempt, account, client, url, headers, body,
+                                        sent_at, watch)
+        finally:
+            watch.stop()
+
+    async def _exchange(self, request: web.Request, attempt: Attempt, account: AccountRoute,
+                        client: UpstreamClient, url: URL, headers: CIMultiDict[str], body: bytes,
+                        sent_at: float, watch: ExchangeWatch) -> web.StreamResponse:
+        try:
+            try:
+                upstream = await client.request(request.method, url, headers, body or None)
+            except asyncio.CancelledError:
+                if watch.timed_out():
+                    raise TimeoutError from None
+                raise
         except TimeoutError:
             return await self._failed(attempt, Refusal.UPSTREAM_TIMEOUT,
                                       "the upstream did not answer in time")
@@ -91,6 +111,7 @@ class Relay:
             log.warning("upstream_unreachable", account_id=account.id, error=type(exc).__name__)
             return await self._failed(attempt, Refusal.UPSTREAM_UNREACHABLE,
                                       "the upstream could not be reached")
+        watch.body(upstream.content)
         upstream_wait = time.perf_counter() - sent_at
         ended_clean = False
         try:
@@ -101,7 +122,7 @@ class Relay:
             if not 200 <= upstream.status < 300:
                 response = await self._relay_error(attempt, upstream, upstream_wait)
             else:
-                response = await self._relay(request, attempt, upstream, upstream_wait)
+                response = await self._relay(request, attempt, upstream, upstream_wait, watch)
             ended_clean = upstream.content.is_eof()
             return response
         finally:
@@ -117,7 +138,7 @@ class Relay:
         await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
         return response
 
-    async def _relay_error(self, attempt: Attempt, upstream: aiohttp.ClientResponse,
+    async def _relay_error(self, attempt: Attempt, upstream: Upstream,
                            upstream_wait: float) -> web.StreamResponse:
         """A non-2xx answer: its row reaches control before the worker sees it (SPEC §7)."""
         try:
@@ -135,8 +156,8 @@ class Relay:
         return web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
                             body=payload)
 
-    async def _relay(self, request: web.Request, attempt: Attempt,
-                     upstream: aiohttp.ClientResponse, upstream_wait: float) -> web.StreamResponse:
+    async def _relay(self, request: web.Request, attempt: Attempt, upstream: Upstream,
+                     upstream_wait: float, watch: ExchangeWatch) -> web.StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -154,7 +175,7 @@ class Relay:
         await response.prepare(request)
         attempt.response = response
         attempt.sse_plain = is_sse and observer.decompress.plain
-        ending = await self._pump(upstream, response, attempt, observer)
+        ending = await self._pump(upstream, response, attempt, observer, watch)
         complete = False
         if ending == Ending.EOF:
             observer.finish()
@@ -170,76 +191,31 @@ class Relay:
         attempt.finish(result.status, upstream.status, refusal=result.refusal)
         return response
 
-    async def _pump(self, upstream: aiohttp.ClientResponse, response: web.StreamResponse,
-                    attempt: Attempt, observer: Observer) -> Ending:
+    async def _pump(self, upstream: Upstream, response: web.StreamResponse,
+                    attempt: Attempt, observer: Observer, watch: ExchangeWatch) -> Ending:
         """Relay chunks as they arrive, no buffering, no per-chunk logging or timer."""
         loop = asyncio.get_running_loop()
-        content = upstream.content
-        read = content.readany
+        read = upstream.content.readany
         write = response.write
         observe = observer.feed
-        watch = IdleWatch(loop, self.settings.upstream_idle_timeout, content)
-        try:
-            while True:
-                watch.reading_since = loop.time()
-                try:
-                    chunk = await read()
-                except IdleTimeout:
-                    return Ending.IDLE_TIMEOUT
-                except (aiohttp.ClientError, OSError):
-                    return Ending.UPSTREAM_FAILED
-                watch.reading_since = None
-                if not chunk:
-                    return Ending.EOF
-                observe(chunk)
-                try:
-                    await write(chunk)
-                except ConnectionError:
-                    return Ending.CLIENT_GONE
-                attempt.bytes_out += len(chunk)
-        finally:
-            watch.stop()
+        while True:
+            watch.reading_since = loop.time()
+            try:
+                chunk = await read()
+            except IdleTimeout:
+                return Ending.IDLE_TIMEOUT
+            except (aiohttp.ClientError, OSError):
+                return Ending.UPSTREAM_FAILED
+            watch.reading_since = None
+            if not chunk:
+                return Ending.EOF
+            observe(chunk)
+            try:
+                await write(chunk)
+            except ConnectionError:
+                return Ending.CLIENT_GONE
+            attempt.bytes_out += len(chunk)
 
-
-class IdleTimeout(Exception):
-    """The upstream sent nothing for the idle timeout while the relay was waiting on it."""
-
-
-class IdleWatch:
-    """One coarse timer per exchange instead of one per chunk (SPEC §12's idle timeout).
-
-    The pump notes when its current read began (`reading_since`, None while it writes to the
-    worker). The timer fires at the earliest moment the read could have gone idle; if it has,
-    the upstream stream is failed with `IdleTimeout` (the pending read raises it), otherwise
-    the timer is set again for the current read's deadline. A fast exchange costs one timer.
-    """
-
-    __slots__ = ("loop", "idle_s", "content", "reading_since", "handle")
-
-    # A timer may fire this much before its deadline (the loop's clock granularity).
-    SLACK_S = 0.002
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, idle_s: float,
-                 content: aiohttp.StreamReader) -> None:
-        self.loop = loop
-        self.idle_s = idle_s
-        self.content = content
-        self.reading_since: float | None = None
-        self.handle: asyncio.TimerHandle | None = loop.call_later(idle_s, self._check)
-
-    def _check(self) -> None:
-        since = self.reading_since
-        now = self.loop.time()
-        if since is not None and now - since >= self.idle_s - self.SLACK_S:
-            self.handle = None
-            self.content.set_exception(IdleTimeout())
-            return
-        self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
-
-    def stop(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
 
 
 async def cut(request: web.Request, attempt: Attempt, message: str) -> None:

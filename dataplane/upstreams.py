@@ -14,6 +14,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from dataplane.upstream_client import UpstreamClient
 from shared.codes import AuthStyle
 from shared.settings import Settings
 from shared.wire import AccountRoute
@@ -130,7 +131,7 @@ class _Gate:
 
 
 class UpstreamPools:
-    """One `ClientSession` (its own connector) and one gate per account, created lazily.
+    """One `UpstreamClient` (its own keep-alive connections) and one gate per account, lazily.
 
     The gate bounds an account's concurrent exchanges at `GATEWAY_UPSTREAM_POOL_SIZE`; a
     request that waits past `GATEWAY_UPSTREAM_POOL_TIMEOUT` for a slot is refused 503
@@ -140,26 +141,30 @@ class UpstreamPools:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self._clients: dict[str, UpstreamClient] = {}
         self._gates: dict[str, _Gate] = {}
         self._urls: dict[str, URL] = {}
 
-    def session_for(self, account_id: str) -> aiohttp.ClientSession:
-        session = self._sessions.get(account_id)
-        if session is None or session.closed:
-            # The gate bounds concurrency; the connector itself is unbounded so the two never
-            # disagree about a connection that is closing.
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
-            timeout = aiohttp.ClientTimeout(total=None, connect=None,
-                                            sock_connect=self.settings.upstream_connect_timeout,
-                                            sock_read=None)
-            session = aiohttp.ClientSession(
-                connector=connector, timeout=timeout, auto_decompress=False,
-                skip_auto_headers=_SKIP_AUTO, read_bufsize=64 * 1024,
-                max_field_size=64 * 1024, max_line_size=64 * 1024,
-            )
-            self._sessions[account_id] = session
-        return session
+    def client_for(self, account_id: str) -> UpstreamClient:
+        client = self._clients.get(account_id)
+        if client is None or client.closed:
+            client = self._clients[account_id] = UpstreamClient(
+                self.settings.upstream_connect_timeout, self._session)
+        return client
+
+    def _session(self) -> aiohttp.ClientSession:
+        """An aiohttp session configured like the lean client, for what it hands over."""
+        # The gate bounds concurrency; the connector itself is unbounded so the two never
+        # disagree about a connection that is closing.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
+        timeout = aiohttp.ClientTimeout(total=None, connect=None,
+                                        sock_connect=self.settings.upstream_connect_timeout,
+                                        sock_read=None)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False,
+            skip_auto_headers=_SKIP_AUTO, read_bufsize=64 * 1024,
+            max_field_size=64 * 1024, max_line_size=64 * 1024,
+        )
 
     def url_for(self, account: AccountRoute, path_qs: str) -> URL:
         """The upstream URL, parsed once per distinct base and path (most requests share one)."""
@@ -182,6 +187,6 @@ class UpstreamPools:
         return 0 if gate is None else gate.in_use
 
     async def close(self) -> None:
-        for session in self._sessions.values():
-            await session.close()
-        self._sessions.clear()
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()

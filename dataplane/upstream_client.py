@@ -1,0 +1,232 @@
+"""The upstream hop's HTTP/1.1 client: aiohttp's own response protocol, without its session.
+
+aiohttp's `ClientSession.request` costs ~70 µs of CPU per exchange, most of it in per-request
+machinery a pass-through does not use (a `ClientRequest` object, cookie jar, tracing, redirect
+and auth handling, timers). This client keeps exactly the parts that decide the behaviour on the
+wire and drops the rest:
+
+- the request bytes are aiohttp's: its header serializer (the same CR/LF refusal), `Host` from
+  the URL first, the forwarded headers in order, `Content-Length` for a body (and `0` for a
+  bodiless method that expects one), no header of its own;
+- the response is read by aiohttp's `ResponseHandler` and parser (framing, chunked and
+  close-delimited bodies, header limits, flow control, its exceptions), 1xx answers skipped;
+- a malformed answer raises `aiohttp.ClientResponseError`; a refused, reset or lost
+  connection an `aiohttp.ClientError`/`OSError`; a connect that outlasts
+  `GATEWAY_UPSTREAM_CONNECT_TIMEOUT` a `TimeoutError` — what the relay already classifies;
+- connections are kept alive per origin (30 s idle) and reused; a request on a reused
+  connection that the upstream had closed is retried once on a fresh one only for an
+  idempotent method, as aiohttp does; TLS with the same verified context aiohttp builds.
+
+A request carrying `Expect` is handed to an aiohttp session instead (it waits for `100
+Continue` before the body; nothing on the hot path does that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import aiohappyeyeballs
+import aiohttp
+from aiohttp.client_exceptions import ClientOSError, ServerDisconnectedError
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.helpers import EMPTY_BODY_METHODS, parse_content_type
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_writer import _serialize_headers
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+KEEPALIVE_S = 30.0
+DNS_TTL_S = 60.0
+READ_BUFSIZE = 64 * 1024
+MAX_LINE = 64 * 1024
+MAX_FIELD = 64 * 1024
+MAX_HEADERS = 128
+TIMEOUT_CEIL_THRESHOLD = 5
+# Methods aiohttp sends `Content-Length: 0` for when there is no body, and retries on a stale
+# keep-alive connection.
+_BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+_IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# Above this a body is written after its headers instead of being joined to them.
+_JOIN_LIMIT = 64 * 1024
+
+
+def _tls_context() -> ssl.SSLContext:
+    """What aiohttp verifies with: the default context, HTTP/1.1 by ALPN."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(("http/1.1",))
+    return context
+
+
+_TLS = _tls_context()
+
+
+def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes | None) -> bytes:
+    """The request line and headers, byte for byte as aiohttp's client writes them."""
+    out: CIMultiDict[str] = CIMultiDict()
+    out["Host"] = url.host_port_subcomponent  # type: ignore[assignment]
+    # As aiohttp's session prepares them: a name seen again in the same spelling is added, in
+    # another spelling it replaces the earlier values (so the bytes on the wire do not change).
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if name in seen:
+            out.add(name, value)
+        else:
+            out[name] = value
+            seen.add(name)
+    if "Content-Length" not in out:
+        if body:
+            out["Content-Length"] = str(len(body))
+        elif method not in _BODYLESS:
+            out["Content-Length"] = "0"
+    return _serialize_headers(f"{method} {url.raw_path_qs} HTTP/1.1", out)
+
+
+class UpstreamResponse:
+    """The part of `aiohttp.ClientResponse` the relay uses."""
+
+    __slots__ = ("status", "reason", "headers", "content", "_protocol", "_idle", "_loop")
+
+    def __init__(self, message: Any, payload: aiohttp.StreamReader, protocol: ResponseHandler,
+                 idle: list[tuple[ResponseHandler, float]], loop: asyncio.AbstractEventLoop) -> None:
+        self.status: int = message.code
+        self.reason: str = message.reason
+        self.headers: CIMultiDictProxy[str] = message.headers
+        self.content = payload
+        self._protocol: ResponseHandler | None = protocol
+        self._idle = idle
+        self._loop = loop
+
+    @property
+    def content_type(self) -> str:
+        raw = self.headers.get("Content-Type")
+        return "application/octet-stream" if raw is None else parse_content_type(raw)[0]
+
+    async def read(self) -> bytes:
+        return await self.content.read()
+
+    def release(self) -> None:
+        """Back to the origin's keep-alive pool if the exchange left the connection clean."""
+        protocol, self._protocol = self._protocol, None
+        if protocol is None:
+            return
+        if protocol.should_close or not protocol.is_connected():
+            protocol.close()
+        else:
+            self._idle.append((protocol, self._loop.time()))
+
+    def close(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            protocol.close()
+
+
+class UpstreamClient:
+    """Keep-alive connections to one account's upstream, and its exchanges."""
+
+    def __init__(self, connect_timeout: float,
+                 make_fallback: Callable[[], aiohttp.ClientSession],
+                 tls: ssl.SSLContext = _TLS) -> None:
+        self.connect_timeout = connect_timeout
+        self.tls = tls
+        self._make_fallback = make_fallback  # for what this client does not do itself (`Expect`)
+        self._fallback: aiohttp.ClientSession | None = None
+        self._idle: dict[tuple[str, str, int], list[tuple[ResponseHandler, float]]] = {}
+        self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
+        self.closed = False
+
+    async def request(self, method: str, url: URL, headers: CIMultiDict[str],
+                      body: bytes | None) -> UpstreamResponse | aiohttp.ClientResponse:
+        if "Expect" in headers:
+            if self._fallback is None:
+                self._fallback = self._make_fallback()
+            return await self._fallback.request(method, url, data=body, headers=headers,
+                                                allow_redirects=False)
+        head = request_head(method, url, headers, body)
+        key = (url.scheme, url.raw_host or "", url.port or 0)
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = []
+        retry = method in _IDEMPOTENT
+        while True:
+            protocol, reused = await self._checkout(url, idle)
+            try:
+                protocol.set_response_params(
+                    skip_payload=method in EMPTY_BODY_METHODS, read_until_eof=True,
+                    auto_decompress=False, read_bufsize=READ_BUFSIZE,
+                    timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD, max_line_size=MAX_LINE,
+                    max_field_size=MAX_FIELD, max_headers=MAX_HEADERS)
+                transport = protocol.transport
+                assert transport is not None
+                if body and len(body) > _JOIN_LIMIT:
+                    transport.writelines((head, body))
+                else:
+                    transport.write(head + body if body else head)
+                while True:
+                    message, payload = await protocol.read()
+                    if not 100 <= message.code <= 199 or message.code == 101:
+                        break
+            except (ServerDisconnectedError, ClientOSError):
+                protocol.close()
+                if reused and retry:
+                    retry = False
+                    continue
+                raise
+            except HttpProcessingError as exc:
+                protocol.close()
+                info = aiohttp.RequestInfo(url, method, CIMultiDictProxy(headers), url)
+                raise aiohttp.ClientResponseError(info, (), status=exc.code, message=exc.message,
+                                                  headers=exc.headers) from exc
+            except BaseException:
+                protocol.close()  # cancelled or failed mid-exchange: never reused
+                raise
+            return UpstreamResponse(message, payload, protocol, idle, asyncio.get_running_loop())
+
+    async def _checkout(self, url: URL, idle: list[tuple[ResponseHandler, float]]
+                        ) -> tuple[ResponseHandler, bool]:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while idle:
+            protocol, since = idle.pop()
+            if now - since > KEEPALIVE_S or protocol.should_close or not protocol.is_connected():
+                protocol.close()
+                continue
+            return protocol, True
+        host, port = url.raw_host or "", url.port or 0
+        infos = await self._resolve(loop, host, port, now)
+        tls = url.scheme == "https"
+        async with asyncio.timeout(self.connect_timeout):
+            sock = await aiohappyeyeballs.start_connection(infos, happy_eyeballs_delay=0.25)
+            try:
+                _, protocol = await loop.create_connection(
+                    lambda: ResponseHandler(loop), sock=sock, ssl=self.tls if tls else None,
+                    server_hostname=host.rstrip(".") if tls else None)
+            except BaseException:
+                sock.close()
+                raise
+        return protocol, False
+
+    async def _resolve(self, loop: asyncio.AbstractEventLoop, host: str, port: int,
+                       now: float) -> list[Any]:
+        """Addresses of the upstream, kept `DNS_TTL_S` (aiohttp's connector did the same)."""
+        cached = self._dns.get((host, port))
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_ADDRCONFIG)
+        if not infos:
+            raise OSError(f"no address for {host}")
+        self._dns[(host, port)] = (now + DNS_TTL_S, infos)
+        return infos
+
+    async def close(self) -> None:
+        self.closed = True
+        for idle in self._idle.values():
+            for protocol, _ in idle:
+                protocol.close()
+            idle.clear()
+        if self._fallback is not None:
+            await self._fallback.close()

@@ -1,0 +1,79 @@
+"""One timer per upstream exchange for both of its timeouts (SPEC §12).
+
+`GATEWAY_UPSTREAM_HEADERS_TIMEOUT` bounds the wait for the answer's headers;
+`GATEWAY_UPSTREAM_IDLE_TIMEOUT` bounds each silence between two chunks of its body. Neither
+needs a timer per request step or per chunk: the watch arms one timer, at the earliest moment
+either could run out, and on firing checks whether one has — if not, it re-arms for the next
+such moment. A short exchange costs one `call_at` and one cancel.
+
+- Headers phase: when the deadline has passed, the exchanging task is cancelled (as
+  `asyncio.timeout` does it) and `expired` is set; `Relay._send` turns that cancellation into
+  the headers timeout, and any other cancellation (the worker went away) stays one.
+- Body phase (`body(content)`): the pump notes when its current read began (`reading_since`,
+  None while it writes to the worker); a read idle for the timeout fails the upstream stream
+  with `IdleTimeout`, which the pending read raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+
+class IdleTimeout(Exception):
+    """The upstream sent nothing for the idle timeout while the relay was waiting on it."""
+
+
+class ExchangeWatch:
+    __slots__ = ("loop", "task", "cancelling", "headers_deadline", "idle_s", "content",
+                 "reading_since", "handle", "expired")
+
+    # A timer may fire this much before its deadline (the loop's clock granularity).
+    SLACK_S = 0.002
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, headers_s: float, idle_s: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.loop = loop
+        self.task = task
+        self.cancelling = task.cancelling()
+        now = loop.time()
+        self.headers_deadline = now + headers_s
+        self.idle_s = idle_s
+        self.content: aiohttp.StreamReader | None = None  # set when the headers are in
+        self.reading_since: float | None = None
+        self.expired = False
+        self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s),
+                                                               self._check)
+
+    def body(self, content: aiohttp.StreamReader) -> None:
+        """The headers are in: from now on the watch guards the body's silences."""
+        self.content = content
+
+    def timed_out(self) -> bool:
+        """After a CancelledError in the headers phase: was it this watch's? (then uncancelled)"""
+        return self.expired and self.task.uncancel() <= self.cancelling
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        content = self.content
+        if content is None:
+            if now >= self.headers_deadline - self.SLACK_S:
+                self.handle = None
+                self.expired = True
+                self.task.cancel()
+                return
+            self.handle = self.loop.call_at(self.headers_deadline, self._check)
+            return
+        since = self.reading_since
+        if since is not None and now - since >= self.idle_s - self.SLACK_S:
+            self.handle = None
+            content.set_exception(IdleTimeout())
+            return
+        self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None

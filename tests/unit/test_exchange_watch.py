@@ -1,0 +1,102 @@
+"""The exchange watch: one timer for the headers timeout and the body's idle timeout."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from dataplane.watch import ExchangeWatch, IdleTimeout
+
+
+class _Protocol:
+    """What an aiohttp StreamReader asks of its protocol (flow control only)."""
+
+    _reading_paused = False
+    connected = True
+
+    def pause_reading(self) -> None:
+        self._reading_paused = True
+
+    def resume_reading(self) -> None:
+        self._reading_paused = False
+
+
+def stream() -> aiohttp.StreamReader:
+    return aiohttp.StreamReader(_Protocol(), 2**16, loop=asyncio.get_running_loop())  # type: ignore[arg-type]
+
+
+async def never() -> None:
+    await asyncio.get_running_loop().create_future()
+
+
+async def test_the_headers_deadline_cancels_and_is_recognised_as_its_own() -> None:
+    loop = asyncio.get_running_loop()
+    watch = ExchangeWatch(loop, headers_s=0.05, idle_s=10)
+    started = loop.time()
+    with pytest.raises(asyncio.CancelledError):
+        await never()
+    assert watch.timed_out() and loop.time() - started >= 0.04
+    assert asyncio.current_task().cancelling() == 0  # uncancelled: the task goes on
+    watch.stop()
+
+
+async def test_another_cancellation_is_not_a_timeout() -> None:
+    async def exchange() -> str:
+        watch = ExchangeWatch(asyncio.get_running_loop(), headers_s=10, idle_s=10)
+        try:
+            await never()
+        except asyncio.CancelledError:
+            if watch.timed_out():
+                return "timeout"
+            raise
+        finally:
+            watch.stop()
+        return "answered"
+
+    task = asyncio.ensure_future(exchange())
+    await asyncio.sleep(0)
+    task.cancel()  # the worker went away
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_read_idle_past_the_timeout_fails_the_stream() -> None:
+    loop = asyncio.get_running_loop()
+    watch = ExchangeWatch(loop, headers_s=10, idle_s=0.05)
+    content = stream()
+    watch.body(content)
+    content.feed_data(b"first")
+    watch.reading_since = loop.time()
+    assert await content.readany() == b"first"
+    watch.reading_since = loop.time()
+    started = loop.time()
+    with pytest.raises(IdleTimeout):
+        await content.readany()
+    assert loop.time() - started >= 0.04
+    watch.stop()
+
+
+async def test_time_spent_writing_to_the_worker_is_not_idle() -> None:
+    loop = asyncio.get_running_loop()
+    watch = ExchangeWatch(loop, headers_s=10, idle_s=0.05)
+    content = stream()
+    watch.body(content)
+    watch.reading_since = None  # writing a chunk to a slow worker, well past the idle timeout
+    done = loop.create_future()
+    loop.call_later(0.15, done.set_result, None)
+    await done
+    assert content.exception() is None
+    content.feed_data(b"next")
+    watch.reading_since = loop.time()
+    assert await content.readany() == b"next"
+    watch.stop()
+
+
+async def test_a_short_exchange_leaves_no_timer() -> None:
+    loop = asyncio.get_running_loop()
+    watch = ExchangeWatch(loop, headers_s=10, idle_s=10)
+    watch.body(stream())
+    watch.stop()
+    assert watch.handle is None
