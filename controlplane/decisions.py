@@ -19,6 +19,9 @@ from shared.wire import AttemptRow
 # A citation names a recent decision (a retry follows its failure within seconds or minutes);
 # an evicted one is `fallback-lineage-unknown`, held — the safe direction.
 DECISION_CAP = 50_000
+# Held and rejected decisions took no lease: citing one is only ever refused
+# (`fallback-cited-decision-not-selected`), so far fewer of them are kept.
+REFUSED_CAP = 4_096
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,15 +45,22 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DecisionTable:
-    def __init__(self, cap: int = DECISION_CAP) -> None:
+    def __init__(self, cap: int = DECISION_CAP, refused_cap: int = REFUSED_CAP) -> None:
         self._cap = cap
+        self._refused_cap = refused_cap
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
+        self._refused: OrderedDict[str, Decision] = OrderedDict()
         self._by_key: dict[str, str] = {}
         self._evidence: dict[str, list[Condition | None]] = {}
         self._live_by_dispatch: dict[tuple[str, str], set[str]] = {}
         self._dispatch_of_key: dict[str, tuple[str, str]] = {}
 
     def record(self, decision: Decision) -> None:
+        if decision.key_id is None:
+            self._refused[decision.mint_decision_id] = decision
+            while len(self._refused) > self._refused_cap:
+                self._refused.popitem(last=False)
+            return
         self._decisions[decision.mint_decision_id] = decision
         if decision.key_id is not None:
             self._by_key[decision.key_id] = decision.mint_decision_id
@@ -62,7 +72,8 @@ class DecisionTable:
                 self._by_key.pop(old.key_id, None)
 
     def get(self, mint_decision_id: str) -> Decision | None:
-        return self._decisions.get(mint_decision_id)
+        found = self._decisions.get(mint_decision_id)
+        return found if found is not None else self._refused.get(mint_decision_id)
 
     def for_key(self, key_id: str) -> Decision | None:
         decision_id = self._by_key.get(key_id)

@@ -133,3 +133,21 @@ async def _run(tmp: Path, steps) -> None:
 @given(st.lists(step, min_size=1, max_size=40))
 def test_no_sequence_yields_two_live_leases_for_one_dispatch(tmp_path: Path, steps) -> None:
     asyncio.run(_run(tmp_path, steps))
+
+
+def test_refused_decisions_are_kept_apart_and_bounded() -> None:
+    from controlplane.core.fallback import Lineage
+    from controlplane.decisions import Decision, DecisionTable
+    from shared.codes import Outcome, Refusal
+
+    table = DecisionTable(cap=4, refused_cap=2)
+    lineage = Lineage("d", "r", "m")
+    chosen = Decision(mint_decision_id="md_sel", outcome=Outcome.SELECTED, lineage=lineage, at_ms=0,
+                      key_id="K", account_id="a", fallback_position=0)
+    table.record(chosen)
+    for n in range(5):
+        table.record(Decision(mint_decision_id=f"md_held{n}", outcome=Outcome.HELD, lineage=lineage, at_ms=n,
+                              refusal_reason=Refusal.NO_ELIGIBLE_ACCOUNT))
+    assert table.get("md_sel") == chosen and table.for_key("K") == chosen  # refusals never evict a lease's decision
+    assert table.get("md_held4") is not None and table.get("md_held3") is not None
+    assert table.get("md_held0") is None
