@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,8 @@ TIMEOUT_CEIL_THRESHOLD = 5
 # keep-alive connection.
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# Clean connections of one origin, oldest at the left, each with when it was parked.
+Idle = deque[tuple[ResponseHandler, float]]
 # Above this a body is written after its headers instead of being joined to them.
 _JOIN_LIMIT = 64 * 1024
 
@@ -88,17 +91,17 @@ def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes |
 class UpstreamResponse:
     """The part of `aiohttp.ClientResponse` the relay uses."""
 
-    __slots__ = ("status", "reason", "headers", "content", "_protocol", "_idle", "_loop")
+    __slots__ = ("status", "reason", "headers", "content", "_protocol", "_idle", "_client")
 
     def __init__(self, message: Any, payload: aiohttp.StreamReader, protocol: ResponseHandler,
-                 idle: list[tuple[ResponseHandler, float]], loop: asyncio.AbstractEventLoop) -> None:
+                 idle: Idle, client: UpstreamClient) -> None:
         self.status: int = message.code
         self.reason: str = message.reason
         self.headers: CIMultiDictProxy[str] = message.headers
         self.content = payload
         self._protocol: ResponseHandler | None = protocol
         self._idle = idle
-        self._loop = loop
+        self._client = client
 
     @property
     def content_type(self) -> str:
@@ -116,7 +119,7 @@ class UpstreamResponse:
         if protocol.should_close or not protocol.is_connected():
             protocol.close()
         else:
-            self._idle.append((protocol, self._loop.time()))
+            self._client.park(self._idle, protocol)
 
     def close(self) -> None:
         protocol, self._protocol = self._protocol, None
@@ -134,7 +137,8 @@ class UpstreamClient:
         self.tls = tls
         self._make_fallback = make_fallback  # for what this client does not do itself (`Expect`)
         self._fallback: aiohttp.ClientSession | None = None
-        self._idle: dict[tuple[str, str, int], list[tuple[ResponseHandler, float]]] = {}
+        self._idle: dict[tuple[str, str, int], Idle] = {}
+        self._sweeping: asyncio.TimerHandle | None = None
         self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
         self.closed = False
 
@@ -149,7 +153,7 @@ class UpstreamClient:
         key = (url.scheme, url.raw_host or "", url.port or 0)
         idle = self._idle.get(key)
         if idle is None:
-            idle = self._idle[key] = []
+            idle = self._idle[key] = deque()
         retry = method in _IDEMPOTENT
         while True:
             protocol, reused = await self._checkout(url, idle)
@@ -183,10 +187,29 @@ class UpstreamClient:
             except BaseException:
                 protocol.close()  # cancelled or failed mid-exchange: never reused
                 raise
-            return UpstreamResponse(message, payload, protocol, idle, asyncio.get_running_loop())
+            return UpstreamResponse(message, payload, protocol, idle, self)
 
-    async def _checkout(self, url: URL, idle: list[tuple[ResponseHandler, float]]
-                        ) -> tuple[ResponseHandler, bool]:
+    def park(self, idle: Idle, protocol: ResponseHandler) -> None:
+        """Keep a clean connection for the next exchange; a sweep closes it after 30 s unused."""
+        loop = asyncio.get_running_loop()
+        idle.append((protocol, loop.time()))
+        if self._sweeping is None and not self.closed:
+            self._sweeping = loop.call_later(KEEPALIVE_S, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections unused for the keep-alive time (the oldest are at the left)."""
+        self._sweeping = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        left = False
+        for idle in self._idle.values():
+            while idle and now - idle[0][1] >= KEEPALIVE_S:
+                idle.popleft()[0].close()
+            left = left or bool(idle)
+        if left and not self.closed:
+            self._sweeping = loop.call_later(KEEPALIVE_S, self._sweep)
+
+    async def _checkout(self, url: URL, idle: Idle) -> tuple[ResponseHandler, bool]:
         loop = asyncio.get_running_loop()
         now = loop.time()
         while idle:
@@ -224,6 +247,9 @@ class UpstreamClient:
 
     async def close(self) -> None:
         self.closed = True
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            self._sweeping = None
         for idle in self._idle.values():
             for protocol, _ in idle:
                 protocol.close()

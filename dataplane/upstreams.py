@@ -1,8 +1,8 @@
 """Per-account upstream connection pools and the header rules of the hop (SPEC §12, §15).
 
-Pure header helpers return new header lists; the pools hold one `ClientSession` per account,
-created lazily, never decompressing (bodies pass through with their `Content-Encoding`) and
-adding no header of their own.
+Pure header helpers return new header lists; the pools hold one `UpstreamClient` (its own
+keep-alive connections) per account, created lazily, never decompressing (bodies pass through
+with their `Content-Encoding`) and adding no header of their own.
 """
 
 from __future__ import annotations

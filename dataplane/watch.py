@@ -7,7 +7,7 @@ either could run out, and on firing checks whether one has — if not, it re-arm
 such moment. A short exchange costs one `call_at` and one cancel.
 
 - Headers phase: when the deadline has passed, the exchanging task is cancelled (as
-  `asyncio.timeout` does it) and `expired` is set; `Relay._send` turns that cancellation into
+  `asyncio.timeout` does it) and `expired` is set; `Relay._exchange` turns that cancellation into
   the headers timeout, and any other cancellation (the worker went away) stays one.
 - Body phase (`body(content)`): the pump notes when its current read began (`reading_since`,
   None while it writes to the worker); a read idle for the timeout fails the upstream stream

@@ -17,6 +17,7 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
+from dataplane import upstream_client
 from dataplane.upstream_client import UpstreamClient
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -29,6 +30,7 @@ class Upstream:
     def __init__(self, answer: Answer | None = None) -> None:
         self.requests: list[tuple[int, bytes]] = []
         self.connections = 0
+        self.hung_up = 0  # connections the client closed
         self.answer = answer or self.ok
         self.server: asyncio.AbstractServer | None = None
 
@@ -65,7 +67,7 @@ class Upstream:
                     break
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            self.hung_up += 1
         finally:
             writer.close()
 
@@ -130,6 +132,23 @@ async def test_connections_are_kept_and_reused() -> None:
         for _ in range(3):
             assert (await exchange(lean, "POST", url, CIMultiDict(), b"{}"))[0] == 200
         assert upstream.connections == 1
+    finally:
+        await lean.close()
+        upstream.close()
+
+
+async def test_connections_unused_for_the_keepalive_time_are_closed(monkeypatch) -> None:
+    monkeypatch.setattr(upstream_client, "KEEPALIVE_S", 0.05)
+    upstream = await Upstream().start()
+    lean = client()
+    try:
+        url = URL(f"http://127.0.0.1:{upstream.port}/v1/messages", encoded=True)
+        assert (await exchange(lean, "POST", url, CIMultiDict(), b"{}"))[0] == 200
+        async with asyncio.timeout(5):
+            while upstream.hung_up < 1:
+                await asyncio.sleep(0.01)
+        assert (await exchange(lean, "POST", url, CIMultiDict(), b"{}"))[0] == 200
+        assert upstream.connections == 2  # the first was closed, not reused
     finally:
         await lean.close()
         upstream.close()
