@@ -81,7 +81,6 @@ async def serve(settings: Settings) -> None:
     link = ControlLink(settings.rpc_socket, replica)
     pools = UpstreamPools(settings)
     proxy = Proxy(settings, replica, link, pools)
-    link_task = asyncio.create_task(link.run())
     runner = web.ServerRunner(build_server(settings, proxy), handle_signals=False,
                               shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
@@ -90,12 +89,13 @@ async def serve(settings: Settings) -> None:
     try:
         await site.start()
     except OSError as exc:
-        link.stop()
-        link_task.cancel()
         await runner.cleanup()
         await pools.close()
         raise StartupError(f"cannot listen on {settings.dataplane_host}:{settings.dataplane_port} "
                            f"(GATEWAY_DATAPLANE_LISTEN): {exc}") from exc
+    # Dial control only once the site listens: control reporting this data plane connected then
+    # means it also accepts requests (a restarted data plane is never reported before it can).
+    link_task = asyncio.create_task(link.run())
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()
