@@ -1,6 +1,6 @@
 """The event hub behind `GET /control/v2/events` (SPEC §11).
 
-Rule: what leaves the hub is a sanitized read model, encoded once. Producers call
+Rule: what leaves the hub is a sanitized read model, encoded at most once. Producers call
 `publish(kind, data)` with whatever they hold — the raw `AttemptRow`, a circuit dict, an admin
 or policy summary — and the hub projects it through that kind's model before anything else sees
 it: a route event carries the `RouteView` (the same projection `/control/v2/routes/*` serves),
@@ -18,8 +18,8 @@ Bounds, each with its reason:
 - event ids are `{epoch}-{seq}`: `epoch` names this process, so an id from before a control
   restart reads as never issued (a gap), not as a position in the new sequence.
 
-Listeners (`listen`) are synchronous callbacks run at publish time — the metrics use one. They
-receive the sanitized event, like every subscriber.
+Listeners (`listen`) are synchronous callbacks run at publish time. They receive the event,
+whose `data` is the sanitized model, like every subscriber's.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from shared.logging import get_logger
+from shared.wire import AttemptRow
 
 log = get_logger("events")
 
@@ -125,12 +126,48 @@ PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
 _encode = msgspec.json.Encoder().encode
 
 
-class Event(msgspec.Struct, frozen=True):
-    id: str
-    seq: int
-    kind: EventKind
-    data: msgspec.Struct
-    payload: bytes  # `data` as JSON, encoded once for every reader
+class Event:
+    """One published event. Its sanitized model (`data`) and that model's JSON (`payload`) are
+    made on first use and kept, so an event is projected and encoded at most once — and not at
+    all when nobody reads it (every attempt publishes two route events; most are never read,
+    only retained for `Last-Event-ID` replay). Until then it holds the producer's value, which
+    only this module sees."""
+
+    __slots__ = ("_data", "_payload", "_source", "kind", "seq", "epoch")
+
+    def __init__(self, epoch: str, seq: int, kind: EventKind, source: Any,
+                 data: msgspec.Struct | None = None) -> None:
+        self.epoch = epoch
+        self.seq = seq
+        self.kind = kind
+        self._source = source
+        self._data = data
+        self._payload: bytes | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.epoch}-{self.seq}"
+
+    @property
+    def data(self) -> msgspec.Struct:
+        if self._data is None:
+            self._data = PROJECTIONS[self.kind](self._source)
+            self._source = None
+        return self._data
+
+    @property
+    def payload(self) -> bytes:
+        """`data` as JSON, encoded once for every reader."""
+        if self._payload is None:
+            self._payload = _encode(self.data)
+        return self._payload
+
+
+# Route events of an `AttemptRow` are projected on first read: a `RouteView` of a row cannot
+# fail (it reads attributes the row always has). Anything else is projected at publish time, so
+# a producer's bad shape is refused there, not on a reader's connection.
+_KINDS = {str(kind): kind for kind in EventKind}  # a dict lookup, not the enum's call
+LAZY_KINDS = frozenset({EventKind.ROUTE_STARTED, EventKind.ROUTE_FINISHED})
 
 
 # ---- resumption (pure) ---------------------------------------------------------------------
@@ -226,13 +263,15 @@ class EventHub:
         return f"{self.epoch}-{seq}"
 
     def _make(self, seq: int, kind: EventKind, data: Any) -> Event:
-        model = PROJECTIONS[kind](data)
-        return Event(self.id_of(seq), seq, kind, model, _encode(model))
+        if kind in LAZY_KINDS and isinstance(data, AttemptRow):
+            return Event(self.epoch, seq, kind, data)
+        return Event(self.epoch, seq, kind, None, PROJECTIONS[kind](data))
 
     def publish(self, kind: str, data: Any) -> Event | None:
-        """Project, encode, retain and fan out one event. Never raises into the producer."""
+        """Retain and fan out one event (projected and encoded on first read). Never raises
+        into the producer."""
         try:
-            event = self._make(self._next_seq, EventKind(kind), data)
+            event = self._make(self._next_seq, _KINDS[kind], data)
         except Exception as exc:  # an unknown kind or a shape the model refuses: a producer bug
             log.error("event_unpublishable", kind=str(kind), error=type(exc).__name__)
             return None
@@ -244,6 +283,8 @@ class EventHub:
                 listener(event)
             except Exception:  # a listener's bug must not lose the event for everyone else
                 log.exception("event_listener_failed", kind=event.kind)
+        if not self.subscribers:
+            return event
         for subscriber in list(self.subscribers):
             if not subscriber.offer(event):
                 self._drop(subscriber, CloseReason.QUEUE_FULL)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import msgspec
 
 from controlplane.circuits import CircuitRegistry
-from controlplane.core.pricing import PriceTable, cost_of
+from controlplane.core.pricing import PriceLookup, PriceTable, cost_of
 from controlplane.decisions import Decision, DecisionTable
 from controlplane.events import EventHub
 from controlplane.evidence import EvidenceBook
@@ -56,6 +56,7 @@ class ControlService:
         self.keys = keys
         self.ledger = ledger
         self.prices = prices
+        self._price_of = PriceLookup(prices)
         self.env = dict(os.environ if env is None else env)
         self.routes = RouteBook()
         self.lease_capacity = CapacityTable()
@@ -64,6 +65,8 @@ class ControlService:
         self.evidence = EvidenceBook(now_ms())
         self.events = EventHub()
         self.decision_listeners: list[Callable[[Decision], None]] = []
+        self.row_listeners: list[Callable[[AttemptRow], None]] = []  # each recorded terminal row
+        self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
         self.circuits.on_transition = lambda account_id, _state: self.events.publish(
             "circuit", {"account_id": account_id, **self.circuits.view(account_id, now_ms())})
         self.link = DataPlaneLink(self._snapshot, self.on_message, self._on_disconnect)
@@ -151,36 +154,65 @@ class ControlService:
                 self.routes.started(message.row)
                 self.events.publish("route.started", message.row)
         elif isinstance(message, AttemptFinished):
-            ok = self.record(message.row)
-            conn.send_nowait(Ack(req_id=message.req_id, ok=ok))
+            self._finished(conn, message)
         elif isinstance(message, Ping):
             conn.send_nowait(Ack(req_id=message.req_id))
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
-    def record(self, row: AttemptRow) -> bool:
-        """Price the row, append it to the ledger once, move it from active to recent."""
+    def record(self, row: AttemptRow, *, flush: bool = True) -> bool:
+        """Price the row, stage it in the ledger once, move it from active to recent; write it
+        now (`flush`) or with the others of this batch (`write_staged`, which the caller then
+        owes). Returns whether storage accepts writes."""
         if self.ledger.has(row.attempt_id):
             self.routes.active.pop(row.attempt_id, None)
-            return True
-        cost, reason = cost_of(self.prices, row.served_model or row.requested_model, row.usage)
+            return self.write_staged() if flush else self.ledger.ok
+        cost, reason = cost_of(self._price_of, row.served_model or row.requested_model, row.usage)
         row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
-        was_ok = self.ledger.ok
-        ok = self.ledger.append(row)
+        self.ledger.stage(row)
         now = now_ms()
         self.routes.finished(row)
         self.events.publish("route.finished", row)
+        for listener in self.row_listeners:
+            try:
+                listener(row)
+            except Exception:  # a listener's bug must not cost the row its Ack or its evidence
+                log.exception("row_listener_failed", attempt_id=row.attempt_id)
         self.evidence.record(row, now)
         self.circuits.on_row(row, now)
         self.decisions.on_row(row)
+        return self.write_staged() if flush else self.ledger.ok
+
+    def write_staged(self) -> bool:
+        """Write every staged row; tell the data plane when storage starts or stops failing."""
+        was_ok = self.ledger.ok
+        ok = self.ledger.flush()
         if ok != was_ok:
             self.link.storage_state(ok)
         return ok
 
+    def _finished(self, conn: Connection, message: AttemptFinished) -> None:
+        """A terminal row from the data plane. Its `Ack` says the row is on disk, so it is sent
+        only after the write: rows of one RPC read are staged, then written with one `write`
+        in a callback, which acknowledges them all (an unacknowledged row stays in the data
+        plane's outbox and is re-sent after a reconnect, so a crash in between loses nothing)."""
+        self.record(message.row, flush=False)
+        self._unacked.append((conn, message.req_id))
+        if len(self._unacked) == 1:
+            asyncio.get_running_loop().call_soon(self._write_and_ack)
+
+    def _write_and_ack(self) -> None:
+        ok = self.write_staged()
+        unacked, self._unacked = self._unacked, []
+        for conn, req_id in unacked:
+            try:
+                conn.send_nowait(Ack(req_id=req_id, ok=ok))
+            except ConnectionError:
+                pass  # the link went away: the data plane re-sends the row, deduplicated here
+
     async def retry_storage(self) -> None:
-        if not self.ledger.ok and self.ledger.flush():
+        if not self.ledger.ok and self.write_staged():
             log.info("ledger_recovered")
-            self.link.storage_state(True)
 
     def log_decision(self, decision: Decision) -> None:
         for listener in self.decision_listeners:

@@ -1,6 +1,7 @@
 """The ledger: `$GATEWAY_STATE_DIR/ledger.jsonl`, one terminal attempt row per line.
 
-Only the control daemon writes it. An append that fails keeps the row in a bounded retry
+Only the control daemon writes it. Rows are staged and written together (`stage`, then one
+`flush` per batch of reports). A write that fails keeps the row in a bounded retry
 buffer and flips `ok` to False, which the data plane turns into 503
 `observation-storage-unavailable` for new requests, so nothing is served unrecorded. Rows are
 deduplicated by `attempt_id`: the data plane re-sends unacknowledged rows after a reconnect.
@@ -78,16 +79,16 @@ class Ledger:
     def has(self, attempt_id: str) -> bool:
         return attempt_id in self._seen
 
-    def append(self, row: AttemptRow) -> bool:
-        """Record `row` once; False when storage is failing (the row waits in the buffer)."""
+    def stage(self, row: AttemptRow) -> None:
+        """Queue `row` (once) for the next `flush`: rows arriving together are written together,
+        with one `write`. A staged row counts as seen at once, so a re-sent copy is not queued."""
         if row.attempt_id in self._seen:
-            return True
+            return
         self._remember(row.attempt_id)
         if len(self._unwritten) < RETRY_BUFFER:
             self._unwritten.append(_encode(row) + b"\n")
         else:
             log.error("ledger_row_dropped", attempt_id=row.attempt_id)
-        return self.flush()
 
     def flush(self) -> bool:
         """Write every buffered row; sets and returns `ok`."""

@@ -1,0 +1,184 @@
+"""Control's per-row path: rows of one RPC read are written together and acknowledged only once
+they are on disk; route events are projected only when read; prices are looked up once per model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from controlplane.core.pricing import Price, PriceLookup, PriceTable, cost_of, price_for
+from controlplane.http.views import RouteView
+from controlplane.prices import load_prices
+from controlplane.registry import Registry
+from controlplane.service import ControlService
+from controlplane.stores.keys import KeyTable
+from controlplane.stores.ledger import Ledger
+from shared.codes import CostReason
+from shared.settings import load_settings
+from shared.wire import Ack, AttemptFinished, AttemptRow, AttemptStarted, Usage
+
+
+def _service(tmp: Path) -> ControlService:
+    settings = load_settings({"GATEWAY_STATE_DIR": str(tmp), "GATEWAY_RUNTIME_DIR": str(tmp),
+                              "GATEWAY_CONTROL_TOKEN": "t" * 32})
+    keys = KeyTable(str(tmp / "keys.jsonl"))
+    keys.load(0)
+    ledger = Ledger(str(tmp / "ledger.jsonl"))
+    ledger.open()
+    return ControlService(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
+                          env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
+
+
+def _row(n: int, **changes: object) -> AttemptRow:
+    base = dict(attempt_id=f"att_{n:04d}", key_id="key_1", account_id="legacy-anthropic",
+                mint_decision_id=None, dispatch_id=None, repo_slug="acme/widgets", principal_id="p",
+                wire="anthropic", path="/v1/messages", requested_model="claude-sonnet-4-5",
+                served_model=None, stream=False, started_at="2026-11-30T12:00:00.000Z",
+                finished_at="2026-11-30T12:00:00.010Z", status="completed", http_status=200,
+                condition=None, refusal_reason=None, usage=Usage(input_tokens=10, output_tokens=5),
+                cost_usd=None, cost_reason=None, overhead_ms=0.2)
+    return AttemptRow(**{**base, **changes})  # type: ignore[arg-type]
+
+
+class _Conn:
+    """Records each Ack with the ledger's lines as they were when the Ack was sent."""
+
+    def __init__(self, ledger_path: Path) -> None:
+        self.ledger_path = ledger_path
+        self.acks: list[tuple[Ack, set[str]]] = []
+
+    def send_nowait(self, message: Ack, lazy: bool = False) -> None:
+        on_disk = {msgspec.json.decode(line)["attempt_id"]
+                   for line in self.ledger_path.read_bytes().splitlines()}
+        self.acks.append((message, on_disk))
+
+
+async def test_rows_of_one_read_are_acknowledged_only_once_written(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    for n in range(8):
+        await service.on_message(conn, AttemptFinished(req_id=n, row=_row(n)))  # type: ignore[arg-type]
+    assert conn.acks == []  # nothing acknowledged while the batch is being read
+    assert (tmp_path / "ledger.jsonl").read_bytes() == b""
+    await asyncio.sleep(0)
+    assert [ack.req_id for ack, _ in conn.acks] == list(range(8))
+    for ack, on_disk in conn.acks:
+        assert ack.ok and f"att_{ack.req_id:04d}" in on_disk
+    # A re-sent row (after a reconnect) is acknowledged again and written once.
+    await service.on_message(conn, AttemptFinished(req_id=99, row=_row(3)))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert conn.acks[-1][0] == Ack(req_id=99, ok=True)
+    lines = (tmp_path / "ledger.jsonl").read_bytes().splitlines()
+    assert len(lines) == 8 and msgspec.json.decode(lines[0])["cost_reason"] == str(CostReason.PRICED)
+
+
+async def test_a_failed_write_is_acknowledged_not_ok_and_written_on_recovery(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    states: list[bool] = []
+    service.link.storage_state = states.append  # type: ignore[method-assign]
+    service.ledger._fd = None
+    service.ledger.path = str(tmp_path / "missing-dir" / "ledger.jsonl")  # every open fails
+    await service.on_message(conn, AttemptFinished(req_id=1, row=_row(1)))  # type: ignore[arg-type]
+    await asyncio.sleep(0)
+    assert conn.acks[0][0] == Ack(req_id=1, ok=False) and states == [False]
+    service.ledger.path = str(tmp_path / "ledger.jsonl")
+    await service.retry_storage()
+    assert states == [False, True]
+    assert [msgspec.json.decode(line)["attempt_id"]
+            for line in (tmp_path / "ledger.jsonl").read_bytes().splitlines()] == ["att_0001"]
+
+
+async def test_route_events_are_projected_once_and_only_when_read(tmp_path: Path) -> None:
+    service = _service(tmp_path)
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    await service.on_message(conn, AttemptStarted(row=_row(1, status=None, finished_at=None)))  # type: ignore[arg-type]
+    await service.on_message(conn, AttemptFinished(req_id=1, row=_row(1)))  # type: ignore[arg-type]
+    started, finished = list(service.events.replay)
+    assert started._data is None and finished._data is None  # retained, not yet projected
+    assert isinstance(finished.data, RouteView) and finished.data is finished.data
+    payload = msgspec.json.decode(finished.payload)
+    assert payload["attempt_id"] == "att_0001" and payload["cost_reason"] == "priced"
+    assert set(payload) == set(RouteView.__struct_fields__)
+    assert finished.payload is finished.payload  # encoded once for every reader
+
+
+PRICES = PriceTable(price=(
+    Price(models=("claude-sonnet-*",), input=3.0, output=15.0, cache_read=0.3, cache_creation=3.75),
+    Price(models=("gpt-4o", "gpt-4o-*"), input=2.5, output=10.0, cache_read=1.25, cache_creation=0.0),
+))
+
+
+@pytest.mark.parametrize("model", ["claude-sonnet-4-5", "gpt-4o", "gpt-4o-mini", "unknown", "claude-opus-4"])
+def test_price_lookup_answers_as_the_table_does(model: str) -> None:
+    lookup = PriceLookup(PRICES)
+    assert lookup(model) is price_for(PRICES, model)
+    assert lookup(model) is price_for(PRICES, model)  # memoized answer is the same
+    usage = Usage(input_tokens=1000, output_tokens=100)
+    assert cost_of(lookup, model, usage) == cost_of(lambda m: price_for(PRICES, m), model, usage)
+
+
+def test_price_lookup_memo_is_bounded() -> None:
+    lookup = PriceLookup(PRICES)
+    for n in range(PriceLookup.MEMO_MAX * 2 + 3):
+        lookup(f"model-{n}")
+        assert len(lookup._memo) <= PriceLookup.MEMO_MAX
+    assert lookup("claude-sonnet-4-5") is PRICES.price[0]
+
+
+def _reference_exposition(rows: list[AttemptRow], accounts: frozenset[str]) -> bytes:
+    """What prometheus-client's own Counter and Histogram say for `rows` (the instruments the
+    row counts replaced), to prove the plain counts render the same series and values."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    from controlplane.metrics import OVERHEAD_BUCKETS_S, TOKEN_KINDS, row_labels
+    r = CollectorRegistry()
+    attempts = Counter("leasehold_attempts", "Terminal attempt rows.", ["account_id", "wire", "status", "condition"], registry=r)
+    refusals = Counter("leasehold_refusals", "Gateway-authored terminals, by refusal code.", ["code"], registry=r)
+    tokens = Counter("leasehold_tokens", "Tokens the upstream reported, by kind.", ["account_id", "kind"], registry=r)
+    cost = Counter("leasehold_cost_usd", "Priced cost of terminal attempts in USD.", ["account_id"], registry=r)
+    unpriced = Counter("leasehold_attempts_unpriced",
+                       "Attempts with usage but no price (cost null, never counted as 0).", ["account_id"], registry=r)
+    overhead = Histogram("leasehold_dataplane_overhead_seconds",
+                         "The data plane's own time before the first upstream byte.", ["wire"],
+                         buckets=OVERHEAD_BUCKETS_S, registry=r)
+    for row in rows:
+        labels = row_labels(row.account_id, row.wire, row.status, row.condition, row.refusal_reason, accounts)
+        attempts.labels(labels.account_id, labels.wire, labels.status, labels.condition).inc()
+        if labels.refusal is not None:
+            refusals.labels(labels.refusal).inc()
+        if row.usage is not None:
+            for kind in TOKEN_KINDS:
+                tokens.labels(labels.account_id, kind).inc(getattr(row.usage, f"{kind}_tokens"))
+        if row.cost_usd is not None:
+            cost.labels(labels.account_id).inc(row.cost_usd)
+        elif row.usage is not None:
+            unpriced.labels(labels.account_id).inc()
+        if row.overhead_ms is not None:
+            overhead.labels(labels.wire).observe(row.overhead_ms / 1000.0)
+    return generate_latest(r)
+
+
+def test_row_counts_render_what_prometheus_instruments_would() -> None:
+    from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+
+    from controlplane.metrics import _RowCollector, _RowCounts
+    disable_created_metrics()
+    accounts = frozenset({"legacy-anthropic", "legacy-openai"})
+    rows = [
+        _row(1), _row(2, cost_usd=0.25, overhead_ms=0.5), _row(3, overhead_ms=2.5),  # on a bucket bound
+        _row(4, account_id="legacy-openai", wire="openai", usage=Usage(cache_read_tokens=7), overhead_ms=9000.0),
+        _row(5, account_id="stranger", wire="grpc", status="refused", refusal_reason="made-up", usage=None,
+             overhead_ms=None),
+        _row(6, status="upstream_error", condition="rate-limited", usage=None, overhead_ms=0.0),
+        _row(7, status="refused", refusal_reason="control-unavailable", usage=None, cost_usd=0.1),
+    ]
+    counts = _RowCounts(accounts)
+    for row in rows * 3:
+        counts.add(row)
+    ours = CollectorRegistry()
+    ours.register(_RowCollector(counts))
+    assert generate_latest(ours) == _reference_exposition(rows * 3, accounts)
