@@ -27,6 +27,12 @@ from bench.procs import Layout, Servers, pin_self, run_loadgen
 from bench.run import PLANS
 
 
+def _py_spy() -> str | None:
+    """py-spy beside this interpreter (the venv's, even when it is not on PATH), else on PATH."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
 def fold(collapsed: str) -> tuple[Counter[str], Counter[str], int]:
     """(self counts, inclusive counts, total samples) from py-spy's `--format raw` output."""
     own: Counter[str] = Counter()
@@ -61,7 +67,7 @@ def top(counts: Counter[str], total: int, limit: int) -> list[tuple[str, float]]
 
 
 def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
+    return subprocess.Popen([_py_spy() or "py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
                              "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="profile concurrent SSE streams instead")
     parser.add_argument("--limit", type=int, default=25)
     args = parser.parse_args(argv)
-    if shutil.which("py-spy") is None:
+    if _py_spy() is None:
         print("bench.profile: py-spy is not installed (pip install py-spy)", file=sys.stderr)
         return 2
     all_cpus = os.sched_getaffinity(0)

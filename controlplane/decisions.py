@@ -20,7 +20,9 @@ from shared.wire import AttemptRow
 # an evicted one is `fallback-lineage-unknown`, held — the safe direction.
 DECISION_CAP = 50_000
 # Held and rejected decisions took no lease: citing one is only ever refused
-# (`fallback-cited-decision-not-selected`), so far fewer of them are kept.
+# (`fallback-cited-decision-not-selected`, checked before anything else of the citation), so
+# only their outcome is kept, and fewer of them: ~150 bytes each rather than the ~1 KiB of a
+# whole decision (a storm of holds otherwise grew the daemon by megabytes until the cap).
 REFUSED_CAP = 4_096
 
 
@@ -49,18 +51,22 @@ class DecisionTable:
         self._cap = cap
         self._refused_cap = refused_cap
         self._decisions: OrderedDict[str, Decision] = OrderedDict()
-        self._refused: OrderedDict[str, Decision] = OrderedDict()
+        self._refused: OrderedDict[str, Outcome] = OrderedDict()
         self._by_key: dict[str, str] = {}
         self._evidence: dict[str, list[Condition | None]] = {}
         self._live_by_dispatch: dict[tuple[str, str], set[str]] = {}
         self._dispatch_of_key: dict[str, tuple[str, str]] = {}
 
     def record(self, decision: Decision) -> None:
+        """Keep what a later citation, renewal or evidence row needs. The skip list was
+        answered and logged with the decision and is not needed again, so it is not kept."""
         if decision.key_id is None:
-            self._refused[decision.mint_decision_id] = decision
+            self._refused[decision.mint_decision_id] = decision.outcome
             while len(self._refused) > self._refused_cap:
                 self._refused.popitem(last=False)
             return
+        if decision.skipped:
+            decision = msgspec.structs.replace(decision, skipped=())
         self._decisions[decision.mint_decision_id] = decision
         if decision.key_id is not None:
             self._by_key[decision.key_id] = decision.mint_decision_id
@@ -72,8 +78,12 @@ class DecisionTable:
                 self._by_key.pop(old.key_id, None)
 
     def get(self, mint_decision_id: str) -> Decision | None:
-        found = self._decisions.get(mint_decision_id)
-        return found if found is not None else self._refused.get(mint_decision_id)
+        """A lease-bearing decision still held (None for a refused or unknown one)."""
+        return self._decisions.get(mint_decision_id)
+
+    def refused_outcome(self, mint_decision_id: str) -> Outcome | None:
+        """The outcome of a held or rejected decision still remembered, else None."""
+        return self._refused.get(mint_decision_id)
 
     def for_key(self, key_id: str) -> Decision | None:
         decision_id = self._by_key.get(key_id)

@@ -146,7 +146,13 @@ class MintDesk:
         decisions = self.service.decisions
         cited = decisions.get(decision_id)
         if cited is None:
-            return None
+            refused = decisions.refused_outcome(decision_id)
+            if refused is None:
+                return None
+            # Only the outcome of a refused decision is kept; it alone decides the verdict
+            # (`fallback-cited-decision-not-selected` is checked before the rest).
+            return CitedDecision(outcome=refused, lineage=Lineage("", "", ""), hop=0, lease_released=True,
+                                 terminal_conditions=(), position_now=None)
         position_now = next((c.position for c in candidates if c.account_id == cited.account_id), None)
         released = cited.key_id is None or not self.service.lease_capacity.holds(cited.key_id)
         return CitedDecision(outcome=cited.outcome, lineage=cited.lineage, hop=cited.hop,

@@ -88,7 +88,7 @@ def _row(lease, decision_id: str, n: int, status: int) -> AttemptRow:
 async def _run(tmp: Path, steps) -> None:
     service = _service(tmp)
     desk = MintDesk(service, NoAdminOverlay(), NoPolicy(service.settings.fallback_on, 2))
-    decisions: list[str] = []
+    decisions: list[tuple[str, int]] = []  # (mint decision id, dispatch)
     renewals: set[str] = set()   # successors minted by renew, whose predecessor may still be live
 
     def body(dispatch: int, **cite) -> MintV2:
@@ -99,12 +99,12 @@ async def _run(tmp: Path, steps) -> None:
         op = item[0]
         if op == "mint":
             answer = await desk.mint_v2(body(item[1]))
-            decisions.append(answer.body["mint_decision_id"])
+            decisions.append((answer.body["mint_decision_id"], item[1]))
         elif op in ("retry", "supersede") and decisions:
-            cited = service.decisions.get(decisions[item[1] % len(decisions)])
+            cited, dispatch = decisions[item[1] % len(decisions)]
             key = "retry_of_mint_decision_id" if op == "retry" else "supersedes_mint_decision_id"
-            answer = await desk.mint_v2(body(int(cited.lineage.dispatch_id[1:]), **{key: cited.mint_decision_id}))
-            decisions.append(answer.body["mint_decision_id"])
+            answer = await desk.mint_v2(body(dispatch, **{key: cited}))
+            decisions.append((answer.body["mint_decision_id"], dispatch))
         elif op in ("fail", "revoke", "expire", "renew"):
             live = service.keys.all()
             if not live:
@@ -149,5 +149,5 @@ def test_refused_decisions_are_kept_apart_and_bounded() -> None:
         table.record(Decision(mint_decision_id=f"md_held{n}", outcome=Outcome.HELD, lineage=lineage, at_ms=n,
                               refusal_reason=Refusal.NO_ELIGIBLE_ACCOUNT))
     assert table.get("md_sel") == chosen and table.for_key("K") == chosen  # refusals never evict a lease's decision
-    assert table.get("md_held4") is not None and table.get("md_held3") is not None
-    assert table.get("md_held0") is None
+    assert table.refused_outcome("md_held4") == table.refused_outcome("md_held3") == Outcome.HELD
+    assert table.refused_outcome("md_held0") is None and table.get("md_held4") is None

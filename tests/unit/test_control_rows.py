@@ -182,3 +182,25 @@ def test_row_counts_render_what_prometheus_instruments_would() -> None:
     ours = CollectorRegistry()
     ours.register(_RowCollector(counts))
     assert generate_latest(ours) == _reference_exposition(rows * 3, accounts)
+
+
+async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remembered_outcome(tmp_path: Path) -> None:
+    from controlplane.mint import MintDesk, MintV2
+    from controlplane.overlays import NoAdminOverlay, NoPolicy
+
+    service = _service(tmp_path)  # only the anthropic credential is set: an OpenAI model is held
+    desk = MintDesk(service, NoAdminOverlay(), NoPolicy(service.settings.fallback_on, 2))
+
+    def body(**cite: str) -> MintV2:
+        return MintV2(dispatch_id="d1", repo_slug="acme/widgets", principal_kind="worker", principal_id="p",
+                      model="gpt-4o", **cite)
+
+    held = await desk.mint_v2(body())
+    assert (held.status, held.body["refusal_reason"]) == (503, "no-eligible-account")
+    held_id = held.body["mint_decision_id"]
+    assert service.decisions.get(held_id) is None  # no lease: only its outcome is remembered
+    retry = await desk.mint_v2(body(retry_of_mint_decision_id=held_id))
+    assert (retry.status, retry.body["outcome"], retry.body["refusal_reason"]) == \
+        (409, "rejected", "fallback-cited-decision-not-selected")
+    unknown = await desk.mint_v2(body(retry_of_mint_decision_id="md_never_issued"))
+    assert (unknown.status, unknown.body["refusal_reason"]) == (503, "fallback-lineage-unknown")
