@@ -14,13 +14,17 @@ from typing import Any
 
 import uvloop
 from aiohttp import HttpVersion11, hdrs, web
+from aiohttp.web_protocol import RequestHandler
 
+from dataplane.errors import guess_wire, refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import UpstreamPools
+from shared.codes import Refusal
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
+from shared.tokens import new_ulid
 
 log = get_logger("dataplane")
 
@@ -56,24 +60,55 @@ def build_server(settings: Settings, proxy: Proxy) -> web.Server:
         return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        if request.headers.get(EXPECT):
-            await expect_continue(request)
+        if request.headers.get(EXPECT) and not await expect_continue(request):
+            return wire_error(request, 417, f"unknown expectation: Expect: {request.headers[EXPECT][:64]}")
         return await proxy.handle(request)  # type: ignore[arg-type]
 
-    return web.Server(handle, request_factory=request_factory, handler_cancellation=True,
-                      access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
-                      max_line_size=MAX_HEADER_BYTES)
+    return _Server(handle, request_factory=request_factory, handler_cancellation=True,
+                   access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
+                   max_line_size=MAX_HEADER_BYTES)
 
 
-async def expect_continue(request: web.BaseRequest) -> None:
-    """As aiohttp's router does: `100 Continue` for an HTTP/1.1 `Expect: 100-continue`."""
-    expect = request.headers.get(EXPECT, "")
+async def expect_continue(request: web.BaseRequest) -> bool:
+    """As aiohttp's router does: `100 Continue` for an HTTP/1.1 `Expect: 100-continue`; False
+    for any other expectation (answered 417)."""
     if request.version == HttpVersion11:
-        if expect.lower() != "100-continue":
-            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        if request.headers.get(EXPECT, "").lower() != "100-continue":
+            return False
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0
         await request.writer.drain()
+    return True
+
+
+def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Response:
+    """A request refused before the proxy saw it, in the wire's error shape (SPEC §15): the
+    wire guessed from what was parsed, `invalid-request` with the status HTTP gives it."""
+    code = Refusal.INVALID_REQUEST if status < 500 else Refusal.INTERNAL_ERROR
+    return refusal_response(guess_wire(request.path, request.headers), code, message,
+                            "req_" + new_ulid(), 0.0, status=status)
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, with its error answers (a request it cannot parse — a
+    header line over `MAX_HEADER_BYTES`, bad syntax — or a failure outside the proxy) in the
+    wire's error shape instead of aiohttp's plain text. aiohttp still logs them (redacted, as
+    every library line) and closes the connection after."""
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs; raises if an answer began
+        what = type(exc).__name__ if exc is not None else "error"
+        text = (f"the request could not be read as HTTP/1.1 ({what}; header lines are limited to "
+                f"{MAX_HEADER_BYTES} bytes)" if status < 500 else "the gateway failed this request")
+        response = wire_error(request, status, text)
+        response.force_close()
+        return response
+
+
+class _Server(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _Handler(self, loop=self._loop, **self._kwargs)
 
 
 async def serve(settings: Settings) -> None:

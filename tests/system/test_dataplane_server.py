@@ -38,8 +38,45 @@ def test_an_unknown_expectation_is_refused_417(gateway: Gateway) -> None:
     payload = json.dumps(A_BODY).encode()
     with socket.create_connection(("127.0.0.1", gateway.dataplane_port), timeout=10) as sock:
         sock.sendall(_head(gateway, minted["token"], payload, ["Expect: something-else"]) + payload)
-        answer = read_until(sock, b"\r\n\r\n")
-        assert answer.split(b"\r\n", 1)[0] == b"HTTP/1.1 417 Expectation Failed", answer
+        head, body = _answer(sock)
+    assert head.split(b"\r\n", 1)[0] == b"HTTP/1.1 417 Expectation Failed", head
+    assert b"\r\nrequest-id: req_" in head.lower()  # the Anthropic wire (an x-api-key was sent)
+    error = json.loads(body)
+    assert error["type"] == "error" and error["error"]["code"] == "invalid-request", error
+    assert "something-else" in error["error"]["message"]
+
+
+def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One answer with a Content-Length: (head, body)."""
+    data = read_until(sock, b"\r\n\r\n")
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def test_a_header_line_past_the_limit_is_refused_in_the_wire_shape(gateway: Gateway, clean_stub: Stub) -> None:
+    """SPEC §15 accepts header lines up to 16 KiB; past the parser's 32 KiB limit the answer is
+    still a gateway-authored error in the wire's shape (not aiohttp's plain text), the
+    connection is closed, nothing reaches the upstream, and nothing of the header is echoed."""
+    minted = gateway.mint()
+    payload = json.dumps(A_BODY).encode()
+    huge = "x-huge: " + "lhgw_" + "q" * (40 * 1024)
+    with socket.create_connection(("127.0.0.1", gateway.dataplane_port), timeout=10) as sock:
+        sock.sendall(_head(gateway, minted["token"], payload, [huge]) + payload)
+        answer = b""
+        while chunk := sock.recv(65536):  # the gateway closes after answering
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n", 1)[0].split(b" ", 1)[1] == b"400 Bad Request", answer[:300]  # HTTP/1.0: unparsed
+    assert b"content-type: application/json" in head.lower()
+    assert b"x-request-id: req_" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "invalid-request" and "32768" in error["message"], error
+    assert b"qqqq" not in answer and minted["token"].encode() not in answer
+    assert clean_stub.requests() == []
 
 
 def test_any_path_reaches_the_proxy(gateway: Gateway) -> None:

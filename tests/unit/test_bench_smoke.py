@@ -53,3 +53,24 @@ def test_rpc_rate_counts_messages_over_a_real_socket() -> None:
     figures = rpc_rate.run(duration_s=0.05, in_flight=4, sequential=3)
     assert figures["one_way_msgs_per_s"] > 0 and figures["round_trips_per_s"] > 0
     assert figures["sequential_round_trip_ms"]["n"] == 3
+
+
+def test_control_rows_measures_the_per_attempt_path() -> None:
+    import asyncio
+
+    from bench import control_rows
+    assert asyncio.run(control_rows.measure(50, rounds=1)) > 0  # asserts inside: every row acked
+
+
+def test_ab_runs_every_column_in_both_layouts(capsys) -> None:
+    import os
+
+    import pytest
+
+    from bench import ab
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("bench.ab pins generator and servers apart: needs two CPUs")
+    for layout in ([], ["--alone"]):
+        assert ab.main(["--rounds", "1", "--seconds", "0.2", *layout]) == 0
+        out = capsys.readouterr().out
+        assert "minimal-proxy" in out and "leasehold" in out and "dataplane" in out
