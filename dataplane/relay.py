@@ -58,6 +58,14 @@ def cut_event(attempt: Attempt, message: str) -> bytes:
     return openai.cut_event(attempt.path, message)
 
 
+class _HeadersWithBody(web.StreamResponse):
+    """A length-delimited answer whose headers leave with its first body chunk: a JSON answer
+    that arrives whole goes to the worker in one write (aiohttp's `Response` does the same),
+    instead of headers first and body after. Streams (SSE, chunked) keep headers-at-once."""
+
+    _send_headers_immediately = False
+
+
 class Relay:
     def __init__(self, settings: Settings, pools: UpstreamPools) -> None:
         self.settings = settings
@@ -160,13 +168,15 @@ class Relay:
                      upstream_wait: float, watch: ExchangeWatch) -> web.StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        length = upstream.headers.get("Content-Length")
+        sized = length is not None and not is_sse and length.isdigit()
+        response = (_HeadersWithBody if sized else web.StreamResponse)(status=upstream.status,
+                                                                       reason=upstream.reason)
         headers = response.headers
         headers.extend(downstream_pairs(upstream.headers))
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
-        length = upstream.headers.get("Content-Length")
-        if length is not None and not is_sse and length.isdigit():
-            response.content_length = int(length)
+        if sized:
+            response.content_length = int(length)  # type: ignore[arg-type]
         elif request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # (an HTTP/1.0 worker gets a close-delimited body)
         observer = Observer(attempt.wire, attempt.path, is_sse, encoding)

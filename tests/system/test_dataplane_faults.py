@@ -111,6 +111,24 @@ def test_reset_mid_stream_cuts_the_stream(gateway: Gateway, clean_stub: Stub) ->
     assert row["usage"] == A_STARTED_USAGE
 
 
+def test_a_sized_answer_cut_before_its_body_sends_the_worker_nothing_to_mistake(gateway: Gateway,
+                                                                              clean_stub: Stub) -> None:
+    """A length-delimited answer's headers leave with its first body byte (one write for a JSON
+    answer). When the upstream closes before any body byte, the worker gets no status line at
+    all — a closed connection, which every client retries — never headers promising a body."""
+    minted = gateway.mint()
+    raw = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    sock = send_raw(gateway, A_BODY, {"x-api-key": minted["token"], **step(raw_response=raw)})
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    sock.close()
+    assert got == b""
+    row = one_row(gateway, minted["key_id"])
+    assert (row["status"], row["condition"]) == ("transport-error", "transport-error")
+    assert row["usage"] is None
+
+
 @pytest.mark.parametrize("raw", ["HTTP/1.1 999 Nope\r\ncontent-length: 0\r\n\r\n",
                                  "HTTP/1.1 20x Nope\r\ncontent-length: 0\r\n\r\n",
                                  "HTTX/9 200 OK\r\n\r\n"])
