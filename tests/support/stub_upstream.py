@@ -536,7 +536,10 @@ async def start_stub(host: str = "127.0.0.1", port: int = 0, *, anthropic_key: s
                            access_log=None, shutdown_timeout=1.0, handler_cancellation=True,
                            max_field_size=64 * 1024, max_line_size=64 * 1024)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    # A deep accept queue, as the proxies in front of it have: a burst of 200 new upstream
+    # connections (the benchmark's concurrent streams) must not lose SYNs to a full queue and
+    # wait out a 1 s retransmission.
+    await web.TCPSite(runner, host, port, backlog=1024).start()
     bound = runner.addresses[0]
     return runner, f"http://{bound[0]}:{bound[1]}"
 
