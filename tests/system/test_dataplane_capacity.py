@@ -3,10 +3,8 @@
 
 The v1 mint only leases the legacy accounts, which have no ceiling; an account with a
 `request_capacity` comes from `GATEWAY_ACCOUNTS_FILE` and is reached through the v2 mint. The
-first test runs the real data plane (proxy, replica, pools, control link) in this process on
-loopback against the stub, with the replica loaded as control's snapshot would load it and the
-control link unconnected, so each terminal row waits in the link's outbox where the test reads
-it. The second drives both daemons end to end and runs once the v2 mint is served.
+first test runs the real data plane in this process (`tests/support/inprocess.py`), where each
+terminal row waits in the link's outbox for the test to read. The second drives both daemons end to end and runs once the v2 mint is served.
 """
 
 from __future__ import annotations
@@ -16,43 +14,19 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from dataplane.leases import LeaseReplica
-from dataplane.main import build_app
-from dataplane.proxy import Proxy
-from dataplane.rpc_client import ControlLink
-from dataplane.upstreams import UpstreamPools
-from shared.clock import now_ms
-from shared.settings import load_settings
-from shared.tokens import new_token
-from shared.wire import AccountRoute, Lease
 from tests.support.attempts import A_BODY, A_HEADERS, read_until, rows_for, send_raw, settled, step
-from tests.support.harness import Stub, free_port, wait_until
+from tests.support.harness import Stub, wait_until
 from tests.support.harness import http as call
+from tests.support.inprocess import anthropic_plane
 
 ACCOUNT = "capped-anthropic"
 
 
 async def test_request_capacity_429_and_every_ending_returns_the_slot(stub: Stub, tmp_path: Path) -> None:
-    port = free_port()
-    settings = load_settings({"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}",
-                              "GATEWAY_RUNTIME_DIR": str(tmp_path)}, role="dataplane")
-    replica = LeaseReplica(env={"GATEWAY_CAPPED_KEY": stub.anthropic_key})
-    token, key_id, digest = new_token()
-    replica.load([Lease(key_id=key_id, digest=digest, account_id=ACCOUNT, expires_at_ms=now_ms() + 600_000)],
-                 [AccountRoute(id=ACCOUNT, provider_binding="anthropic", wire="anthropic", base_url=stub.url,
-                               auth_style="x-api-key", credential_env="GATEWAY_CAPPED_KEY",
-                               request_capacity=1)], True)
-    link = ControlLink(str(tmp_path / "no-control.sock"), replica)
-    pools = UpstreamPools(settings)
-    proxy = Proxy(settings, replica, link, pools)
-    runner = web.AppRunner(build_app(settings, proxy), handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    url = f"http://127.0.0.1:{port}/v1/messages"
-    headers = {**A_HEADERS, "x-api-key": token}
-    try:
+    async with anthropic_plane(stub, tmp_path, ACCOUNT, request_capacity=1) as plane:
+        url, proxy = plane.url, plane.proxy
+        headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
             holder = await session.post(url, json={**A_BODY, "stream": True},
                                         headers={**headers, **step(stall_after_events=3, stall_s=30)})
@@ -76,9 +50,7 @@ async def test_request_capacity_429_and_every_ending_returns_the_slot(stub: Stub
             async with session.post(url, json=A_BODY, headers=headers) as again:
                 assert again.status == 200  # an upstream error returned its slot too
         await _until(lambda: not proxy.in_flight)
-    finally:
-        await runner.cleanup()
-        await pools.close()
+    link = plane.link
 
     rows = list(link.outbox.values())
     assert [(r.status, r.refusal_reason, r.condition) for r in rows] == [

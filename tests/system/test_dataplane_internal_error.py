@@ -5,9 +5,8 @@ is returned, and the failure is logged by type — never with the key or the cre
 what the code hands the logger, before the redactor: there is nothing to redact).
 
 The bug is injected (a method of the relay that raises), because no input should reach one; the
-rest is the real data plane in this process on loopback against the stub (stream events paced so
-they arrive as separate chunks), with the control link
-unconnected so each terminal row waits in the link's outbox where the test reads it.
+rest is the real data plane in this process (`tests/support/inprocess.py`) against the stub
+(stream events paced so they arrive as separate chunks), each terminal row read from its outbox.
 """
 
 from __future__ import annotations
@@ -17,55 +16,23 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 from structlog.testing import capture_logs
 
 from dataplane import relay as relay_module
-from dataplane.leases import LeaseReplica
-from dataplane.main import build_app
-from dataplane.proxy import Proxy
-from dataplane.rpc_client import ControlLink
-from dataplane.upstreams import UpstreamPools
-from shared.clock import now_ms
-from shared.settings import load_settings
-from shared.tokens import new_token
-from shared.wire import AccountRoute, Lease
 from tests.support.attempts import A_BODY, A_HEADERS, step
-from tests.support.harness import Stub, free_port
+from tests.support.harness import Stub
+from tests.support.inprocess import Plane, anthropic_plane
 
 ACCOUNT = "bug-anthropic"
 
 
-class _Plane:
-    def __init__(self, url: str, token: str, link: ControlLink, proxy: Proxy) -> None:
-        self.url, self.token, self.link, self.proxy = url, token, link, proxy
-
-
 @pytest.fixture
-async def plane(clean_stub: Stub, tmp_path: Path) -> AsyncIterator[_Plane]:
-    port = free_port()
-    settings = load_settings({"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}",
-                              "GATEWAY_RUNTIME_DIR": str(tmp_path)}, role="dataplane")
-    replica = LeaseReplica(env={"GATEWAY_BUG_KEY": clean_stub.anthropic_key})
-    token, key_id, digest = new_token()
-    replica.load([Lease(key_id=key_id, digest=digest, account_id=ACCOUNT, expires_at_ms=now_ms() + 600_000)],
-                 [AccountRoute(id=ACCOUNT, provider_binding="anthropic", wire="anthropic", base_url=clean_stub.url,
-                               auth_style="x-api-key", credential_env="GATEWAY_BUG_KEY",
-                               request_capacity=1)], True)
-    link = ControlLink(str(tmp_path / "no-control.sock"), replica)
-    pools = UpstreamPools(settings)
-    proxy = Proxy(settings, replica, link, pools)
-    runner = web.AppRunner(build_app(settings, proxy), handler_cancellation=True)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield _Plane(f"http://127.0.0.1:{port}/v1/messages", token, link, proxy)
-    finally:
-        await runner.cleanup()
-        await pools.close()
+async def plane(clean_stub: Stub, tmp_path: Path) -> AsyncIterator[Plane]:
+    async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, request_capacity=1) as running:
+        yield running
 
 
-def _assert_logged_safely(logs: list[dict], plane: _Plane, stub: Stub) -> None:
+def _assert_logged_safely(logs: list[dict], plane: Plane, stub: Stub) -> None:
     failed = [entry for entry in logs if entry["event"] == "request_failed"]
     assert len(failed) == 1 and failed[0]["error"] == "RuntimeError", logs
     text = repr(logs)
@@ -74,7 +41,7 @@ def _assert_logged_safely(logs: list[dict], plane: _Plane, stub: Stub) -> None:
 
 
 async def test_a_bug_before_the_answer_is_a_500_internal_error_in_the_wire_shape(
-        plane: _Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+        plane: Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
     async def broken(*_args: object, **_kwargs: object) -> web.StreamResponse:
         raise RuntimeError("a bug in the relay")
 
@@ -95,7 +62,7 @@ async def test_a_bug_before_the_answer_is_a_500_internal_error_in_the_wire_shape
 
 
 async def test_a_bug_mid_stream_cuts_the_stream_and_ends_in_one_row(
-        plane: _Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+        plane: Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
     original = relay_module.Observer.feed
     chunks = 0
 
