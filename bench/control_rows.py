@@ -16,7 +16,7 @@ import os
 import tempfile
 import time
 
-from controlplane.metrics import GatewayMetrics
+from controlplane.main import wire
 from controlplane.prices import load_prices
 from controlplane.registry import Registry
 from controlplane.service import ControlService
@@ -67,7 +67,7 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
         await service.on_message(conn, decode_body(frame[_HEADER.size:]))  # type: ignore[arg-type]
         if n % per_read == 0:
             await asyncio.sleep(0)  # the end of one RPC read: staged rows are written and acked
-    await asyncio.sleep(0)
+    await service.settle()
     elapsed = time.perf_counter() - started
     assert conn.sent == len(frames) // 2, "every finished row must be acknowledged"
     return elapsed
@@ -81,9 +81,8 @@ async def measure(rows: int, rounds: int = 3, per_read: int = 16) -> float:
         keys.load(0)
         ledger = Ledger(os.path.join(state, "ledger.jsonl"))
         ledger.open()
-        service = ControlService(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
-                                 env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
-        GatewayMetrics(service, service.events)
+        service = wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
+                       env={"GATEWAY_ANTHROPIC_API_KEY": "x"}).service
         best = float("inf")
         for _ in range(rounds):
             best = min(best, await _round(service, _frames(rows), per_read))

@@ -1,15 +1,21 @@
 """The circuit registry: one `Circuit` per account, fed by terminal rows, read by selection.
 
-Process-local by design (seed 000: a restart forgets circuits, the safe direction since it
-also forgets the evidence). Every transition is logged and handed to `on_transition` (the
-event feed); the pure rules live in `core/circuit.py`.
+The pure rules live in `core/circuit.py`; where the state lives is a `CircuitStore` (in this
+process here: a restart forgets circuits, the safe direction since it also forgets the
+evidence). Every change is a read-modify-write through `swap`, so the rules are applied the
+same way whichever store holds the state. Every transition is logged and handed to
+`on_transition` (the event feed) as the one `CircuitView` read model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
 
 from controlplane.core import circuit as rules
+from shared.capacity import StateUnavailable
 from shared.clock import iso_ms
 from shared.codes import AttemptStatus, CircuitPhase, Condition
 from shared.logging import get_logger
@@ -17,58 +23,125 @@ from shared.wire import AttemptRow
 
 log = get_logger("circuits")
 
+# A read-modify-write that lost this many races in a row gives up (it never happens in one
+# process; a fleet would need that many writers on one account within one round trip).
+SWAP_ATTEMPTS = 16
+
+
+class CircuitView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An account's circuit as every reader sees it (SPEC §7): the accounts view's `circuit`,
+    the `circuit` event (which adds `account_id`) and the metrics' phase."""
+
+    state: str
+    opened_at: str | None        # ISO 8601 UTC; null when closed
+    retry_at: str | None
+    opened_by: str | None        # the condition that opened it
+    account_id: str | None = None
+
+
+def view_of(state: rules.Circuit, account_id: str | None = None) -> CircuitView:
+    closed = state.phase == CircuitPhase.CLOSED
+    return CircuitView(
+        state=str(state.phase),
+        opened_at=None if closed or state.opened_at_ms is None else iso_ms(state.opened_at_ms),
+        retry_at=None if closed or state.retry_at_ms is None else iso_ms(state.retry_at_ms),
+        opened_by=None if closed or state.opened_by is None else str(state.opened_by),
+        account_id=account_id)
+
+
+class CircuitStore(Protocol):
+    """Where each account's circuit state is kept (in this process, or Redis for a fleet).
+
+    Contract (tests/integration/test_backend_contracts.py runs it against every implementation):
+    - `load(account)` answers the stored state, `core.circuit.CLOSED` for an account never
+      stored.
+    - `swap(account, expected, new)` stores `new` and answers True only if the stored state
+      still equals `expected`; otherwise it changes nothing and answers False. Atomic: of two
+      swaps from the same `expected`, at most one succeeds.
+    - A method that cannot reach the store raises `StateUnavailable`.
+    """
+
+    async def load(self, account_id: str) -> rules.Circuit: ...
+    async def swap(self, account_id: str, expected: rules.Circuit, new: rules.Circuit) -> bool: ...
+
+
+class LocalCircuits:
+    """The in-process `CircuitStore` (every method completes without suspending)."""
+
+    def __init__(self) -> None:
+        self._state: dict[str, rules.Circuit] = {}
+
+    async def load(self, account_id: str) -> rules.Circuit:
+        return self._state.get(account_id, rules.CLOSED)
+
+    async def swap(self, account_id: str, expected: rules.Circuit, new: rules.Circuit) -> bool:
+        if self._state.get(account_id, rules.CLOSED) != expected:
+            return False
+        self._state[account_id] = new
+        return True
+
 
 class CircuitRegistry:
-    def __init__(self, cooldown_s: int) -> None:
+    def __init__(self, store: CircuitStore, cooldown_s: int,
+                 on_transition: Callable[[CircuitView], None] | None = None) -> None:
+        self.store = store
         self.cooldown_s = cooldown_s
-        self._state: dict[str, rules.Circuit] = {}
-        self.on_transition: Callable[[str, rules.Circuit], None] | None = None
+        self.on_transition = on_transition
 
-    def get(self, account_id: str, now_ms: int) -> rules.Circuit:
-        return rules.current(self._state.get(account_id, rules.CLOSED), now_ms)
+    async def get(self, account_id: str, now_ms: int) -> rules.Circuit:
+        return rules.current(await self.store.load(account_id), now_ms)
 
-    def admits(self, account_id: str, now_ms: int) -> bool:
-        return rules.admits(self._state.get(account_id, rules.CLOSED), now_ms)
+    async def admits(self, account_id: str, now_ms: int) -> bool:
+        return rules.admits(await self.store.load(account_id), now_ms)
 
-    def _set(self, account_id: str, new: rules.Circuit, now_ms: int) -> None:
-        old = self.get(account_id, now_ms)
-        self._state[account_id] = new
-        if (old.phase, old.retry_at_ms) != (new.phase, new.retry_at_ms) or new.phase != old.phase:
-            log.info("circuit_changed", account_id=account_id, phase=str(new.phase),
-                     opened_by=None if new.opened_by is None else str(new.opened_by),
-                     retry_at=None if new.retry_at_ms is None else iso_ms(new.retry_at_ms))
-            if self.on_transition is not None:
-                self.on_transition(account_id, new)
+    async def view(self, account_id: str, now_ms: int) -> CircuitView:
+        return view_of(await self.get(account_id, now_ms))
 
-    def on_lease(self, account_id: str, key_id: str, now_ms: int) -> None:
-        current = self._state.get(account_id, rules.CLOSED)
-        updated = rules.on_lease(current, now_ms, key_id)
-        if updated is not current:
-            self._state[account_id] = updated
+    async def claim_probe(self, account_id: str, key_id: str, now_ms: int) -> bool:
+        """A lease is about to be granted on the account: True if the circuit admits it (in
+        half-open it becomes the probe, claimed atomically, so only one is ever out)."""
+        admitted = False
 
-    def on_lease_ended(self, account_id: str, key_id: str, now_ms: int) -> None:
-        current = self._state.get(account_id)
-        if current is not None:
-            self._state[account_id] = rules.on_lease_ended(current, now_ms, key_id)
+        def claim(state: rules.Circuit) -> rules.Circuit:
+            nonlocal admitted
+            admitted = rules.admits(state, now_ms)
+            return rules.on_lease(state, now_ms, key_id) if admitted else state
 
-    def on_row(self, row: AttemptRow, now_ms: int) -> None:
+        await self._update(account_id, claim, now_ms)
+        return admitted
+
+    async def on_lease_ended(self, account_id: str, key_id: str, now_ms: int) -> None:
+        await self._update(account_id, lambda s: rules.on_lease_ended(s, now_ms, key_id), now_ms,
+                           only_if=lambda s: s.probe_key == key_id)
+
+    async def on_row(self, row: AttemptRow, now_ms: int) -> None:
         """Fold one terminal row; gateway-authored rows are not evidence and change nothing."""
         if row.refusal_reason is not None:
             return
-        current = self._state.get(row.account_id, rules.CLOSED)
         condition = Condition(row.condition) if row.condition else None
-        new = rules.on_terminal(current, now_ms, row.key_id, condition,
-                                row.status == AttemptStatus.CLIENT_ABORTED, row.retry_after_s,
-                                self.cooldown_s)
-        if new != current:
-            self._set(row.account_id, new, now_ms)
+        aborted = row.status == AttemptStatus.CLIENT_ABORTED
+        await self._update(row.account_id, lambda s: rules.on_terminal(
+            s, now_ms, row.key_id, condition, aborted, row.retry_after_s, self.cooldown_s), now_ms)
 
-    def view(self, account_id: str, now_ms: int) -> dict:
-        state = self.get(account_id, now_ms)
-        closed = state.phase == CircuitPhase.CLOSED
-        return {
-            "state": str(state.phase),
-            "opened_at": None if closed or state.opened_at_ms is None else iso_ms(state.opened_at_ms),
-            "retry_at": None if closed or state.retry_at_ms is None else iso_ms(state.retry_at_ms),
-            "opened_by": None if closed or state.opened_by is None else str(state.opened_by),
-        }
+    async def _update(self, account_id: str, change: Callable[[rules.Circuit], rules.Circuit], now_ms: int,
+                      only_if: Callable[[rules.Circuit], bool] | None = None) -> None:
+        for _ in range(SWAP_ATTEMPTS):
+            stored = await self.store.load(account_id)
+            if only_if is not None and not only_if(rules.current(stored, now_ms)):
+                return
+            new = change(stored)
+            if new == stored:
+                return
+            if await self.store.swap(account_id, stored, new):
+                self._changed(account_id, rules.current(stored, now_ms), new)
+                return
+        raise StateUnavailable(f"the circuit of {account_id} changed under {SWAP_ATTEMPTS} writes")
+
+    def _changed(self, account_id: str, old: rules.Circuit, new: rules.Circuit) -> None:
+        if (old.phase, old.retry_at_ms) == (new.phase, new.retry_at_ms):
+            return  # a count or the probe moved: no transition to tell
+        log.info("circuit_changed", account_id=account_id, phase=str(new.phase),
+                 opened_by=None if new.opened_by is None else str(new.opened_by),
+                 retry_at=None if new.retry_at_ms is None else iso_ms(new.retry_at_ms))
+        if self.on_transition is not None:
+            self.on_transition(view_of(new, account_id))

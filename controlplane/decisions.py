@@ -1,13 +1,15 @@
 """The decision table (SPEC §5): every v2 mint decision, its lineage and its evidence.
 
-Process-local and bounded (`DECISION_CAP`): a citation of a decision this process no longer
-holds (evicted, or from before a restart) is `fallback-lineage-unknown` — held, the safe way.
-Terminal evidence arrives from attempt rows by `mint_decision_id`.
+Behind the `DecisionStore` interface (in-process here). Bounded (`DECISION_CAP`): a citation
+of a decision the table no longer holds (evicted, or from before a restart) is
+`fallback-lineage-unknown`, held: the safe way. Terminal evidence arrives from attempt rows by
+`mint_decision_id`.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Protocol
 
 import msgspec
 
@@ -46,7 +48,49 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     worker_role: str | None = None
 
 
-class DecisionTable:
+class DecisionStore(Protocol):
+    """The v2 decision table, wherever it lives (in this process, or Redis for a fleet).
+
+    Contract (tests/integration/test_backend_contracts.py runs it against every implementation):
+    - `record(d)` keeps a lease-bearing decision (`key_id` set) whole but for its skip list,
+      findable by `get(id)` and `for_key(key_id)`; of a held or rejected one (no key) only its
+      outcome is kept, answered by `refused_outcome(id)` (and `get` answers None). Bounded: the
+      oldest are forgotten first, and a forgotten decision answers None everywhere.
+    - `add_evidence(decision_id, condition)` appends one terminal's condition (None for a
+      non-qualifying terminal) to a kept decision's evidence; for an unknown decision it does
+      nothing. `evidence(id)` answers them in arrival order.
+    - `claim_live(key, repo, dispatch, allowing=k)` makes `key` a live lease of the dispatch
+      and answers True only if no other key is live for it but `allowing` (a renewal's
+      predecessor); otherwise it changes nothing and answers False. Atomic, so one live lease
+      per dispatch holds under any interleaving of callers. `note_live` adds unconditionally
+      (a restart restoring the key journal). `end_key` forgets a key (idempotent);
+      `live_keys` reads the set.
+    - A method that cannot reach the table raises `StateUnavailable`.
+    """
+
+    async def record(self, decision: Decision) -> None: ...
+    async def get(self, mint_decision_id: str) -> Decision | None: ...
+    async def refused_outcome(self, mint_decision_id: str) -> Outcome | None: ...
+    async def for_key(self, key_id: str) -> Decision | None: ...
+    async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None: ...
+    async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]: ...
+    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *,
+                         allowing: str | None = None) -> bool: ...
+    async def note_live(self, key_id: str, repo_slug: str, dispatch_id: str) -> None: ...
+    async def end_key(self, key_id: str) -> None: ...
+    async def live_keys(self, repo_slug: str, dispatch_id: str) -> set[str]: ...
+
+
+def evidence_of(row: AttemptRow) -> tuple[str, Condition | None] | None:
+    """The (decision, condition) a terminal row adds to the decision table, if any."""
+    if row.mint_decision_id is None:
+        return None
+    return row.mint_decision_id, Condition(row.condition) if row.condition else None
+
+
+class LocalDecisions:
+    """The in-process `DecisionStore` (every method completes without suspending)."""
+
     def __init__(self, cap: int = DECISION_CAP, refused_cap: int = REFUSED_CAP) -> None:
         self._cap = cap
         self._refused_cap = refused_cap
@@ -57,7 +101,7 @@ class DecisionTable:
         self._live_by_dispatch: dict[tuple[str, str], set[str]] = {}
         self._dispatch_of_key: dict[str, tuple[str, str]] = {}
 
-    def record(self, decision: Decision) -> None:
+    async def record(self, decision: Decision) -> None:
         """Keep what a later citation, renewal or evidence row needs. The skip list was
         answered and logged with the decision and is not needed again, so it is not kept."""
         if decision.key_id is None:
@@ -68,41 +112,43 @@ class DecisionTable:
         if decision.skipped:
             decision = msgspec.structs.replace(decision, skipped=())
         self._decisions[decision.mint_decision_id] = decision
-        if decision.key_id is not None:
-            self._by_key[decision.key_id] = decision.mint_decision_id
-            self.note_live(decision.key_id, decision.lineage.repo_slug, decision.lineage.dispatch_id)
+        self._by_key[decision.key_id] = decision.mint_decision_id
         while len(self._decisions) > self._cap:
             _, old = self._decisions.popitem(last=False)
             self._evidence.pop(old.mint_decision_id, None)
             if old.key_id is not None:
                 self._by_key.pop(old.key_id, None)
 
-    def get(self, mint_decision_id: str) -> Decision | None:
-        """A lease-bearing decision still held (None for a refused or unknown one)."""
+    async def get(self, mint_decision_id: str) -> Decision | None:
         return self._decisions.get(mint_decision_id)
 
-    def refused_outcome(self, mint_decision_id: str) -> Outcome | None:
-        """The outcome of a held or rejected decision still remembered, else None."""
+    async def refused_outcome(self, mint_decision_id: str) -> Outcome | None:
         return self._refused.get(mint_decision_id)
 
-    def for_key(self, key_id: str) -> Decision | None:
+    async def for_key(self, key_id: str) -> Decision | None:
         decision_id = self._by_key.get(key_id)
         return None if decision_id is None else self._decisions.get(decision_id)
 
-    def on_row(self, row: AttemptRow) -> None:
-        if row.mint_decision_id is not None and row.mint_decision_id in self._decisions:
-            condition = Condition(row.condition) if row.condition else None
-            self._evidence.setdefault(row.mint_decision_id, []).append(condition)
+    async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
+        if mint_decision_id in self._decisions:
+            self._evidence.setdefault(mint_decision_id, []).append(condition)
 
-    def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
+    async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
         return tuple(self._evidence.get(mint_decision_id, ()))
 
-    def note_live(self, key_id: str, repo_slug: str, dispatch_id: str) -> None:
-        """A live lease of a dispatch (from a decision, or restored from the key journal)."""
+    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *,
+                         allowing: str | None = None) -> bool:
+        live = self._live_by_dispatch.get((repo_slug, dispatch_id), set())
+        if live - {key_id, allowing}:
+            return False
+        await self.note_live(key_id, repo_slug, dispatch_id)
+        return True
+
+    async def note_live(self, key_id: str, repo_slug: str, dispatch_id: str) -> None:
         self._dispatch_of_key[key_id] = (repo_slug, dispatch_id)
         self._live_by_dispatch.setdefault((repo_slug, dispatch_id), set()).add(key_id)
 
-    def on_key_ended(self, key_id: str) -> None:
+    async def end_key(self, key_id: str) -> None:
         dispatch = self._dispatch_of_key.pop(key_id, None)
         if dispatch is not None:
             live = self._live_by_dispatch.get(dispatch)
@@ -111,5 +157,5 @@ class DecisionTable:
                 if not live:
                     del self._live_by_dispatch[dispatch]
 
-    def live_keys(self, repo_slug: str, dispatch_id: str) -> set[str]:
+    async def live_keys(self, repo_slug: str, dispatch_id: str) -> set[str]:
         return set(self._live_by_dispatch.get((repo_slug, dispatch_id), ()))

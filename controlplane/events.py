@@ -33,6 +33,8 @@ from typing import Any
 
 import msgspec
 
+from controlplane.circuits import CircuitView
+from controlplane.routebook import RouteView, view_of
 from shared.logging import get_logger
 from shared.wire import AttemptRow
 
@@ -67,14 +69,6 @@ class CloseReason(StrEnum):
 # ---- the sanitized models ------------------------------------------------------------------
 
 
-class CircuitEvent(msgspec.Struct, frozen=True, kw_only=True):
-    account_id: str
-    state: str
-    opened_at: str | None = None
-    retry_at: str | None = None
-    opened_by: str | None = None
-
-
 class AccountStateEvent(msgspec.Struct, frozen=True, kw_only=True):
     """An admin mutation: which account, what was done, the chain revision it produced."""
 
@@ -103,8 +97,6 @@ class GapEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _route_view(data: Any) -> msgspec.Struct:
-    # Imported here: `http.views` imports the service, which imports this module.
-    from controlplane.http.views import RouteView, view_of
     if isinstance(data, RouteView):
         return data
     return RouteView(**view_of(data))
@@ -117,7 +109,7 @@ def _model(kind: type[msgspec.Struct]) -> Callable[[Any], msgspec.Struct]:
 PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
     EventKind.ROUTE_STARTED: _route_view,
     EventKind.ROUTE_FINISHED: _route_view,
-    EventKind.CIRCUIT: _model(CircuitEvent),
+    EventKind.CIRCUIT: _model(CircuitView),
     EventKind.ACCOUNT_STATE: _model(AccountStateEvent),
     EventKind.POLICY: _model(PolicyEvent),
     EventKind.GAP: _model(GapEvent),
@@ -267,7 +259,7 @@ class EventHub:
             return Event(self.epoch, seq, kind, data)
         return Event(self.epoch, seq, kind, None, PROJECTIONS[kind](data))
 
-    def publish(self, kind: str, data: Any) -> Event | None:
+    def publish(self, kind: EventKind, data: Any) -> Event | None:
         """Retain and fan out one event (projected and encoded on first read). Never raises
         into the producer."""
         try:

@@ -16,6 +16,13 @@ import sys
 import uvloop
 from aiohttp import web
 
+import msgspec
+
+from controlplane.circuits import CircuitRegistry, LocalCircuits
+from controlplane.core.pricing import PriceTable
+from controlplane.decisions import LocalDecisions
+from controlplane.events import EventHub, EventKind
+from controlplane.evidence import EvidenceBook
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
 from controlplane.http import dashboard as dashboard_http
@@ -28,14 +35,18 @@ from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
+from controlplane.http.appkeys import DESK, SERVICE
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import load_prices
 from controlplane.registry import Registry, RegistryError
+from controlplane.replication import DataPlaneLink
+from controlplane.routebook import RouteBook
 from controlplane.service import ControlService
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
+from shared.capacity import LocalCapacity
 from shared.clock import now_ms
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
@@ -48,28 +59,58 @@ HEAP_TRIM_EVERY_PASSES = 5
 CONTROL_BODY_LIMIT = 1024 * 1024
 
 
-def build_app(service: ControlService) -> web.Application:
-    settings = service.settings
+class Control(msgspec.Struct, frozen=True, kw_only=True):
+    """The control daemon's collaborators, wired once by `wire` (tests build theirs with it too)."""
+
+    settings: Settings
+    service: ControlService
+    desk: MintDesk
+    admin: AccountAdminStore
+    policy: PolicyStore
+    metrics: GatewayMetrics
+
+
+def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
+         env: dict[str, str] | None = None) -> Control:
+    """Every collaborator, in reading order, each handed what it uses."""
+    events = EventHub()
+    circuits = CircuitRegistry(LocalCircuits(), settings.circuit_cooldown_seconds,
+                               on_transition=lambda view: events.publish(EventKind.CIRCUIT, view))
+    service = ControlService(
+        settings, registry, keys, ledger, prices, routes=RouteBook(), lease_capacity=LocalCapacity(),
+        circuits=circuits, decisions=LocalDecisions(), evidence=EvidenceBook(now_ms()), events=events,
+        link=DataPlaneLink(), env=env)
+    account_ids = [a.id for a in registry.accounts]
+    admin = AccountAdminStore(settings.state_dir, account_ids,
+                              on_commit=lambda record: events.publish(EventKind.ACCOUNT_STATE, record))
+    policy = PolicyStore(settings.state_dir, account_ids,
+                         Ceiling(fallback_on=frozenset(settings.fallback_on),
+                                 max_fallback_hops=settings.max_fallback_hops))
+    desk = MintDesk(settings=settings, registry=registry, keys=keys, decisions=service.decisions,
+                    lease_capacity=service.lease_capacity, circuits=circuits, admin=admin, policy=policy,
+                    granter=service, configured=service.configured)
+    metrics = GatewayMetrics(service, events, circuits, admin.state_of)
+    service.row_listeners.append(metrics.rows.add)
+    desk.decision_listeners.append(metrics.on_decision)
+    return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics)
+
+
+def build_app(control: Control) -> web.Application:
+    settings, service = control.settings, control.service
     app = web.Application(
         middlewares=[auth_middleware(TokenRing(settings), settings.metrics_public)],
         client_max_size=CONTROL_BODY_LIMIT,
     )
-    app[keys_http.SERVICE] = service
-    account_ids = [a.id for a in service.registry.accounts]
-    admin = AccountAdminStore(settings.state_dir, account_ids,
-                              on_commit=lambda record: service.events.publish("account.state", record))
-    policy = PolicyStore(settings.state_dir, account_ids,
-                         Ceiling(fallback_on=frozenset(settings.fallback_on),
-                                 max_fallback_hops=settings.max_fallback_hops))
-    app[mint_http.DESK] = MintDesk(service, admin, policy)
-    admin_http.add_routes(app, admin, lambda account_id: service.end_account_keys(account_id, "account-revoked"))
+    app[SERVICE] = service
+    app[DESK] = control.desk
+    admin_http.add_routes(app, control.admin, service.end_account_keys)
     keys_http.add_routes(app)
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
-    policy_http.add_routes(app, policy)
+    policy_http.add_routes(app, control.policy)
     events_http.add_routes(app, service.events)
-    metrics_http.add_routes(app, GatewayMetrics(service, service.events, admin.state_of))
+    metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)
     return app
 
@@ -126,14 +167,16 @@ class StartupError(Exception):
     """A listener could not be opened; the message names the variable to fix."""
 
 
-async def serve(settings: Settings, service: ControlService) -> None:
+async def serve(control: Control) -> None:
+    settings, service = control.settings, control.service
+    await service.restore()
     listener = RpcListener(settings, service)
     try:
         await listener.start()
     except OSError as exc:
         raise StartupError(f"cannot open the RPC socket {settings.rpc_socket} "
                            f"(GATEWAY_RPC_SOCKET / GATEWAY_RUNTIME_DIR): {exc}") from exc
-    runner = web.AppRunner(build_app(service), access_log=None, handle_signals=False)
+    runner = web.AppRunner(build_app(control), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.control_host, settings.control_port, reuse_address=True)
     try:
@@ -186,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     keys.load(now_ms())
     ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"))
     ledger.open()
-    service = ControlService(settings, registry, keys, ledger, load_prices())
+    control = wire(settings, registry, keys, ledger, load_prices())
     try:
-        uvloop.run(serve(settings, service))
+        uvloop.run(serve(control))
     except StartupError as exc:
         log.error("control_start_failed", reason=str(exc))
         print(f"leasehold-control: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
+from controlplane.circuits import CircuitRegistry
 from controlplane.events import CloseReason, EventHub
 from shared.clock import now_ms
 from shared.codes import AdminState, AttemptStatus, CircuitPhase, Condition, Refusal, Wire
@@ -172,10 +173,12 @@ class _RowCounts:
 class GatewayMetrics:
     """The registry, the row-fed instruments, and the scrape-time gauges over `service`."""
 
-    def __init__(self, service: ControlService, hub: EventHub,
+    def __init__(self, service: ControlService, hub: EventHub, circuits: CircuitRegistry,
                  admin_state_of: Callable[[str], AdminState] | None = None) -> None:
         self.service = service
         self.hub = hub
+        self.circuits = circuits
+        self.circuit_phases: dict[str, CircuitPhase] = {}  # read by `refresh` before each scrape
         self.admin_state_of = admin_state_of
         self.accounts = frozenset(a.id for a in service.registry.accounts)
         # `*_created` series double every counter for no use a scraper of this daemon has; the
@@ -187,8 +190,12 @@ class GatewayMetrics:
         self.decisions = Counter("leasehold_mint_decisions", "v2 mint decisions, by outcome and refusal code.",
                                  ["outcome", "code"], registry=self.registry)
         self.registry.register(_LiveCollector(self))
-        service.row_listeners.append(self.rows.add)
-        service.decision_listeners.append(self.on_decision)
+
+    async def refresh(self) -> None:
+        """Read what the scrape-time gauges need from the stores that may be remote."""
+        now = now_ms()
+        self.circuit_phases = {account_id: (await self.circuits.get(account_id, now)).phase
+                               for account_id in self.accounts}
 
     def on_decision(self, decision: Decision) -> None:
         code = _bounded(None if decision.refusal_reason is None else str(decision.refusal_reason),
@@ -222,7 +229,6 @@ class _LiveCollector:
 
     def collect(self) -> Iterator[Metric]:
         service = self.m.service
-        now = now_ms()
         in_flight = service.routes.in_flight_by_account()
         leases = service.keys.count_by_account()
         g_flight = GaugeMetricFamily("leasehold_in_flight", "Attempts streaming now.", labels=["account_id"])
@@ -237,7 +243,7 @@ class _LiveCollector:
             g_flight.add_metric([account.id], in_flight.get(account.id, 0))
             g_leased.add_metric([account.id], leases.get(account.id, 0))
             g_conf.add_metric([account.id], 1 if service.configured(account) else 0)
-            phase = service.circuits.get(account.id, now).phase
+            phase = self.m.circuit_phases.get(account.id, CircuitPhase.CLOSED)
             for state in CircuitPhase:
                 g_circuit.add_metric([account.id, str(state)], 1 if state == phase else 0)
             current = self._admin_state(account.id)

@@ -28,18 +28,21 @@ ACK_TIMEOUT_S = 5.0
 
 
 class DataPlaneLink:
-    def __init__(
-        self,
-        snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
-        on_message: Callable[[Connection, Message], Awaitable[None]],
-        on_disconnect: Callable[[], None],
-    ) -> None:
-        self._snapshot = snapshot
-        self._on_message = on_message
-        self._on_disconnect = on_disconnect
+    def __init__(self) -> None:
+        self._snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]] = lambda: ([], [], True)
+        self._on_message: Callable[[Connection, Message], Awaitable[None]] | None = None
+        self._on_disconnect: Callable[[], None] = lambda: None
         self.conn: Connection | None = None
         self.peer_pid: int | None = None
         self.ready = asyncio.Event()
+
+    def bind(self, snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
+             on_message: Callable[[Connection, Message], Awaitable[None]],
+             on_disconnect: Callable[[], None]) -> None:
+        """What the link serves from: the service that owns the leases and takes the rows."""
+        self._snapshot = snapshot
+        self._on_message = on_message
+        self._on_disconnect = on_disconnect
 
     @property
     def connected(self) -> bool:
@@ -69,6 +72,7 @@ class DataPlaneLink:
         await conn.send(Welcome(version=PROTOCOL_VERSION))
         self.conn = conn
         self.peer_pid = hello.pid  # type: ignore[union-attr]
+        assert self._on_message is not None, "bind() the link before serving"
         runner = asyncio.ensure_future(conn.run(self._on_message))
         try:
             leases, routes, storage_ok = self._snapshot()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import msgspec
+
 from shared.wire import AttemptRow
 
 RING_SIZE = 200
@@ -48,3 +50,42 @@ class RouteBook:
         truncated = self.evicted > 0 or retained > limit
         evidence_since = self.recent[0].started_at if self.recent else None
         return rows, truncated, retained, evidence_since
+
+
+# ---- the read model: what a route view or a route event shows of a row ------------------
+
+
+class RouteView(msgspec.Struct, frozen=True, kw_only=True):
+    """One attempt as a read payload: the row without anything secret-shaped."""
+
+    attempt_id: str
+    key_id: str
+    account_id: str
+    mint_decision_id: str | None
+    dispatch_id: str | None
+    repo_slug: str
+    principal_id: str
+    wire: str
+    path: str
+    requested_model: str | None
+    served_model: str | None
+    stream: bool
+    started_at: str
+    finished_at: str | None
+    status: str | None
+    http_status: int | None
+    condition: str | None
+    refusal_reason: str | None
+    usage: dict | None
+    cost_usd: float | None
+    cost_reason: str | None
+    overhead_ms: float | None
+
+
+_VIEW_FIELDS = RouteView.__struct_fields__
+
+
+def view_of(row: AttemptRow) -> dict:
+    view = {name: getattr(row, name) for name in _VIEW_FIELDS}
+    view["usage"] = msgspec.to_builtins(row.usage)
+    return view

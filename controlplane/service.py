@@ -15,17 +15,17 @@ import msgspec
 
 from controlplane.circuits import CircuitRegistry
 from controlplane.core.pricing import PriceLookup, PriceTable, cost_of
-from controlplane.decisions import Decision, DecisionTable
-from controlplane.events import EventHub
+from controlplane.decisions import DecisionStore, evidence_of
+from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
 from controlplane.registry import AccountSpec, Registry, is_configured
 from controlplane.replication import DataPlaneLink
 from controlplane.routebook import RouteBook
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
-from shared.capacity import CapacityTable
+from shared.capacity import CapacityStore
 from shared.clock import iso_ms, now_ms
-from shared.codes import AttemptStatus, Binding, Refusal
+from shared.codes import AttemptStatus, Binding, EndReason, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
 from shared.rpc import Connection
@@ -49,8 +49,13 @@ class Minted(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ControlService:
+    """Keys, the release seam and the attempt rows. Built by `controlplane.main.wire`, which
+    hands it every collaborator; it builds none of them."""
+
     def __init__(self, settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
-                 prices: PriceTable, env: dict[str, str] | None = None) -> None:
+                 prices: PriceTable, *, routes: RouteBook, lease_capacity: CapacityStore,
+                 circuits: CircuitRegistry, decisions: DecisionStore, evidence: EvidenceBook,
+                 events: EventHub, link: DataPlaneLink, env: dict[str, str] | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.keys = keys
@@ -58,24 +63,27 @@ class ControlService:
         self.prices = prices
         self._price_of = PriceLookup(prices)
         self.env = dict(os.environ if env is None else env)
-        self.routes = RouteBook()
-        self.lease_capacity = CapacityTable()
-        self.circuits = CircuitRegistry(settings.circuit_cooldown_seconds)
-        self.decisions = DecisionTable()
-        self.evidence = EvidenceBook(now_ms())
-        self.events = EventHub()
-        self.decision_listeners: list[Callable[[Decision], None]] = []
+        self.routes = routes
+        self.lease_capacity = lease_capacity
+        self.circuits = circuits
+        self.decisions = decisions
+        self.evidence = evidence
+        self.events = events
+        self.link = link
         self.row_listeners: list[Callable[[AttemptRow], None]] = []  # each recorded terminal row
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
-        self.circuits.on_transition = lambda account_id, _state: self.events.publish(
-            "circuit", {"account_id": account_id, **self.circuits.view(account_id, now_ms())})
-        self.link = DataPlaneLink(self._snapshot, self.on_message, self._on_disconnect)
-        for lease in keys.all():
-            account = registry.get(lease.account_id)
-            self.lease_capacity.reserve(lease.account_id, lease.key_id,
-                                        None if account is None else account.lease_capacity)
+        self._unfolded: list[AttemptRow] = []  # rows recorded, not yet folded into circuits/decisions
+        self._settling: asyncio.Task[None] | None = None
+        link.bind(self._snapshot, self.on_message, self._on_disconnect)
+
+    async def restore(self) -> None:
+        """Re-take the lease slots and live dispatch keys of the leases the key journal kept."""
+        for lease in self.keys.all():
+            account = self.registry.get(lease.account_id)
+            await self.lease_capacity.reserve(lease.account_id, lease.key_id,
+                                              None if account is None else account.lease_capacity)
             if lease.dispatch_id is not None:
-                self.decisions.note_live(lease.key_id, lease.repo_slug, lease.dispatch_id)
+                await self.decisions.note_live(lease.key_id, lease.repo_slug, lease.dispatch_id)
 
     # ---- facts --------------------------------------------------------------------------
 
@@ -103,48 +111,47 @@ class ControlService:
         lease = Lease(key_id=key_id, digest=digest, account_id=account.id,
                       expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=principal_kind,
                       principal_id=principal_id, repo_slug=repo_slug)
-        if not self.lease_capacity.reserve(account.id, lease.key_id, account.lease_capacity):
+        if not await self.lease_capacity.reserve(account.id, lease.key_id, account.lease_capacity):
             raise GatewayError(Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity",
                                retry_after_s=1)
-        return await self.grant(lease, account, token, reserved=True)
+        return await self.grant(lease, account, token)
 
-    async def grant(self, lease: Lease, account: AccountSpec, token: str, *, reserved: bool) -> Minted:
+    async def grant(self, lease: Lease, account: AccountSpec, token: str) -> Minted:
         """Store the lease (its slot already reserved) and wait until the data plane has it."""
-        assert reserved and self.lease_capacity.holds(lease.key_id)
         self.keys.add(lease)
         await self.link.lease_added(lease)
         log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
                  expires_at=iso_ms(lease.expires_at_ms), dataplane=self.link.connected)
         return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
 
-    async def end_keys(self, key_ids: list[str], reason: str) -> list[str]:
+    async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
         """The release seam: forget each key, return its lease slot, tell the data plane."""
         ended = []
         now = now_ms()
         for key_id in key_ids:
             lease = self.keys.remove(key_id)
-            self.lease_capacity.release(key_id)
-            self.decisions.on_key_ended(key_id)
+            await self.lease_capacity.release(key_id)
+            await self.decisions.end_key(key_id)
             if lease is not None:
-                self.circuits.on_lease_ended(lease.account_id, key_id, now)
+                await self.circuits.on_lease_ended(lease.account_id, key_id, now)
                 ended.append(key_id)
         if ended:
             await self.link.leases_removed(ended)
             for key_id in ended:
-                log.info("lease_ended", key_id=key_id, reason=reason)
+                log.info("lease_ended", key_id=key_id, reason=str(reason))
         return ended
 
     async def revoke(self, key_id: str) -> bool:
-        return bool(await self.end_keys([key_id], "revoked"))
+        return bool(await self.end_keys([key_id], EndReason.REVOKED))
 
-    async def end_account_keys(self, account_id: str, reason: str) -> int:
+    async def end_account_keys(self, account_id: str, reason: EndReason = EndReason.ACCOUNT_REVOKED) -> int:
         """Account-wide revocation (admin `revoke-leases`), through the same seam."""
         keys = [lease.key_id for lease in self.keys.all() if lease.account_id == account_id]
         return len(await self.end_keys(keys, reason))
 
     async def reap_expired(self, now: int | None = None) -> int:
         expired = self.keys.expired(now_ms() if now is None else now)
-        return len(await self.end_keys(expired, "expired")) if expired else 0
+        return len(await self.end_keys(expired, EndReason.EXPIRED)) if expired else 0
 
     # ---- attempt reports ----------------------------------------------------------------
 
@@ -152,7 +159,7 @@ class ControlService:
         if isinstance(message, AttemptStarted):
             if message.row.attempt_id not in self.routes.active:
                 self.routes.started(message.row)
-                self.events.publish("route.started", message.row)
+                self.events.publish(EventKind.ROUTE_STARTED, message.row)
         elif isinstance(message, AttemptFinished):
             self._finished(conn, message)
         elif isinstance(message, Ping):
@@ -160,28 +167,63 @@ class ControlService:
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
-    def record(self, row: AttemptRow, *, flush: bool = True) -> bool:
-        """Price the row, stage it in the ledger once, move it from active to recent; write it
-        now (`flush`) or with the others of this batch (`write_staged`, which the caller then
-        owes). Returns whether storage accepts writes."""
-        if self.ledger.has(row.attempt_id):
+    def record(self, row: AttemptRow) -> None:
+        """Price the row, stage it in the ledger once, move it from active to recent, and
+        schedule the settle that writes it and folds it into the circuits and the decisions
+        (`settle` awaits that)."""
+        if not self.ledger.has(row.attempt_id):
+            cost, reason = cost_of(self._price_of, row.served_model or row.requested_model, row.usage)
+            row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
+            self.ledger.stage(row)
+            self.routes.finished(row)
+            self.events.publish(EventKind.ROUTE_FINISHED, row)
+            for listener in self.row_listeners:
+                try:
+                    listener(row)
+                except Exception:  # a listener's bug must not cost the row its Ack or its evidence
+                    log.exception("row_listener_failed", attempt_id=row.attempt_id)
+            self.evidence.record(row, now_ms())
+            self._unfolded.append(row)
+        else:
             self.routes.active.pop(row.attempt_id, None)
-            return self.write_staged() if flush else self.ledger.ok
-        cost, reason = cost_of(self._price_of, row.served_model or row.requested_model, row.usage)
-        row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
-        self.ledger.stage(row)
-        now = now_ms()
-        self.routes.finished(row)
-        self.events.publish("route.finished", row)
-        for listener in self.row_listeners:
-            try:
-                listener(row)
-            except Exception:  # a listener's bug must not cost the row its Ack or its evidence
-                log.exception("row_listener_failed", attempt_id=row.attempt_id)
-        self.evidence.record(row, now)
-        self.circuits.on_row(row, now)
-        self.decisions.on_row(row)
-        return self.write_staged() if flush else self.ledger.ok
+        if self._settling is None:
+            self._settling = asyncio.get_running_loop().create_task(self._settle())
+
+    async def settle(self) -> bool:
+        """Wait until every row recorded so far is written, folded and acknowledged; answers
+        whether storage accepts writes."""
+        while self._settling is not None:
+            await asyncio.shield(self._settling)
+        return self.ledger.ok
+
+    async def _settle(self) -> None:
+        """The rows recorded since the last settle (one RPC read's, typically): written with one
+        `write`, folded into the circuits and the decision table, then acknowledged, so an
+        `Ack` means the row is on disk and a fallback citation right after it finds its
+        evidence. (An unacknowledged row stays in the data plane's outbox and is re-sent after
+        a reconnect, so a crash in between loses nothing.)"""
+        try:
+            ok = self.write_staged()
+            rows, self._unfolded = self._unfolded, []
+            unacked, self._unacked = self._unacked, []
+            now = now_ms()
+            for row in rows:
+                try:
+                    await self.circuits.on_row(row, now)
+                    evidence = evidence_of(row)
+                    if evidence is not None:
+                        await self.decisions.add_evidence(*evidence)
+                except Exception:
+                    log.exception("row_fold_failed", attempt_id=row.attempt_id)
+            for conn, req_id in unacked:
+                try:
+                    conn.send_nowait(Ack(req_id=req_id, ok=ok))
+                except ConnectionError:
+                    pass  # the link went away: the data plane re-sends the row, deduplicated here
+        finally:
+            self._settling = None
+            if self._unfolded or self._unacked:  # recorded while this settle awaited
+                self._settling = asyncio.get_running_loop().create_task(self._settle())
 
     def write_staged(self) -> bool:
         """Write every staged row; tell the data plane when storage starts or stops failing."""
@@ -192,36 +234,13 @@ class ControlService:
         return ok
 
     def _finished(self, conn: Connection, message: AttemptFinished) -> None:
-        """A terminal row from the data plane. Its `Ack` says the row is on disk, so it is sent
-        only after the write: rows of one RPC read are staged, then written with one `write`
-        in a callback, which acknowledges them all (an unacknowledged row stays in the data
-        plane's outbox and is re-sent after a reconnect, so a crash in between loses nothing)."""
-        self.record(message.row, flush=False)
+        """A terminal row from the data plane; its `Ack` is sent by the settle after the write."""
         self._unacked.append((conn, message.req_id))
-        if len(self._unacked) == 1:
-            asyncio.get_running_loop().call_soon(self._write_and_ack)
-
-    def _write_and_ack(self) -> None:
-        ok = self.write_staged()
-        unacked, self._unacked = self._unacked, []
-        for conn, req_id in unacked:
-            try:
-                conn.send_nowait(Ack(req_id=req_id, ok=ok))
-            except ConnectionError:
-                pass  # the link went away: the data plane re-sends the row, deduplicated here
+        self.record(message.row)
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():
             log.info("ledger_recovered")
-
-    def log_decision(self, decision: Decision) -> None:
-        for listener in self.decision_listeners:
-            listener(decision)
-        log.info("mint_decided", mint_decision_id=decision.mint_decision_id,
-                 outcome=str(decision.outcome),
-                 refusal_reason=None if decision.refusal_reason is None else str(decision.refusal_reason),
-                 account_id=decision.account_id, position=decision.fallback_position, hop=decision.hop,
-                 dispatch_id=decision.lineage.dispatch_id, repo_slug=decision.lineage.repo_slug)
 
     def _on_disconnect(self) -> None:
         """Routes in flight are forgotten now; any the data plane does not re-announce (or

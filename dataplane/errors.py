@@ -13,6 +13,7 @@ from multidict import CIMultiDictProxy
 
 from dataplane.attempt import Attempt
 from dataplane.wires import anthropic, openai
+from shared.bounds import retry_after_s as retry_after_s_of
 from shared.codes import HTTP_STATUS, AttemptStatus, Refusal, Wire
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
@@ -43,7 +44,7 @@ def refusal_response(wire: str, code: Refusal, message: str, request_id: str, ov
     if status == 401:
         headers["x-should-retry"] = "false"
     if retry_after_s is not None:
-        headers["retry-after"] = str(max(1, int(retry_after_s + 0.999)))
+        headers["retry-after"] = str(retry_after_s_of(retry_after_s))
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 

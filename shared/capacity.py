@@ -8,6 +8,8 @@ clock: the table is a value the shells hold and ask.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 
 class CapacityTable:
     def __init__(self) -> None:
@@ -50,3 +52,50 @@ class CapacityTable:
     def clear(self) -> None:
         self._holders.clear()
         self._account_of.clear()
+
+
+class CapacityStore(Protocol):
+    """A ceiling's holder registry, wherever it lives (in this process, or Redis for a fleet).
+
+    Contract (tests/integration/test_backend_contracts.py runs it against every implementation):
+    - `reserve(account, holder, ceiling)` takes one slot for `holder` and answers True, or answers
+      False, taking nothing, when `ceiling` holders already hold the account. Atomic: under any
+      interleaving of callers, no more than `ceiling` holders hold an account. A `None` ceiling
+      is no ceiling.
+    - Reserving a holder it already holds on the same account is a no-op answering True; on
+      another account it is refused (False): a holder holds at most one slot anywhere.
+    - `release(holder)` returns the holder's slot and answers True; releasing it again, or
+      releasing an unknown holder, changes nothing and answers False.
+    - `holds(holder)` and `count(account)` read the registry as it is now.
+    - A method that cannot reach the registry raises `StateUnavailable`; it never answers from
+      a guess.
+    """
+
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool: ...
+    async def release(self, holder: str) -> bool: ...
+    async def holds(self, holder: str) -> bool: ...
+    async def count(self, account_id: str) -> int: ...
+
+
+class StateUnavailable(Exception):
+    """A shared-state backend could not answer (fleet mode: Redis unreachable or erroring)."""
+
+
+class LocalCapacity:
+    """The in-process `CapacityStore`: a `CapacityTable` owned by this event loop (every method
+    completes without suspending, so each call is atomic)."""
+
+    def __init__(self) -> None:
+        self.table = CapacityTable()
+
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
+        return self.table.reserve(account_id, holder, ceiling)
+
+    async def release(self, holder: str) -> bool:
+        return self.table.release(holder)
+
+    async def holds(self, holder: str) -> bool:
+        return self.table.holds(holder)
+
+    async def count(self, account_id: str) -> int:
+        return self.table.count(account_id)

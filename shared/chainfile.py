@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Generic, Protocol, TypeVar
 
 import filelock
 import msgspec
@@ -72,6 +73,118 @@ class ChainUnwritable(ChainError):
     """The append (or the re-anchor that must precede it) failed; the chain is as it was."""
 
 
+class ChainBytes(msgspec.Struct, frozen=True):
+    """One whole read of a chain: the anchor before, the records, the anchor after."""
+
+    anchor_before: bytes | None
+    data: bytes
+    anchor_after: bytes | None
+
+
+class ChainStorage(Protocol):
+    """Where a chain's bytes live (files in the state directory here). `HashChain` decides
+    everything (verification, the cache, the commit order); the storage only keeps bytes.
+
+    Contract (tests/integration/test_backend_contracts.py runs it against every implementation):
+    - `read()` answers the anchor, the records, and the anchor again (`ChainBytes`); an empty
+      chain is `b""` and a missing anchor None. It raises OSError when the bytes cannot be read.
+    - `version()` is cheap and changes whenever the records or the anchor change (the read
+      cache's key); it raises OSError when it cannot tell.
+    - `tail()` answers the last `TAIL_BYTES` of the records (b"" when empty).
+    - `writer()` is the one writer's exclusive lock (a context manager); it raises `ChainBusy`
+      after `LOCK_TIMEOUT_S`. `append` and `write_anchor` are called only inside it.
+    - `append(line, expected_size)` appends `line` durably if the records are still
+      `expected_size` bytes long; a failed append leaves the records as they were and raises
+      OSError; a size that moved raises `RevisionConflict`.
+    - `write_anchor(data)` replaces the anchor durably and atomically (a reader sees the old
+      or the new one, never a torn one).
+    """
+
+    def read(self) -> ChainBytes: ...
+    def version(self) -> tuple[Any, ...]: ...
+    def tail(self) -> bytes: ...
+    def writer(self) -> AbstractContextManager[Any]: ...
+    def append(self, line: bytes, expected_size: int) -> None: ...
+    def write_anchor(self, data: bytes) -> None: ...
+
+
+class FileChainStorage:
+    """A chain file and its anchor file; the writer's lock is `filelock` on `<chain>.lock`."""
+
+    def __init__(self, path: str, anchor_path: str) -> None:
+        self.path = path
+        self.anchor_path = anchor_path
+        self.lock_path = path + ".lock"
+
+    def read(self) -> ChainBytes:
+        before = _read_or_none(self.anchor_path)
+        data = _read_or_none(self.path) or b""
+        after = _read_or_none(self.anchor_path)
+        return ChainBytes(before, data, after)
+
+    def version(self) -> tuple[Any, ...]:
+        anchor = _read_or_none(self.anchor_path)
+        try:
+            with open(self.path, "rb") as handle:
+                st = os.fstat(handle.fileno())
+                tail = _tail(handle)
+        except FileNotFoundError:
+            return (anchor,)
+        return (anchor, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, tail)
+
+    def tail(self) -> bytes:
+        try:
+            with open(self.path, "rb") as handle:
+                return _tail(handle)
+        except FileNotFoundError:
+            return b""
+
+    @contextmanager
+    def writer(self) -> Iterator[None]:
+        lock = filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=0o600)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise ChainBusy(f"{self.lock_path} held for more than {LOCK_TIMEOUT_S:g}s") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def append(self, line: bytes, expected_size: int) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd).st_size
+            if size != expected_size:
+                raise RevisionConflict(-1, -1)  # only another writer ignoring the lock does this
+            try:
+                _write_all(fd, line)
+                os.fsync(fd)
+            except OSError:
+                try:  # never leave a torn line behind a failed write
+                    os.ftruncate(fd, expected_size)
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(fd)
+        if expected_size == 0:
+            _fsync_dir(self.path)
+
+    def write_anchor(self, data: bytes) -> None:
+        """Temp file, fsync, rename over the anchor, fsync the directory (only the writer,
+        under the lock, writes it, so one fixed temp name is enough)."""
+        tmp = self.anchor_path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.anchor_path)
+        _fsync_dir(self.anchor_path)
+
+
 class HashChain(Generic[S]):
     """One chain file and its anchor. Thread-safe for readers; writers serialise on a file lock.
 
@@ -81,10 +194,12 @@ class HashChain(Generic[S]):
     to the chain or its anchor would change; on a miss the whole chain is read and verified again.
     """
 
-    def __init__(self, path: str, anchor_path: str, fold: Callable[[Sequence[dict[str, Any]]], S]) -> None:
+    def __init__(self, path: str, anchor_path: str, fold: Callable[[Sequence[dict[str, Any]]], S],
+                 storage: ChainStorage | None = None) -> None:
         self.path = path
         self.anchor_path = anchor_path
         self.lock_path = path + ".lock"
+        self.storage: ChainStorage = storage or FileChainStorage(path, anchor_path)
         self._fold = fold
         self._cache: tuple[tuple[Any, ...], ChainView[S]] | None = None
         self.full_reads = 0  # how many whole-chain reads were made (tests prove the retry count)
@@ -123,33 +238,21 @@ class HashChain(Generic[S]):
 
     def head(self) -> Head | None:
         """The last record's `(seq, hash)` by an O(1) tail read (unverified; None if none)."""
-        try:
-            with open(self.path, "rb") as handle:
-                return head_of_tail(_tail(handle))
-        except FileNotFoundError:
-            return None
+        tail = self.storage.tail()
+        return head_of_tail(tail) if tail else None
 
     def _key(self) -> tuple[Any, ...]:
-        anchor = _read_or_none(self.anchor_path)
-        try:
-            with open(self.path, "rb") as handle:
-                st = os.fstat(handle.fileno())
-                tail = _tail(handle)
-        except FileNotFoundError:
-            return (anchor,)
-        return (anchor, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, tail)
+        return self.storage.version()
 
     def _snapshot(self) -> ChainCheck:
         """One whole read: anchor, chain, anchor again (see `verify_chain_between`)."""
         self.full_reads += 1
         try:
-            before = _read_or_none(self.anchor_path)
-            data = _read_or_none(self.path) or b""
-            after = _read_or_none(self.anchor_path)
+            read = self.storage.read()
         except OSError as exc:
             log.error("chain_read_failed", path=self.path, error=str(exc))
             return ChainCheck(verdict=Verdict.CORRUPT, fault=Fault.UNREADABLE)
-        return verify_chain_between(split_lines(data), before, after)
+        return verify_chain_between(split_lines(read.data), read.anchor_before, read.anchor_after)
 
     # ---- the one write ------------------------------------------------------------------
 
@@ -163,25 +266,20 @@ class HashChain(Generic[S]):
         effect, or raise to abort → append + fsync → anchor. An anchor write failing after the
         append is logged, not raised: the append committed, and the next commit re-anchors.
         """
-        lock = filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=0o600)
-        try:
-            lock.acquire()
-        except filelock.Timeout:
-            raise ChainBusy(f"{self.lock_path} held for more than {LOCK_TIMEOUT_S:g}s") from None
-        try:
+        with self.storage.writer():
             self._cache = None
-            return self._commit_locked(build, expected_revision)
-        finally:
-            self._cache = None
-            lock.release()
+            try:
+                return self._commit_locked(build, expected_revision)
+            finally:
+                self._cache = None
 
     def _commit_locked(self, build: Callable[[ChainCheck], Mapping[str, Any]],
                        expected_revision: int | None) -> Committed:
         try:
-            anchor = _read_or_none(self.anchor_path)
-            data = _read_or_none(self.path) or b""
+            read = self.storage.read()
         except OSError as exc:
             raise ChainCorrupt(ChainCheck(verdict=Verdict.CORRUPT, fault=Fault.UNREADABLE)) from exc
+        anchor, data = read.anchor_after, read.data
         check = verify_chain(split_lines(data), anchor)
         if check.verdict is Verdict.CORRUPT:
             raise ChainCorrupt(check)
@@ -191,50 +289,20 @@ class HashChain(Generic[S]):
         current = encode_anchor(count, check.head_hash)
         if anchor != current:
             try:
-                self._write_anchor(current)
+                self.storage.write_anchor(current)
             except OSError as exc:
                 raise ChainUnwritable(f"cannot anchor {self.anchor_path}: {exc}") from exc
         record = seal(build(check), count + 1, check.head_hash or GENESIS_HASH)
         try:
-            self._append(encode_record(record), len(data))
+            self.storage.append(encode_record(record), len(data))
         except OSError as exc:
             raise ChainUnwritable(f"cannot append to {self.path}: {exc}") from exc
         try:
-            self._write_anchor(encode_anchor(count + 1, record["hash"]))
+            self.storage.write_anchor(encode_anchor(count + 1, record["hash"]))
         except OSError as exc:
             log.error("chain_anchor_write_failed", path=self.anchor_path, revision=count + 1,
                       error=str(exc))
         return Committed(record=record, revision=count + 1, based_on_revision=count)
-
-    def _append(self, line: bytes, size_before: int) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            try:
-                _write_all(fd, line)
-                os.fsync(fd)
-            except OSError:
-                try:  # never leave a torn line behind a failed write
-                    os.ftruncate(fd, size_before)
-                except OSError:
-                    pass
-                raise
-        finally:
-            os.close(fd)
-        if size_before == 0:
-            _fsync_dir(self.path)
-
-    def _write_anchor(self, data: bytes) -> None:
-        """Temp file, fsync, rename over the anchor, fsync the directory (only the writer,
-        under the lock, writes it, so one fixed temp name is enough)."""
-        tmp = self.anchor_path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.anchor_path)
-        _fsync_dir(self.anchor_path)
 
 
 # How long a reader that saw a torn final line waits before its one confirming read.

@@ -182,3 +182,13 @@ class Outcome(StrEnum):
     SELECTED = "selected"
     REJECTED = "rejected"
     HELD = "held"
+
+
+class EndReason(StrEnum):
+    """Why a key ended, as `lease_ended` logs it: every path through the release seam."""
+
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+    ACCOUNT_REVOKED = "account-revoked"
+    RENEWED = "renewed"
+    RESERVATION_FAILED = "reservation-failed"

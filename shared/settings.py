@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import Condition
 
 PREFIX = "GATEWAY_"
@@ -174,7 +175,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
         accounts_file=r.text("ACCOUNTS_FILE", None),
         max_fallback_hops=int(r.number("MAX_FALLBACK_HOPS", 1, 0, 16, integer=True)),
         fallback_on=r.conditions("FALLBACK_ON"),
-        key_ttl_seconds=int(r.number("KEY_TTL_SECONDS", 3600, 60, 86400, integer=True)),
+        key_ttl_seconds=int(r.number("KEY_TTL_SECONDS", 3600, TTL_MIN_S, TTL_MAX_S, integer=True)),
         max_body_bytes=int(r.number("MAX_BODY_BYTES", 33554432, 1024, 1 << 31, integer=True)),
         drain_seconds=r.number("DRAIN_SECONDS", 30, 0, 3600, integer=False),
         upstream_connect_timeout=r.number("UPSTREAM_CONNECT_TIMEOUT", 10, 0.1, 600, integer=False),

@@ -8,15 +8,25 @@ bindings. Positions are indices into the returned list.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
+from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate
-from controlplane.overlays import ResolvedPolicy
-from controlplane.registry import AccountSpec
 
 
-def build_candidates(accounts: Sequence[AccountSpec], policy: ResolvedPolicy,
+class ServingAccount(Protocol):
+    """What candidates read of an account (the registry's `AccountSpec` is one)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def provider_binding(self) -> str: ...
+    def serves(self, model: str) -> bool: ...
+
+
+def build_candidates(accounts: Sequence[ServingAccount], policy: ResolvedPolicy,
                      model: str | None, model_class: str | None) -> tuple[Candidate, ...]:
-    pairs: list[tuple[AccountSpec, str]] = []
+    pairs: list[tuple[ServingAccount, str]] = []
     if model_class is not None:
         by_binding = policy.model_classes.get(model_class, {})
         for account in accounts:

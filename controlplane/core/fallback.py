@@ -50,8 +50,16 @@ def _rejected(refusal: Refusal) -> FallbackVerdict:
     return FallbackVerdict(outcome=Outcome.REJECTED, refusal=refusal)
 
 
-def authorise_fallback(kind: CitationKind, cited: CitedDecision | None, lineage: Lineage,
-                       fallback_on: frozenset[Condition], max_hops: int) -> FallbackVerdict:
+def authorise_fallback(kind: CitationKind | None, cited: CitedDecision | None, lineage: Lineage,
+                       fallback_on: frozenset[Condition], max_hops: int, *,
+                       dispatch_live: bool = False) -> FallbackVerdict:
+    """Both SPEC §8 rules of a v2 mint in one table: the citation (if any), and one live lease
+    per dispatch. `kind` None is a fresh mint (no citation); `dispatch_live` says the dispatch
+    has a live lease other than the cited one (a renewal's successor, a sibling hop)."""
+    if kind is None:
+        if dispatch_live:  # one live lease per dispatch: revoke, then re-mint
+            return _held(Refusal.FALLBACK_LEASE_STILL_HELD)
+        return FallbackVerdict(outcome=Outcome.SELECTED)
     if cited is None:
         return _held(Refusal.FALLBACK_LINEAGE_UNKNOWN)
     # ---- rejections: the citation is inadmissible on its face ----
@@ -65,10 +73,14 @@ def authorise_fallback(kind: CitationKind, cited: CitedDecision | None, lineage:
     if not cited.lease_released:
         return _held(Refusal.FALLBACK_LEASE_STILL_HELD)
     if kind == CitationKind.SUPERSEDE:
-        return FallbackVerdict(outcome=Outcome.SELECTED, start_position=cited.position_now, hop=cited.hop)
-    if not any(c is not None and c in fallback_on for c in cited.terminal_conditions):
+        verdict = FallbackVerdict(outcome=Outcome.SELECTED, start_position=cited.position_now, hop=cited.hop)
+    elif not any(c is not None and c in fallback_on for c in cited.terminal_conditions):
         return _held(Refusal.FALLBACK_NOT_AUTHORISED)
-    if cited.hop + 1 > max_hops:
+    elif cited.hop + 1 > max_hops:
         return _held(Refusal.FALLBACK_BUDGET_EXHAUSTED)
-    return FallbackVerdict(outcome=Outcome.SELECTED, start_position=cited.position_now + 1,
-                           hop=cited.hop + 1)
+    else:
+        verdict = FallbackVerdict(outcome=Outcome.SELECTED, start_position=cited.position_now + 1,
+                                  hop=cited.hop + 1)
+    if dispatch_live:  # the cited lease is gone, but another of this dispatch is not
+        return _held(Refusal.FALLBACK_LEASE_STILL_HELD)
+    return verdict

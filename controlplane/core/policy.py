@@ -24,8 +24,22 @@ from typing import Annotated, Any
 
 import msgspec
 
-from controlplane.overlays import ResolvedPolicy
 from shared.codes import Binding, Condition
+
+
+class ResolvedPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """The fold of every level for one (repo, role): what the mint obeys."""
+
+    revision: int = 0
+    account_order: tuple[str, ...] | None = None
+    providers: tuple[str, ...] | None = None
+    fallback_on: frozenset[Condition] = frozenset(Condition)
+    max_fallback_hops: int = 1
+    model_classes: dict[str, dict[str, str]] = {}
+    provenance: dict[str, str] = {}                 # field (or model_classes.<class>.<binding>) → level label
+    locked_by: dict[str, str] = {}                  # field → the least specific level that locked it
+    vetoed: dict[str, tuple[str, ...]] = {}         # field → more specific setters a lock overruled
+    ceilinged: tuple[str, ...] = ()                 # fields whose chosen value the platform ceiling cut
 
 
 class LevelKind(StrEnum):

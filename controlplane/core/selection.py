@@ -9,6 +9,8 @@ lease-capacity-exhausted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from shared.codes import AdminState, Refusal, Skip
@@ -42,18 +44,25 @@ class Selection(msgspec.Struct, frozen=True, kw_only=True):
     refusal: Refusal | None   # None when chosen; else no-eligible-account / fallback-pool-exhausted
 
 
+# SPEC §6's live filters, in order: the one table both selection (the first that hits) and
+# explain (every one that hits) read.
+LIVE_FILTERS: tuple[tuple[Skip, Callable[[LiveFacts], bool]], ...] = (
+    (Skip.NOT_CONFIGURED, lambda f: not f.configured),
+    (Skip.ADMINISTRATIVE_DISABLED, lambda f: f.administrative_state == AdminState.DISABLED),
+    (Skip.ADMINISTRATIVE_DRAINING, lambda f: f.administrative_state == AdminState.DRAINING),
+    (Skip.CIRCUIT_OPEN, lambda f: not f.circuit_admits),
+    (Skip.LEASE_CAPACITY_EXHAUSTED, lambda f: not f.lease_room),
+)
+
+
+def live_filters(facts: LiveFacts) -> tuple[Skip, ...]:
+    """Every live filter that rules the account out now, in SPEC §6 order."""
+    return tuple(code for code, hits in LIVE_FILTERS if hits(facts))
+
+
 def rule_out(facts: LiveFacts) -> Skip | None:
-    if not facts.configured:
-        return Skip.NOT_CONFIGURED
-    if facts.administrative_state == AdminState.DISABLED:
-        return Skip.ADMINISTRATIVE_DISABLED
-    if facts.administrative_state == AdminState.DRAINING:
-        return Skip.ADMINISTRATIVE_DRAINING
-    if not facts.circuit_admits:
-        return Skip.CIRCUIT_OPEN
-    if not facts.lease_room:
-        return Skip.LEASE_CAPACITY_EXHAUSTED
-    return None
+    """The first live filter that rules the account out, or None."""
+    return next((code for code, hits in LIVE_FILTERS if hits(facts)), None)
 
 
 def select_account(candidates: tuple[Candidate, ...], live: dict[str, LiveFacts],

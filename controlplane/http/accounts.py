@@ -12,21 +12,14 @@ from urllib.parse import urlsplit
 import msgspec
 from aiohttp import web
 
+from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
 from controlplane.http.common import int_query, json_response, requires
-from controlplane.http.keys import SERVICE
-from controlplane.http.mint import DESK
+from controlplane.http.appkeys import DESK, SERVICE
 from shared.clock import iso_ms, now_ms
 from shared.codes import Scope
 
 WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S = 900, 60, 86400
-
-
-class CircuitView(msgspec.Struct, frozen=True, kw_only=True):
-    state: str
-    opened_at: str | None
-    retry_at: str | None
-    opened_by: str | None
 
 
 class AccountView(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,7 +59,7 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
-def accounts_view(request: web.Request, window_s: int) -> AccountsView:
+async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     service = request.app[SERVICE]
     admin = request.app[DESK].admin
     now = now_ms()
@@ -90,7 +83,7 @@ def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             observed=counts.observed > 0, observed_request_count=counts.observed,
             observed_aborted_count=counts.aborted,
             last_observed_at=None if last_ms is None else iso_ms(last_ms),
-            circuit=CircuitView(**service.circuits.view(account.id, now)),
+            circuit=await service.circuits.view(account.id, now),
             health=str(health), health_reason=str(reason),
         ))
     chain = admin.read()
@@ -103,7 +96,7 @@ def accounts_view(request: web.Request, window_s: int) -> AccountsView:
 @requires(Scope.READ)
 async def accounts(request: web.Request) -> web.Response:
     window_s = int_query(request, "window_seconds", WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S)
-    return json_response(accounts_view(request, window_s))
+    return json_response(await accounts_view(request, window_s))
 
 
 def add_routes(app: web.Application) -> None:

@@ -23,11 +23,10 @@ from aiohttp import web
 
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.stores.admin import AccountAdminStore, AdminMutation, Revoker
+from controlplane.http.appkeys import ADMIN_STORE, LEASE_REVOKER
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, Scope
 
-ADMIN_STORE = web.AppKey("account_admin_store", AccountAdminStore)
-LEASE_REVOKER = web.AppKey("account_lease_revoker", object)  # a `Revoker`
 
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from shared.bounds import retry_after_s
 from shared.codes import Refusal, Scope
 from shared.errors import GatewayError
 from shared.logging import get_logger, redact_text
@@ -99,7 +100,7 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
         except GatewayError as exc:
             headers = {}
             if exc.retry_after_s is not None:
-                headers["Retry-After"] = str(max(1, int(exc.retry_after_s + 0.999)))
+                headers["Retry-After"] = str(retry_after_s(exc.retry_after_s))
             return error_response(exc.code, exc.detail, exc.status, headers=headers, **exc.extra)
     return middleware
 

@@ -14,8 +14,8 @@ from importlib import resources
 from aiohttp import web
 
 from controlplane.http.common import requires
+from controlplane.http.appkeys import ASSETS
 
-ASSETS = web.AppKey("dashboard_assets", dict)
 FILES = {  # file in controlplane/static → content type
     "dashboard.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",   # state and lifecycle (an ES module)

@@ -22,13 +22,12 @@ from aiohttp_sse import EventSourceResponse
 
 from controlplane.events import CloseReason, Event, EventHub, Subscriber
 from controlplane.http.common import requires
+from controlplane.http.appkeys import HEARTBEAT, HUB
 from shared.codes import Scope
 from shared.logging import get_logger
 
 log = get_logger("control.events")
 
-HUB = web.AppKey("event_hub", EventHub)
-HEARTBEAT = web.AppKey("event_heartbeat_s", float)
 HEARTBEAT_S = 15.0
 LIVENESS_CHECK_S = 1.0
 FEED_SNDBUF_BYTES = 32 * 1024

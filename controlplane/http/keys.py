@@ -9,15 +9,15 @@ from aiohttp import web
 
 from controlplane.http.common import json_response, read_json, requires
 from controlplane.service import ControlService
+from controlplane.http.appkeys import SERVICE
 from shared.clock import iso_ms
+from shared.bounds import TtlSeconds
 from shared.codes import Binding, Refusal, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
 
-SERVICE = web.AppKey("service", ControlService)
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-Ttl = Annotated[int, msgspec.Meta(ge=60, le=86400)]
 
 
 class MintV1(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -25,7 +25,7 @@ class MintV1(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     principal_kind: Name
     principal_id: Name
     repo_slug: Name
-    ttl_seconds: Ttl | None = None
+    ttl_seconds: TtlSeconds | None = None
 
 
 @requires(Scope.MINT)

@@ -11,14 +11,15 @@ from aiohttp import web
 
 from controlplane.http.common import requires
 from controlplane.metrics import GatewayMetrics
+from controlplane.http.appkeys import METRICS
 from shared.codes import Scope
-
-METRICS = web.AppKey("metrics", GatewayMetrics)
 
 
 @requires(Scope.READ)
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[METRICS].exposition(request.headers.get("Accept"))
+    gateway_metrics = request.app[METRICS]
+    await gateway_metrics.refresh()
+    body, content_type = gateway_metrics.exposition(request.headers.get("Accept"))
     return web.Response(body=body, headers={"Content-Type": content_type, "Cache-Control": "no-store"})
 
 

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import msgspec
 from aiohttp import web
 
 from controlplane.http.common import json_response, read_json, requires
 from controlplane.mint import MintAnswer, MintDesk, MintV2
+from controlplane.http.appkeys import DESK
+from shared.bounds import TtlSeconds
 from shared.codes import Refusal, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
 
-DESK = web.AppKey("mint_desk", MintDesk)
 
 
 class Renew(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    ttl_seconds: Annotated[int, msgspec.Meta(ge=60, le=86400)] | None = None
+    ttl_seconds: TtlSeconds | None = None
 
 
 def _answer(answer: MintAnswer) -> web.Response:

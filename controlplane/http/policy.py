@@ -20,18 +20,18 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from controlplane.core.candidates import build_candidates
-from controlplane.core.selection import Candidate, LiveFacts, rule_out, select_account
+from controlplane.core.mint import MintVerdict, decide_mint
+from controlplane.core.selection import Candidate, LiveFacts, live_filters, rule_out
+from controlplane.events import EventKind
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
-from controlplane.http.keys import SERVICE
-from controlplane.http.mint import DESK
-from controlplane.overlays import ResolvedPolicy
+from controlplane.core.policy import ResolvedPolicy
+from controlplane.mint import lineage_of, skips_view
 from controlplane.stores.policy import PolicyStore, Resolution
+from controlplane.http.appkeys import DESK, POLICY_STORE, SERVICE
 from shared.clock import iso_ms, now_ms
-from shared.codes import AdminState, Outcome, Refusal, Scope, Skip
+from shared.codes import Refusal, Scope
 from shared.errors import GatewayError
 
-POLICY_STORE = web.AppKey("policy_store", PolicyStore)
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Actor = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -97,7 +97,7 @@ async def put_level(request: web.Request) -> web.Response:
     written = await store.put_level(body.name, body.document, expected_revision=body.expected_revision,
                                     reason=body.reason, actor=body.actor,
                                     authenticated_by=authenticated_by(request))
-    request.app[SERVICE].events.publish("policy", {"name": written.name, "revision": written.revision})
+    request.app[SERVICE].events.publish(EventKind.POLICY, {"name": written.name, "revision": written.revision})
     return json_response({"name": written.name, "revision": written.revision,
                           "based_on_revision": written.based_on_revision,
                           "document": written.document, "record": written.record})
@@ -112,17 +112,7 @@ async def audit(request: web.Request) -> web.Response:
                           "fault_line": view.check.fault_line, "records": records})
 
 
-# ---- explain: the mint's own steps, stopped before anything is reserved -------------------
-
-def live_filters(facts: LiveFacts) -> list[str]:
-    """Every live filter that rules an account out now, in SPEC §6 order."""
-    ruled = [(not facts.configured, Skip.NOT_CONFIGURED),
-             (facts.administrative_state == AdminState.DISABLED, Skip.ADMINISTRATIVE_DISABLED),
-             (facts.administrative_state == AdminState.DRAINING, Skip.ADMINISTRATIVE_DRAINING),
-             (not facts.circuit_admits, Skip.CIRCUIT_OPEN),
-             (not facts.lease_room, Skip.LEASE_CAPACITY_EXHAUSTED)]
-    return [str(code) for hit, code in ruled if hit]
-
+# ---- explain: the mint's own decision, stopped before anything is reserved ----------------
 
 def _resolved_view(policy: ResolvedPolicy) -> dict[str, Any]:
     return {"account_order": policy.account_order, "providers": policy.providers,
@@ -135,22 +125,35 @@ def _candidate_view(candidate: Candidate, facts: LiveFacts | None) -> dict[str, 
     return {"account_id": candidate.account_id, "position": candidate.position,
             "provider_binding": candidate.provider_binding, "effective_model": candidate.effective_model,
             "code": None if code is None else str(code),
-            "filters": None if facts is None else live_filters(facts)}
+            "filters": None if facts is None else [str(f) for f in live_filters(facts)]}
 
 
-def _would(outcome: Outcome, refusal: Refusal | None = None, **chosen: Any) -> dict[str, Any]:
-    return {"outcome": str(outcome), "refusal_reason": None if refusal is None else str(refusal),
-            "account_id": chosen.get("account_id"), "fallback_position": chosen.get("fallback_position"),
-            "effective_model": chosen.get("effective_model"), "skipped": chosen.get("skipped", [])}
+def _would(verdict: MintVerdict) -> dict[str, Any]:
+    chosen = verdict.chosen
+    return {"outcome": str(verdict.outcome),
+            "refusal_reason": None if verdict.refusal is None else str(verdict.refusal),
+            "account_id": None if chosen is None else chosen.account_id,
+            "fallback_position": None if chosen is None else chosen.position,
+            "effective_model": None if chosen is None else chosen.effective_model,
+            "hop": verdict.hop if chosen is not None else None,
+            "skipped": skips_view(verdict.skipped)}
 
 
 @requires(Scope.READ)
 async def explain(request: web.Request) -> web.Response:
+    """A dry run of `POST /control/v2/mint` for the same identity and intent: the same facts,
+    gathered by the same desk, judged by the same `decide_mint`. With `dispatch_id` (and a
+    citation) it explains a retry or a supersede of that dispatch; without, a fresh one."""
     query = request.query
     repo_slug, role = query.get("repo_slug", ""), query.get("worker_role") or None
     model, model_class = query.get("model") or None, query.get("model_class") or None
+    retry_of = query.get("retry_of_mint_decision_id") or None
+    supersedes = query.get("supersedes_mint_decision_id") or None
     if not repo_slug or (model is None) == (model_class is None):
         raise GatewayError(Refusal.INVALID_REQUEST, "give repo_slug and exactly one of model or model_class")
+    if retry_of and supersedes:
+        raise GatewayError(Refusal.INVALID_REQUEST,
+                           "retry_of_mint_decision_id and supersedes_mint_decision_id are mutually exclusive")
     store, desk = request.app[POLICY_STORE], request.app[DESK]
     view = await store.read_async()
     payload: dict[str, Any] = {"as_of": iso_ms(now_ms()), "repo_slug": repo_slug, "worker_role": role,
@@ -158,15 +161,12 @@ async def explain(request: web.Request) -> web.Response:
                                "policy_revision": view.check.revision, "ceilings": _ceilings(store)}
     resolution: Resolution | None = store.resolution(repo_slug, role, view) if store.believable(view) else None
     payload.update(_resolution_view(resolution))
-    if resolution is None:
-        payload.update(candidates=None, would_select=_would(Outcome.HELD, Refusal.POLICY_UNAVAILABLE))
-        return json_response(payload)
-    accounts = request.app[SERVICE].registry.accounts
-    candidates = build_candidates(accounts, resolution.policy, model, model_class)
-    admin_unavailable = desk.admin.is_unavailable()
-    live = None if admin_unavailable else desk.live_facts(candidates)
-    payload["candidates"] = [_candidate_view(c, None if live is None else live[c.account_id]) for c in candidates]
-    payload["would_select"] = _dry_run(candidates, live, admin_unavailable)
+    lineage = lineage_of(query.get("dispatch_id", ""), repo_slug, model, model_class)
+    gathered = await desk.gather(lineage, role, model, model_class, retry_of=retry_of, supersedes=supersedes)
+    facts = gathered.facts
+    payload["candidates"] = None if gathered.policy is None else [
+        _candidate_view(c, facts.live.get(c.account_id)) for c in facts.candidates]
+    payload["would_select"] = _would(decide_mint(facts))
     return json_response(payload)
 
 
@@ -180,23 +180,6 @@ def _resolution_view(resolution: Resolution | None) -> dict[str, Any]:
                                    for label in tenancy.labels]},
             "resolved": _resolved_view(policy), "provenance": policy.provenance,
             "locked_by": policy.locked_by, "vetoed": policy.vetoed, "ceilinged": list(policy.ceilinged)}
-
-
-def _dry_run(candidates: tuple[Candidate, ...], live: dict[str, LiveFacts] | None,
-             admin_unavailable: bool) -> dict[str, Any]:
-    """The mint's order for a fresh dispatch: admin chain → candidates → selection."""
-    if admin_unavailable or live is None:
-        return _would(Outcome.HELD, Refusal.ACCOUNT_STATE_UNAVAILABLE)
-    if not candidates:
-        return _would(Outcome.REJECTED, Refusal.MODEL_NOT_SERVED)
-    selection = select_account(candidates, live, 0)
-    skipped = [{"account_id": s.account_id, "position": s.position, "code": str(s.code)}
-               for s in selection.skipped]
-    if selection.chosen is None:
-        return _would(Outcome.HELD, selection.refusal or Refusal.NO_ELIGIBLE_ACCOUNT, skipped=skipped)
-    chosen = selection.chosen
-    return _would(Outcome.SELECTED, account_id=chosen.account_id, fallback_position=chosen.position,
-                  effective_model=chosen.effective_model, skipped=skipped)
 
 
 def add_routes(app: web.Application, store: PolicyStore) -> None:

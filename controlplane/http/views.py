@@ -2,52 +2,15 @@
 
 from __future__ import annotations
 
-import msgspec
 from aiohttp import web
 
 from controlplane.http.common import int_query, json_response, requires
-from controlplane.http.keys import SERVICE
+from controlplane.http.appkeys import SERVICE
+from controlplane.routebook import view_of
 from shared.clock import iso_ms, now_ms
 from shared.codes import Scope
-from shared.wire import AttemptRow
 
 RECENT_LIMIT_MAX = 200
-
-
-class RouteView(msgspec.Struct, frozen=True, kw_only=True):
-    """One attempt as a read payload: the row without anything secret-shaped."""
-
-    attempt_id: str
-    key_id: str
-    account_id: str
-    mint_decision_id: str | None
-    dispatch_id: str | None
-    repo_slug: str
-    principal_id: str
-    wire: str
-    path: str
-    requested_model: str | None
-    served_model: str | None
-    stream: bool
-    started_at: str
-    finished_at: str | None
-    status: str | None
-    http_status: int | None
-    condition: str | None
-    refusal_reason: str | None
-    usage: dict | None
-    cost_usd: float | None
-    cost_reason: str | None
-    overhead_ms: float | None
-
-
-_VIEW_FIELDS = RouteView.__struct_fields__
-
-
-def view_of(row: AttemptRow) -> dict:
-    view = {name: getattr(row, name) for name in _VIEW_FIELDS}
-    view["usage"] = msgspec.to_builtins(row.usage)
-    return view
 
 
 @requires(None)

@@ -29,7 +29,7 @@ from controlplane.core.policy import (
     Ceiling, Finding, Level, LevelDocument, PolicyState, Problem, Tenancy, check_document,
     fold_records, layers_for, fold_policy, parse_level, tenancy_conflicts, tenancy_of,
 )
-from controlplane.overlays import ResolvedPolicy
+from controlplane.core.policy import ResolvedPolicy
 from shared.chain import ChainCheck, Verdict
 from shared.chainfile import (
     ChainBusy, ChainCorrupt, ChainError, ChainView, HashChain, RevisionConflict,

@@ -10,38 +10,30 @@ from typing import Any
 import pytest
 
 from controlplane.main import build_app
-from controlplane.prices import load_prices
-from controlplane.registry import Registry
-from controlplane.service import ControlService
-from controlplane.stores.keys import KeyTable
-from controlplane.stores.ledger import Ledger
-from shared.clock import now_ms
-from shared.settings import load_settings
+from tests.support.control import close_control, make_control
 from tests.support.harness import credential_like
 
 ADMIN, READ, MINT = credential_like("ctl_"), credential_like("read_"), credential_like("mint_")
 
 
 @pytest.fixture
-def service(tmp_path: Path):
+def control(tmp_path: Path):
     env = {"GATEWAY_STATE_DIR": str(tmp_path / "state"), "GATEWAY_RUNTIME_DIR": str(tmp_path / "run"),
            "GATEWAY_CONTROL_TOKEN": ADMIN, "GATEWAY_READ_TOKEN": READ, "GATEWAY_MINT_TOKEN": MINT,
            "GATEWAY_ANTHROPIC_API_KEY": credential_like("sk-ant-api03-")}
-    settings = load_settings(env)
-    (tmp_path / "state").mkdir()
-    keys = KeyTable(str(tmp_path / "state" / "keys.jsonl"))
-    keys.load(now_ms())
-    ledger = Ledger(str(tmp_path / "state" / "ledger.jsonl"))
-    ledger.open()
-    svc = ControlService(settings, Registry.from_settings(settings), keys, ledger, load_prices(), env=env)
-    yield svc
-    ledger.close()
-    keys.close()
+    wired = make_control(tmp_path / "state", settings=env, env=env)
+    yield wired
+    close_control(wired)
 
 
 @pytest.fixture
-async def client(aiohttp_client, service):
-    return await aiohttp_client(build_app(service))
+def service(control):
+    return control.service
+
+
+@pytest.fixture
+async def client(aiohttp_client, control):
+    return await aiohttp_client(build_app(control))
 
 
 async def call(client, method: str, path: str, body: Any = None, token: str = ADMIN) -> tuple[int, Any]:
@@ -137,7 +129,7 @@ async def test_explain_is_a_dry_run(client, service) -> None:
     assert [(c["account_id"], c["code"], c["filters"]) for c in body["candidates"]] == \
         [("legacy-openai", "not-configured", ["not-configured"])]
     assert (body["would_select"]["outcome"], body["would_select"]["refusal_reason"]) == ("held", "no-eligible-account")
-    assert service.lease_capacity.holds("anything") is False and not service.keys.all()
+    assert await service.lease_capacity.holds("anything") is False and not service.keys.all()
     for query in ("repo_slug=acme/app", "model=x", "repo_slug=a&model=x&model_class=y"):
         assert (await call(client, "GET", f"/control/v2/policy/explain?{query}", token=READ))[0] == 422
     json.dumps(body)  # plain JSON all the way down

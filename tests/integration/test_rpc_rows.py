@@ -44,7 +44,8 @@ class Control:
         self.socket_path = socket_path
         self.received: list[Message] = []
         self.acking = True
-        self.link = DataPlaneLink(lambda: ([], [ROUTE], True), self.on_message, lambda: None)
+        self.link = DataPlaneLink()
+        self.link.bind(lambda: ([], [ROUTE], True), self.on_message, lambda: None)
         self.server: asyncio.AbstractServer | None = None
 
     async def on_message(self, conn: Connection, message: Message) -> None:

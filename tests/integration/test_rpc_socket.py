@@ -43,7 +43,8 @@ async def serve(socket_path: str, leases: list[Lease]):
     async def on_message(conn: Connection, message) -> None:
         received.append(message)
 
-    link = DataPlaneLink(lambda: (list(leases), [ROUTE], True), on_message, lambda: None)
+    link = DataPlaneLink()
+    link.bind(lambda: (list(leases), [ROUTE], True), on_message, lambda: None)
     server = await start_unix_server(socket_path, link.on_client)
     return link, server, received
 

@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from controlplane.http.views import RouteView
+from controlplane.routebook import RouteView
 from tests.support.harness import Gateway, Stub, credential_like, wait_until
 
 MODEL = "claude-sonnet-4-6"

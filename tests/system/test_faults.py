@@ -134,29 +134,20 @@ def test_clock_jump_expires_leases_through_the_seam(future_s: int, tmp_path: Pat
     import asyncio
 
     from controlplane.core.pricing import PriceTable
-    from controlplane.registry import Registry
-    from controlplane.service import ControlService
     from controlplane.stores.keys import KeyTable
-    from controlplane.stores.ledger import Ledger
     from shared.clock import now_ms
     from shared.codes import Binding
-    from shared.settings import load_settings
+    from tests.support.control import make_control
 
     async def scenario() -> None:
-        settings = load_settings({"GATEWAY_CONTROL_TOKEN": "t" * 16, "GATEWAY_STATE_DIR": str(tmp_path)})
-        registry = Registry.from_settings(settings)
-        keys = KeyTable(str(tmp_path / "keys.jsonl"))
-        keys.load(now_ms())
-        ledger = Ledger(str(tmp_path / "ledger.jsonl"))
-        ledger.open()
-        service = ControlService(settings, registry, keys, ledger, PriceTable(price=()),
-                                 env={"GATEWAY_ANTHROPIC_API_KEY": "k"})
+        service = make_control(tmp_path, env={"GATEWAY_ANTHROPIC_API_KEY": "k"},
+                               prices=PriceTable(price=())).service
         minted = [await service.mint_v1(Binding.ANTHROPIC, "worker", "w", "r", 60) for _ in range(3)]
         assert await service.reap_expired() == 0
-        assert service.lease_capacity.count("legacy-anthropic") == 3
+        assert await service.lease_capacity.count("legacy-anthropic") == 3
         assert await service.reap_expired(now=now_ms() + future_s * 1000) == 3
         assert await service.reap_expired(now=now_ms() + future_s * 1000) == 0  # once
-        assert service.lease_capacity.count("legacy-anthropic") == 0 and service.keys.all() == []
+        assert await service.lease_capacity.count("legacy-anthropic") == 0 and service.keys.all() == []
         reloaded = KeyTable(str(tmp_path / "keys.jsonl"))
         reloaded.load(now_ms())
         assert reloaded.all() == [] and len(minted) == 3

@@ -116,9 +116,10 @@ def read_models() -> list[type[msgspec.Struct]]:
         for value in vars(module).values():
             if isinstance(value, type) and issubclass(value, msgspec.Struct) and value.__module__ == module.__name__:
                 models.append(value)
-    events = importlib.import_module("controlplane.events")
-    models += [v for v in vars(events).values()
-               if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == events.__name__]
+    for name in ("controlplane.events", "controlplane.routebook", "controlplane.circuits"):  # read models' rooms
+        module = importlib.import_module(name)
+        models += [v for v in vars(module).values()
+                   if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == module.__name__]
     return models
 
 

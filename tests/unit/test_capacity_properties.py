@@ -9,17 +9,15 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.mint import MintDesk, MintV2
-from controlplane.overlays import NoAdminOverlay, NoPolicy
-from controlplane.registry import AccountSpec, Registry
-from controlplane.service import ControlService
-from controlplane.stores.keys import KeyTable
-from controlplane.stores.ledger import Ledger
 from controlplane.core.pricing import PriceTable
+from controlplane.main import Control
+from controlplane.mint import MintV2
+from controlplane.registry import AccountSpec, Registry
 from shared.capacity import CapacityTable
-from shared.codes import AuthStyle, Binding
-from shared.settings import load_settings
+from shared.codes import AuthStyle, Binding, EndReason
+from shared.tokens import new_ulid
 from shared.wire import AttemptRow
+from tests.support.control import make_control
 
 HOLDERS = [f"h{i}" for i in range(6)]
 ACCOUNTS = ["a", "b"]
@@ -50,16 +48,14 @@ def test_capacity_table_never_leaks_or_goes_negative(ops, ceiling) -> None:
             assert 0 <= count <= ceiling
 
 
-def _service(tmp: Path) -> ControlService:
-    settings = load_settings({"GATEWAY_CONTROL_TOKEN": "t" * 16, "GATEWAY_STATE_DIR": str(tmp),
-                              "GATEWAY_MAX_FALLBACK_HOPS": "2"})
+def _control(tmp: Path) -> Control:
     accounts = [AccountSpec(id=i, display_name=i, provider_binding=Binding.ANTHROPIC, base_url="http://x",
                             auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{i.upper()}_KEY",
                             models=("m*",), lease_capacity=2) for i in ("acc-a", "acc-b", "acc-c")]
     env = {a.credential_env: "k" for a in accounts}
-    ledger = Ledger(str(tmp / "ledger.jsonl"))
-    ledger.open()
-    return ControlService(settings, Registry(accounts), KeyTable(None), ledger, PriceTable(price=()), env=env)
+    # a fresh state directory per example: hypothesis runs many in one tmp_path
+    return make_control(tmp / new_ulid(), settings={"GATEWAY_MAX_FALLBACK_HOPS": "2"}, env=env,
+                        registry=Registry(accounts), prices=PriceTable(price=()), keys_journal=False)
 
 
 step = st.one_of(
@@ -86,8 +82,8 @@ def _row(lease, decision_id: str, n: int, status: int) -> AttemptRow:
 
 
 async def _run(tmp: Path, steps) -> None:
-    service = _service(tmp)
-    desk = MintDesk(service, NoAdminOverlay(), NoPolicy(service.settings.fallback_on, 2))
+    control = _control(tmp)
+    service, desk = control.service, control.desk
     decisions: list[tuple[str, int]] = []  # (mint decision id, dispatch)
     renewals: set[str] = set()   # successors minted by renew, whose predecessor may still be live
 
@@ -112,20 +108,21 @@ async def _run(tmp: Path, steps) -> None:
             lease = live[item[1] % len(live)]
             if op == "fail":
                 service.record(_row(lease, lease.mint_decision_id, n, item[2]))
+                await service.settle()
             elif op == "renew":
                 answer = await desk.renew(lease.key_id, None)
                 if answer.status == 201:
                     renewals.add(answer.body["key_id"])
-                    await service.end_keys([lease.key_id], "renewed")  # the caller revokes after
+                    await service.end_keys([lease.key_id], EndReason.RENEWED)  # the caller revokes after
             else:
-                await service.end_keys([lease.key_id], "revoked" if op == "revoke" else "expired")
+                await service.end_keys([lease.key_id], EndReason.REVOKED if op == "revoke" else EndReason.EXPIRED)
         per_dispatch: dict[str, int] = {}
         for lease in service.keys.all():
             per_dispatch[lease.dispatch_id] = per_dispatch.get(lease.dispatch_id, 0) + 1
         assert all(count <= 1 for count in per_dispatch.values()), per_dispatch
         for account in service.registry.accounts:
             live_here = sum(1 for lease in service.keys.all() if lease.account_id == account.id)
-            assert service.lease_capacity.count(account.id) == live_here
+            assert await service.lease_capacity.count(account.id) == live_here
             assert live_here <= (account.lease_capacity or 10**9)
 
 
@@ -135,19 +132,19 @@ def test_no_sequence_yields_two_live_leases_for_one_dispatch(tmp_path: Path, ste
     asyncio.run(_run(tmp_path, steps))
 
 
-def test_refused_decisions_are_kept_apart_and_bounded() -> None:
+async def test_refused_decisions_are_kept_apart_and_bounded() -> None:
     from controlplane.core.fallback import Lineage
-    from controlplane.decisions import Decision, DecisionTable
+    from controlplane.decisions import Decision, LocalDecisions
     from shared.codes import Outcome, Refusal
 
-    table = DecisionTable(cap=4, refused_cap=2)
+    table = LocalDecisions(cap=4, refused_cap=2)
     lineage = Lineage("d", "r", "m")
     chosen = Decision(mint_decision_id="md_sel", outcome=Outcome.SELECTED, lineage=lineage, at_ms=0,
                       key_id="K", account_id="a", fallback_position=0)
-    table.record(chosen)
+    await table.record(chosen)
     for n in range(5):
-        table.record(Decision(mint_decision_id=f"md_held{n}", outcome=Outcome.HELD, lineage=lineage, at_ms=n,
+        await table.record(Decision(mint_decision_id=f"md_held{n}", outcome=Outcome.HELD, lineage=lineage, at_ms=n,
                               refusal_reason=Refusal.NO_ELIGIBLE_ACCOUNT))
-    assert table.get("md_sel") == chosen and table.for_key("K") == chosen  # refusals never evict a lease's decision
-    assert table.refused_outcome("md_held4") == table.refused_outcome("md_held3") == Outcome.HELD
-    assert table.refused_outcome("md_held0") is None and table.get("md_held4") is None
+    assert await table.get("md_sel") == chosen and await table.for_key("K") == chosen  # refusals never evict a lease's decision
+    assert await table.refused_outcome("md_held4") == await table.refused_outcome("md_held3") == Outcome.HELD
+    assert await table.refused_outcome("md_held0") is None and await table.get("md_held4") is None

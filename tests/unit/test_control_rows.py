@@ -10,26 +10,20 @@ import msgspec
 import pytest
 
 from controlplane.core.pricing import Price, PriceLookup, PriceTable, cost_of, price_for
-from controlplane.http.views import RouteView
-from controlplane.prices import load_prices
-from controlplane.registry import Registry
+from controlplane.routebook import RouteView
+from controlplane.main import Control
 from controlplane.service import ControlService
-from controlplane.stores.keys import KeyTable
-from controlplane.stores.ledger import Ledger
 from shared.codes import CostReason
-from shared.settings import load_settings
+from tests.support.control import make_control
 from shared.wire import Ack, AttemptFinished, AttemptRow, AttemptStarted, Usage
 
 
+def _control(tmp: Path) -> Control:
+    return make_control(tmp, env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
+
+
 def _service(tmp: Path) -> ControlService:
-    settings = load_settings({"GATEWAY_STATE_DIR": str(tmp), "GATEWAY_RUNTIME_DIR": str(tmp),
-                              "GATEWAY_CONTROL_TOKEN": "t" * 32})
-    keys = KeyTable(str(tmp / "keys.jsonl"))
-    keys.load(0)
-    ledger = Ledger(str(tmp / "ledger.jsonl"))
-    ledger.open()
-    return ControlService(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
-                          env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
+    return _control(tmp).service
 
 
 def _row(n: int, **changes: object) -> AttemptRow:
@@ -185,11 +179,10 @@ def test_row_counts_render_what_prometheus_instruments_would() -> None:
 
 
 async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remembered_outcome(tmp_path: Path) -> None:
-    from controlplane.mint import MintDesk, MintV2
-    from controlplane.overlays import NoAdminOverlay, NoPolicy
+    from controlplane.mint import MintV2
 
-    service = _service(tmp_path)  # only the anthropic credential is set: an OpenAI model is held
-    desk = MintDesk(service, NoAdminOverlay(), NoPolicy(service.settings.fallback_on, 2))
+    control = _control(tmp_path)  # only the anthropic credential is set: an OpenAI model is held
+    service, desk = control.service, control.desk
 
     def body(**cite: str) -> MintV2:
         return MintV2(dispatch_id="d1", repo_slug="acme/widgets", principal_kind="worker", principal_id="p",
@@ -198,7 +191,7 @@ async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remember
     held = await desk.mint_v2(body())
     assert (held.status, held.body["refusal_reason"]) == (503, "no-eligible-account")
     held_id = held.body["mint_decision_id"]
-    assert service.decisions.get(held_id) is None  # no lease: only its outcome is remembered
+    assert await service.decisions.get(held_id) is None  # no lease: only its outcome is remembered
     retry = await desk.mint_v2(body(retry_of_mint_decision_id=held_id))
     assert (retry.status, retry.body["outcome"], retry.body["refusal_reason"]) == \
         (409, "rejected", "fallback-cited-decision-not-selected")

@@ -10,10 +10,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from controlplane.events import (
-    PROJECTIONS, AccountStateEvent, CircuitEvent, CloseReason, EventHub, EventKind, GapEvent, GapReason,
+    PROJECTIONS, AccountStateEvent, CloseReason, EventHub, EventKind, GapEvent, GapReason,
     PolicyEvent, parse_event_id, resume_from,
 )
-from controlplane.http.views import RouteView
+from controlplane.circuits import CircuitView
+from controlplane.routebook import RouteView
 from shared.wire import AttemptRow, Usage
 
 EPOCH = "e1"
@@ -73,7 +74,7 @@ FORBIDDEN_NAME_PARTS = ("token", "secret", "api_key", "digest", "fingerprint")
 
 
 def test_no_event_model_declares_a_secret_shaped_field() -> None:
-    models = [RouteView, CircuitEvent, AccountStateEvent, PolicyEvent, GapEvent]
+    models = [RouteView, CircuitView, AccountStateEvent, PolicyEvent, GapEvent]
     names = [f for model in models for f in model.__struct_fields__]
     assert "attempt_id" in names and "account_id" in names  # non-vacuous: the join keys are there
     offenders = [n for n in names if any(part in n.lower() for part in FORBIDDEN_NAME_PARTS)]

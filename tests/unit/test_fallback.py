@@ -23,7 +23,7 @@ def cited(**over) -> CitedDecision:
 
 class Case(NamedTuple):
     name: str
-    kind: CitationKind
+    kind: CitationKind | None
     cited: CitedDecision | None
     fallback_on: frozenset
     max_hops: int
@@ -31,6 +31,7 @@ class Case(NamedTuple):
     refusal: Refusal | None
     start: int = 0
     hop: int = 0
+    dispatch_live: bool = False
 
 
 CASES = [
@@ -72,12 +73,26 @@ CASES = [
          Refusal.FALLBACK_CITED_DECISION_NOT_SELECTED),
     Case("response-not-lost beats lease-still-held", SUPERSEDE, cited(lease_released=False), ALL, 1,
          Outcome.REJECTED, Refusal.FALLBACK_RESPONSE_WAS_NOT_LOST),
+    # one live lease per dispatch (SPEC §8's second rule), in the same table
+    Case("a fresh mint proceeds at the top", None, None, ALL, 1, Outcome.SELECTED, None, 0, 0),
+    Case("a fresh mint while the dispatch has a live lease is held", None, None, ALL, 1, Outcome.HELD,
+         Refusal.FALLBACK_LEASE_STILL_HELD, dispatch_live=True),
+    Case("an admissible retry while a sibling lease is live is held", RETRY, cited(), ALL, 1, Outcome.HELD,
+         Refusal.FALLBACK_LEASE_STILL_HELD, dispatch_live=True),
+    Case("an admissible supersede while a sibling lease is live is held", SUPERSEDE,
+         cited(terminal_conditions=()), ALL, 1, Outcome.HELD, Refusal.FALLBACK_LEASE_STILL_HELD,
+         dispatch_live=True),
+    Case("a rejection beats a live sibling", RETRY, cited(outcome=Outcome.HELD), ALL, 1, Outcome.REJECTED,
+         Refusal.FALLBACK_CITED_DECISION_NOT_SELECTED, dispatch_live=True),
+    Case("the budget's hold is answered before a live sibling's", RETRY, cited(hop=1), ALL, 1, Outcome.HELD,
+         Refusal.FALLBACK_BUDGET_EXHAUSTED, dispatch_live=True),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_authorise_fallback(case: Case) -> None:
-    verdict = authorise_fallback(case.kind, case.cited, LINEAGE, case.fallback_on, case.max_hops)
+    verdict = authorise_fallback(case.kind, case.cited, LINEAGE, case.fallback_on, case.max_hops,
+                                 dispatch_live=case.dispatch_live)
     assert (verdict.outcome, verdict.refusal) == (case.outcome, case.refusal)
     if case.refusal is None:
         assert (verdict.start_position, verdict.hop) == (case.start, case.hop)

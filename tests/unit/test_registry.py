@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.core.candidates import build_candidates
-from controlplane.overlays import ResolvedPolicy
+from controlplane.core.policy import ResolvedPolicy
 from controlplane.registry import Registry, RegistryError, load_accounts_file
 from shared.settings import load_settings
 

@@ -1,0 +1,69 @@
+"""`decide_mint` (SPEC §5, §6, §8): the one decision of a v2 mint, renewal or explain.
+
+Pure and total. The shell gathers the facts (`MintFacts`: the chains' verdicts, the resolved
+policy's fallback rules, the candidate list, the citation and the live facts of each candidate)
+and this function decides, in this order, each step stopping at its first refusal:
+
+1. the admin overlay's chain can be believed, else held `account-state-unavailable`;
+2. the policy chain can be believed, else held `policy-unavailable`;
+3. some candidate serves the model, else rejected `model-not-served`;
+4. the citation and the one-live-lease-per-dispatch rule (`authorise_fallback`);
+5. the first candidate no live filter rules out (`select_account`).
+
+The mint, renewal and `GET /control/v2/policy/explain` all call this, so what explain says a
+mint would do is what the mint does. The verdict is advisory about capacity: the shell's
+reservation (and the circuit's probe claim) still decides, after it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from controlplane.core.fallback import CitationKind, CitedDecision, Lineage, authorise_fallback
+from controlplane.core.selection import Candidate, LiveFacts, Skipped, select_account
+from shared.codes import Condition, Outcome, Refusal
+
+
+class MintFacts(msgspec.Struct, frozen=True, kw_only=True):
+    admin_available: bool
+    policy_available: bool
+    lineage: Lineage
+    candidates: tuple[Candidate, ...] = ()
+    citation: CitationKind | None = None          # None: a fresh mint (or a renewal)
+    cited: CitedDecision | None = None            # None with a citation: lineage unknown
+    dispatch_live: bool = False                   # another live lease of this dispatch exists
+    fallback_on: frozenset[Condition] = frozenset(Condition)
+    max_hops: int = 1                             # min(policy, platform)
+    live: dict[str, LiveFacts] = {}
+
+
+class MintVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    outcome: Outcome                              # SELECTED: reserve `chosen`
+    refusal: Refusal | None = None
+    chosen: Candidate | None = None
+    skipped: tuple[Skipped, ...] = ()
+    hop: int = 0
+
+
+def _refused(outcome: Outcome, refusal: Refusal, skipped: tuple[Skipped, ...] = ()) -> MintVerdict:
+    return MintVerdict(outcome=outcome, refusal=refusal, skipped=skipped)
+
+
+def decide_mint(facts: MintFacts) -> MintVerdict:
+    if not facts.admin_available:
+        return _refused(Outcome.HELD, Refusal.ACCOUNT_STATE_UNAVAILABLE)
+    if not facts.policy_available:
+        return _refused(Outcome.HELD, Refusal.POLICY_UNAVAILABLE)
+    if not facts.candidates:
+        return _refused(Outcome.REJECTED, Refusal.MODEL_NOT_SERVED)
+    verdict = authorise_fallback(facts.citation, facts.cited, facts.lineage, facts.fallback_on,
+                                 facts.max_hops, dispatch_live=facts.dispatch_live)
+    if verdict.refusal is not None:
+        return _refused(verdict.outcome, verdict.refusal)
+    selection = select_account(facts.candidates, facts.live, verdict.start_position)
+    if selection.chosen is None:
+        refusal = selection.refusal or Refusal.NO_ELIGIBLE_ACCOUNT
+        outcome = Outcome.REJECTED if refusal == Refusal.FALLBACK_POOL_EXHAUSTED else Outcome.HELD
+        return _refused(outcome, refusal, selection.skipped)
+    return MintVerdict(outcome=Outcome.SELECTED, chosen=selection.chosen, skipped=selection.skipped,
+                       hop=verdict.hop)

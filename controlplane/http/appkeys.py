@@ -1,0 +1,29 @@
+"""Every `AppKey` of the control app, in one place: what `build_app` hands the handlers.
+
+Handlers import their collaborators' keys from here, never from one another, so a handler
+module depends on the stores and services it reads, and on no other handler.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from controlplane.events import EventHub
+from controlplane.metrics import GatewayMetrics
+from controlplane.mint import MintDesk
+from controlplane.service import ControlService
+from controlplane.stores.admin import AccountAdminStore
+from controlplane.stores.policy import PolicyStore
+
+SERVICE = web.AppKey("service", ControlService)
+DESK = web.AppKey("mint_desk", MintDesk)
+ADMIN_STORE = web.AppKey("account_admin_store", AccountAdminStore)
+LEASE_REVOKER = web.AppKey("account_lease_revoker", object)  # a `stores.admin.Revoker`
+POLICY_STORE = web.AppKey("policy_store", PolicyStore)
+HUB = web.AppKey("event_hub", EventHub)
+HEARTBEAT = web.AppKey("event_heartbeat_s", float)
+METRICS = web.AppKey("metrics", GatewayMetrics)
+ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
+
+__all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
+           "METRICS", "ASSETS"]

@@ -1,0 +1,261 @@
+"""The contracts of the state fleet mode shares, run against every implementation.
+
+Each interface's docstring states its contract; each test here checks one clause of it. The
+suites are parametrised over `*_BACKENDS`: an implementation is added to a list and must pass
+every test unchanged (the in-process ones today; the chain storage over real files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.circuits import CircuitRegistry, CircuitStore, CircuitView, LocalCircuits
+from controlplane.core import circuit as rules
+from controlplane.core.fallback import Lineage
+from controlplane.decisions import Decision, DecisionStore, LocalDecisions
+from shared.capacity import CapacityStore, LocalCapacity
+from shared.chainfile import ChainBusy, ChainStorage, FileChainStorage, RevisionConflict
+from shared.codes import CircuitPhase, Condition, Outcome, Refusal
+from shared.wire import AttemptRow
+
+CAPACITY_BACKENDS: dict[str, Callable[[], CapacityStore]] = {"local": LocalCapacity}
+CIRCUIT_BACKENDS: dict[str, Callable[[], CircuitStore]] = {"local": LocalCircuits}
+DECISION_BACKENDS: dict[str, Callable[..., DecisionStore]] = {"local": LocalDecisions}
+CHAIN_BACKENDS: dict[str, Callable[[Path], ChainStorage]] = {
+    "file": lambda d: FileChainStorage(str(d / "chain.jsonl"), str(d / "chain.anchor"))}
+
+
+@pytest.fixture(params=sorted(CAPACITY_BACKENDS))
+async def capacity(request) -> AsyncIterator[CapacityStore]:
+    yield CAPACITY_BACKENDS[request.param]()
+
+
+@pytest.fixture(params=sorted(CIRCUIT_BACKENDS))
+async def circuit_store(request) -> AsyncIterator[CircuitStore]:
+    yield CIRCUIT_BACKENDS[request.param]()
+
+
+@pytest.fixture(params=sorted(DECISION_BACKENDS))
+async def decisions(request) -> AsyncIterator[DecisionStore]:
+    yield DECISION_BACKENDS[request.param](cap=8, refused_cap=4)
+
+
+@pytest.fixture(params=sorted(CHAIN_BACKENDS))
+def chain(request, tmp_path: Path) -> ChainStorage:
+    return CHAIN_BACKENDS[request.param](tmp_path)
+
+
+# ---- CapacityStore -------------------------------------------------------------------------
+
+
+async def test_capacity_reserves_up_to_the_ceiling_and_no_further(capacity: CapacityStore) -> None:
+    assert [await capacity.reserve("a", f"h{i}", 2) for i in range(3)] == [True, True, False]
+    assert await capacity.count("a") == 2 and not await capacity.holds("h2")
+
+
+async def test_capacity_reserving_a_holder_twice_takes_one_slot(capacity: CapacityStore) -> None:
+    assert await capacity.reserve("a", "h", 2) and await capacity.reserve("a", "h", 2)
+    assert await capacity.count("a") == 1
+
+
+async def test_capacity_a_holder_holds_one_slot_anywhere(capacity: CapacityStore) -> None:
+    assert await capacity.reserve("a", "h", None)
+    assert not await capacity.reserve("b", "h", None)
+    assert (await capacity.count("a"), await capacity.count("b")) == (1, 0)
+
+
+async def test_capacity_release_is_idempotent_and_ignores_strangers(capacity: CapacityStore) -> None:
+    await capacity.reserve("a", "h", 1)
+    assert await capacity.release("h") is True
+    assert await capacity.release("h") is False and await capacity.release("never") is False
+    assert await capacity.count("a") == 0 and await capacity.reserve("a", "h2", 1)
+
+
+async def test_capacity_no_ceiling_is_no_ceiling(capacity: CapacityStore) -> None:
+    assert all([await capacity.reserve("a", f"h{i}", None) for i in range(50)])
+    assert await capacity.count("a") == 50
+
+
+async def test_capacity_concurrent_reservers_never_exceed_the_ceiling(capacity: CapacityStore) -> None:
+    results = await asyncio.gather(*(capacity.reserve("a", f"h{i}", 3) for i in range(20)))
+    assert sum(results) == 3 and await capacity.count("a") == 3
+
+
+# ---- CircuitStore --------------------------------------------------------------------------
+
+
+OPEN = rules.Circuit(phase=CircuitPhase.OPEN, consecutive=3, opened_at_ms=1, retry_at_ms=2,
+                     opened_by=Condition.RATE_LIMITED, open_ms=1)
+
+
+async def test_circuit_store_answers_closed_for_an_account_never_stored(circuit_store: CircuitStore) -> None:
+    assert await circuit_store.load("a") == rules.CLOSED
+
+
+async def test_circuit_store_swaps_only_from_the_expected_state(circuit_store: CircuitStore) -> None:
+    assert await circuit_store.swap("a", rules.CLOSED, OPEN)
+    assert await circuit_store.load("a") == OPEN
+    assert not await circuit_store.swap("a", rules.CLOSED, rules.CLOSED)  # stale expectation
+    assert await circuit_store.load("a") == OPEN and await circuit_store.load("b") == rules.CLOSED
+
+
+async def test_circuit_store_of_two_swaps_from_one_state_one_wins(circuit_store: CircuitStore) -> None:
+    other = rules.Circuit(consecutive=1)
+    results = await asyncio.gather(circuit_store.swap("a", rules.CLOSED, OPEN),
+                                   circuit_store.swap("a", rules.CLOSED, other))
+    assert sorted(results) == [False, True]
+
+
+def _row(key_id: str, condition: Condition | None, **over: Any) -> AttemptRow:
+    base = dict(attempt_id="att_" + key_id, key_id=key_id, account_id="a", mint_decision_id=None,
+                dispatch_id=None, repo_slug="r", principal_id="p", wire="anthropic", path="/v1/messages",
+                requested_model="m", served_model=None, stream=False, started_at="s", finished_at="f",
+                status="upstream-error" if condition else "completed", http_status=429 if condition else 200,
+                condition=None if condition is None else str(condition), refusal_reason=None, usage=None,
+                cost_usd=None, cost_reason=None, overhead_ms=None)
+    base.update(over)
+    return AttemptRow(**base)
+
+
+async def test_circuit_registry_over_a_store_admits_one_probe(circuit_store: CircuitStore) -> None:
+    """The registry's rules hold whichever store keeps the state: three failures open it, the
+    cooldown passes, exactly one of many concurrent claims becomes the probe, its success closes."""
+    seen: list[CircuitView] = []
+    registry = CircuitRegistry(circuit_store, cooldown_s=1, on_transition=seen.append)
+    for n in range(3):
+        await registry.on_row(_row(f"k{n}", Condition.RATE_LIMITED), now_ms=1_000)
+    assert (await registry.get("a", 1_000)).phase == CircuitPhase.OPEN and not await registry.admits("a", 1_500)
+    claims = await asyncio.gather(*(registry.claim_probe("a", f"p{i}", 2_100) for i in range(5)))
+    assert sum(claims) == 1
+    probe = f"p{claims.index(True)}"
+    await registry.on_row(_row(probe, None), now_ms=2_200)
+    assert (await registry.get("a", 2_200)).phase == CircuitPhase.CLOSED
+    assert [v.state for v in seen] == ["open", "closed"] and seen[0].account_id == "a"
+
+
+# ---- DecisionStore -------------------------------------------------------------------------
+
+
+LINEAGE = Lineage("d1", "r", "m")
+
+
+def _decision(n: int, key: str | None = None, outcome: Outcome = Outcome.SELECTED) -> Decision:
+    return Decision(mint_decision_id=f"md_{n}", outcome=outcome, lineage=LINEAGE, at_ms=n, key_id=key,
+                    account_id=None if key is None else "a", fallback_position=0,
+                    refusal_reason=None if key else Refusal.NO_ELIGIBLE_ACCOUNT)
+
+
+async def test_decisions_keep_a_lease_bearing_decision_by_id_and_by_key(decisions: DecisionStore) -> None:
+    chosen = _decision(1, key="K1")
+    await decisions.record(chosen)
+    assert await decisions.get("md_1") == chosen and await decisions.for_key("K1") == chosen
+    assert await decisions.get("md_none") is None and await decisions.for_key("K_none") is None
+
+
+async def test_decisions_keep_only_the_outcome_of_a_refused_one(decisions: DecisionStore) -> None:
+    await decisions.record(_decision(2, outcome=Outcome.HELD))
+    assert await decisions.get("md_2") is None
+    assert await decisions.refused_outcome("md_2") == Outcome.HELD
+    assert await decisions.refused_outcome("md_never") is None
+
+
+async def test_decisions_are_bounded_oldest_first(decisions: DecisionStore) -> None:
+    for n in range(12):  # cap 8
+        await decisions.record(_decision(n, key=f"K{n}"))
+    assert await decisions.get("md_0") is None and await decisions.for_key("K0") is None
+    assert await decisions.get("md_11") is not None
+
+
+async def test_decisions_evidence_arrives_in_order_for_known_decisions_only(decisions: DecisionStore) -> None:
+    await decisions.record(_decision(3, key="K3"))
+    await decisions.add_evidence("md_3", Condition.RATE_LIMITED)
+    await decisions.add_evidence("md_3", None)
+    await decisions.add_evidence("md_unknown", Condition.OVERLOADED)
+    assert await decisions.evidence("md_3") == (Condition.RATE_LIMITED, None)
+    assert await decisions.evidence("md_unknown") == ()
+
+
+async def test_decisions_one_live_lease_per_dispatch(decisions: DecisionStore) -> None:
+    assert await decisions.claim_live("K1", "r", "d1")
+    assert not await decisions.claim_live("K2", "r", "d1")          # another key is live
+    assert await decisions.claim_live("K3", "r", "d1", allowing="K1")  # a renewal's successor
+    assert await decisions.live_keys("r", "d1") == {"K1", "K3"}
+    assert await decisions.claim_live("K9", "r", "d2")               # another dispatch
+    await decisions.end_key("K1")
+    await decisions.end_key("K1")                                     # idempotent
+    await decisions.end_key("K3")
+    assert await decisions.live_keys("r", "d1") == set()
+    assert await decisions.claim_live("K2", "r", "d1")
+
+
+async def test_decisions_concurrent_claims_for_one_dispatch_admit_one(decisions: DecisionStore) -> None:
+    results = await asyncio.gather(*(decisions.claim_live(f"K{i}", "r", "d7") for i in range(10)))
+    assert sum(results) == 1 and len(await decisions.live_keys("r", "d7")) == 1
+
+
+async def test_decisions_note_live_restores_unconditionally(decisions: DecisionStore) -> None:
+    await decisions.note_live("K1", "r", "d1")
+    await decisions.note_live("K2", "r", "d1")
+    assert await decisions.live_keys("r", "d1") == {"K1", "K2"}
+
+
+# ---- ChainStorage --------------------------------------------------------------------------
+
+
+def test_chain_storage_reads_an_empty_chain(chain: ChainStorage) -> None:
+    read = chain.read()
+    assert (read.data, read.anchor_before, read.anchor_after) == (b"", None, None)
+    assert chain.tail() == b""
+
+
+def test_chain_storage_appends_at_the_expected_size_only(chain: ChainStorage) -> None:
+    with chain.writer():
+        chain.append(b'{"seq":1}\n', 0)
+        chain.append(b'{"seq":2}\n', 10)
+        with pytest.raises(RevisionConflict):
+            chain.append(b'{"seq":3}\n', 10)
+    assert chain.read().data == b'{"seq":1}\n{"seq":2}\n'
+    assert chain.tail().endswith(b'{"seq":2}\n')
+
+
+def test_chain_storage_anchor_replaces_and_the_version_moves(chain: ChainStorage) -> None:
+    empty = chain.version()
+    with chain.writer():
+        chain.append(b'{"seq":1}\n', 0)
+        after_append = chain.version()
+        chain.write_anchor(b"anchor-1")
+    after_anchor = chain.version()
+    assert len({empty, after_append, after_anchor}) == 3
+    read = chain.read()
+    assert read.anchor_before == read.anchor_after == b"anchor-1"
+    assert chain.version() == after_anchor  # unchanged bytes, unchanged version
+
+
+def test_chain_storage_writer_is_exclusive(chain: ChainStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.chainfile as chainfile
+    monkeypatch.setattr(chainfile, "LOCK_TIMEOUT_S", 0.2)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with chain.writer():
+            entered.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert entered.wait(10)
+        with pytest.raises(ChainBusy):
+            with chain.writer():
+                pass
+    finally:
+        release.set()
+        holder.join(10)
+    with chain.writer():  # free again once the holder left
+        pass
