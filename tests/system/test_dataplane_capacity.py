@@ -4,7 +4,8 @@
 The v1 mint only leases the legacy accounts, which have no ceiling; an account with a
 `request_capacity` comes from `GATEWAY_ACCOUNTS_FILE` and is reached through the v2 mint. The
 first test runs the real data plane in this process (`tests/support/inprocess.py`), where each
-terminal row waits in the link's outbox for the test to read. The second drives both daemons end to end and runs once the v2 mint is served.
+terminal row waits in the link's outbox for the test to read. The second drives both daemons end
+to end.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from tests.support.attempts import A_BODY, A_HEADERS, read_until, rows_for, send_raw, settled, step
 from tests.support.harness import Stub, wait_until
@@ -82,9 +82,6 @@ def test_request_capacity_end_to_end_through_the_v2_mint(make_gateway, clean_stu
     status, _, minted = gw.api("POST", "/control/v2/mint", {
         "dispatch_id": "d-1", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
         "model": "capped-model-1"})
-    if status == 404:
-        pytest.skip("POST /control/v2/mint is not served by this build (issue 5); "
-                    "the in-process test above covers the data plane side")
     assert status == 201 and minted["account_id"] == ACCOUNT, minted
     body = {**A_BODY, "model": "capped-model-1"}
     sock = send_raw(gw, {**body, "stream": True},
