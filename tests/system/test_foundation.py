@@ -128,7 +128,7 @@ def test_cut_stream_reaches_the_client_as_broken(gateway: Gateway, clean_stub: S
     minted = gateway.mint()
     sdk = client(gateway, minted["token"])
     started = time.monotonic()
-    with pytest.raises((anthropic.APIError, Exception)):
+    with pytest.raises(anthropic.APIStatusError):  # the SDK raises the gateway's error event
         with sdk.messages.stream(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}],
                                  extra_headers={"x-stub-step": '{"cut_after_events": 4}'}) as stream:
             stream.get_final_text()
