@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.harness import Gateway, Stub, wait_until
+from tests.support.harness import Gateway, Stub
+from tests.support.waits import wait_until
 from tests.system.test_ctl import CTL, call, ctl, ctl_env
 
 

@@ -10,15 +10,15 @@ to end.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import aiohttp
 
 from tests.support.attempts import A_BODY, A_HEADERS, read_until, rows_for, send_raw, settled, step
-from tests.support.harness import Stub, wait_until
+from tests.support.harness import Stub
 from tests.support.harness import http as call
 from tests.support.inprocess import anthropic_plane
+from tests.support.waits import until, wait_until
 
 ACCOUNT = "capped-anthropic"
 
@@ -42,14 +42,15 @@ async def test_request_capacity_429_and_every_ending_returns_the_slot(stub: Stub
                 assert refused.headers["request-id"] == body["request_id"]
 
             holder.close()  # the worker goes away: the slot comes back with the aborted attempt
-            await _until(lambda: proxy.capacity.count(ACCOUNT) == 0 and not proxy.in_flight)
+            await until(lambda: proxy.capacity.count(ACCOUNT) == 0 and not proxy.in_flight, 10,
+                        "the aborted stream's slot returned")
             async with session.post(url, json=A_BODY, headers=headers) as served:
                 assert served.status == 200
             async with session.post(url, json=A_BODY, headers={**headers, **step(status=529)}) as failed:
                 assert failed.status == 529
             async with session.post(url, json=A_BODY, headers=headers) as again:
                 assert again.status == 200  # an upstream error returned its slot too
-        await _until(lambda: not proxy.in_flight)
+        await until(lambda: not proxy.in_flight, 10, "no attempt in flight")
     link = plane.link
 
     rows = list(link.outbox.values())
@@ -63,12 +64,6 @@ async def test_request_capacity_429_and_every_ending_returns_the_slot(stub: Stub
     assert rows[0].http_status == 429 and rows[0].retry_after_s == 1
     assert link.in_flight == {} and proxy.capacity.count(ACCOUNT) == 0
     assert len({r.attempt_id for r in rows}) == 5
-
-
-async def _until(probe, timeout_s: float = 10) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not probe():
-            await asyncio.sleep(0.01)
 
 
 def test_request_capacity_end_to_end_through_the_v2_mint(make_gateway, clean_stub: Stub, tmp_path: Path) -> None:

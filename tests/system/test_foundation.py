@@ -8,10 +8,11 @@ import time
 import anthropic
 import pytest
 
-from tests.support.harness import Gateway, Stub, http, wait_until
+from tests.support.harness import Gateway, Stub, http
 from tests.support.stub_upstream import (
     STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS, stub_text,
 )
+from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 USAGE = {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 3,
