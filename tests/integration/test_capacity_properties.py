@@ -1,5 +1,7 @@
-"""Randomised properties: capacity tables never leak or go negative, and no sequence of mint,
-retry, supersede, evidence, revoke and expiry calls yields two live leases for one dispatch."""
+"""Randomised property over control's real stores: no sequence of mint, retry, supersede,
+evidence, revoke and expiry calls yields two live leases for one dispatch, and each account's
+lease capacity counts exactly its live leases. (The capacity table alone:
+`tests/unit/test_capacity_table.py`.)"""
 
 from __future__ import annotations
 
@@ -16,38 +18,9 @@ from controlplane.service import ControlService
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.core.pricing import PriceTable
-from shared.capacity import CapacityTable
 from shared.codes import AuthStyle, Binding
 from shared.settings import load_settings
 from shared.wire import AttemptRow
-
-HOLDERS = [f"h{i}" for i in range(6)]
-ACCOUNTS = ["a", "b"]
-
-capacity_ops = st.lists(st.tuples(st.sampled_from(["reserve", "release"]), st.sampled_from(ACCOUNTS),
-                                  st.sampled_from(HOLDERS)), max_size=60)
-
-
-@given(capacity_ops, st.integers(min_value=1, max_value=4))
-def test_capacity_table_never_leaks_or_goes_negative(ops, ceiling) -> None:
-    table = CapacityTable()
-    held: dict[str, str] = {}  # the model: holder -> account
-    for op, account, holder in ops:
-        if op == "reserve":
-            ok = table.reserve(account, holder, ceiling)
-            if holder in held:
-                assert ok == (held[holder] == account)  # twice takes one slot; never two accounts
-            elif ok:
-                held[holder] = account
-            else:
-                assert sum(1 for a in held.values() if a == account) >= ceiling
-        else:
-            assert table.release(holder) == (holder in held)
-            held.pop(holder, None)
-        for acc in ACCOUNTS:
-            count = table.count(acc)
-            assert count == sum(1 for a in held.values() if a == acc)
-            assert 0 <= count <= ceiling
 
 
 def _service(tmp: Path) -> ControlService:
@@ -133,21 +106,3 @@ async def _run(tmp: Path, steps) -> None:
 @given(st.lists(step, min_size=1, max_size=40))
 def test_no_sequence_yields_two_live_leases_for_one_dispatch(tmp_path: Path, steps) -> None:
     asyncio.run(_run(tmp_path, steps))
-
-
-def test_refused_decisions_are_kept_apart_and_bounded() -> None:
-    from controlplane.core.fallback import Lineage
-    from controlplane.decisions import Decision, DecisionTable
-    from shared.codes import Outcome, Refusal
-
-    table = DecisionTable(cap=4, refused_cap=2)
-    lineage = Lineage("d", "r", "m")
-    chosen = Decision(mint_decision_id="md_sel", outcome=Outcome.SELECTED, lineage=lineage, at_ms=0,
-                      key_id="K", account_id="a", fallback_position=0)
-    table.record(chosen)
-    for n in range(5):
-        table.record(Decision(mint_decision_id=f"md_held{n}", outcome=Outcome.HELD, lineage=lineage, at_ms=n,
-                              refusal_reason=Refusal.NO_ELIGIBLE_ACCOUNT))
-    assert table.get("md_sel") == chosen and table.for_key("K") == chosen  # refusals never evict a lease's decision
-    assert table.refused_outcome("md_held4") == table.refused_outcome("md_held3") == Outcome.HELD
-    assert table.refused_outcome("md_held0") is None and table.get("md_held4") is None

@@ -1,6 +1,6 @@
 """`leaseholdctl events` against the control daemon's real feed (SPEC §11, `GET /control/v2/events`).
 
-The client half (parsing, resume, refusals) is pinned by `tests/unit/test_ctl_events.py`.
+The client half (parsing, resume, refusals) is pinned by `tests/integration/test_ctl_events.py`.
 """
 
 from __future__ import annotations
