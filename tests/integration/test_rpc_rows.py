@@ -15,6 +15,7 @@ from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import LAZY_FLUSH_S, Connection, start_unix_server
 from shared.wire import Ack, AccountRoute, AttemptFinished, AttemptRow, AttemptStarted, Message
+from tests.support.waits import until
 
 ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
                      base_url="http://127.0.0.1:9", auth_style="x-api-key", credential_env="GATEWAY_X")
@@ -29,12 +30,6 @@ ROW = AttemptRow(attempt_id="att_1", key_id="01J0000000000000000000000A", accoun
 def row(n: int, status: str = "completed", http_status: int = 200) -> AttemptRow:
     return msgspec.structs.replace(ROW, attempt_id=f"att_{n}", status=status, http_status=http_status,
                                    finished_at="2026-01-01T00:00:01.000Z")
-
-
-async def wait_for(predicate, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 class Control:
@@ -80,7 +75,7 @@ async def test_a_2xx_row_is_sent_without_waiting_and_leaves_the_outbox_on_its_ac
         client.started(ROW)
         assert client.finished(row(1)) is None  # nothing to wait on
         assert list(client.outbox) == ["att_1"]
-        await wait_for(lambda: not client.outbox)
+        await until(lambda: not client.outbox, 5, "every row acknowledged")
         assert [type(m) for m in control.received] == [AttemptStarted, AttemptFinished]  # in order
     finally:
         client.stop()
@@ -110,11 +105,11 @@ async def test_unacknowledged_rows_are_resent_after_a_reconnect(socket_path: str
         control.acking = False
         for n in range(5):
             client.finished(row(n))
-        await wait_for(lambda: len(control.rows()) == 5)
+        await until(lambda: len(control.rows()) == 5, 5, "five rows at control")
         assert len(client.outbox) == 5  # sent, never acknowledged
         control.acking = True
         control.link.conn.close()  # control goes away; the data plane redials and resyncs
-        await wait_for(lambda: not client.outbox)
+        await until(lambda: not client.outbox, 5, "every row acknowledged")
         assert sorted(control.rows()) == sorted([f"att_{n}" for n in range(5)] * 2)  # each re-sent once
     finally:
         client.stop()
@@ -166,20 +161,20 @@ async def test_frames_of_one_iteration_leave_in_one_write_and_lazy_ones_wait(soc
         for n in range(3):
             conn.send_nowait(AttemptStarted(row=row(n)))
         assert counting.writes == 0
-        await wait_for(lambda: len(got) == 3)
+        await until(lambda: len(got) == 3, 5, "three frames")
         assert counting.writes == 1
 
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
         conn.send_nowait(AttemptStarted(row=row(10)), lazy=True)
         conn.send_nowait(AttemptStarted(row=row(11)), lazy=True)
-        await wait_for(lambda: len(got) == 5)
+        await until(lambda: len(got) == 5, 5, "five frames")
         assert loop.time() - sent_at >= LAZY_FLUSH_S * 0.9  # waited for company
         assert counting.writes == 2
 
         conn.send_nowait(AttemptStarted(row=row(20)), lazy=True)
         conn.send_nowait(AttemptStarted(row=row(21)))  # an eager frame takes the lazy one along
-        await wait_for(lambda: len(got) == 7)
+        await until(lambda: len(got) == 7, 5, "seven frames")
         assert counting.writes == 3
         assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in (0, 1, 2, 10, 11, 20, 21)]
     finally:

@@ -16,6 +16,7 @@ from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import Connection, start_unix_server
 from shared.wire import Ack, AccountRoute, Hello, Lease, Refused, Welcome
+from tests.support.waits import until
 
 ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
                      base_url="http://127.0.0.1:9", auth_style="x-api-key", credential_env="GATEWAY_X")
@@ -24,12 +25,6 @@ ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="
 def lease(n: int) -> Lease:
     return Lease(key_id=f"01J000000000000000000000{n:02d}", digest=bytes([n]) * 32, account_id=ROUTE.id,
                  expires_at_ms=2**62)
-
-
-async def wait_for(predicate, timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.005)
 
 
 @pytest.fixture
@@ -86,11 +81,12 @@ async def test_losing_control_clears_the_replica_and_reconnect_resyncs(socket_pa
         with capture_logs() as logs:
             link.conn.close()
             # fail closed at once: every lease dropped (the redial is fast, so read it from the log)
-            await wait_for(lambda: any(e["event"] == "control_link_lost" for e in logs))
+            await until(lambda: any(e["event"] == "control_link_lost" for e in logs), 5, "control_link_lost logged")
             lost = next(e for e in logs if e["event"] == "control_link_lost")
             assert lost["leases_dropped"] == 1
             # redialled and resynchronised from a fresh snapshot
-            await wait_for(lambda: any(e["event"] == "control_synchronised" for e in logs))
+            await until(lambda: any(e["event"] == "control_synchronised" for e in logs), 5,
+                        "control_synchronised logged")
         assert replica.ready and len(replica) == 1
     finally:
         client.stop()
@@ -108,7 +104,7 @@ async def test_version_mismatch_is_refused_and_logged(socket_path: str) -> None:
             answer = await asyncio.wait_for(conn.read_message(), 5)
             assert isinstance(answer, Refused) and "version" in answer.reason
             conn.close()
-            await wait_for(lambda: any(e["event"] == "rpc_peer_refused" for e in logs))
+            await until(lambda: any(e["event"] == "rpc_peer_refused" for e in logs), 5, "rpc_peer_refused logged")
     finally:
         server.close()
 
@@ -128,8 +124,8 @@ async def test_a_bad_frame_closes_that_connection_and_the_server_lives_on(socket
             writer.write(garbage)
             await writer.drain()
             assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
-            await wait_for(lambda: any(e["event"] == "rpc_frame_rejected" for e in logs))
-            await wait_for(lambda: not link.connected)
+            await until(lambda: any(e["event"] == "rpc_frame_rejected" for e in logs), 5, "rpc_frame_rejected logged")
+            await until(lambda: not link.connected, 5, "control to drop the connection")
         # the daemon still serves a well-behaved peer
         replica = LeaseReplica(env={})
         client = ControlLink(socket_path, replica)

@@ -19,6 +19,7 @@ from yarl import URL
 
 from dataplane import upstream_client
 from dataplane.upstream_client import UpstreamClient
+from tests.support.waits import until
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 Answer = Callable[[int, bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
@@ -144,9 +145,7 @@ async def test_connections_unused_for_the_keepalive_time_are_closed(monkeypatch)
     try:
         url = URL(f"http://127.0.0.1:{upstream.port}/v1/messages", encoded=True)
         assert (await exchange(lean, "POST", url, CIMultiDict(), b"{}"))[0] == 200
-        async with asyncio.timeout(5):
-            while upstream.hung_up < 1:
-                await asyncio.sleep(0.01)
+        await until(lambda: upstream.hung_up >= 1, 5, "the idle connection closed")
         assert (await exchange(lean, "POST", url, CIMultiDict(), b"{}"))[0] == 200
         assert upstream.connections == 2  # the first was closed, not reused
     finally:

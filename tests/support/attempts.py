@@ -13,7 +13,8 @@ from typing import Any
 import anthropic
 import openai
 
-from tests.support.harness import Gateway, Stub, wait_until
+from tests.support.harness import Gateway, Stub
+from tests.support.waits import wait_until
 
 A_MODEL = "claude-sonnet-4-6"
 O_MODEL = "gpt-5"

@@ -14,7 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.support.harness import REPO, Proc, http, wait_until
+from tests.support.harness import REPO, Proc, http
+from tests.support.waits import wait_until
 
 VAR = REPO / "var"
 

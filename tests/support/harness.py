@@ -1,8 +1,8 @@
 """Process helpers for system tests: the stub and both daemons as real processes on loopback.
 
-Every wait is on a condition with a deadline (`wait_until`), never a bare sleep. Every process
-started here is stopped by its owner (`Gateway.stop`, `Proc.stop`), and each daemon's output
-is captured to a file the test can read (for the secret-absence checks).
+Every wait is on a condition with a deadline (`tests/support/waits.py`), never a bare sleep.
+Every process started here is stopped by its owner (`Gateway.stop`, `Proc.stop`), and each
+daemon's output is captured to a file the test can read (for the secret-absence checks).
 """
 
 from __future__ import annotations
@@ -14,37 +14,20 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from tests.support.waits import wait_until  # also imported from here by bench/
 
 REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.02) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last_error: BaseException | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except Exception as exc:  # a probe may fail while the thing starts
-            last_error = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: {last_error!r})")
-        time.sleep(interval_s)
 
 
 def base_env() -> dict[str, str]:

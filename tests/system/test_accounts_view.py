@@ -8,7 +8,8 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from tests.support.harness import Gateway, Stub, http, wait_until
+from tests.support.harness import Gateway, Stub, http
+from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 FIELDS = {"id", "display_name", "provider_binding", "upstream_origin", "auth_style", "credential_env",

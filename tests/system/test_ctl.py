@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Gateway, Stub, base_env, credential_like, free_port, http, wait_until
+from tests.support.harness import Gateway, Stub, base_env, credential_like, free_port, http
+from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 CTL = [sys.executable, "-m", "controlplane.ctl"]

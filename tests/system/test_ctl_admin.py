@@ -1,9 +1,4 @@
-"""`leaseholdctl account ...` and `leaseholdctl audit` against real daemons (SPEC §9).
-
-SKIPPED WHILE THE ROUTES ARE ABSENT: the administrative overlay routes are being built
-separately; every test here skips while `GET /control/v2/accounts/admin` answers 404, and starts
-running, unchanged, once the control daemon serves them.
-"""
+"""`leaseholdctl account ...` and `leaseholdctl audit` against real daemons (SPEC §9)."""
 
 from __future__ import annotations
 
@@ -15,19 +10,10 @@ import pytest
 from tests.support.harness import Gateway, Stub
 from tests.system.test_ctl import MODEL, WHO, call, ctl, pairs
 
-ADMIN_PATH = "/control/v2/accounts/admin"
-
-
-def require_admin_routes(gw: Gateway) -> None:
-    if gw.api("GET", ADMIN_PATH)[0] == 404:
-        pytest.skip(f"{ADMIN_PATH} answers 404: the administrative overlay routes are not served yet")
-
-
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
     gateway = Gateway(tmp_path_factory.mktemp("ctl-admin"), stub).start()
     try:
-        require_admin_routes(gateway)
         yield gateway
     finally:
         gateway.stop()
@@ -79,10 +65,8 @@ def test_unknown_account_is_one_line(gw: Gateway) -> None:
     assert len(lines) == 2
 
 
-def test_audit_verify_fails_on_a_tampered_chain(gw: Gateway, make_gateway, clean_stub: Stub) -> None:
-    del gw  # asked for only so the module's skip applies before a second gateway starts
+def test_audit_verify_fails_on_a_tampered_chain(make_gateway, clean_stub: Stub) -> None:
     gw = make_gateway().start()
-    require_admin_routes(gw)
     assert ctl(gw, "audit", "--verify").returncode == 0  # absent is acceptable
     assert ctl(gw, "account", "drain", "legacy-openai", "--reason", "rotate").returncode == 0
     assert ctl(gw, "account", "enable", "legacy-openai", "--reason", "rotated").returncode == 0

@@ -1,49 +1,27 @@
 """`leaseholdctl events` against the control daemon's real feed (SPEC §11, `GET /control/v2/events`).
 
-SKIPPED WHILE THE ROUTE IS ABSENT: the event feed is built separately; every test here skips
-while `GET /control/v2/events` answers 404, and starts running, unchanged, once it is served.
-The client half (parsing, resume, refusals) is pinned now by `tests/unit/test_ctl_events.py`.
+The client half (parsing, resume, refusals) is pinned by `tests/integration/test_ctl_events.py`.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.harness import Gateway, Stub, wait_until
+from tests.support.harness import Gateway, Stub
+from tests.support.waits import wait_until
 from tests.system.test_ctl import CTL, call, ctl, ctl_env
-
-EVENTS_PATH = "/control/v2/events"
-
-
-def feed_status(gw: Gateway) -> int:
-    """The feed's status without reading its (endless) body."""
-    parts = urlsplit(gw.control_url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    try:
-        conn.request("GET", EVENTS_PATH, headers={"Authorization": f"Bearer {gw.control_token}"})
-        return conn.getresponse().status
-    finally:
-        conn.close()
-
-
-def require_feed(gw: Gateway) -> None:
-    if feed_status(gw) == 404:
-        pytest.skip(f"{EVENTS_PATH} answers 404: the event feed is not served yet")
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
     gateway = Gateway(tmp_path_factory.mktemp("ctl-feed"), stub).start()
     try:
-        require_feed(gateway)
         yield gateway
     finally:
         gateway.stop()
@@ -112,9 +90,7 @@ def test_an_unknown_id_yields_one_gap_first(gw: Gateway) -> None:
     assert json.loads(done.stdout.splitlines()[0])["event"] == "gap"
 
 
-def test_events_reconnect_after_a_control_restart(gw: Gateway, make_gateway, clean_stub: Stub,
-                                                  tmp_path: Path) -> None:
-    del gw  # asked for only so the module's skip applies before a second gateway starts
+def test_events_reconnect_after_a_control_restart(make_gateway, clean_stub: Stub, tmp_path: Path) -> None:
     own = make_gateway().start()
     tail = Tail(own, tmp_path)
     try:

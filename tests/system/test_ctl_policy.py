@@ -1,9 +1,4 @@
-"""`leaseholdctl policy get | set | explain | audit` against real daemons (SPEC §10).
-
-SKIPPED WHILE THE ROUTES ARE ABSENT: the routing policy store is built separately; every test
-here skips while `GET /control/v2/policy` answers 404, and starts running, unchanged, once the
-control daemon serves the policy routes.
-"""
+"""`leaseholdctl policy get | set | explain | audit` against real daemons (SPEC §10)."""
 
 from __future__ import annotations
 
@@ -16,15 +11,10 @@ import pytest
 from tests.support.harness import Gateway, Stub
 from tests.system.test_ctl import MODEL, ctl
 
-POLICY_PATH = "/control/v2/policy"
-
-
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
     gateway = Gateway(tmp_path_factory.mktemp("ctl-policy"), stub).start()
     try:
-        if gateway.api("GET", POLICY_PATH)[0] == 404:
-            pytest.skip(f"{POLICY_PATH} answers 404: the routing policy routes are not served yet")
         yield gateway
     finally:
         gateway.stop()

@@ -8,8 +8,9 @@ import socket
 from pathlib import Path
 
 from tests.support.attempts import A_BODY, A_HEADERS, assert_swapped, settled, step, stub_entry
-from tests.support.harness import Stub, wait_until
+from tests.support.harness import Stub
 from tests.support.harness import http as call
+from tests.support.waits import wait_until
 
 
 def shapeless(prefix: str) -> str:

@@ -8,6 +8,7 @@ import json
 import time
 
 import anthropic
+import httpx2  # the HTTP client the installed anthropic and openai SDKs are built on
 import openai
 import pytest
 
@@ -92,7 +93,7 @@ def test_stream_without_terminal_event_reaches_the_worker_broken(
 
 def test_sdks_raise_on_a_cut_stream_and_never_return_the_truncated_text(gateway: Gateway, clean_stub: Stub) -> None:
     a = gateway.mint()
-    with pytest.raises((anthropic.APIError, anthropic.APIConnectionError, Exception)) as caught:
+    with pytest.raises(anthropic.APIStatusError) as caught:  # the SDK raises the gateway's error event
         with anthropic_sdk(gateway, a["token"]).messages.stream(
                 model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(eof_after_events=5)) as s:
             s.get_final_text()
@@ -102,9 +103,10 @@ def test_sdks_raise_on_a_cut_stream_and_never_return_the_truncated_text(gateway:
     with pytest.raises(openai.APIError):
         list(sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES, stream=True,
                                          extra_headers=step(eof_after_events=3)))
-    with pytest.raises((openai.APIError, RuntimeError)):
+    with pytest.raises(openai.APIConnectionError) as cut:  # yields the error event, then meets the cut
         with sdk.responses.stream(model=O_MODEL, input="hi", extra_headers=step(eof_after_events=6)) as s:
             s.get_final_response()
+    assert isinstance(cut.value.__cause__, httpx2.RemoteProtocolError)
     assert one_row(gateway, a["key_id"])["status"] == "transport-error"
     assert [r["status"] for r in settled(gateway, o["key_id"], 2)] == ["transport-error"] * 2
 
@@ -161,9 +163,10 @@ def test_openai_stream_usage_and_served_model(gateway: Gateway, clean_stub: Stub
 def test_non_streaming_answer_cut_mid_body_reaches_the_worker_short(gateway: Gateway, clean_stub: Stub) -> None:
     """A JSON answer cut after its headers: the worker gets a short body, never a complete one."""
     minted = gateway.mint()
-    with pytest.raises((anthropic.APIConnectionError, anthropic.APIError)):
+    with pytest.raises(anthropic.APIConnectionError) as cut:
         anthropic_sdk(gateway, minted["token"]).messages.create(
             model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(cut_after_events=1))
+    assert isinstance(cut.value.__cause__, httpx2.RemoteProtocolError)
     conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=10)
     conn.request("POST", "/v1/messages", json.dumps(A_BODY),
                  {**A_HEADERS, "x-api-key": minted["token"], **step(cut_after_events=1)})

@@ -15,7 +15,8 @@ import anthropic
 import pytest
 
 from controlplane.routebook import RouteView
-from tests.support.harness import Gateway, Stub, credential_like, wait_until
+from tests.support.harness import Gateway, Stub, credential_like
+from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 ROUTE_FIELDS = set(RouteView.__struct_fields__)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Gateway, Stub, http, wait_until
+from tests.support.harness import Gateway, Stub, http
+from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}

@@ -8,10 +8,11 @@ import time
 import anthropic
 import pytest
 
-from tests.support.harness import Gateway, Stub, http, wait_until
+from tests.support.harness import Gateway, Stub, http
 from tests.support.stub_upstream import (
     STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS, stub_text,
 )
+from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 USAGE = {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 3,
@@ -128,7 +129,7 @@ def test_cut_stream_reaches_the_client_as_broken(gateway: Gateway, clean_stub: S
     minted = gateway.mint()
     sdk = client(gateway, minted["token"])
     started = time.monotonic()
-    with pytest.raises((anthropic.APIError, Exception)):
+    with pytest.raises(anthropic.APIStatusError):  # the SDK raises the gateway's error event
         with sdk.messages.stream(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}],
                                  extra_headers={"x-stub-step": '{"cut_after_events": 4}'}) as stream:
             stream.get_final_text()

@@ -20,7 +20,8 @@ import msgspec
 import pytest
 
 import controlplane.http
-from tests.support.harness import REPO, Gateway, Stub, http, wait_until
+from tests.support.harness import REPO, Gateway, Stub, http
+from tests.support.waits import wait_until
 
 FORBIDDEN_FIELD = re.compile(r"token|secret|api_key|digest|fingerprint")
 # Billing counts are not credentials: a usage field is named `<kind>_tokens`.

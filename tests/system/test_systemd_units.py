@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from shared.settings import KNOWN, SettingsError, load_settings
-from tests.support.harness import REPO, Proc, Stub, http, wait_until
+from tests.support.harness import REPO, Proc, Stub, http
+from tests.support.waits import wait_until
 
 SYSTEMD = REPO / "systemd"
 UNITS = ("leasehold-control.service", "leasehold-dataplane.service")

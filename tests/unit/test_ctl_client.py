@@ -1,12 +1,11 @@
-"""leaseholdctl's client: which token and URL, how each unwanted answer reads, and real loopback I/O."""
+"""leaseholdctl's client: which token and URL, and how each unwanted answer reads.
+
+Its real loopback I/O is `tests/integration/test_ctl_client_http.py`.
+"""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ import pytest
 from controlplane.cli.client import Client, Reply, TokenChoice, choose_token, control_url, error_of, failure_of
 from controlplane.cli.exits import CtlError, Exit
 from shared.codes import Scope
-from tests.support.harness import free_port
 
 SECRET = "ctl_0123456789abcdefghijklmnopqrstuvwxyzABCD"
 
@@ -111,57 +109,6 @@ def test_error_of_reads_every_shape() -> None:
     assert error_of({"outcome": "held", "refusal_reason": "no-eligible-account"})[0] == "no-eligible-account"
     assert error_of("text body") == ("", "text body", {})
     assert error_of(None) == ("", "", {})
-
-
-# ---- real loopback I/O --------------------------------------------------------------------
-
-class _Recorder(BaseHTTPRequestHandler):
-    seen: list[dict[str, Any]] = []
-
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)})
-        payload = json.dumps({"ok": True}).encode()
-        self.send_response(201)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def recorder() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _Recorder.seen = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def test_client_sends_bearer_and_json_and_ignores_proxy_variables(recorder: str, monkeypatch) -> None:
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    client = Client(recorder, TokenChoice(SECRET, "GATEWAY_CONTROL_TOKEN"))
-    reply = client.call("POST", "/control/v2/mint", {"a": 1}, query={"x": "1", "skip": None})
-    assert (reply.status, reply.body) == (201, {"ok": True})
-    assert _Recorder.seen == [{"path": "/control/v2/mint?x=1", "auth": f"Bearer {SECRET}", "body": {"a": 1}}]
-
-
-def test_unreachable_is_one_line_naming_url_and_variable() -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(CtlError) as caught:
-        Client(url, TokenChoice(SECRET, "--token")).call("GET", "/control/v2/accounts")
-    assert caught.value.code == Exit.UNREACHABLE
-    message = caught.value.message
-    assert url in message and "GATEWAY_CONTROL_URL" in message and "leasehold-control running" in message
-    assert SECRET not in message
 
 
 def test_no_token_is_an_auth_error_before_any_io() -> None:

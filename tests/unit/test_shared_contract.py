@@ -1,4 +1,5 @@
-"""The shared contract by tables: codes, settings, tokens, condition_for_terminal, scrub."""
+"""The shared contract by tables: codes, settings, tokens, scrub (condition_for_terminal:
+`test_evidence.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import pytest
 
 from shared.codes import HTTP_STATUS, AttemptStatus, Condition, Refusal
 from shared.envscrub import scrub_spawn_env
-from shared.evidence import condition_for_terminal
 from shared.settings import SettingsError, load_settings
 from shared.tokens import digest, format_token, parse_key_id, ulid
 
@@ -21,36 +21,6 @@ def test_codes_are_kebab_case_wire_strings() -> None:
     for enum in (Refusal, Condition, AttemptStatus):
         for member in enum:
             assert member.value == member.value.lower() and " " not in member.value and "_" not in member.value
-
-
-CONDITIONS = [
-    ("429", AttemptStatus.UPSTREAM_ERROR, 429, None, Condition.RATE_LIMITED),
-    ("529", AttemptStatus.UPSTREAM_ERROR, 529, None, Condition.OVERLOADED),
-    ("402", AttemptStatus.UPSTREAM_ERROR, 402, None, Condition.CREDIT_EXHAUSTED),
-    ("500", AttemptStatus.UPSTREAM_ERROR, 500, None, Condition.UPSTREAM_UNAVAILABLE),
-    ("502", AttemptStatus.UPSTREAM_ERROR, 502, None, Condition.UPSTREAM_UNAVAILABLE),
-    ("503", AttemptStatus.UPSTREAM_ERROR, 503, None, Condition.UPSTREAM_UNAVAILABLE),
-    ("504", AttemptStatus.UPSTREAM_ERROR, 504, None, Condition.UPSTREAM_UNAVAILABLE),
-    ("401", AttemptStatus.UPSTREAM_ERROR, 401, None, Condition.CREDENTIAL_REJECTED),
-    ("403", AttemptStatus.UPSTREAM_ERROR, 403, None, Condition.CREDENTIAL_REJECTED),
-    ("400 is the request's fault", AttemptStatus.UPSTREAM_ERROR, 400, None, None),
-    ("404", AttemptStatus.UPSTREAM_ERROR, 404, None, None),
-    ("413", AttemptStatus.UPSTREAM_ERROR, 413, None, None),
-    ("2xx", AttemptStatus.COMPLETED, 200, None, None),
-    ("cut stream", AttemptStatus.TRANSPORT_ERROR, 200, None, Condition.TRANSPORT_ERROR),
-    ("connect failure", AttemptStatus.TRANSPORT_ERROR, 502, None, Condition.TRANSPORT_ERROR),
-    ("client abort", AttemptStatus.CLIENT_ABORTED, 200, None, None),
-    ("client abort before headers", AttemptStatus.CLIENT_ABORTED, None, None, None),
-    ("gateway 429", AttemptStatus.REFUSED, 429, "request-capacity-exhausted", None),
-    ("gateway 503", AttemptStatus.REFUSED, 503, "control-unavailable", None),
-    ("pool timeout", AttemptStatus.REFUSED, 503, "pool-timeout", None),
-    ("shutdown cut", AttemptStatus.TRANSPORT_ERROR, 200, "gateway-shutdown", None),
-]
-
-
-@pytest.mark.parametrize("name,status,http,refusal,expected", CONDITIONS, ids=[c[0] for c in CONDITIONS])
-def test_condition_for_terminal(name, status, http, refusal, expected) -> None:
-    assert condition_for_terminal(status, http, refusal) == expected
 
 
 SETTINGS_ERRORS = [

@@ -72,33 +72,6 @@ def test_is_complete(case: Case) -> None:
     assert is_complete(*case.given) is case.expect
 
 
-EVIDENCE_CASES = [
-    Case("429", (AttemptStatus.UPSTREAM_ERROR, 429, None), Condition.RATE_LIMITED),
-    Case("529", (AttemptStatus.UPSTREAM_ERROR, 529, None), Condition.OVERLOADED),
-    Case("402", (AttemptStatus.UPSTREAM_ERROR, 402, None), Condition.CREDIT_EXHAUSTED),
-    *(Case(str(code), (AttemptStatus.UPSTREAM_ERROR, code, None), Condition.UPSTREAM_UNAVAILABLE)
-      for code in (500, 502, 503, 504)),
-    Case("401", (AttemptStatus.UPSTREAM_ERROR, 401, None), Condition.CREDENTIAL_REJECTED),
-    Case("403", (AttemptStatus.UPSTREAM_ERROR, 403, None), Condition.CREDENTIAL_REJECTED),
-    Case("400 is the request's fault", (AttemptStatus.UPSTREAM_ERROR, 400, None), None),
-    Case("404", (AttemptStatus.UPSTREAM_ERROR, 404, None), None),
-    Case("cut after a 200", (AttemptStatus.TRANSPORT_ERROR, 200, None), Condition.TRANSPORT_ERROR),
-    Case("headers timeout 504", (AttemptStatus.TRANSPORT_ERROR, 504, None), Condition.TRANSPORT_ERROR),
-    Case("unreachable", (AttemptStatus.TRANSPORT_ERROR, None, None), Condition.TRANSPORT_ERROR),
-    Case("client abort", (AttemptStatus.CLIENT_ABORTED, 200, None), None),
-    Case("completed", (AttemptStatus.COMPLETED, 200, None), None),
-    *(Case(f"gateway-authored {code}", (AttemptStatus.REFUSED, 503, code), None)
-      for code in (Refusal.POOL_TIMEOUT, Refusal.REQUEST_CAPACITY_EXHAUSTED, Refusal.GATEWAY_SHUTDOWN,
-                   Refusal.BODY_TOO_LARGE, Refusal.PATH_NOT_SERVED, Refusal.CONTROL_UNAVAILABLE,
-                   Refusal.OBSERVATION_STORAGE_UNAVAILABLE)),
-]
-
-
-@pytest.mark.parametrize("case", EVIDENCE_CASES, ids=lambda c: c.name)
-def test_condition_for_terminal(case: Case) -> None:
-    assert condition_for_terminal(*case.given) == case.expect
-
-
 def test_endings_is_a_pure_core() -> None:
     tree = ast.parse((REPO / "dataplane" / "endings.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

@@ -1,5 +1,7 @@
-"""Control's per-row path: rows of one RPC read are written together and acknowledged only once
-they are on disk; route events are projected only when read; prices are looked up once per model."""
+"""Control's per-row path over its real ledger: rows of one RPC read are written together and
+acknowledged only once they are on disk; route events are projected only when read; a retry
+citing a held decision is rejected. (The price memo and the row counts alone:
+`tests/unit/test_price_lookup.py`, `tests/unit/test_row_counts.py`.)"""
 
 from __future__ import annotations
 
@@ -7,11 +9,9 @@ import asyncio
 from pathlib import Path
 
 import msgspec
-import pytest
 
-from controlplane.core.pricing import Price, PriceLookup, PriceTable, cost_of, price_for
-from controlplane.routebook import RouteView
 from controlplane.main import Control
+from controlplane.routebook import RouteView
 from controlplane.service import ControlService
 from shared.codes import CostReason
 from tests.support.control import make_control
@@ -98,84 +98,6 @@ async def test_route_events_are_projected_once_and_only_when_read(tmp_path: Path
     assert payload["attempt_id"] == "att_0001" and payload["cost_reason"] == "priced"
     assert set(payload) == set(RouteView.__struct_fields__)
     assert finished.payload is finished.payload  # encoded once for every reader
-
-
-PRICES = PriceTable(price=(
-    Price(models=("claude-sonnet-*",), input=3.0, output=15.0, cache_read=0.3, cache_creation=3.75),
-    Price(models=("gpt-4o", "gpt-4o-*"), input=2.5, output=10.0, cache_read=1.25, cache_creation=0.0),
-))
-
-
-@pytest.mark.parametrize("model", ["claude-sonnet-4-5", "gpt-4o", "gpt-4o-mini", "unknown", "claude-opus-4"])
-def test_price_lookup_answers_as_the_table_does(model: str) -> None:
-    lookup = PriceLookup(PRICES)
-    assert lookup(model) is price_for(PRICES, model)
-    assert lookup(model) is price_for(PRICES, model)  # memoized answer is the same
-    usage = Usage(input_tokens=1000, output_tokens=100)
-    assert cost_of(lookup, model, usage) == cost_of(lambda m: price_for(PRICES, m), model, usage)
-
-
-def test_price_lookup_memo_is_bounded() -> None:
-    lookup = PriceLookup(PRICES)
-    for n in range(PriceLookup.MEMO_MAX * 2 + 3):
-        lookup(f"model-{n}")
-        assert len(lookup._memo) <= PriceLookup.MEMO_MAX
-    assert lookup("claude-sonnet-4-5") is PRICES.price[0]
-
-
-def _reference_exposition(rows: list[AttemptRow], accounts: frozenset[str]) -> bytes:
-    """What prometheus-client's own Counter and Histogram say for `rows` (the instruments the
-    row counts replaced), to prove the plain counts render the same series and values."""
-    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-
-    from controlplane.metrics import OVERHEAD_BUCKETS_S, TOKEN_KINDS, row_labels
-    r = CollectorRegistry()
-    attempts = Counter("leasehold_attempts", "Terminal attempt rows.", ["account_id", "wire", "status", "condition"], registry=r)
-    refusals = Counter("leasehold_refusals", "Gateway-authored terminals, by refusal code.", ["code"], registry=r)
-    tokens = Counter("leasehold_tokens", "Tokens the upstream reported, by kind.", ["account_id", "kind"], registry=r)
-    cost = Counter("leasehold_cost_usd", "Priced cost of terminal attempts in USD.", ["account_id"], registry=r)
-    unpriced = Counter("leasehold_attempts_unpriced",
-                       "Attempts with usage but no price (cost null, never counted as 0).", ["account_id"], registry=r)
-    overhead = Histogram("leasehold_dataplane_overhead_seconds",
-                         "The data plane's own time before the first upstream byte.", ["wire"],
-                         buckets=OVERHEAD_BUCKETS_S, registry=r)
-    for row in rows:
-        labels = row_labels(row.account_id, row.wire, row.status, row.condition, row.refusal_reason, accounts)
-        attempts.labels(labels.account_id, labels.wire, labels.status, labels.condition).inc()
-        if labels.refusal is not None:
-            refusals.labels(labels.refusal).inc()
-        if row.usage is not None:
-            for kind in TOKEN_KINDS:
-                tokens.labels(labels.account_id, kind).inc(getattr(row.usage, f"{kind}_tokens"))
-        if row.cost_usd is not None:
-            cost.labels(labels.account_id).inc(row.cost_usd)
-        elif row.usage is not None:
-            unpriced.labels(labels.account_id).inc()
-        if row.overhead_ms is not None:
-            overhead.labels(labels.wire).observe(row.overhead_ms / 1000.0)
-    return generate_latest(r)
-
-
-def test_row_counts_render_what_prometheus_instruments_would() -> None:
-    from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
-
-    from controlplane.metrics import _RowCollector, _RowCounts
-    disable_created_metrics()
-    accounts = frozenset({"legacy-anthropic", "legacy-openai"})
-    rows = [
-        _row(1), _row(2, cost_usd=0.25, overhead_ms=0.5), _row(3, overhead_ms=2.5),  # on a bucket bound
-        _row(4, account_id="legacy-openai", wire="openai", usage=Usage(cache_read_tokens=7), overhead_ms=9000.0),
-        _row(5, account_id="stranger", wire="grpc", status="refused", refusal_reason="made-up", usage=None,
-             overhead_ms=None),
-        _row(6, status="upstream_error", condition="rate-limited", usage=None, overhead_ms=0.0),
-        _row(7, status="refused", refusal_reason="control-unavailable", usage=None, cost_usd=0.1),
-    ]
-    counts = _RowCounts(accounts)
-    for row in rows * 3:
-        counts.add(row)
-    ours = CollectorRegistry()
-    ours.register(_RowCollector(counts))
-    assert generate_latest(ours) == _reference_exposition(rows * 3, accounts)
 
 
 async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remembered_outcome(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from controlplane.events import CloseReason, EventHub
 from controlplane.http import events as events_http
 from controlplane.http.common import TokenRing, auth_middleware
 from shared.settings import load_settings
+from tests.support.waits import until
 from tests.unit.test_events_hub import row
 
 READ_TOKEN = "read-token-for-feed-tests-0123456789"
@@ -33,13 +34,6 @@ def feed_app(hub: EventHub, heartbeat_s: float = 15.0) -> web.Application:
 def request_bytes(port: int, token: str = READ_TOKEN) -> bytes:
     return (f"GET /control/v2/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
             f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
-
-
-async def until(probe, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def test_idle_feed_gets_heartbeat_comments(aiohttp_server) -> None:

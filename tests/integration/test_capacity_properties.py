@@ -1,5 +1,7 @@
-"""Randomised properties: capacity tables never leak or go negative, and no sequence of mint,
-retry, supersede, evidence, revoke and expiry calls yields two live leases for one dispatch."""
+"""Randomised property over control's real stores: no sequence of mint, retry, supersede,
+evidence, revoke and expiry calls yields two live leases for one dispatch, and each account's
+lease capacity counts exactly its live leases. (The capacity table alone:
+`tests/unit/test_capacity_table.py`.)"""
 
 from __future__ import annotations
 
@@ -13,39 +15,10 @@ from controlplane.core.pricing import PriceTable
 from controlplane.main import Control
 from controlplane.mint import MintV2
 from controlplane.registry import AccountSpec, Registry
-from shared.capacity import CapacityTable
 from shared.codes import AuthStyle, Binding, EndReason
 from shared.tokens import new_ulid
 from shared.wire import AttemptRow
 from tests.support.control import make_control
-
-HOLDERS = [f"h{i}" for i in range(6)]
-ACCOUNTS = ["a", "b"]
-
-capacity_ops = st.lists(st.tuples(st.sampled_from(["reserve", "release"]), st.sampled_from(ACCOUNTS),
-                                  st.sampled_from(HOLDERS)), max_size=60)
-
-
-@given(capacity_ops, st.integers(min_value=1, max_value=4))
-def test_capacity_table_never_leaks_or_goes_negative(ops, ceiling) -> None:
-    table = CapacityTable()
-    held: dict[str, str] = {}  # the model: holder -> account
-    for op, account, holder in ops:
-        if op == "reserve":
-            ok = table.reserve(account, holder, ceiling)
-            if holder in held:
-                assert ok == (held[holder] == account)  # twice takes one slot; never two accounts
-            elif ok:
-                held[holder] = account
-            else:
-                assert sum(1 for a in held.values() if a == account) >= ceiling
-        else:
-            assert table.release(holder) == (holder in held)
-            held.pop(holder, None)
-        for acc in ACCOUNTS:
-            count = table.count(acc)
-            assert count == sum(1 for a in held.values() if a == acc)
-            assert 0 <= count <= ceiling
 
 
 def _control(tmp: Path) -> Control:
@@ -130,21 +103,3 @@ async def _run(tmp: Path, steps) -> None:
 @given(st.lists(step, min_size=1, max_size=40))
 def test_no_sequence_yields_two_live_leases_for_one_dispatch(tmp_path: Path, steps) -> None:
     asyncio.run(_run(tmp_path, steps))
-
-
-async def test_refused_decisions_are_kept_apart_and_bounded() -> None:
-    from controlplane.core.fallback import Lineage
-    from controlplane.decisions import Decision, LocalDecisions
-    from shared.codes import Outcome, Refusal
-
-    table = LocalDecisions(cap=4, refused_cap=2)
-    lineage = Lineage("d", "r", "m")
-    chosen = Decision(mint_decision_id="md_sel", outcome=Outcome.SELECTED, lineage=lineage, at_ms=0,
-                      key_id="K", account_id="a", fallback_position=0)
-    await table.record(chosen)
-    for n in range(5):
-        await table.record(Decision(mint_decision_id=f"md_held{n}", outcome=Outcome.HELD, lineage=lineage, at_ms=n,
-                              refusal_reason=Refusal.NO_ELIGIBLE_ACCOUNT))
-    assert await table.get("md_sel") == chosen and await table.for_key("K") == chosen  # refusals never evict a lease's decision
-    assert await table.refused_outcome("md_held4") == await table.refused_outcome("md_held3") == Outcome.HELD
-    assert await table.refused_outcome("md_held0") is None and await table.get("md_held4") is None

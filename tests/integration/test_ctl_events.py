@@ -1,7 +1,7 @@
 """`leaseholdctl events` against a scripted SSE server on loopback: JSON lines, resume, refusals.
 
-The control daemon's own feed is tested in `tests/system/test_ctl_feed.py` once it is served;
-this pins the client's half (parsing, `Last-Event-ID` on reconnect, one-line refusals) now.
+The control daemon's own feed is tested in `tests/system/test_ctl_feed.py`; this pins the
+client's half (parsing, `Last-Event-ID` on reconnect, one-line refusals).
 """
 
 from __future__ import annotations

@@ -1,0 +1,175 @@
+"""aiohttp's private parts `dataplane/upstream_client.py` is built on are still there and still
+behave as it relies on; a failure names the installed aiohttp version.
+
+The client writes its request head with `aiohttp.http_writer._serialize_headers` and reads the
+answer with `aiohttp.client_proto.ResponseHandler` (plus `aiohttp.helpers`' `EMPTY_BODY_METHODS`
+and `parse_content_type`). None of them is public API, so setup.cfg pins the aiohttp minors the
+byte-identity tests (`tests/integration/test_upstream_client.py`) passed on; this file is the
+first thing to fail when a new aiohttp moves them. Each check drives the part the way the client
+does, over a transport that only records (no socket)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
+
+import aiohttp
+import pytest
+from multidict import CIMultiDict
+
+# The keyword arguments `UpstreamClient.request` passes to `ResponseHandler.set_response_params`.
+RESPONSE_PARAMS = dict(skip_payload=False, read_until_eof=True, auto_decompress=False, read_bufsize=64 * 1024,
+                       timeout_ceil_threshold=5, max_line_size=64 * 1024, max_field_size=64 * 1024,
+                       max_headers=128)
+
+
+class _Transport(asyncio.Transport):
+    """What a ResponseHandler is connected to: records writes, closes on request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def write(self, data: bytes) -> None:  # the client writes through it; nothing to answer
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+async def connected(answer: bytes = b"", **changes: Any) -> Any:
+    """A ResponseHandler as the client makes one (`ResponseHandler(loop)`), fed `answer`."""
+    from aiohttp.client_proto import ResponseHandler
+
+    protocol = ResponseHandler(asyncio.get_running_loop())
+    protocol.connection_made(_Transport())
+    protocol.set_response_params(**{**RESPONSE_PARAMS, **changes})
+    if answer:
+        protocol.data_received(answer)
+    return protocol
+
+
+# ---- the checks -------------------------------------------------------------------------------
+
+
+async def serialize_headers_returns_the_exact_head() -> None:
+    from aiohttp.http_writer import _serialize_headers
+
+    headers = CIMultiDict([("Host", "127.0.0.1:9"), ("x-api-key", "CRED"), ("X-Dup", "1"), ("x-dup", "2"),
+                           ("Content-Length", "2")])
+    assert _serialize_headers("POST /v1/messages?beta=true HTTP/1.1", headers) == (
+        b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:9\r\nx-api-key: CRED\r\n"
+        b"X-Dup: 1\r\nx-dup: 2\r\nContent-Length: 2\r\n\r\n")
+
+
+async def serialize_headers_refuses_cr_lf() -> None:
+    from aiohttp.http_writer import _serialize_headers
+
+    for headers in ([("x-a", "v\r\nInjected: 1")], [("x-a\n", "v")]):
+        with pytest.raises(ValueError):
+            _serialize_headers("GET / HTTP/1.1", CIMultiDict(headers))
+
+
+async def response_handler_takes_the_clients_parameters() -> None:
+    from aiohttp.client_proto import ResponseHandler
+
+    inspect.signature(ResponseHandler.set_response_params).bind(None, **RESPONSE_PARAMS)
+    protocol = await connected()
+    assert protocol.is_connected() and not protocol.should_close and protocol.transport is not None
+    protocol.close()
+    assert not protocol.is_connected()
+
+
+async def response_handler_reads_a_keep_alive_answer() -> None:
+    protocol = await connected(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                               b"Content-Length: 2\r\n\r\n{}")
+    message, payload = await asyncio.wait_for(protocol.read(), 5)
+    assert (message.code, message.reason, message.headers["Content-Type"]) == (201, "Created", "application/json")
+    assert isinstance(payload, aiohttp.StreamReader)
+    assert await asyncio.wait_for(payload.read(), 5) == b"{}" and payload.is_eof()
+    assert not protocol.should_close and protocol.is_connected()
+
+
+async def response_handler_reads_1xx_then_the_answer() -> None:
+    protocol = await connected(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               b"2\r\n{}\r\n0\r\n\r\n")
+    first, _ = await asyncio.wait_for(protocol.read(), 5)
+    second, payload = await asyncio.wait_for(protocol.read(), 5)
+    assert (first.code, second.code) == (100, 200)
+    assert await asyncio.wait_for(payload.read(), 5) == b"{}"
+
+
+async def response_handler_marks_a_closing_answer() -> None:
+    protocol = await connected(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+    await asyncio.wait_for(protocol.read(), 5)
+    assert protocol.should_close
+
+
+async def response_handler_skips_the_payload_when_told() -> None:
+    protocol = await connected(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", skip_payload=True)
+    _, payload = await asyncio.wait_for(protocol.read(), 5)
+    assert payload.is_eof() and await payload.read() == b""
+
+
+async def response_handler_raises_http_processing_error_on_a_malformed_answer() -> None:
+    from aiohttp.http_exceptions import HttpProcessingError
+
+    protocol = await connected(b"HTTP/1.1 2x0 OK\r\n\r\n")
+    with pytest.raises(HttpProcessingError) as caught:
+        await asyncio.wait_for(protocol.read(), 5)
+    assert isinstance(caught.value.code, int) and isinstance(caught.value.message, str)
+    assert hasattr(caught.value, "headers") and protocol.should_close
+
+
+async def response_handler_raises_server_disconnected_on_a_lost_connection() -> None:
+    from aiohttp.client_exceptions import ServerDisconnectedError
+
+    protocol = await connected()
+    protocol.connection_lost(None)
+    with pytest.raises(ServerDisconnectedError):
+        await asyncio.wait_for(protocol.read(), 5)
+
+
+async def helpers_are_as_the_client_uses_them() -> None:
+    from aiohttp.helpers import EMPTY_BODY_METHODS, parse_content_type
+
+    assert "HEAD" in EMPTY_BODY_METHODS and "POST" not in EMPTY_BODY_METHODS
+    assert parse_content_type("application/json; charset=utf-8")[0] == "application/json"
+
+
+class Case(NamedTuple):
+    name: str
+    given: Callable[[], Awaitable[None]]
+
+
+CASES = [Case(check.__name__.replace("_", " "), check) for check in (
+    serialize_headers_returns_the_exact_head, serialize_headers_refuses_cr_lf,
+    response_handler_takes_the_clients_parameters, response_handler_reads_a_keep_alive_answer,
+    response_handler_reads_1xx_then_the_answer, response_handler_marks_a_closing_answer,
+    response_handler_skips_the_payload_when_told,
+    response_handler_raises_http_processing_error_on_a_malformed_answer,
+    response_handler_raises_server_disconnected_on_a_lost_connection, helpers_are_as_the_client_uses_them)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+async def test_aiohttp_private_api(case: Case) -> None:
+    try:
+        await case.given()
+    except (Exception, pytest.fail.Exception) as exc:  # any change at all is the news
+        pytest.fail(f"aiohttp {aiohttp.__version__}: {case.name}: no longer holds ({type(exc).__name__}: {exc}). "
+                    "dataplane/upstream_client.py relies on it; run tests/integration/test_upstream_client.py "
+                    "and adjust the client and the aiohttp pin in setup.cfg together.", pytrace=True)
