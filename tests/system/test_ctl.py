@@ -166,10 +166,26 @@ def test_unreachable_control_is_one_clear_line(gw: Gateway) -> None:
     done = ctl(gw, "accounts", env=ctl_env(gw, GATEWAY_CONTROL_URL=url))
     assert done.returncode == 5 and done.stdout == ""
     assert done.stderr.strip() == (f"leaseholdctl: cannot reach the control daemon at {url}: [Errno 111] "
-                                   "Connection refused — is leasehold-control running? set GATEWAY_CONTROL_URL")
+                                   "Connection refused — is leasehold-control running? set GATEWAY_CONTROL_URL "
+                                   "(or GATEWAY_CONTROL_LISTEN, as in gateway.env)")
     watch = ctl(gw, "watch", "--count", "1", env=ctl_env(gw, GATEWAY_CONTROL_URL=url))
     assert watch.returncode == 0 and "cannot reach the control daemon" in watch.stdout
     assert "ID  " not in watch.stdout  # no empty table that reads as "no accounts"
+
+
+def test_an_operator_who_sourced_gateway_env_needs_no_url(gw: Gateway) -> None:
+    """SPEC §1: with only the daemons' own GATEWAY_CONTROL_LISTEN (a non-default port here),
+    leaseholdctl finds control; GATEWAY_CONTROL_URL still wins when it is set."""
+    env = base_env()
+    env.update({"GATEWAY_CONTROL_LISTEN": gw.env["GATEWAY_CONTROL_LISTEN"],
+                "GATEWAY_CONTROL_TOKEN": gw.control_token})
+    assert gw.env["GATEWAY_CONTROL_LISTEN"] != "127.0.0.1:8789"
+    done = ctl(gw, "accounts", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "legacy-anthropic" in [a["id"] for a in json.loads(done.stdout)["accounts"]]
+    elsewhere = f"http://127.0.0.1:{free_port()}"
+    wins = ctl(gw, "accounts", env={**env, "GATEWAY_CONTROL_URL": elsewhere})
+    assert wins.returncode == 5 and elsewhere in wins.stderr
 
 
 def test_wrong_token_names_its_variable_and_never_prints_it(gw: Gateway) -> None:
