@@ -197,6 +197,33 @@ def test_openai_embeddings_and_models(gateway: Gateway, clean_stub: Stub) -> Non
 # ---- errors pass through, gateway errors in the wire's shape --------------------------------
 
 
+UNKNOWN_TOKEN = "lhgw_01J00000000000000000000000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+
+
+@pytest.mark.parametrize("kind", ["unknown", "revoked"])
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+def test_refused_key_on_the_openai_wire_is_401_do_not_retry(gateway: Gateway, clean_stub: Stub,
+                                                            kind: str, endpoint: str) -> None:
+    """SPEC §15: a 401 carries `x-should-retry: false` on the OpenAI wire too, in its shape."""
+    token = UNKNOWN_TOKEN
+    if kind == "revoked":
+        minted = gateway.mint("openai")
+        assert gateway.revoke(minted["key_id"]) is True
+        token = minted["token"]
+    sdk = openai_sdk(gateway, token)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        if endpoint == "chat":
+            sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES)
+        else:
+            sdk.responses.create(model=O_MODEL, input="hi")
+    got = caught.value.response.headers
+    assert caught.value.status_code == 401 and got["x-should-retry"] == "false"
+    assert got["x-request-id"].startswith("req_")
+    body = caught.value.body
+    assert body["code"] == "unknown-key" and body["type"] == "authentication_error"
+    assert clean_stub.requests() == []
+
+
 def test_upstream_429_headers_reach_both_sdks(gateway: Gateway, clean_stub: Stub) -> None:
     limits = {"retry-after": "7", "retry-after-ms": "6500", "x-should-retry": "true",
               "anthropic-ratelimit-requests-remaining": "0", "x-ratelimit-remaining-requests": "0"}
