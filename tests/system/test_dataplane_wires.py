@@ -177,8 +177,27 @@ def test_openai_responses_json_and_stream(gateway: Gateway, clean_stub: Stub) ->
     assert all(r["served_model"] == O_MODEL for r in rows)
 
 
-def test_openai_embeddings_and_models(gateway: Gateway, clean_stub: Stub) -> None:
-    minted = gateway.mint("openai")
+EMBEDDINGS_ACCOUNT = """
+[[account]]
+id = "openai-embeddings"
+provider_binding = "openai"
+base_url = "{url}"
+auth_style = "bearer"
+credential_env = "GATEWAY_EMBEDDINGS_KEY"
+models = ["text-embedding-*"]
+"""
+
+
+def test_openai_embeddings_and_models(make_gateway, tmp_path, clean_stub: Stub) -> None:
+    """Embedding models are not among legacy-openai's globs (SPEC §4): an account declares them."""
+    accounts = tmp_path / "accounts.toml"
+    accounts.write_text(EMBEDDINGS_ACCOUNT.format(url=clean_stub.url))
+    gateway = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts),
+                            "GATEWAY_EMBEDDINGS_KEY": clean_stub.openai_key}).start()
+    status, _, minted = gateway.api("POST", "/control/v2/mint", {
+        "dispatch_id": "d-embed", "repo_slug": "acme/app", "principal_kind": "worker",
+        "principal_id": "w-1", "model": "text-embedding-3-small"})
+    assert (status, minted["account_id"]) == (201, "openai-embeddings"), minted
     sdk = openai_sdk(gateway, minted["token"])
     embedded = sdk.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
     assert len(embedded.data) == 2
