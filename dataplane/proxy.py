@@ -24,6 +24,7 @@ from aiohttp import web
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import guess_wire, refusal_response, refuse
+from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
@@ -103,6 +104,8 @@ class Proxy:
     # ---- entry --------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == HEALTHZ_PATH:  # no key, never proxied, no row
+            return self.healthz(request)
         t0 = time.perf_counter()
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return self._early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED,
@@ -140,6 +143,11 @@ class Proxy:
             self.capacity.release(attempt.attempt_id)
             if not attempt.done:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
+
+    def healthz(self, request: web.Request) -> web.Response:
+        status, health = health_of(self.replica.ready, self.link.conn is not None, self.draining,
+                                   len(self.replica))
+        return healthz_response(request.method, status, health)
 
     async def _failed_internally(self, request: web.Request, attempt: Attempt,
                                  exc: Exception) -> web.StreamResponse:

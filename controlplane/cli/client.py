@@ -26,12 +26,11 @@ import msgspec
 
 from controlplane.cli.exits import CtlError, Exit
 from shared.codes import Scope
+from shared.listen import url_of_listen
 
 DEFAULT_URL = "http://127.0.0.1:8789"
 URL_VAR = "GATEWAY_CONTROL_URL"
 LISTEN_VAR = "GATEWAY_CONTROL_LISTEN"
-# A daemon bound to every interface is reached on loopback.
-_LOOPBACK_OF = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 TOKEN_VARS = ("LEASEHOLD_TOKEN", "GATEWAY_CONTROL_TOKEN", "GATEWAY_MINT_TOKEN", "GATEWAY_READ_TOKEN")
 TOKEN_FLAG = "--token"
 TIMEOUT_S = 60.0  # a mint waits for the data plane's acknowledgement; revoke-leases may be slow
@@ -70,21 +69,18 @@ def control_url(env: Mapping[str, str]) -> str:
     raw = env.get(URL_VAR, "").strip()
     if not raw:
         listen = env.get(LISTEN_VAR, "").strip()
-        return url_of_listen(listen) if listen else DEFAULT_URL
+        if not listen:
+            return DEFAULT_URL
+        try:
+            return url_of_listen(listen)
+        except ValueError:
+            raise CtlError(Exit.USAGE, f"{LISTEN_VAR}={listen!r} is not HOST:PORT; set {URL_VAR} instead") from None
     parts = urlsplit(raw)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CtlError(Exit.USAGE, f"{URL_VAR}={raw!r} is not an http(s) URL")
     return raw.rstrip("/")
 
 
-def url_of_listen(listen: str) -> str:
-    """`HOST:PORT` (as the daemon parses it; `[v6]:PORT` too) → the URL that reaches it."""
-    host, sep, port = listen.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise CtlError(Exit.USAGE, f"{LISTEN_VAR}={listen!r} is not HOST:PORT; set {URL_VAR} instead")
-    host = _LOOPBACK_OF.get(host, host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def error_of(body: Any) -> tuple[str, str, dict[str, Any]]:
