@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Gateway, Stub, base_env, credential_like, free_port, http, wait_until
+from tests.support.harness import (
+    Gateway, Stub, base_env, credential_like, default_signals, free_port, http, wait_until,
+)
 
 MODEL = "claude-sonnet-4-6"
 CTL = [sys.executable, "-m", "controlplane.ctl"]
@@ -267,7 +269,8 @@ def test_exec_forwards_signals_and_returns_128_plus_n(gw: Gateway, tmp_path: Pat
              "json.dumps([os.getpid(), os.environ['ANTHROPIC_API_KEY']])); time.sleep(60)")
     proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
                              sys.executable, "-c", child, str(ready)], env=exec_env(gw),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)  # not pytest's: it may run under nohup, in `&`
     try:
         pid, token = json.loads(wait_until(lambda: ready.exists() and ready.read_text(), 20, "the worker"))
         proc.send_signal(sig)
@@ -278,6 +281,45 @@ def test_exec_forwards_signals_and_returns_128_plus_n(gw: Gateway, tmp_path: Pat
     assert proc.returncode == 128 + sig, err
     assert not running(pid)  # the worker got the signal and was reaped before leaseholdctl returned
     assert call(gw, token) == 401
+
+
+REPORT_DISPOSITIONS = (
+    "import json, pathlib, signal, sys, time\n"
+    "names = {signal.SIG_IGN: 'ignored', signal.SIG_DFL: 'default', signal.default_int_handler: 'default'}\n"
+    "seen = {s.name: names.get(signal.getsignal(s), 'handled') "
+    "for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}\n"
+    # (Python itself turns an inherited default SIGINT into default_int_handler)
+    "signal.signal(signal.SIGHUP, lambda *_: sys.exit(42))\n"  # this worker handles SIGHUP itself
+    "pathlib.Path(sys.argv[1]).write_text(json.dumps(seen))\n"
+    "time.sleep(60)\n")
+
+
+@pytest.mark.parametrize("started", ["default", "ignored"])
+def test_exec_passes_its_signal_dispositions_to_the_worker_and_still_forwards(
+        gw: Gateway, tmp_path: Path, started: str) -> None:
+    """As `exec --help` says: the worker starts with SIGINT/SIGHUP ignored when leaseholdctl was
+    (nohup, a background job), at their defaults otherwise; a forwarded signal still reaches a
+    worker that handles it itself."""
+    ready = tmp_path / "ready"
+
+    def start_as() -> None:  # how leaseholdctl's own parent left its dispositions
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN if started == "ignored" else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
+                             sys.executable, "-c", REPORT_DISPOSITIONS, str(ready)], env=exec_env(gw),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=start_as)
+    try:
+        seen = json.loads(wait_until(lambda: ready.exists() and ready.read_text(), 20, "the worker"))
+        assert seen == {"SIGINT": started, "SIGHUP": started, "SIGTERM": "default"}
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 42, err  # the worker's own status: its handler got the forwarded SIGHUP
 
 
 def running(pid: int) -> bool:
@@ -337,6 +379,7 @@ def test_exec_hands_the_terminal_to_the_worker_so_ctrl_c_reaches_it_once(gw: Gat
     master, slave = os.openpty()
 
     def controlling_tty() -> None:  # the test's ctl becomes a session leader owning the pty
+        default_signals()  # Ctrl-C must be able to reach the worker, however pytest was started
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     worker = ("import os, sys, time; print('FG', os.tcgetpgrp(0) == os.getpgrp(), "
