@@ -7,7 +7,6 @@ ordered answer to "which accounts could serve this model".
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import tomllib
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from shared.codes import WIRE_OF_BINDING, AuthStyle, Binding
+from shared.models import serves_model
 from shared.settings import Settings
 from shared.wire import AccountRoute
 
@@ -40,13 +40,14 @@ class AccountSpec(msgspec.Struct, frozen=True, kw_only=True):
         return str(WIRE_OF_BINDING[self.provider_binding])
 
     def serves(self, model: str) -> bool:
-        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+        return serves_model(model, self.models)
 
     def route(self) -> AccountRoute:
         return AccountRoute(
             id=self.id, provider_binding=str(self.provider_binding), wire=self.wire,
             base_url=self.base_url, auth_style=str(self.auth_style),
             credential_env=self.credential_env, request_capacity=self.request_capacity,
+            models=self.models,
         )
 
 

@@ -125,21 +125,28 @@ class ControlService:
         return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
 
     async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
-        """The release seam: forget each key, return its lease slot, tell the data plane."""
-        ended = []
-        now = now_ms()
+        """The release seam: forget each key, return its lease slot, tell the data plane.
+
+        A circuit lets its probe go only once the data plane acknowledged the removal: it sends
+        the rows of every attempt it finished on those keys ahead of that Ack (SPEC §3), and
+        they are settled (folded into the circuits) before the probe is let go, so a probe's
+        success is folded before the probe could be taken for one that never answered.
+        """
+        ended: list[Lease] = []
         for key_id in key_ids:
             lease = self.keys.remove(key_id)
             await self.lease_capacity.release(key_id)
             await self.decisions.end_key(key_id)
             if lease is not None:
-                await self.circuits.on_lease_ended(lease.account_id, key_id, now)
-                ended.append(key_id)
+                ended.append(lease)
         if ended:
-            await self.link.leases_removed(ended)
-            for key_id in ended:
-                log.info("lease_ended", key_id=key_id, reason=str(reason))
-        return ended
+            await self.link.leases_removed([lease.key_id for lease in ended])
+            await self.settle()
+            now = now_ms()
+            for lease in ended:
+                await self.circuits.on_lease_ended(lease.account_id, lease.key_id, now)
+                log.info("lease_ended", key_id=lease.key_id, reason=str(reason))
+        return [lease.key_id for lease in ended]
 
     async def revoke(self, key_id: str) -> bool:
         return bool(await self.end_keys([key_id], EndReason.REVOKED))

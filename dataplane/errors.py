@@ -2,7 +2,7 @@
 
 Every one carries the refusal code, a request id header (`request-id` on the Anthropic wire,
 `x-request-id` on the OpenAI wire; the attempt id where there is one), `x-should-retry: false`
-on 401, a whole-second `retry-after` on 429 and on a 503 whose end is known, and
+on 401 and on a refusal no retry can change (`model-not-permitted`), a whole-second `retry-after` on 429 and on a 503 whose end is known, and
 `x-leasehold-overhead-ms`.
 """
 
@@ -17,6 +17,8 @@ from shared.bounds import retry_after_s as retry_after_s_of
 from shared.codes import HTTP_STATUS, AttemptStatus, Refusal, Wire
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
+# Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
+NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED})
 _ANTHROPIC_ONLY = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 
@@ -41,7 +43,7 @@ def refusal_response(wire: str, code: Refusal, message: str, request_id: str, ov
         body = openai.error_body(status, str(code), message, request_id)
         headers = {openai.REQUEST_ID_HEADER: request_id}
     headers[OVERHEAD_HEADER] = f"{overhead_ms:.3f}"
-    if status == 401:
+    if status == 401 or code in NOT_RETRIED:
         headers["x-should-retry"] = "false"
     if retry_after_s is not None:
         headers["retry-after"] = str(retry_after_s_of(retry_after_s))

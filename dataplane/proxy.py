@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from aiohttp import web
@@ -24,9 +24,11 @@ from aiohttp import web
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import guess_wire, refusal_response, refuse
+from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
+from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.wires import anthropic, openai
 from shared.capacity import CapacityTable
@@ -35,7 +37,7 @@ from shared.codes import AttemptStatus, Refusal, Wire
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
-from shared.wire import Lease
+from shared.wire import AccountRoute, Lease
 
 log = get_logger("dataplane")
 
@@ -51,10 +53,17 @@ class _Peek(msgspec.Struct):
 _peek = msgspec.json.Decoder(_Peek).decode
 
 
-def peek_request(body: bytes, encoding: str) -> tuple[str | None, bool]:
-    """`(model, stream)` from the request body; the body itself is forwarded untouched.
+class RequestPeek(NamedTuple):
+    model: str | None   # the body's `model` when it is a string
+    stream: bool        # `"stream": true`
+    readable: bool      # False: a Content-Encoding the gateway could not inflate
 
-    Streaming is decided by `"stream": true` in the body, never by `Accept` (SPEC §15).
+
+def peek_request(body: bytes, encoding: str) -> RequestPeek:
+    """`(model, stream, readable)` from the request body; the body itself is forwarded untouched.
+
+    Streaming is decided by `"stream": true` in the body, never by `Accept` (SPEC §15). A
+    body that is not a JSON object is readable and names nothing (the upstream refuses it).
     """
     encoding = encoding.strip().lower()
     if encoding and encoding != "identity":
@@ -62,12 +71,20 @@ def peek_request(body: bytes, encoding: str) -> tuple[str | None, bool]:
         try:
             body = zlib.decompressobj(wbits).decompress(body, PEEK_INFLATE_CAP)
         except zlib.error:
-            return None, False
+            return RequestPeek(None, False, False)
     try:
         peek = _peek(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return None, False
-    return (peek.model if isinstance(peek.model, str) else None), peek.stream is True
+        return RequestPeek(None, False, True)
+    return RequestPeek(peek.model if isinstance(peek.model, str) else None, peek.stream is True, True)
+
+
+def _not_permitted(account: AccountRoute, model: str | None, request: web.Request) -> str:
+    if model is None:
+        encoding = request.headers.get("Content-Encoding", "")[:32]
+        return (f"the gateway cannot read the model of a body in Content-Encoding {encoding!r}; "
+                f"send it uncompressed or gzip")
+    return f"model {model[:128]!r} is not served by account {account.id} (its models: {', '.join(account.models or ())})"
 
 
 class Proxy:
@@ -87,6 +104,8 @@ class Proxy:
     # ---- entry --------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == HEALTHZ_PATH:  # no key, never proxied, no row
+            return self.healthz(request)
         t0 = time.perf_counter()
         if request.headers.get("Upgrade", "").lower() == "websocket":
             return self._early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED,
@@ -124,6 +143,11 @@ class Proxy:
             self.capacity.release(attempt.attempt_id)
             if not attempt.done:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
+
+    def healthz(self, request: web.Request) -> web.Response:
+        status, health = health_of(self.replica.ready, self.link.conn is not None, self.draining,
+                                   len(self.replica))
+        return healthz_response(request.method, status, health)
 
     async def _failed_internally(self, request: web.Request, attempt: Attempt,
                                  exc: Exception) -> web.StreamResponse:
@@ -186,8 +210,10 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
         if body:
-            attempt.requested_model, attempt.stream = peek_request(
-                body, request.headers.get("Content-Encoding", ""))
+            model, attempt.stream, readable = peek_request(body, request.headers.get("Content-Encoding", ""))
+            attempt.requested_model = model
+            if reach(model, readable, account.models).refused:  # SPEC §12: no upstream call
+                return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, model, request))
         attempt.announce()
         if not self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
             return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,

@@ -97,12 +97,23 @@ class ControlLink:
         elif isinstance(message, LeaseRemoved):
             for key_id in message.key_ids:
                 self.replica.remove(key_id)
-            conn.send_nowait(Ack(req_id=message.req_id))
+            self._send_rows_of(set(message.key_ids))
+            conn.send_nowait(Ack(req_id=message.req_id))  # flushes the lazy rows ahead of it
         elif isinstance(message, StorageState):
             self.replica.storage_ok = message.ok
             log.warning("observation_storage_state", ok=message.ok)
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
+
+    def _send_rows_of(self, key_ids: set[str]) -> None:
+        """SPEC §3: a removal is acknowledged only after the rows of every attempt finished on
+        those keys were sent, on this connection, ahead of the Ack — so when a revoke returns,
+        control holds them (a probe's success is never lost to its revoke). A row already on its
+        way (queued lazily, a write still to come) is ahead of the Ack in the same ordered
+        buffer; one not sent on this link yet is sent now."""
+        for attempt_id, row in list(self.outbox.items()) if self.outbox else ():
+            if row.key_id in key_ids:
+                self._transmit(attempt_id)
 
     def _resend(self, conn: Connection) -> None:
         """After a resync: re-announce what is in flight and re-deliver unacknowledged rows."""

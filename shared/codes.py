@@ -43,6 +43,7 @@ class Refusal(StrEnum):
     PATH_NOT_SERVED = "path-not-served"
     GATEWAY_SHUTDOWN = "gateway-shutdown"
     OBSERVATION_STORAGE_UNAVAILABLE = "observation-storage-unavailable"
+    MODEL_NOT_PERMITTED = "model-not-permitted"  # the lease's account does not serve it (§12)
     # authentication and input (no row: refused before an authenticated lease)
     UNKNOWN_KEY = "unknown-key"
     INVALID_REQUEST = "invalid-request"
@@ -82,6 +83,7 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.PATH_NOT_SERVED: 404,
     Refusal.GATEWAY_SHUTDOWN: 503,
     Refusal.OBSERVATION_STORAGE_UNAVAILABLE: 503,
+    Refusal.MODEL_NOT_PERMITTED: 400,
     Refusal.UNKNOWN_KEY: 401,
     Refusal.INVALID_REQUEST: 422,
     Refusal.UNAUTHENTICATED: 401,

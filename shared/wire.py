@@ -48,6 +48,9 @@ class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):
     auth_style: str
     credential_env: str
     request_capacity: int | None = None
+    # The account's `models` globs (SPEC §4), which hold a lease's requests (SPEC §12); None
+    # from a control daemon older than this field: not checked.
+    models: tuple[str, ...] | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,6 +1,8 @@
 """A tiny synchronous HTTP client for the control API (urllib, no proxies).
 
-Where to go: `GATEWAY_CONTROL_URL` (default `http://127.0.0.1:8789`). Which bearer: `--token`,
+Where to go (SPEC §1): `GATEWAY_CONTROL_URL`, else `http://$GATEWAY_CONTROL_LISTEN` (the
+daemon's own listen address, so an operator who sourced `gateway.env` needs nothing more; an
+every-interface bind is reached on loopback), else `http://127.0.0.1:8789`. Which bearer: `--token`,
 else the first of `LEASEHOLD_TOKEN`, `GATEWAY_CONTROL_TOKEN`, `GATEWAY_MINT_TOKEN`,
 `GATEWAY_READ_TOKEN` that is set. The token's *source* (never its value) is remembered so a
 401/403 can name the variable to fix. Proxy variables are ignored on purpose: the bearer token
@@ -24,9 +26,11 @@ import msgspec
 
 from controlplane.cli.exits import CtlError, Exit
 from shared.codes import Scope
+from shared.listen import url_of_listen
 
 DEFAULT_URL = "http://127.0.0.1:8789"
 URL_VAR = "GATEWAY_CONTROL_URL"
+LISTEN_VAR = "GATEWAY_CONTROL_LISTEN"
 TOKEN_VARS = ("LEASEHOLD_TOKEN", "GATEWAY_CONTROL_TOKEN", "GATEWAY_MINT_TOKEN", "GATEWAY_READ_TOKEN")
 TOKEN_FLAG = "--token"
 TIMEOUT_S = 60.0  # a mint waits for the data plane's acknowledgement; revoke-leases may be slow
@@ -61,11 +65,22 @@ def choose_token(flag: str | None, env: Mapping[str, str]) -> TokenChoice:
 
 
 def control_url(env: Mapping[str, str]) -> str:
-    raw = env.get(URL_VAR, "").strip() or DEFAULT_URL
+    """`GATEWAY_CONTROL_URL`, else `http://$GATEWAY_CONTROL_LISTEN`, else the default."""
+    raw = env.get(URL_VAR, "").strip()
+    if not raw:
+        listen = env.get(LISTEN_VAR, "").strip()
+        if not listen:
+            return DEFAULT_URL
+        try:
+            return url_of_listen(listen)
+        except ValueError:
+            raise CtlError(Exit.USAGE, f"{LISTEN_VAR}={listen!r} is not HOST:PORT; set {URL_VAR} instead") from None
     parts = urlsplit(raw)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CtlError(Exit.USAGE, f"{URL_VAR}={raw!r} is not an http(s) URL")
     return raw.rstrip("/")
+
+
 
 
 def error_of(body: Any) -> tuple[str, str, dict[str, Any]]:
@@ -161,7 +176,8 @@ class Client:
         if isinstance(reason, TimeoutError):
             reason = f"no answer within {self.timeout_s:g}s"
         return CtlError(Exit.UNREACHABLE, f"cannot reach the control daemon at {self.url}: {reason} "
-                                          f"— is leasehold-control running? set {URL_VAR}")
+                                          f"— is leasehold-control running? set {URL_VAR} "
+                                          f"(or {LISTEN_VAR}, as in gateway.env)")
 
     def _request(self, method: str, path: str, query: Mapping[str, Any] | None,
                  body: Any) -> urllib.request.Request:

@@ -11,6 +11,11 @@ base URL and virtual key of the lease's wire. A worker holds its lease and nothi
 The child runs in its own process group, so a signal reaches it exactly once: forwarded by us,
 or — when we own the terminal — from the terminal itself, which we hand to the child's group
 (the job-control dance a shell does) and take back when it exits.
+
+Signal dispositions are passed through, as if CMD had been started directly: CMD starts with
+each forwarded signal ignored if this process was started with it ignored (nohup's SIGHUP, the
+SIGINT of a shell's background job) and at its default otherwise (`worker_dispositions`). The
+forwarding handlers are installed before CMD is spawned, so no signal falls between the two.
 """
 
 from __future__ import annotations
@@ -41,6 +46,17 @@ WIRE_ENV: dict[Wire, tuple[str, str]] = {
 WITHHELD = ("LEASEHOLD_TOKEN", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY",
             "CODEX_API_KEY")
 NOT_FOUND_STATUS, NOT_EXECUTABLE_STATUS = 127, 126
+SIGNALS_HELP = """\
+signals:
+  SIGINT, SIGTERM and SIGHUP sent to leaseholdctl are forwarded to CMD's process group, once;
+  in a terminal, CMD owns it while it runs, so Ctrl-C reaches CMD directly. CMD starts with
+  the signal dispositions leaseholdctl was started with, as if it had been run directly: a
+  signal leaseholdctl was started with ignored (SIGHUP under nohup, SIGINT in a shell's
+  background job `&`) is ignored by CMD too, so forwarding it does nothing unless CMD
+  handles it itself; every other forwarded signal starts at its default. To stop such a run,
+  send SIGTERM. Whatever ends CMD, the lease is revoked and leaseholdctl returns CMD's
+  status (128+N when signal N ended it).
+"""
 
 
 def worker_env(env: Mapping[str, str], wire: Wire, base_url: str, token: str) -> dict[str, str]:
@@ -85,31 +101,46 @@ def _give_terminal(fd: int, pgid: int) -> None:
         signal.signal(signal.SIGTTOU, previous)
 
 
+def worker_dispositions(inherited: Mapping[int, Any]) -> dict[int, Any]:
+    """What CMD starts with for each forwarded signal: ignored if we were started with it
+    ignored, else its default (whatever handler this process had is not CMD's business)."""
+    return {sig: signal.SIG_IGN if handler == signal.SIG_IGN else signal.SIG_DFL
+            for sig, handler in inherited.items()}
+
+
 def run_child(argv: list[str], env: dict[str, str]) -> int:
     tty = _own_terminal()
-
-    def claim_terminal() -> None:  # runs in the child before exec: no race with its first read
-        if tty is not None:
-            _give_terminal(tty, os.getpid())
-
-    try:
-        child = subprocess.Popen(argv, env=env, process_group=0,
-                                 preexec_fn=claim_terminal if tty is not None else None)
-    except FileNotFoundError:
-        warn(f"cannot run {argv[0]}: command not found")
-        return NOT_FOUND_STATUS
-    except PermissionError:
-        warn(f"cannot run {argv[0]}: permission denied")
-        return NOT_EXECUTABLE_STATUS
+    dispositions = worker_dispositions({sig: signal.getsignal(sig) for sig in FORWARDED})
+    child: subprocess.Popen | None = None
+    early: list[int] = []  # signals that arrived before the child existed
 
     def forward(signum: int, _frame: Any) -> None:
+        if child is None:
+            early.append(signum)
+            return
         try:
             os.killpg(child.pid, signum)
         except ProcessLookupError:
             pass
 
+    def prepare() -> None:  # runs in the child before exec: no race with its first read
+        for sig, disposition in dispositions.items():
+            signal.signal(sig, disposition)
+        if tty is not None:
+            _give_terminal(tty, os.getpid())
+
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
+        try:
+            child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=prepare)
+        except FileNotFoundError:
+            warn(f"cannot run {argv[0]}: command not found")
+            return NOT_FOUND_STATUS
+        except PermissionError:
+            warn(f"cannot run {argv[0]}: permission denied")
+            return NOT_EXECUTABLE_STATUS
+        for signum in early:
+            forward(signum, None)
         return exit_status(child.wait())
     finally:
         for sig, handler in previous.items():
@@ -168,7 +199,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        description="Mint a v2 lease, run CMD with a scrubbed environment (no GATEWAY_*) "
                                    "plus ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY or OPENAI_BASE_URL/"
                                    "OPENAI_API_KEY, forward SIGINT/SIGTERM/SIGHUP, revoke the lease when "
-                                   "CMD exits and return CMD's exit status.")
+                                   "CMD exits and return CMD's exit status.",
+                       epilog=SIGNALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     del common  # exec prints its command's output, not a control answer: no --json
     p.add_argument("--token", help="bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
     p.add_argument("--repo", required=True, help="repo_slug")

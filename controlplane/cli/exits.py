@@ -35,7 +35,8 @@ exit codes:
   could not be started; the codes above only before the command started.
 
 environment:
-  GATEWAY_CONTROL_URL   control daemon (default http://127.0.0.1:8789)
+  GATEWAY_CONTROL_URL   control daemon, else http://$GATEWAY_CONTROL_LISTEN (as in
+                        gateway.env), else http://127.0.0.1:8789
   token                 --token, else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN,
                         GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN (first one set)
 """

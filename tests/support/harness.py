@@ -30,6 +30,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# The signals tests send to the processes they start. Whoever started pytest may have ignored
+# them (a shell's background job ignores SIGINT, nohup ignores SIGHUP) and an ignored signal
+# stays ignored across fork and exec: a child a test signals gets its defaults back first.
+SIGNALS_SENT = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)
+
+
+def default_signals() -> None:
+    """`preexec_fn` of a child a test will signal: the dispositions it relies on, not inherited."""
+    for sig in SIGNALS_SENT:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def base_env() -> dict[str, str]:
     """A clean environment for a child: no inherited GATEWAY_*, the repo importable."""
     keep = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR", "SYSTEMROOT")}
@@ -44,7 +56,8 @@ class Proc:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.popen = subprocess.Popen(argv, env=env, cwd=str(REPO), stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+                                      stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=default_signals)
 
     @property
     def alive(self) -> bool:

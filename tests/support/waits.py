@@ -8,6 +8,7 @@ return the probe's first truthy value and fail naming what they waited for.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -32,12 +33,15 @@ def wait_until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: 
 
 
 async def until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.005) -> T:
-    """`wait_until` inside the event loop: the loop runs between probes."""
+    """`wait_until` inside the event loop: the loop runs between probes (a probe may be a
+    coroutine function, for state read from an async store)."""
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
     while True:
         try:
             value = probe()
+            if inspect.isawaitable(value):
+                value = await value
             if value:
                 return value
         except Exception as exc:  # a probe may fail while the thing starts

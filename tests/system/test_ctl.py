@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import Gateway, Stub, base_env, credential_like, free_port, http
+from tests.support.harness import Gateway, Stub, base_env, credential_like, default_signals, free_port, http
 from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
@@ -167,10 +167,26 @@ def test_unreachable_control_is_one_clear_line(gw: Gateway) -> None:
     done = ctl(gw, "accounts", env=ctl_env(gw, GATEWAY_CONTROL_URL=url))
     assert done.returncode == 5 and done.stdout == ""
     assert done.stderr.strip() == (f"leaseholdctl: cannot reach the control daemon at {url}: [Errno 111] "
-                                   "Connection refused — is leasehold-control running? set GATEWAY_CONTROL_URL")
+                                   "Connection refused — is leasehold-control running? set GATEWAY_CONTROL_URL "
+                                   "(or GATEWAY_CONTROL_LISTEN, as in gateway.env)")
     watch = ctl(gw, "watch", "--count", "1", env=ctl_env(gw, GATEWAY_CONTROL_URL=url))
     assert watch.returncode == 0 and "cannot reach the control daemon" in watch.stdout
     assert "ID  " not in watch.stdout  # no empty table that reads as "no accounts"
+
+
+def test_an_operator_who_sourced_gateway_env_needs_no_url(gw: Gateway) -> None:
+    """SPEC §1: with only the daemons' own GATEWAY_CONTROL_LISTEN (a non-default port here),
+    leaseholdctl finds control; GATEWAY_CONTROL_URL still wins when it is set."""
+    env = base_env()
+    env.update({"GATEWAY_CONTROL_LISTEN": gw.env["GATEWAY_CONTROL_LISTEN"],
+                "GATEWAY_CONTROL_TOKEN": gw.control_token})
+    assert gw.env["GATEWAY_CONTROL_LISTEN"] != "127.0.0.1:8789"
+    done = ctl(gw, "accounts", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "legacy-anthropic" in [a["id"] for a in json.loads(done.stdout)["accounts"]]
+    elsewhere = f"http://127.0.0.1:{free_port()}"
+    wins = ctl(gw, "accounts", env={**env, "GATEWAY_CONTROL_URL": elsewhere})
+    assert wins.returncode == 5 and elsewhere in wins.stderr
 
 
 def test_wrong_token_names_its_variable_and_never_prints_it(gw: Gateway) -> None:
@@ -252,7 +268,8 @@ def test_exec_forwards_signals_and_returns_128_plus_n(gw: Gateway, tmp_path: Pat
              "json.dumps([os.getpid(), os.environ['ANTHROPIC_API_KEY']])); time.sleep(60)")
     proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
                              sys.executable, "-c", child, str(ready)], env=exec_env(gw),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_signals)  # not pytest's: it may run under nohup, in `&`
     try:
         pid, token = json.loads(wait_until(lambda: ready.exists() and ready.read_text(), 20, "the worker"))
         proc.send_signal(sig)
@@ -263,6 +280,45 @@ def test_exec_forwards_signals_and_returns_128_plus_n(gw: Gateway, tmp_path: Pat
     assert proc.returncode == 128 + sig, err
     assert not running(pid)  # the worker got the signal and was reaped before leaseholdctl returned
     assert call(gw, token) == 401
+
+
+REPORT_DISPOSITIONS = (
+    "import json, pathlib, signal, sys, time\n"
+    "names = {signal.SIG_IGN: 'ignored', signal.SIG_DFL: 'default', signal.default_int_handler: 'default'}\n"
+    "seen = {s.name: names.get(signal.getsignal(s), 'handled') "
+    "for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)}\n"
+    # (Python itself turns an inherited default SIGINT into default_int_handler)
+    "signal.signal(signal.SIGHUP, lambda *_: sys.exit(42))\n"  # this worker handles SIGHUP itself
+    "pathlib.Path(sys.argv[1]).write_text(json.dumps(seen))\n"
+    "time.sleep(60)\n")
+
+
+@pytest.mark.parametrize("started", ["default", "ignored"])
+def test_exec_passes_its_signal_dispositions_to_the_worker_and_still_forwards(
+        gw: Gateway, tmp_path: Path, started: str) -> None:
+    """As `exec --help` says: the worker starts with SIGINT/SIGHUP ignored when leaseholdctl was
+    (nohup, a background job), at their defaults otherwise; a forwarded signal still reaches a
+    worker that handles it itself."""
+    ready = tmp_path / "ready"
+
+    def start_as() -> None:  # how leaseholdctl's own parent left its dispositions
+        for sig in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN if started == "ignored" else signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
+                             sys.executable, "-c", REPORT_DISPOSITIONS, str(ready)], env=exec_env(gw),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=start_as)
+    try:
+        seen = json.loads(wait_until(lambda: ready.exists() and ready.read_text(), 20, "the worker"))
+        assert seen == {"SIGINT": started, "SIGHUP": started, "SIGTERM": "default"}
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 42, err  # the worker's own status: its handler got the forwarded SIGHUP
 
 
 def running(pid: int) -> bool:
@@ -322,6 +378,7 @@ def test_exec_hands_the_terminal_to_the_worker_so_ctrl_c_reaches_it_once(gw: Gat
     master, slave = os.openpty()
 
     def controlling_tty() -> None:  # the test's ctl becomes a session leader owning the pty
+        default_signals()  # Ctrl-C must be able to reach the worker, however pytest was started
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     worker = ("import os, sys, time; print('FG', os.tcgetpgrp(0) == os.getpgrp(), "

@@ -177,8 +177,27 @@ def test_openai_responses_json_and_stream(gateway: Gateway, clean_stub: Stub) ->
     assert all(r["served_model"] == O_MODEL for r in rows)
 
 
-def test_openai_embeddings_and_models(gateway: Gateway, clean_stub: Stub) -> None:
-    minted = gateway.mint("openai")
+EMBEDDINGS_ACCOUNT = """
+[[account]]
+id = "openai-embeddings"
+provider_binding = "openai"
+base_url = "{url}"
+auth_style = "bearer"
+credential_env = "GATEWAY_EMBEDDINGS_KEY"
+models = ["text-embedding-*"]
+"""
+
+
+def test_openai_embeddings_and_models(make_gateway, tmp_path, clean_stub: Stub) -> None:
+    """Embedding models are not among legacy-openai's globs (SPEC §4): an account declares them."""
+    accounts = tmp_path / "accounts.toml"
+    accounts.write_text(EMBEDDINGS_ACCOUNT.format(url=clean_stub.url))
+    gateway = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts),
+                            "GATEWAY_EMBEDDINGS_KEY": clean_stub.openai_key}).start()
+    status, _, minted = gateway.api("POST", "/control/v2/mint", {
+        "dispatch_id": "d-embed", "repo_slug": "acme/app", "principal_kind": "worker",
+        "principal_id": "w-1", "model": "text-embedding-3-small"})
+    assert (status, minted["account_id"]) == (201, "openai-embeddings"), minted
     sdk = openai_sdk(gateway, minted["token"])
     embedded = sdk.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
     assert len(embedded.data) == 2
@@ -195,6 +214,33 @@ def test_openai_embeddings_and_models(gateway: Gateway, clean_stub: Stub) -> Non
 
 
 # ---- errors pass through, gateway errors in the wire's shape --------------------------------
+
+
+UNKNOWN_TOKEN = "lhgw_01J00000000000000000000000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+
+
+@pytest.mark.parametrize("kind", ["unknown", "revoked"])
+@pytest.mark.parametrize("endpoint", ["chat", "responses"])
+def test_refused_key_on_the_openai_wire_is_401_do_not_retry(gateway: Gateway, clean_stub: Stub,
+                                                            kind: str, endpoint: str) -> None:
+    """SPEC §15: a 401 carries `x-should-retry: false` on the OpenAI wire too, in its shape."""
+    token = UNKNOWN_TOKEN
+    if kind == "revoked":
+        minted = gateway.mint("openai")
+        assert gateway.revoke(minted["key_id"]) is True
+        token = minted["token"]
+    sdk = openai_sdk(gateway, token)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        if endpoint == "chat":
+            sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES)
+        else:
+            sdk.responses.create(model=O_MODEL, input="hi")
+    got = caught.value.response.headers
+    assert caught.value.status_code == 401 and got["x-should-retry"] == "false"
+    assert got["x-request-id"].startswith("req_")
+    body = caught.value.body
+    assert body["code"] == "unknown-key" and body["type"] == "authentication_error"
+    assert clean_stub.requests() == []
 
 
 def test_upstream_429_headers_reach_both_sdks(gateway: Gateway, clean_stub: Stub) -> None:

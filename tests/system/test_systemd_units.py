@@ -66,7 +66,7 @@ def fake_root(tmp_path: Path) -> Path:
     (root / "etc/systemd/system").mkdir(parents=True)
     for unit in UNITS:
         shutil.copy(SYSTEMD / unit, root / "etc/systemd/system" / unit)
-        for exe in values(unit, "ExecStart"):
+        for exe in values(unit, "ExecStart") + values(unit, "ExecStartPost"):
             binary = root / exe.split()[0].lstrip("/")
             binary.parent.mkdir(parents=True, exist_ok=True)
             binary.write_text("#!/bin/sh\nexit 0\n")
@@ -135,6 +135,18 @@ def test_dataplane_is_ordered_after_control_but_survives_its_restart() -> None:
         assert "leasehold-control.service" not in " ".join(values(dataplane, binding)), binding
     stop_s = int(values(dataplane, "TimeoutStopSec")[0])
     assert stop_s >= DRAIN_DEFAULT_S + 10
+
+
+def test_dataplane_is_active_only_once_its_healthz_says_synchronised() -> None:
+    """ExecStartPost= runs the probe on the data plane's own /healthz (SPEC §12), within the
+    start timeout; the probe module is the one tests/system/test_dataplane_health.py runs."""
+    dataplane = UNITS[1]
+    (post,) = values(dataplane, "ExecStartPost")
+    argv = post.split()
+    assert argv[:3] == ["/opt/leasehold/venv/bin/python", "-m", "dataplane.probe"]
+    probe_s = float(argv[argv.index("--timeout") + 1])
+    assert probe_s < int(values(dataplane, "TimeoutStartSec")[0])
+    assert values(UNITS[0], "ExecStartPost") == []  # control is ready when it listens
 
 
 def test_env_example_lists_every_known_variable_and_nothing_else() -> None:

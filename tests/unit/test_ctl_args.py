@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from controlplane.cli.admin import mutation_request, verify_exit
-from controlplane.cli.execute import exit_status, wire_of, worker_env
+from controlplane.cli.execute import exit_status, wire_of, worker_dispositions, worker_env
 from controlplane.cli.exits import CtlError, Exit
 from controlplane.cli.keys import mint_request
 from controlplane.cli.policy import load_document
@@ -186,3 +187,33 @@ def test_an_unexpected_error_is_still_one_line(monkeypatch, capsys) -> None:
     assert main(["accounts"]) == Exit.FAILED
     err = capsys.readouterr().err
     assert err.startswith("leaseholdctl: unexpected KeyError") and len(err.strip().splitlines()) == 1
+
+
+# ---- exec's signal dispositions: passed through, as if CMD had been started directly -----
+
+_HANDLER = lambda *_: None  # noqa: E731  (a Python handler of leaseholdctl's own)
+DISPOSITION_CASES = [
+    ("all at their defaults", {signal.SIGINT: signal.default_int_handler, signal.SIGHUP: signal.SIG_DFL,
+                               signal.SIGTERM: signal.SIG_DFL},
+     {signal.SIGINT: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGTERM: signal.SIG_DFL}),
+    ("under nohup", {signal.SIGINT: signal.default_int_handler, signal.SIGHUP: signal.SIG_IGN,
+                     signal.SIGTERM: signal.SIG_DFL},
+     {signal.SIGINT: signal.SIG_DFL, signal.SIGHUP: signal.SIG_IGN, signal.SIGTERM: signal.SIG_DFL}),
+    ("a background job under nohup", {signal.SIGINT: signal.SIG_IGN, signal.SIGHUP: signal.SIG_IGN,
+                                      signal.SIGTERM: signal.SIG_DFL},
+     {signal.SIGINT: signal.SIG_IGN, signal.SIGHUP: signal.SIG_IGN, signal.SIGTERM: signal.SIG_DFL}),
+    ("a handler or one set outside Python is not CMD's", {signal.SIGINT: _HANDLER, signal.SIGHUP: None,
+                                                          signal.SIGTERM: _HANDLER},
+     {signal.SIGINT: signal.SIG_DFL, signal.SIGHUP: signal.SIG_DFL, signal.SIGTERM: signal.SIG_DFL}),
+]
+
+
+@pytest.mark.parametrize(("name", "inherited", "expect"), DISPOSITION_CASES, ids=[c[0] for c in DISPOSITION_CASES])
+def test_worker_dispositions(name: str, inherited: dict, expect: dict) -> None:
+    assert worker_dispositions(inherited) == expect
+
+
+def test_exec_help_says_what_happens_to_an_ignored_signal(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["exec", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ignored by CMD too" in text and "send SIGTERM" in text and "nohup" in text

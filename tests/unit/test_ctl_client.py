@@ -45,13 +45,34 @@ def test_token_choice(case: TokenCase) -> None:
     assert choose_token(case.flag, case.env) == case.expect
 
 
-@pytest.mark.parametrize(("env", "expect"), [
-    ({}, "http://127.0.0.1:8789"),
-    ({"GATEWAY_CONTROL_URL": "http://10.0.0.1:9000/"}, "http://10.0.0.1:9000"),
-    ({"GATEWAY_CONTROL_URL": ""}, "http://127.0.0.1:8789"),
-], ids=["default", "set", "blank"])
-def test_control_url(env: dict[str, str], expect: str) -> None:
-    assert control_url(env) == expect
+@dataclass(frozen=True)
+class UrlCase:
+    name: str
+    env: dict[str, str]
+    expect: str
+
+
+# SPEC §1: GATEWAY_CONTROL_URL, else http://$GATEWAY_CONTROL_LISTEN, else the default.
+URL_CASES = [
+    UrlCase("default", {}, "http://127.0.0.1:8789"),
+    UrlCase("url set", {"GATEWAY_CONTROL_URL": "http://10.0.0.1:9000/"}, "http://10.0.0.1:9000"),
+    UrlCase("url blank", {"GATEWAY_CONTROL_URL": ""}, "http://127.0.0.1:8789"),
+    UrlCase("url wins over listen", {"GATEWAY_CONTROL_URL": "https://ctl.internal",
+                                     "GATEWAY_CONTROL_LISTEN": "127.0.0.1:9100"}, "https://ctl.internal"),
+    UrlCase("listen alone", {"GATEWAY_CONTROL_LISTEN": "127.0.0.1:9100"}, "http://127.0.0.1:9100"),
+    UrlCase("listen when url blank", {"GATEWAY_CONTROL_URL": " ", "GATEWAY_CONTROL_LISTEN": "10.1.2.3:80"},
+            "http://10.1.2.3:80"),
+    UrlCase("listen blank", {"GATEWAY_CONTROL_LISTEN": ""}, "http://127.0.0.1:8789"),
+    UrlCase("listen on every v4 interface", {"GATEWAY_CONTROL_LISTEN": "0.0.0.0:9100"}, "http://127.0.0.1:9100"),
+    UrlCase("listen on a v6 address", {"GATEWAY_CONTROL_LISTEN": "[::1]:9100"}, "http://[::1]:9100"),
+    UrlCase("listen on every v6 interface", {"GATEWAY_CONTROL_LISTEN": "[::]:9100"}, "http://[::1]:9100"),
+    UrlCase("listen by name", {"GATEWAY_CONTROL_LISTEN": "localhost:9100"}, "http://localhost:9100"),
+]
+
+
+@pytest.mark.parametrize("case", URL_CASES, ids=lambda c: c.name)
+def test_control_url(case: UrlCase) -> None:
+    assert control_url(case.env) == case.expect
 
 
 @pytest.mark.parametrize("raw", ["127.0.0.1:8789", "ftp://x", "http://"])
@@ -59,6 +80,13 @@ def test_control_url_refuses_non_http(raw: str) -> None:
     with pytest.raises(CtlError) as caught:
         control_url({"GATEWAY_CONTROL_URL": raw})
     assert caught.value.code == Exit.USAGE and "GATEWAY_CONTROL_URL" in caught.value.message
+
+
+@pytest.mark.parametrize("raw", ["9100", "127.0.0.1:", ":9100", "127.0.0.1:port", "127.0.0.1:70000"])
+def test_control_url_refuses_a_malformed_listen_address_naming_it(raw: str) -> None:
+    with pytest.raises(CtlError) as caught:
+        control_url({"GATEWAY_CONTROL_LISTEN": raw})
+    assert caught.value.code == Exit.USAGE and "GATEWAY_CONTROL_LISTEN" in caught.value.message
 
 
 def _error(code: str, message: str, **extra: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import msgspec
 import pytest
 
-from dataplane.errors import OVERHEAD_HEADER, refusal_response
+from dataplane.errors import NOT_RETRIED, OVERHEAD_HEADER, refusal_response
 from shared.codes import HTTP_STATUS, Refusal, Wire
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +58,7 @@ CASES = [
     Case("body-too-large", (Refusal.BODY_TOO_LARGE, None, None),
          Expect(413, None, None, types("request_too_large", "invalid_request_error"))),
     Case("account-not-configured", (Refusal.ACCOUNT_NOT_CONFIGURED, None, None), Expect(422, None, None, INVALID)),
+    Case("model-not-permitted", (Refusal.MODEL_NOT_PERMITTED, None, None), Expect(400, "false", None, INVALID)),
     Case("request-capacity-exhausted", (Refusal.REQUEST_CAPACITY_EXHAUSTED, None, 1), Expect(429, None, "1", RATE)),
     Case("pool-timeout", (Refusal.POOL_TIMEOUT, None, 1), Expect(503, None, "1", SERVER)),
     Case("gateway-shutdown", (Refusal.GATEWAY_SHUTDOWN, None, 1), Expect(503, None, "1", SERVER)),
@@ -116,7 +117,7 @@ def test_every_code_answers_at_its_status_in_its_wire_shape(code: Refusal, wire:
     status, headers, body = answer(wire, code)
     assert_shape(wire, body, code)
     assert status == HTTP_STATUS[code] and headers[REQUEST_ID_HEADER[wire]] == REQUEST_ID
-    assert headers.get("x-should-retry") == ("false" if status == 401 else None)
+    assert headers.get("x-should-retry") == ("false" if status == 401 or code in NOT_RETRIED else None)
     assert "retry-after" not in headers  # only when the end is known
 
 

@@ -86,3 +86,18 @@ def test_no_message_carries_a_token_field() -> None:
 def test_decode_body_rejects_trailing_garbage() -> None:
     with pytest.raises(FrameError):
         decode_body(encode_frame(ACK)[4:] + b"\x00")
+
+
+def test_an_account_route_carries_its_globs_and_an_older_one_decodes_without() -> None:
+    """`AccountRoute.models` was appended with a default: a snapshot from a control daemon older
+    than it still decodes (globs None: the data plane does not check), a new one round-trips."""
+    import msgspec
+
+    from shared.wire import AccountRoute, Snapshot
+
+    route = {"id": "acct-a", "provider_binding": "anthropic", "wire": "anthropic", "base_url": "http://x",
+             "auth_style": "x-api-key", "credential_env": "GATEWAY_A_KEY", "request_capacity": None}
+    older = decode_body(msgspec.msgpack.encode({"op": "snapshot", "req_id": 1, "leases": [], "accounts": [route]}))
+    assert isinstance(older, Snapshot) and older.accounts[0].models is None
+    current = Snapshot(req_id=2, leases=[], accounts=[AccountRoute(**route, models=("claude-haiku-*",))])
+    assert split_frames(encode_frame(current)) == ([current], b"")

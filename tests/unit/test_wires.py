@@ -212,14 +212,17 @@ def test_guess_wire_before_a_lease(path: str, headers: dict, wire: Wire) -> None
 
 
 PEEK_CASES = [
-    Case("stream true", (b'{"model":"m","stream":true}', ""), ("m", True)),
-    Case("stream false", (b'{"model":"m","stream":false}', ""), ("m", False)),
-    Case("stream as a string is not streaming", (b'{"model":"m","stream":"true"}', ""), ("m", False)),
-    Case("model not a string", (b'{"model":7,"stream":true}', ""), (None, True)),
-    Case("not json", (b"\x00\x01", ""), (None, False)),
-    Case("gzip body", (gzip.compress(b'{"model":"m","stream":true}'), "gzip"), ("m", True)),
-    Case("broken gzip", (b"nope", "gzip"), (None, False)),
-    Case("unknown encoding", (b'{"model":"m"}', "br"), (None, False)),
+    Case("stream true", (b'{"model":"m","stream":true}', ""), ("m", True, True)),
+    Case("stream false", (b'{"model":"m","stream":false}', ""), ("m", False, True)),
+    Case("stream as a string is not streaming", (b'{"model":"m","stream":"true"}', ""), ("m", False, True)),
+    Case("model not a string", (b'{"model":7,"stream":true}', ""), (None, True, True)),
+    Case("the last of two models, as the upstream reads it", (b'{"model":"a","model":"b"}', ""),
+         ("b", False, True)),
+    Case("not json names nothing", (b"\x00\x01", ""), (None, False, True)),
+    Case("identity encoding", (b'{"model":"m"}', "identity"), ("m", False, True)),
+    Case("gzip body", (gzip.compress(b'{"model":"m","stream":true}'), "gzip"), ("m", True, True)),
+    Case("broken gzip is unreadable", (b"nope", "gzip"), (None, False, False)),
+    Case("unknown encoding is unreadable", (b'{"model":"m"}', "br"), (None, False, False)),
 ]
 
 
