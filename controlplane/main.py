@@ -29,7 +29,7 @@ from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
 from controlplane.http.common import TokenRing, auth_middleware
-from controlplane.prices import load_prices
+from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.service import ControlService
 from controlplane.stores.admin import AccountAdminStore
@@ -171,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(role="control")
         registry = Registry.from_settings(settings)
-    except (SettingsError, RegistryError) as exc:
+        prices = load_prices(settings.prices_file)
+    except (SettingsError, RegistryError, PricesError) as exc:
         print(f"leasehold-control: {exc}", file=sys.stderr)
         return 2
     credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     keys.load(now_ms())
     ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"))
     ledger.open()
-    service = ControlService(settings, registry, keys, ledger, load_prices())
+    service = ControlService(settings, registry, keys, ledger, prices)
     try:
         uvloop.run(serve(settings, service))
     except StartupError as exc:
