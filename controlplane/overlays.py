@@ -10,6 +10,7 @@ from typing import Protocol
 
 import msgspec
 
+from controlplane.core.budgets import LevelBudget
 from shared.codes import AdminState, Condition
 
 
@@ -31,6 +32,7 @@ class ResolvedPolicy(msgspec.Struct, frozen=True, kw_only=True):
     locked_by: dict[str, str] = {}                  # field → the least specific level that locked it
     vetoed: dict[str, tuple[str, ...]] = {}         # field → more specific setters a lock overruled
     ceilinged: tuple[str, ...] = ()                 # fields whose chosen value the platform ceiling cut
+    budgets: tuple[LevelBudget, ...] = ()           # every budget on the chain, each for its own level (§18)
 
 
 class PolicySource(Protocol):
