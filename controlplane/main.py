@@ -24,6 +24,7 @@ from controlplane.http import keys as keys_http
 from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
+from controlplane.http import spend as spend_http
 from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
@@ -32,6 +33,7 @@ from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.service import ControlService
+from controlplane.spend import SpendBook
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
@@ -68,6 +70,7 @@ def build_app(service: ControlService) -> web.Application:
     accounts_http.add_routes(app)
     views_http.add_routes(app)
     policy_http.add_routes(app, policy)
+    spend_http.add_routes(app, SpendBook.of(service), policy)
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, GatewayMetrics(service, service.events, admin.state_of))
     dashboard_http.add_routes(app)
@@ -185,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
     keys = KeyTable(os.path.join(settings.state_dir, "keys.jsonl"))
     keys.load(now_ms())
-    ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"))
+    ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"), retention_days=settings.ledger_retention_days)
     ledger.open()
     service = ControlService(settings, registry, keys, ledger, prices)
+    SpendBook.of(service)  # rebuilt and listening before the RPC socket opens: no row is missed
     try:
         uvloop.run(serve(settings, service))
     except StartupError as exc:
