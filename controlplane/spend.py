@@ -33,7 +33,6 @@ from controlplane.core.spend import By, SpendEntry, SpendFold, TenancyMap, spend
 from controlplane.core.windows import Window, key_at, window_at
 from controlplane.stores import segments
 from controlplane.stores.ledger import Ledger
-from shared.clock import now_ms
 from shared.logging import get_logger
 from shared.wire import AttemptRow
 
@@ -54,11 +53,11 @@ def head_hash(handle: Any) -> str:
 
 
 class SpendBook:
-    def __init__(self, ledger: Ledger, fold: SpendFold | None = None, *,
-                 clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, ledger: Ledger, fold: SpendFold | None = None) -> None:
         self.ledger = ledger
         self.fold = fold if fold is not None else SpendFold()
-        self._clock = clock
+        self.clock: Callable[[], int] = ledger.clock   # one now for the ledger's days and the windows
+        self.loaded = {"segments": 0, "summaries": 0, "live_rows": 0}   # what the rebuild read
         self._checkpoint: tuple[int, str, int, segments.Folding] | None = None   # inode, head, offset
         self._checkpointing = False
 
@@ -81,10 +80,9 @@ class SpendBook:
     # ---- the rebuild ----------------------------------------------------------------------
 
     @classmethod
-    def rebuild(cls, ledger: Ledger, at_ms: int | None = None, *,
-                clock: Callable[[], int] = now_ms) -> SpendBook:
-        at_ms = clock() if at_ms is None else at_ms
-        book = cls(ledger, clock=clock)
+    def rebuild(cls, ledger: Ledger) -> SpendBook:
+        book = cls(ledger)
+        at_ms = book.clock()
         wanted = {key_at(window, at_ms) for window in Window}
         month_start = key_at(Window.MONTH, at_ms).replace("-", "") + "01"
         state_dir = ledger.state_dir
@@ -92,10 +90,11 @@ class SpendBook:
             if segments.day_of(name) >= month_start:   # a row is written on or after its day
                 book._load_segment(state_dir, name, wanted)
         book._load_live(wanted)
-        log.info("spend_rebuilt", rows=book.fold.rows, month=key_at(Window.MONTH, at_ms))
+        log.info("spend_rebuilt", month=key_at(Window.MONTH, at_ms), **book.loaded)
         return book
 
     def _load_segment(self, state_dir: str, name: str, wanted: set[str]) -> None:
+        self.loaded["segments"] += 1
         part = segments.part_path(state_dir, name)
         if os.path.exists(part):   # a rotation that could not finish: its rows are only here
             segments.fold_file(part, 0, segments.Folding(self.fold))
@@ -111,6 +110,8 @@ class SpendBook:
             except OSError as exc:
                 log.error("spend_summary_unwritable", segment=name, error=str(exc))
             head = msgspec.json.decode(data, type=segments.SummaryHead)
+        else:
+            self.loaded["summaries"] += 1
         segments.merge_windows(self.fold, head, wanted)
 
     def _load_live(self, wanted: set[str]) -> None:
@@ -129,7 +130,9 @@ class SpendBook:
                 segments.merge_windows(self.fold, checkpoint, wanted)
                 start = checkpoint.offset
             handle.seek(start)
-            segments.fold_lines(handle, start, segments.Folding(self.fold))
+            folding = segments.Folding(self.fold)
+            segments.fold_lines(handle, start, folding)
+            self.loaded["live_rows"] = folding.rows
 
     # ---- the live checkpoint (the ledger's worker thread) ---------------------------------
 
@@ -175,7 +178,7 @@ class SpendBook:
     # ---- upkeep ---------------------------------------------------------------------------
 
     def tick(self, checkpoint: bool = False) -> None:
-        now = self._clock()
+        now = self.clock()
         self.ledger.rotate_if_due(now)
         self.ledger.resume_rotations()
         self.fold.prune(key_at(Window.MONTH, now))

@@ -26,7 +26,6 @@ from controlplane.core.windows import Window, iso
 from controlplane.http.common import json_response, requires
 from controlplane.spend import SpendBook
 from controlplane.stores.policy import PolicyStore
-from shared.clock import now_ms
 from shared.codes import Refusal, Scope
 from shared.errors import GatewayError
 
@@ -59,8 +58,9 @@ async def _tenancy(request: web.Request) -> tuple[TenancyMap, Any]:
 @requires(Scope.READ)
 async def budgets_view(request: web.Request) -> web.Response:
     tenancy, view = await _tenancy(request)
-    at = now_ms()
-    statuses = request.app[SPEND_BOOK].statuses(all_budgets(view.state.documents), tenancy, at)
+    book = request.app[SPEND_BOOK]
+    at = book.clock()
+    statuses = book.statuses(all_budgets(view.state.documents), tenancy, at)
     return json_response({"as_of": iso(at), "policy_revision": view.check.revision, "budgets": statuses})
 
 
@@ -69,8 +69,9 @@ async def spend_view(request: web.Request) -> web.Response:
     window = _choice(request, "window", Window, Window.DAY)
     by = _choice(request, "by", By, By.REPO)
     tenancy = (await _tenancy(request))[0] if by in (By.TEAM, By.ORG) else TenancyMap()
-    at = now_ms()
-    start_ms, entries = request.app[SPEND_BOOK].spend(window, by, tenancy, at)
+    book = request.app[SPEND_BOOK]
+    at = book.clock()
+    start_ms, entries = book.spend(window, by, tenancy, at)
     return json_response({"window": str(window), "by": str(by), "window_start": iso(start_ms),
                           "as_of": iso(at), "rows": entries})
 

@@ -56,7 +56,7 @@ class Ledger:
                  on_step: segments.OnStep | None = None) -> None:
         self.path = path
         self.retention_days = retention_days
-        self._clock = clock
+        self.clock = clock   # the ledger's notion of now: its rotation, and the spend book's windows
         self._on_step = on_step or (lambda _step: None)
         self._fd: int | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
@@ -129,8 +129,11 @@ class Ledger:
                 log.warning("ledger_torn_line_ended", path=self.path)
 
     def _live_day(self) -> str | None:
+        """The UTC day of the live file's last write (never after today: a clock set back)."""
         st = self._live_stat()
-        return None if st is None or st.st_size == 0 else segments.utc_day(int(st.st_mtime * 1000))
+        if st is None or st.st_size == 0:
+            return None
+        return min(segments.utc_day(int(st.st_mtime * 1000)), segments.utc_day(self.clock()))
 
     def _set_day(self, day: str | None) -> None:
         self._day = day
@@ -164,7 +167,7 @@ class Ledger:
         if not self._unwritten:
             self.ok = True
             return True
-        now = self._clock()
+        now = self.clock()
         if now >= self._rotate_at_ms:
             self.rotate_if_due(now)
         try:
@@ -189,7 +192,7 @@ class Ledger:
 
     def rotate_if_due(self, now: int | None = None, *, background: bool = True) -> bool:
         """Rotate the live file if its day is over (the timer's call, and each write's)."""
-        now = self._clock() if now is None else now
+        now = self.clock() if now is None else now
         if self._day is None or segments.utc_day(now) <= self._day:
             return False
         day = self._day
@@ -218,7 +221,7 @@ class Ledger:
 
     def _sweep(self) -> None:
         try:
-            segments.sweep(self.state_dir, segments.utc_day(self._clock()), self.retention_days)
+            segments.sweep(self.state_dir, segments.utc_day(self.clock()), self.retention_days)
         except OSError as exc:
             log.error("ledger_sweep_failed", error=str(exc))
 

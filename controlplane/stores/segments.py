@@ -72,7 +72,7 @@ class LedgerRow(msgspec.Struct, kw_only=True):
     usage: Usage | None = None
 
 
-class Summary(msgspec.Struct, kw_only=True, omit_defaults=True):
+class Summary(msgspec.Struct, kw_only=True):
     version: int = SUMMARY_VERSION
     segment: str
     rows: int
