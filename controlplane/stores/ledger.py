@@ -249,10 +249,7 @@ class Ledger:
     def wait_idle(self, timeout_s: float | None = None) -> None:
         """Until every background rotation has ended (tests, and `close`)."""
         for future in list(self._pending):
-            try:
-                future.result(timeout_s)
-            except Exception:
-                pass
+            future.exception(timeout_s)   # a failure is logged by `_done`; its .part stays
 
     # ---- closing ------------------------------------------------------------------------
 
