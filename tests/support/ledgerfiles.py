@@ -41,13 +41,19 @@ def lines_of(path: Path) -> list[bytes]:
 def rows_on_disk(state_dir: Path) -> list[dict[str, Any]]:
     """Every decodable row of every ledger file — segments, the live file, and a `.part` left by
     an unfinished rotation (the authority over a `.gz` of the same name until it is unlinked)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
+    if not state_dir.exists():
+        return rows
     names = {p.name for p in state_dir.iterdir()}
-    for name in sorted(names):
+    for name in sorted(names):   # segments sort before the live ledger.jsonl
         if name.endswith(".jsonl.gz") and name[:-3] + ".part" in names:
             continue
         if name == "ledger.jsonl" or (name.startswith("ledger-") and name.endswith((".jsonl.gz", ".jsonl.part"))):
-            for line in lines_of(state_dir / name):
+            try:
+                lines = lines_of(state_dir / name)
+            except FileNotFoundError:   # rotated away meanwhile
+                continue
+            for line in lines:
                 try:
                     rows.append(json.loads(line))
                 except ValueError:
