@@ -2,7 +2,7 @@
 
 What the control daemon does for each attempt of a saturation run — decode an `AttemptStarted`
 frame and a 2xx `AttemptFinished` frame, record the row (price, ledger append, routes, events,
-metrics, evidence, circuits, decisions) and queue the `Ack` — run in one process against a
+metrics, spend, evidence, circuits, decisions) and queue the `Ack` — run in one process against a
 real `ControlService` and `GatewayMetrics` wired as `controlplane.main` wires them, with the
 ledger in a temporary directory. No sockets: this is the CPU the shared core pays per request
 for control, without the scheduler's noise. Prints µs per attempt (best of three rounds).
@@ -20,6 +20,7 @@ from controlplane.metrics import GatewayMetrics
 from controlplane.prices import load_prices
 from controlplane.registry import Registry
 from controlplane.service import ControlService
+from controlplane.spend import SpendBook
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.rpc import _HEADER, decode_body, encode_frame
@@ -84,6 +85,7 @@ async def measure(rows: int, rounds: int = 3, per_read: int = 16) -> float:
         service = ControlService(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
                                  env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
         GatewayMetrics(service, service.events)
+        SpendBook.of(service)   # the spend fold, a row listener since issue 17
         best = float("inf")
         for _ in range(rounds):
             best = min(best, await _round(service, _frames(rows), per_read))

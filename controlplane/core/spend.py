@@ -90,8 +90,13 @@ def dim_keys(combo: Combo) -> tuple[tuple[Dim, Key], ...]:
 
 
 def _add(into: Cell, cell: Cell) -> None:
-    for i in range(CELL_SIZE):
-        into[i] += cell[i]
+    into[0] += cell[0]
+    into[1] += cell[1]
+    into[2] += cell[2]
+    into[3] += cell[3]
+    into[4] += cell[4]
+    into[5] += cell[5]
+    into[6] += cell[6]
 
 
 WindowCells = dict[Dim, dict[Key, Cell]]
@@ -111,6 +116,17 @@ def merge_combo(window: WindowCells, combo: Combo, cell: Cell) -> None:
             _add(held, cell)
 
 
+def merge_window(into: WindowCells, window: WindowCells) -> None:
+    for dim, cells in window.items():
+        target = into[dim]
+        for key, cell in cells.items():
+            held = target.get(key)
+            if held is None:
+                target[key] = list(cell)
+            else:
+                _add(held, cell)
+
+
 class SpendFold:
     """Every window's cells; `add` one row, `merge` a summary's cell, read with `cell` / `cells`."""
 
@@ -123,30 +139,45 @@ class SpendFold:
 
     def add(self, row: SpendRow) -> bool:
         """Account one terminal row; False (nothing counted) when its `finished_at` is no instant."""
-        hour = hour_key(row.finished_at)
-        if hour is None:
-            return False
-        combo = (row.repo_slug, None if row.worker_role is None else f"{row.repo_slug}#{row.worker_role}",
-                 row.account_id, row.served_model or row.requested_model, row.principal_id)
-        if hour == self.open_hour:
-            cell = self.fine.get(combo)
-            if cell is None:
-                cell = self.fine[combo] = [0.0, 0, 0, 0, 0, 0, 0]
-            self._fine_rollup = None
-        elif self.open_hour is None or hour > self.open_hour:
+        stamp = row.finished_at
+        hour = self.open_hour
+        if stamp is None or stamp[:13] != hour or stamp[-1:] != "Z":   # not the hour in progress
+            hour = hour_key(stamp)
+            if hour is None:
+                return False
+            if self.open_hour is not None and hour < self.open_hour:
+                self._add_late(hour, row)   # a late row of an hour already rolled up
+                return True
             self.settle()
             self.open_hour = hour
+        role = row.worker_role
+        combo = (row.repo_slug, None if role is None else f"{row.repo_slug}#{role}",
+                 row.account_id, row.served_model or row.requested_model, row.principal_id)
+        cell = self.fine.get(combo)
+        if cell is None:
             cell = self.fine[combo] = [0.0, 0, 0, 0, 0, 0, 0]
-        else:  # a late row of an hour already rolled up: straight into its windows
-            cell = [0.0, 0, 0, 0, 0, 0, 0]
-            self._count(cell, row)
-            for key in (hour, hour[:10], hour[:7]):
-                merge_combo(self._window(key), combo, cell)
-            self.rows += 1
-            return True
-        self._count(cell, row)
+        self._fine_rollup = None
         self.rows += 1
+        # what `_count` does, inline: this is the per-row path
+        cell[1] += 1
+        usage, cost = row.usage, row.cost_usd
+        if cost is not None:
+            cell[0] += cost
+        elif usage is not None:
+            cell[2] += 1
+        if usage is not None:
+            cell[3] += usage.input_tokens
+            cell[4] += usage.output_tokens
+            cell[5] += usage.cache_read_tokens
+            cell[6] += usage.cache_creation_tokens
         return True
+
+    def _add_late(self, hour: str, row: SpendRow) -> None:
+        cell = [0.0, 0, 0, 0, 0, 0, 0]
+        self._count(cell, row)
+        for key in (hour, hour[:10], hour[:7]):
+            merge_combo(self._window(key), combo_of(row), cell)
+        self.rows += 1
 
     @staticmethod
     def _count(cell: Cell, row: SpendRow) -> None:
@@ -169,24 +200,26 @@ class SpendFold:
         return window
 
     def settle(self) -> None:
-        """Roll the open hour's cells into its hour, day and month (a read never needs this)."""
-        if self.fine and self.open_hour is not None:
+        """Roll the open hour's cells into its hour, day and month (a read never needs this):
+        once per dimension and combination, then once per dimension's key and window."""
+        rolled = self._rolled_fine()
+        if rolled is not None and self.open_hour is not None:
             hour = self.open_hour
-            targets = [self._window(hour), self._window(hour[:10]), self._window(hour[:7])]
-            for combo, cell in self.fine.items():
-                for window in targets:
-                    merge_combo(window, combo, cell)
+            for key in (hour, hour[:10], hour[:7]):
+                merge_window(self._window(key), rolled)
         self.fine = {}
         self._fine_rollup = None
 
-    def merge(self, window_key: str, dim: Dim, key: Key, cell: Cell) -> None:
-        """Add one cell of a summary (already rolled per dimension) to the window `window_key`."""
-        cells = self._window(window_key)[dim]
-        held = cells.get(key)
-        if held is None:
-            cells[key] = list(cell)
-        else:
-            _add(held, cell)
+    def merge(self, window_key: str, cells: Iterable[tuple[str, Key, Cell]]) -> None:
+        """Add cells of a summary, `(dimension, key, cell)`, to the window `window_key`."""
+        window = self._window(window_key)
+        for dim, key, cell in cells:
+            target = window[dim]  # type: ignore[index]  (a Dim is its str; lookups agree)
+            held = target.get(key)
+            if held is None:
+                target[key] = list(cell)
+            else:
+                _add(held, cell)
 
     def prune(self, oldest_key: str) -> None:
         """Forget every window that ends before the one `oldest_key` names (a month key keeps that
@@ -198,8 +231,9 @@ class SpendFold:
 
     # ---- reads ----------------------------------------------------------------------------
 
-    def _open_cells(self, window_key: str) -> WindowCells | None:
-        if self.open_hour is None or not self.fine or not self.open_hour.startswith(window_key):
+    def _rolled_fine(self) -> WindowCells | None:
+        """The open hour's cells per dimension (kept until the next row changes them)."""
+        if not self.fine:
             return None
         if self._fine_rollup is None:
             rollup = _empty_window()
@@ -207,6 +241,11 @@ class SpendFold:
                 merge_combo(rollup, combo, cell)
             self._fine_rollup = rollup
         return self._fine_rollup
+
+    def _open_cells(self, window_key: str) -> WindowCells | None:
+        if self.open_hour is None or not self.open_hour.startswith(window_key):
+            return None
+        return self._rolled_fine()
 
     def cell(self, window_key: str, dim: Dim, key: Key) -> Cell:
         """A copy of one cell of the window (zeros when nothing was counted)."""

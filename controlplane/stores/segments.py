@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from controlplane.core.spend import Dim, SpendFold
+from controlplane.core.spend import SpendFold
 from shared.logging import get_logger
 from shared.wire import Usage
 
@@ -249,10 +249,8 @@ def merge_windows(fold: SpendFold, head: SummaryHead, keys: set[str]) -> None:
     """Add the summary's cells of the windows `keys` (the ones a view may ask for) to `fold`."""
     for key in keys:
         raw = head.windows.get(key)
-        if raw is None:
-            continue
-        for dim, k, *cell in _decode_cells(raw):
-            fold.merge(key, Dim(dim), k, cell)
+        if raw is not None:
+            fold.merge(key, ((dim, k, cell) for dim, k, *cell in _decode_cells(raw)))
 
 
 # ---- rotation -----------------------------------------------------------------------------

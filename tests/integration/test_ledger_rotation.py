@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from controlplane.core.spend import Dim
 from controlplane.spend import SpendBook
 from controlplane.stores import segments
 from controlplane.stores.ledger import Ledger
@@ -132,8 +133,8 @@ def test_a_crash_at_any_step_loses_no_row_and_counts_none_twice(tmp_path: Path, 
     assert sorted(ids_on_disk(tmp_path)) == sorted(before + after)
     assert ledger_files(tmp_path) == ["ledger-20261129.jsonl.gz", "ledger-20261129.spend.json", "ledger.jsonl"]
     book = SpendBook.rebuild(ledger)
-    assert book.fold.cell("2026-11", segments.Dim.PLATFORM, "")[1] == 55
-    assert book.fold.cell("2026-11-30", segments.Dim.PLATFORM, "")[1] == 5
+    assert book.fold.cell("2026-11", Dim.PLATFORM, "")[1] == 55
+    assert book.fold.cell("2026-11-30", Dim.PLATFORM, "")[1] == 5
     assert json.loads((tmp_path / "ledger-20261129.spend.json").read_text())["rows"] == 50
     for attempt_id in before[-3:]:          # a re-sent row of before the crash is still a duplicate
         assert ledger.has(attempt_id)
@@ -171,12 +172,12 @@ def test_a_rotation_that_fails_in_the_background_is_finished_later(tmp_path: Pat
     assert "ledger-20261129.jsonl.part" in ledger_files(tmp_path)
     assert sorted(ids_on_disk(tmp_path)) == sorted(ids + more)
     book = SpendBook.rebuild(ledger)   # the .part is the authority meanwhile, counted once
-    assert book.fold.cell("2026-11", segments.Dim.PLATFORM, "")[1] == 12
+    assert book.fold.cell("2026-11", Dim.PLATFORM, "")[1] == 12
     failing["on"] = False
     ledger.resume_rotations()
     ledger.wait_idle()
     assert ledger_files(tmp_path) == ["ledger-20261129.jsonl.gz", "ledger-20261129.spend.json", "ledger.jsonl"]
-    assert SpendBook.rebuild(ledger).fold.cell("2026-11", segments.Dim.PLATFORM, "")[1] == 12
+    assert SpendBook.rebuild(ledger).fold.cell("2026-11", Dim.PLATFORM, "")[1] == 12
     ledger.close()
 
 
