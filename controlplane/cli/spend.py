@@ -37,21 +37,25 @@ def used_text(budget: dict[str, Any]) -> str:
     return f"{100 * spent / limit:.0f}%"
 
 
-def budgets_table(body: dict[str, Any]) -> str:
-    budgets = body.get("budgets") or []
-    footer = f"as of {cell(body.get('as_of'))}, policy revision {cell(body.get('policy_revision'))}"
-    if not budgets:
-        return "no budget is set: no policy level has `budgets`\n" + footer
+def budget_rows(budgets: list[dict[str, Any]]) -> str:
+    """The budgets as a table (also under `policy explain`)."""
     rows = [(b.get("level"), b.get("window"), usd(b.get("usd")), usd(b.get("spent_usd")), usd(b.get("remaining_usd")),
              used_text(b), "EXHAUSTED" if b.get("exhausted") else "no",
              usd(b.get("overshoot_usd")) if b.get("overshoot_usd") else "-", b.get("resets_at"),
              b.get("unpriced_attempts"))
             for b in budgets]
-    table = render_table(("LEVEL", "WINDOW", "USD", "SPENT", "REMAINING", "USED", "EXHAUSTED", "OVERSHOOT",
-                          "RESETS AT", "UNPRICED"), rows)
+    return render_table(("LEVEL", "WINDOW", "USD", "SPENT", "REMAINING", "USED", "EXHAUSTED", "OVERSHOOT",
+                         "RESETS AT", "UNPRICED"), rows)
+
+
+def budgets_table(body: dict[str, Any]) -> str:
+    budgets = body.get("budgets") or []
+    footer = f"as of {cell(body.get('as_of'))}, policy revision {cell(body.get('policy_revision'))}"
+    if not budgets:
+        return "no budget is set: no policy level has `budgets`\n" + footer
     if any(b.get("unpriced_attempts") for b in budgets):
         footer += "\nUNPRICED counts attempts on a model with no price: their cost is unknown, not zero"
-    return table + "\n" + footer
+    return budget_rows(budgets) + "\n" + footer
 
 
 def _tokens(usage: dict[str, Any] | None) -> tuple[str, str]:

@@ -76,6 +76,15 @@ async def spend_view(request: web.Request) -> web.Response:
                           "as_of": iso(at), "rows": entries})
 
 
+def budgets_on_chain(app: web.Application, budgets: Any, state: Any) -> list[Any] | None:
+    """Explain's `budgets`: each budget of the resolved chain with its spend now (None without
+    a resolution, or in an app without the spend book)."""
+    book = app.get(SPEND_BOOK)
+    if book is None or state is None:
+        return None
+    return book.statuses(budgets, TenancyMap(team_of=state.team_of, org_of=state.org_of), book.clock())
+
+
 def add_routes(app: web.Application, book: SpendBook, policy: PolicyStore) -> None:
     app[SPEND_BOOK] = book
     app[SPEND_POLICY] = policy

@@ -138,3 +138,15 @@ async def test_both_views_need_the_read_scope(client) -> None:
 async def test_with_no_budget_the_view_is_empty(client) -> None:
     status, body = await call(client, "GET", "/control/v2/budgets")
     assert (status, body["budgets"], body["policy_revision"]) == (200, [], 0)
+
+
+async def test_explain_lists_each_budget_of_the_chain_with_its_spend(client, service) -> None:
+    await put(client, "team:payments", {"repos": ["acme/pay"], "budgets": [{"window": "day", "usd": 1.0}]}, 0)
+    await put(client, "repo:acme/pay", {"budgets": [{"window": "day", "usd": 2.0}]}, 1)
+    await put(client, "repo:acme/web", {"budgets": [{"window": "day", "usd": 9.0}]}, 2)
+    record(service, row("2026-11-30T23:00:00.000Z", repo="acme/pay", usage=(0, 100_000, 0, 0)))
+    status, body = await call(client, "GET", "/control/v2/policy/explain?repo_slug=acme/pay&model=claude-sonnet-4-6")
+    assert status == 200
+    assert [(b["level"], b["usd"], b["spent_usd"], b["exhausted"]) for b in body["budgets"]] == [
+        ("team:payments", 1.0, 1.5, True), ("repo:acme/pay", 2.0, 1.5, False)]
+    assert all(set(b) == BUDGET_FIELDS for b in body["budgets"])

@@ -54,3 +54,10 @@ def test_a_bad_window_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as caught:
         build_parser().parse_args(["spend", "--window", "week"])
     assert caught.value.code == 2
+
+
+def test_policy_explain_shows_the_chain_budgets() -> None:
+    from controlplane.cli.policy import describe_explain
+    text = describe_explain({"resolved": {}, "candidates": [], "budgets": [BUDGET]})
+    assert "BUDGETS ON THIS CHAIN" in text and "team:payments" in text and "EXHAUSTED" in text
+    assert "BUDGETS" not in describe_explain({"resolved": {}, "candidates": [], "budgets": []})
