@@ -72,8 +72,9 @@ def write_month(state: str, rows: int, days: int, seed: int = 17) -> tuple[int, 
         clock.now = int(start + n * step_ms)
         model = rng.choice(MODELS)
         failed = rng.random() < 0.04
-        usage = None if failed else Usage(input_tokens=rng.randrange(50, 4000), output_tokens=rng.randrange(10, 2000),
-                                          cache_read_tokens=rng.randrange(0, 30_000), cache_creation_tokens=rng.randrange(0, 3000))
+        usage = None if failed else Usage(
+            input_tokens=rng.randrange(50, 4000), output_tokens=rng.randrange(10, 2000),
+            cache_read_tokens=rng.randrange(0, 30_000), cache_creation_tokens=rng.randrange(0, 3000))
         cost, reason = cost_of(price_of, model, usage)
         total += cost or 0.0
         stamp = iso_ms(clock.now)

@@ -15,7 +15,7 @@ from controlplane.core.spend import Dim
 from controlplane.spend import SpendBook
 from controlplane.stores import segments
 from controlplane.stores.ledger import Ledger
-from tests.support.ledgerfiles import FakeClock, ledger_files, ms, rows_on_disk
+from tests.support.ledgerfiles import FakeClock, ledger_files, ms, rows_on_disk, stamp_of
 from tests.support.rows import row
 
 STEPS = ["renamed", "compressed", "summarised", "summary-placed", "placed", "unlinked"]
@@ -42,16 +42,11 @@ def open_ledger(state: Path, clock: FakeClock, **kwargs) -> Ledger:
 def write(ledger: Ledger, clock: FakeClock, count: int, prefix: str) -> list[str]:
     ids = []
     for n in range(count):
-        r = row(f"{clock_stamp(clock)}", attempt_id=f"{prefix}-{n}", cost=0.25)
+        r = row(stamp_of(clock.now), attempt_id=f"{prefix}-{n}", cost=0.25)
         ledger.stage(r)
         ids.append(r.attempt_id)
     assert ledger.flush()
     return ids
-
-
-def clock_stamp(clock: FakeClock) -> str:
-    from tests.support.ledgerfiles import stamp_of
-    return stamp_of(clock.now)
 
 
 def ids_on_disk(state: Path) -> list[str]:
@@ -66,7 +61,8 @@ def test_the_first_write_of_a_new_utc_day_rotates(tmp_path: Path) -> None:
     day_two = write(ledger, clock, 2, "b")
     ledger.wait_idle()
     assert ledger_files(tmp_path) == ["ledger-20261130.jsonl.gz", "ledger-20261130.spend.json", "ledger.jsonl"]
-    assert [json.loads(x)["attempt_id"] for x in gzip.decompress((tmp_path / "ledger-20261130.jsonl.gz").read_bytes()).splitlines()] == day_one
+    rotated = gzip.decompress((tmp_path / "ledger-20261130.jsonl.gz").read_bytes()).splitlines()
+    assert [json.loads(line)["attempt_id"] for line in rotated] == day_one
     assert [json.loads(x)["attempt_id"] for x in (tmp_path / "ledger.jsonl").read_bytes().splitlines()] == day_two
     summary = json.loads((tmp_path / "ledger-20261130.spend.json").read_text())
     assert (summary["rows"], summary["tail_ids"]) == (3, day_one)
