@@ -5,11 +5,14 @@ The rebuild reads, for the windows a view can ask about now (this hour, this day
 - the summary beside every segment written since the month began (`ledger-D.spend.json`,
   written with the segment at rotation; a segment without one is folded from its rows once and
   the summary written, a `.part` a failed rotation left is folded from its rows);
-- the live checkpoint `ledger.spend.json` (the fold of `ledger.jsonl` up to a byte offset,
-  refreshed every `CHECKPOINT_S` by the ledger's worker thread) when it is of this very file;
+- the live checkpoint `ledger.spend.json` (the fold of `ledger.jsonl` up to a byte offset, taken
+  by the ledger's worker thread whenever the live file grew `CHECKPOINT_BYTES` past the last
+  one) when it is of this very file;
 - the live rows after the checkpoint.
-So a restart decodes at most a few minutes of rows plus one small summary per day, never the
-compressed month. A row is in exactly one of those sources (a rotation is one rename; a segment
+So a restart decodes at most `CHECKPOINT_BYTES` of rows plus one small summary per day, never the
+compressed month. A quiet day never pays for a checkpoint (re-reading its rows at a start is
+cheaper than folding them twice); a heavy one pays one more decode and fold per row, in the
+worker thread, to keep the start bounded. A row is in exactly one of those sources (a rotation is one rename; a segment
 and its `.part` are never both read), so a restart never counts a row twice.
 
 `maintain` (run beside the HTTP app) rotates a quiet ledger after midnight, retries a rotation
@@ -39,8 +42,8 @@ from shared.wire import AttemptRow
 log = get_logger("spend")
 
 LIVE_CHECKPOINT = "ledger.spend.json"
-TICK_S = 10.0          # how late after midnight a quiet ledger may rotate
-CHECKPOINT_S = 300.0   # at most this much of the live file is re-read by a restart (at its rate)
+TICK_S = 10.0                 # how late after midnight a quiet ledger may rotate
+CHECKPOINT_BYTES = 32 << 20   # ~50k rows: the most of the live file a start re-reads (~0.3 s)
 HEAD_LINE_MAX = 1 << 20   # the checkpoint names its file by inode and by a hash of its first line
 
 _encode = msgspec.json.Encoder().encode
@@ -177,25 +180,30 @@ class SpendBook:
 
     # ---- upkeep ---------------------------------------------------------------------------
 
-    def tick(self, checkpoint: bool = False) -> None:
+    def tick(self, force_checkpoint: bool = False) -> None:
         now = self.clock()
         self.ledger.rotate_if_due(now)
         self.ledger.resume_rotations()
         self.fold.prune(key_at(Window.MONTH, now))
-        if checkpoint:
+        if force_checkpoint or self.unchecked_bytes() >= CHECKPOINT_BYTES:
             self.checkpoint()
 
-    async def maintain(self, tick_s: float = TICK_S, checkpoint_s: float = CHECKPOINT_S) -> None:
-        since_checkpoint = 0.0
+    def unchecked_bytes(self) -> int:
+        """How much of the live file a start would have to re-read now."""
+        try:
+            st = os.stat(self.ledger.path)
+        except OSError:
+            return 0
+        held = self._checkpoint
+        return st.st_size - (held[2] if held is not None and held[0] == st.st_ino else 0)
+
+    async def maintain(self, tick_s: float = TICK_S) -> None:
         while True:
             await asyncio.sleep(tick_s)
-            since_checkpoint += tick_s
             try:
-                self.tick(checkpoint=since_checkpoint >= checkpoint_s)
+                self.tick()
             except Exception:  # upkeep must outlive any one bad pass
                 log.exception("spend_upkeep_failed")
-            if since_checkpoint >= checkpoint_s:
-                since_checkpoint = 0.0
 
     async def background(self, _app: object) -> AsyncIterator[None]:
         """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""

@@ -140,8 +140,25 @@ def test_upkeep_rotates_prunes_and_checkpoints(tmp_path: Path) -> None:
     book = SpendBook.rebuild(ledger)
     feed(ledger, book, clock, 3, 1)
     clock.set("2026-12-01T00:00:05")
-    book.tick(checkpoint=True)
+    book.tick(force_checkpoint=True)
     ledger.wait_idle()
     assert "ledger-20261130.jsonl.gz" in os.listdir(tmp_path)
     assert book.fold.windows == {} and book.fold.open_hour is None   # November is over
+    ledger.close()
+
+
+def test_a_checkpoint_is_taken_once_the_live_file_grew_enough(tmp_path: Path, monkeypatch) -> None:
+    from controlplane import spend
+    monkeypatch.setattr(spend, "CHECKPOINT_BYTES", 4096)
+    clock = FakeClock("2026-11-30T10:00:00")
+    ledger = open_ledger(tmp_path, clock)
+    book = SpendBook.rebuild(ledger)
+    feed(ledger, book, clock, 2, 1)
+    book.tick()
+    ledger.wait_idle()
+    assert not (tmp_path / LIVE_CHECKPOINT).exists() and book.unchecked_bytes() > 0   # a quiet file: none
+    feed(ledger, book, clock, 20, 1)
+    book.tick()
+    ledger.wait_idle()
+    assert json.loads((tmp_path / LIVE_CHECKPOINT).read_text())["rows"] == 22 and book.unchecked_bytes() == 0
     ledger.close()

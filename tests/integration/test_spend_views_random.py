@@ -149,7 +149,7 @@ async def test_the_views_match_a_recount_of_the_ledger_files(aiohttp_client, tmp
             control.ledger.rotate_if_due()
             control.ledger.wait_idle()
         elif roll < 0.5:                      # a tick of the upkeep timer, with a checkpoint
-            SpendBook.of(control.service).tick(checkpoint=True)
+            SpendBook.of(control.service).tick(force_checkpoint=True)
         if rng.random() < 0.15:              # a restart: clean, or after a crashed rotation
             control.ledger.wait_idle()
             await control.client.close()
