@@ -150,3 +150,13 @@ async def test_explain_lists_each_budget_of_the_chain_with_its_spend(client, ser
     assert [(b["level"], b["usd"], b["spent_usd"], b["exhausted"]) for b in body["budgets"]] == [
         ("team:payments", 1.0, 1.5, True), ("repo:acme/pay", 2.0, 1.5, False)]
     assert all(set(b) == BUDGET_FIELDS for b in body["budgets"])
+
+
+async def test_an_unbelievable_policy_chain_withholds_what_needs_its_tenancy(client, service, tmp_path: Path) -> None:
+    await put(client, "team:payments", {"repos": ["acme/pay"], "budgets": [{"window": "day", "usd": 1.0}]}, 0)
+    chain = tmp_path / "state" / "policy.jsonl"
+    chain.write_text(chain.read_text().replace("payments", "p4yments"))   # tampered: the hashes no longer hold
+    for path in ("/control/v2/budgets", "/control/v2/spend?by=team", "/control/v2/spend?by=org"):
+        status, body = await call(client, "GET", path)
+        assert (status, body["error"]["code"]) == (503, "policy-unavailable"), path
+    assert (await call(client, "GET", "/control/v2/spend?by=account"))[0] == 200
