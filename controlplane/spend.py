@@ -99,9 +99,12 @@ class SpendBook:
     def _load_segment(self, state_dir: str, name: str, wanted: set[str]) -> None:
         self.loaded["segments"] += 1
         part = segments.part_path(state_dir, name)
-        if os.path.exists(part):   # a rotation that could not finish: its rows are only here
-            segments.fold_file(part, 0, segments.Folding(self.fold))
-            return
+        if os.path.exists(part):   # a rotation not finished yet: its rows are only here ...
+            try:
+                segments.fold_file(part, 0, segments.Folding(self.fold))
+                return
+            except FileNotFoundError:   # ... unless it finished meanwhile: its summary has them
+                pass
         path = segments.summary_path(state_dir, name)
         head = segments.read_summary(path)
         if head is None:

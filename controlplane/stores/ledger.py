@@ -43,6 +43,7 @@ RETRY_BUFFER = 10_000
 # How much of the ledger's tail is read at startup to seed deduplication.
 TAIL_BYTES = 16 * 1024 * 1024
 DAY_MS = 86_400_000
+RETRY_ROTATION_MS = 60_000
 
 _encode = msgspec.json.Encoder().encode
 
@@ -72,7 +73,8 @@ class Ledger:
         return os.path.dirname(os.path.abspath(self.path))
 
     def open(self) -> None:
-        """Finish interrupted rotations, seed deduplication, rotate a file of an earlier day."""
+        """Finish interrupted rotations (here: their ids must seed deduplication), seed it, and
+        rotate a file of an earlier day (its rename here, its compression on the worker)."""
         try:
             segments.recover(self.state_dir, self._on_step)
         except OSError as exc:  # the .part stays the authority; the next open tries again
@@ -80,7 +82,7 @@ class Ledger:
         self._seed_seen()
         self._end_torn_line()
         self._set_day(self._live_day())
-        self.rotate_if_due(background=False)
+        self.rotate_if_due()   # the rename now; compressing a day of rows must not delay the start
         self._sweep()
         self._reopen()
 
@@ -206,6 +208,7 @@ class Ledger:
             segments.fsync_dir(self.state_dir)
         except OSError as exc:
             log.error("ledger_rotation_failed", segment=name, error=str(exc))
+            self._rotate_at_ms = now + RETRY_ROTATION_MS   # not again at every write meanwhile
             return False
         self._set_day(None)
         self._on_step("renamed")

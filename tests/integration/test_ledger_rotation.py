@@ -92,6 +92,7 @@ def test_open_rotates_a_file_left_from_an_earlier_day(tmp_path: Path) -> None:
     os.utime(tmp_path / "ledger.jsonl", (clock.now / 1000, clock.now / 1000))   # written that day
     clock.set("2026-12-02T09:00:00")     # control was down for days
     ledger = open_ledger(tmp_path, clock)
+    ledger.wait_idle()                   # renamed at open, compressed by the worker
     assert ledger_files(tmp_path) == ["ledger-20261128.jsonl.gz", "ledger-20261128.spend.json", "ledger.jsonl"]
     assert ids_on_disk(tmp_path) == ids and (tmp_path / "ledger.jsonl").stat().st_size == 0
     ledger.close()
