@@ -2,7 +2,7 @@
 
 What the control daemon does for each attempt of a saturation run — decode an `AttemptStarted`
 frame and a 2xx `AttemptFinished` frame, record the row (price, ledger append, routes, events,
-metrics, evidence, circuits, decisions) and queue the `Ack` — run in one process against a
+metrics, spend, evidence, circuits, decisions) and queue the `Ack` — run in one process against a
 real `ControlService` and `GatewayMetrics` wired as `controlplane.main` wires them, with the
 ledger in a temporary directory. No sockets: this is the CPU the shared core pays per request
 for control, without the scheduler's noise. Prints µs per attempt (best of three rounds).

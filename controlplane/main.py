@@ -31,17 +31,19 @@ from controlplane.http import keys as keys_http
 from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
+from controlplane.http import spend as spend_http
 from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
 from controlplane.http.appkeys import DESK, SERVICE
 from controlplane.http.common import TokenRing, auth_middleware
-from controlplane.prices import load_prices
+from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.replication import DataPlaneLink
 from controlplane.routebook import RouteBook
 from controlplane.service import ControlService
+from controlplane.spend import SpendBook
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
@@ -68,6 +70,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     admin: AccountAdminStore
     policy: PolicyStore
     metrics: GatewayMetrics
+    spend: SpendBook
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -92,7 +95,10 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     metrics = GatewayMetrics(service, events, circuits, admin.state_of)
     service.row_listeners.append(metrics.rows.add)
     desk.decision_listeners.append(metrics.on_decision)
-    return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics)
+    spend = SpendBook.rebuild(ledger)  # rebuilt and listening before the RPC socket opens: no row is missed
+    service.row_listeners.append(spend.add)
+    return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
+                   spend=spend)
 
 
 def build_app(control: Control) -> web.Application:
@@ -109,6 +115,7 @@ def build_app(control: Control) -> web.Application:
     accounts_http.add_routes(app)
     views_http.add_routes(app)
     policy_http.add_routes(app, control.policy)
+    spend_http.add_routes(app, control.spend, control.policy)
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)
@@ -200,6 +207,7 @@ async def serve(control: Control) -> None:
     if service.link.conn is not None:
         service.link.conn.close()
     await runner.cleanup()
+    await service.settle()  # every row recorded is written before the ledger closes
     service.ledger.close()
     service.keys.close()
     try:
@@ -214,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(role="control")
         registry = Registry.from_settings(settings)
-    except (SettingsError, RegistryError) as exc:
+        prices = load_prices(settings.prices_file)
+    except (SettingsError, RegistryError, PricesError) as exc:
         print(f"leasehold-control: {exc}", file=sys.stderr)
         return 2
     credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
@@ -227,9 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
     keys = KeyTable(os.path.join(settings.state_dir, "keys.jsonl"))
     keys.load(now_ms())
-    ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"))
+    ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"), retention_days=settings.ledger_retention_days)
     ledger.open()
-    control = wire(settings, registry, keys, ledger, load_prices())
+    control = wire(settings, registry, keys, ledger, prices)
     try:
         uvloop.run(serve(control))
     except StartupError as exc:

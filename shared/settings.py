@@ -58,6 +58,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     metrics_public: bool
     circuit_cooldown_seconds: int
     log_level: str
+    prices_file: str | None = None
+    ledger_retention_days: int = 90
 
 
 # Variables this module understands; anything else under GATEWAY_ is a credential name the
@@ -71,7 +73,7 @@ KNOWN = frozenset(
         "MAX_FALLBACK_HOPS FALLBACK_ON KEY_TTL_SECONDS MAX_BODY_BYTES DRAIN_SECONDS "
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
         "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
-        "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL"
+        "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS"
     ).split()
 )
 
@@ -186,6 +188,8 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
         metrics_public=r.flag("METRICS_PUBLIC"),
         circuit_cooldown_seconds=int(r.number("CIRCUIT_COOLDOWN_SECONDS", 30, 1, 900, integer=True)),
         log_level=(r.text("LOG_LEVEL", "info") or "info").lower(),
+        prices_file=r.text("PRICES_FILE", None),
+        ledger_retention_days=int(r.number("LEDGER_RETENTION_DAYS", 90, 1, 3650, integer=True)),
     )
     if settings.log_level not in ("debug", "info", "warning", "error"):
         r.problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")

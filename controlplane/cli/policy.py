@@ -21,6 +21,7 @@ from controlplane.cli.admin import current_revision, default_actor, verdict_line
 from controlplane.cli.client import Client
 from controlplane.cli.exits import CtlError, Exit
 from controlplane.cli.output import cell, emit, emit_json, render_pairs, render_table, warn
+from controlplane.cli.spend import budget_rows
 from shared.codes import Scope
 
 POLICY_PATH = "/control/v2/policy"
@@ -112,8 +113,11 @@ def describe_explain(body: dict[str, Any]) -> str:
         head += f", chain {body['chain_verdict']}" + (f" ({body['chain_reason']})" if body.get("chain_reason") else "")
     if "tenancy" in body:
         head += "\n" + _tenancy_text(body["tenancy"])
-    return "\n\n".join([head, render_pairs(fields) if fields else "no resolved policy", listing,
-                         f"a mint now would select: {_selection_text(selection)}"])
+    parts = [head, render_pairs(fields) if fields else "no resolved policy", listing,
+             f"a mint now would select: {_selection_text(selection)}"]
+    if body.get("budgets"):
+        parts.append("BUDGETS ON THIS CHAIN (each for its own level)\n" + budget_rows(body["budgets"]))
+    return "\n\n".join(parts)
 
 
 def _codes(candidate: dict[str, Any]) -> str:

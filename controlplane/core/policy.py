@@ -12,7 +12,8 @@ specific locking level (a lock on a level that does not set the field lets a les
 level's value stand, with that level's provenance). `account_order` and `providers` replace
 wholesale; `model_classes` folds entry-wise per class × binding (a lock binds the whole block);
 `fallback_on` is intersected with the platform ceiling (which prunes, never extends) and
-`max_fallback_hops` is capped by it.
+`max_fallback_hops` is capped by it. `budgets` (SPEC §18) is neither folded nor lockable: every
+level of the chain that sets one applies to its own scope (`core.budgets`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from typing import Annotated, Any
 
 import msgspec
 
+from controlplane.core.budgets import (
+    WINDOWS, BudgetEntry, EntryProblems, LevelBudget, budgets_of, entry_problems,
+)
 from shared.codes import Binding, Condition
 
 
@@ -40,6 +44,7 @@ class ResolvedPolicy(msgspec.Struct, frozen=True, kw_only=True):
     locked_by: dict[str, str] = {}                  # field → the least specific level that locked it
     vetoed: dict[str, tuple[str, ...]] = {}         # field → more specific setters a lock overruled
     ceilinged: tuple[str, ...] = ()                 # fields whose chosen value the platform ceiling cut
+    budgets: tuple[LevelBudget, ...] = ()           # every budget on the chain, each for its own level (§18)
 
 
 class LevelKind(StrEnum):
@@ -138,6 +143,7 @@ class LevelDocument(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     locks: ShortList = ()
     teams: ShortList | None = None   # org documents only
     repos: ShortList | None = None   # team documents only
+    budgets: Annotated[tuple[BudgetEntry, ...], msgspec.Meta(max_length=MAX_LIST)] | None = None
 
     def sets(self, field: PolicyField) -> bool:
         return getattr(self, str(field)) is not None
@@ -159,7 +165,7 @@ class Checked(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def allowed_fields(kind: LevelKind) -> frozenset[str]:
-    fields = {str(f) for f in PolicyField} | {"locks"}
+    fields = {str(f) for f in PolicyField} | {"locks", "budgets"}
     if kind in TENANCY_FIELD:
         fields.add(TENANCY_FIELD[kind])
     return frozenset(fields)
@@ -219,7 +225,15 @@ def _value_findings(doc: LevelDocument, accounts: frozenset[str]) -> list[Findin
     found += _malformed("repos", doc.repos or (), REPO_SLUG_RE)
     for name in ("account_order", "providers", "fallback_on", "locks", "teams", "repos"):
         found += _duplicates(name, getattr(doc, name))
-    return found
+    return found + _budget_findings(entry_problems(doc.budgets or ()))
+
+
+def _budget_findings(found: EntryProblems) -> list[Finding]:
+    checks = ((found.unknown_windows, Problem.INVALID_VALUE, "window must be " + " | ".join(WINDOWS)),
+              (found.bad_usd, Problem.INVALID_VALUE, "usd must be a number above 0"),
+              (found.duplicates, Problem.DUPLICATE_ENTRY, "at most one budget per window"))
+    return [Finding(field="budgets", problem=problem, names=names, detail=detail)
+            for names, problem, detail in checks if names]
 
 
 # ---- the store's state: every level's current document and the tenancy it declares ---------
@@ -357,7 +371,8 @@ def fold_policy(layers: Sequence[Layer], ceiling: Ceiling, revision: int) -> Res
         account_order=None if account_order is None else tuple(account_order),
         providers=None if providers is None else tuple(providers),
         fallback_on=fallback_on, max_fallback_hops=hops, model_classes=classes,
-        provenance=provenance, locked_by=locked_by, vetoed=vetoed, ceilinged=ceilinged)
+        provenance=provenance, locked_by=locked_by, vetoed=vetoed, ceilinged=ceilinged,
+        budgets=budgets_of((layer.label, layer.document.budgets) for layer in layers))
 
 
 def _under_ceiling(chosen_on: Sequence[str] | None, chosen_hops: int | None,

@@ -1,12 +1,17 @@
 """Cost of an attempt from its usage and a price table. Pure: the table is an argument.
 
 An unknown model is `unpriced` (cost null, never 0); an attempt with no usage is `no-usage`.
+`check_price_entries` validates the `[[price]]` entries of a prices file (SPEC §18) as TOML
+decoded them, naming file, entry and field for every problem at once; `with_overrides` puts a
+file's entries before the shipped ones, so the first match — the file's — wins.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -24,6 +29,75 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class PriceTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     price: tuple[Price, ...]
+
+
+PRICE_KINDS = ("input", "output", "cache_read", "cache_creation")   # USD per million tokens
+PRICE_FIELDS = frozenset(("models", *PRICE_KINDS))
+MAX_PATTERN = 256
+
+
+def pattern_problem(pattern: Any) -> str | None:
+    """Why `pattern` is not a usable model glob, or None. fnmatch reads an unclosed `[` as a
+    literal, which is never what a price entry means, so it is refused with the rest."""
+    if not isinstance(pattern, str) or not pattern:
+        return "must be a non-empty string"
+    if len(pattern) > MAX_PATTERN or any(c.isspace() or not c.isprintable() for c in pattern):
+        return f"must be at most {MAX_PATTERN} printable characters without spaces"
+    at = 0
+    while (at := pattern.find("[", at)) != -1:
+        first = at + 2 if pattern.startswith("!", at + 1) else at + 1
+        close = pattern.find("]", first + 1)  # a `]` right after `[` or `[!` is a literal
+        if close == -1:
+            return "has a `[` without its closing `]`"
+        at = close + 1
+    return None
+
+
+def _entry_problems(entry: Any) -> list[str]:
+    if not isinstance(entry, dict):
+        return ["must be a table ([[price]])"]
+    problems = [f"unknown field `{k}`" for k in sorted(set(entry) - PRICE_FIELDS)]
+    models = entry.get("models")
+    if models is None:
+        problems.append("field `models` is missing")
+    elif not isinstance(models, list) or not models:
+        problems.append("field `models` must list at least one glob")
+    else:
+        problems += [f"field `models` entry {m!r} {why}" for m in models if (why := pattern_problem(m))]
+    for kind in PRICE_KINDS:
+        value = entry.get(kind)
+        if value is None:
+            problems.append(f"field `{kind}` is missing")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            problems.append(f"field `{kind}` must be a number (USD per million tokens)")
+        elif value < 0:
+            problems.append(f"field `{kind}` must not be negative")
+    return problems
+
+
+def check_price_entries(raw: Any, source: str) -> tuple[tuple[Price, ...], tuple[str, ...]]:
+    """The entries of a decoded prices file, or every problem as `source: price[i] (...): ...`."""
+    if not isinstance(raw, dict):
+        return (), (f"{source}: must be a TOML document of [[price]] entries",)
+    problems = [f"{source}: unknown top-level key `{k}`" for k in sorted(set(raw) - {"price"})]
+    entries = raw.get("price")
+    if not isinstance(entries, list) or not entries:
+        return (), (*problems, f"{source}: no [[price]] entry")
+    prices: list[Price] = []
+    for index, entry in enumerate(entries):
+        models = entry.get("models") if isinstance(entry, dict) else None
+        label = f" ({models[0]})" if isinstance(models, list) and models and isinstance(models[0], str) else ""
+        found = _entry_problems(entry)
+        problems += [f"{source}: price[{index}]{label}: {p}" for p in found]
+        if not found:
+            prices.append(Price(models=tuple(entry["models"]),
+                                **{kind: float(entry[kind]) for kind in PRICE_KINDS}))
+    return (tuple(prices), ()) if not problems else ((), tuple(problems))
+
+
+def with_overrides(shipped: PriceTable, first: Sequence[Price]) -> PriceTable:
+    """`first` (a prices file's entries) ahead of the shipped table: the first match wins."""
+    return PriceTable(price=(*first, *shipped.price))
 
 
 def price_for(table: PriceTable, model: str) -> Price | None:

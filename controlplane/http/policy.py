@@ -9,8 +9,8 @@
 - `GET /control/v2/policy/audit[?name=]`: the records, as kept.
 - `GET /control/v2/policy/explain?repo_slug=&worker_role=&model=|model_class=`: a dry run of the
   v2 mint for a fresh dispatch — the resolved policy and its provenance, the candidate list with
-  every live filter that rules each one out, and what a mint would select now. No lease is taken
-  and no decision is recorded.
+  every live filter that rules each one out, what a mint would select now, and each budget of the
+  chain with its spend (SPEC §18). No lease is taken and no decision is recorded.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from controlplane.core.selection import Candidate, LiveFacts, live_filters, rule
 from controlplane.events import EventKind
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.core.policy import ResolvedPolicy
+from controlplane.http.spend import budgets_on_chain
 from controlplane.mint import lineage_of, skips_view
 from controlplane.stores.policy import PolicyStore, Resolution
 from controlplane.http.appkeys import DESK, POLICY_STORE, SERVICE
@@ -161,6 +162,8 @@ async def explain(request: web.Request) -> web.Response:
                                "policy_revision": view.check.revision, "ceilings": _ceilings(store)}
     resolution: Resolution | None = store.resolution(repo_slug, role, view) if store.believable(view) else None
     payload.update(_resolution_view(resolution))
+    payload["budgets"] = None if resolution is None else budgets_on_chain(request.app, resolution.policy.budgets,
+                                                                           view.state)
     lineage = lineage_of(query.get("dispatch_id", ""), repo_slug, model, model_class)
     gathered = await desk.gather(lineage, role, model, model_class, retry_of=retry_of, supersedes=supersedes)
     facts = gathered.facts

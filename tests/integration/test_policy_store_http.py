@@ -80,6 +80,17 @@ async def test_a_write_answers_its_revision_publishes_an_event_and_reads_back(cl
     assert [r["seq"] for r in audit["records"]] == [2] and audit["revision"] == 2
 
 
+async def test_budgets_are_written_read_back_and_audited_like_every_field(client) -> None:
+    document = {"repos": ["acme/pay"], "budgets": [{"window": "day", "usd": 50.0}, {"window": "month", "usd": 900.0}]}
+    status, body = await call(client, "PUT", "/control/v2/policy/level", level("team:payments", document, 0))
+    assert (status, body["document"]) == (200, document)
+    status, got = await call(client, "GET", "/control/v2/policy/level?name=team:payments", token=READ)
+    assert got["document"] == document
+    status, audit = await call(client, "GET", "/control/v2/policy/audit?name=team:payments", token=READ)
+    assert [r["document"]["budgets"] for r in audit["records"]] == [document["budgets"]]
+    assert audit["chain_verdict"] == "verified"
+
+
 async def test_a_stale_revision_is_409_with_the_current_one(client) -> None:
     await call(client, "PUT", "/control/v2/policy/level", level("platform", {}, 0))
     status, body = await call(client, "PUT", "/control/v2/policy/level", level("platform", {}, 0))
@@ -92,6 +103,9 @@ async def test_a_stale_revision_is_409_with_the_current_one(client) -> None:
     (level("platform", {"providers": ["vertex"], "fallback_on": ["budget"]}, 0), ["vertex", "budget"]),
     (level("org:acme", {"teams": ["t"], "locks": ["teams"], "surprise": 1}, 0), ["surprise", "teams"]),
     (level("nowhere", {}, 0), ["nowhere"]),
+    (level("team:t", {"budgets": [{"window": "week", "usd": 5}, {"window": "day", "usd": 0},
+                                  {"window": "day", "usd": 3}], "locks": ["budgets"]}, 0),
+     ["week", "day", "day", "budgets"]),
 ])
 async def test_refusals_are_422_and_name_what_they_refuse(client, body: dict, named: list[str]) -> None:
     status, answer = await call(client, "PUT", "/control/v2/policy/level", body)

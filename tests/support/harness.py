@@ -21,6 +21,8 @@ from typing import Any
 
 from tests.support.waits import wait_until  # also imported from here by bench/
 
+from tests.support.ledgerfiles import rows_on_disk
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -240,10 +242,8 @@ class Gateway:
         return self.api("GET", "/control/v2/routes/active")[2]
 
     def ledger(self) -> list[dict[str, Any]]:
-        path = self.state_dir / "ledger.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """Every row on disk, oldest first: the rotated segments (SPEC §18), then ledger.jsonl."""
+        return rows_on_disk(self.state_dir)
 
     def wait_rows(self, count: int, timeout_s: float = 10) -> list[dict[str, Any]]:
         return wait_until(lambda: (rows := self.ledger()) and len(rows) >= count and rows,

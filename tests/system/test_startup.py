@@ -70,3 +70,18 @@ def test_the_data_plane_names_its_listen_variable_when_the_port_is_taken(tmp_pat
         result = subprocess.run([str(BIN / "leasehold-dataplane")], env=env, capture_output=True, text=True,
                                 timeout=30)
     assert result.returncode == 2 and "GATEWAY_DATAPLANE_LISTEN" in result.stderr
+
+
+def test_a_bad_prices_file_names_file_entry_and_field(tmp_path: Path) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[[price]]\nmodels = ["claude-*"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\n'
+                      'cache_creation = 3.75\n\n[[price]]\nmodels = ["house-*"]\ninput = -1\noutput = 1\n'
+                      'cache_read = 0\ncache_creation = 0\n')
+    result = run_control(tmp_path, GATEWAY_PRICES_FILE=str(prices))
+    assert result.returncode == 2
+    assert str(prices) in result.stderr and "price[1] (house-*)" in result.stderr and "`input`" in result.stderr
+
+
+def test_a_missing_prices_file_is_refused(tmp_path: Path) -> None:
+    result = run_control(tmp_path, GATEWAY_PRICES_FILE=str(tmp_path / "absent.toml"))
+    assert result.returncode == 2 and "GATEWAY_PRICES_FILE" in result.stderr

@@ -33,6 +33,9 @@ SETTINGS_ERRORS = [
     ("GATEWAY_CONTROL_LISTEN", "nope"),
     ("GATEWAY_ANTHROPIC_BASE_URL", "ftp://x"),
     ("GATEWAY_UPSTREAM_IDLE_TIMEOUT", "-1"),
+    ("GATEWAY_LEDGER_RETENTION_DAYS", "0"),
+    ("GATEWAY_LEDGER_RETENTION_DAYS", "3651"),
+    ("GATEWAY_LEDGER_RETENTION_DAYS", "a week"),
 ]
 
 
@@ -57,6 +60,11 @@ def test_defaults_match_the_spec() -> None:
     assert (s.max_body_bytes, s.drain_seconds, s.circuit_cooldown_seconds) == (33554432, 30, 30)
     assert (s.upstream_connect_timeout, s.upstream_headers_timeout, s.upstream_idle_timeout) == (10, 600, 300)
     assert load_settings({**BASE, "GATEWAY_FALLBACK_ON": "rate-limited"}).fallback_on == (Condition.RATE_LIMITED,)
+    assert (s.prices_file, s.ledger_retention_days) == (None, 90)
+    bounded = [load_settings({**BASE, "GATEWAY_LEDGER_RETENTION_DAYS": v}).ledger_retention_days for v in ("1", "3650")]
+    assert bounded == [1, 3650]
+    assert load_settings({**BASE, "GATEWAY_PRICES_FILE": "/etc/leasehold/prices.toml"}).prices_file == \
+        "/etc/leasehold/prices.toml"
 
 
 def test_dataplane_does_not_need_the_control_token() -> None:
