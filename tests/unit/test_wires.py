@@ -91,6 +91,7 @@ EVIDENCE_CASES = [
       for code in (Refusal.POOL_TIMEOUT, Refusal.REQUEST_CAPACITY_EXHAUSTED, Refusal.GATEWAY_SHUTDOWN,
                    Refusal.BODY_TOO_LARGE, Refusal.PATH_NOT_SERVED, Refusal.CONTROL_UNAVAILABLE,
                    Refusal.OBSERVATION_STORAGE_UNAVAILABLE)),
+    Case("gateway-authored model-not-permitted", (AttemptStatus.REFUSED, 400, Refusal.MODEL_NOT_PERMITTED), None),
 ]
 
 
