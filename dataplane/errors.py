@@ -2,8 +2,8 @@
 
 Every one carries the refusal code, a request id header (`request-id` on the Anthropic wire,
 `x-request-id` on the OpenAI wire; the attempt id where there is one), `x-should-retry: false`
-on 401 and on a refusal no retry can change (`model-not-permitted`), a whole-second `retry-after` on 429 and on a 503 whose end is known, and
-`x-leasehold-overhead-ms`.
+on 401 and on a refusal no retry can change (`model-not-permitted`), a whole-second
+`retry-after` on 429 and on a 503 whose end is known, and `x-leasehold-overhead-ms`.
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def _not_permitted(account: AccountRoute, model: str | None, request: web.Reques
         encoding = request.headers.get("Content-Encoding", "")[:32]
         return (f"the gateway cannot read the model of a body in Content-Encoding {encoding!r}; "
                 f"send it uncompressed or gzip")
-    return f"model {model[:128]!r} is not served by account {account.id} (its models: {', '.join(account.models or ())})"
+    served = ", ".join(account.models or ())
+    return f"model {model[:128]!r} is not served by account {account.id} (its models: {served})"
 
 
 class Proxy:

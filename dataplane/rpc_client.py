@@ -111,7 +111,9 @@ class ControlLink:
         control holds them (a probe's success is never lost to its revoke). A row already on its
         way (queued lazily, a write still to come) is ahead of the Ack in the same ordered
         buffer; one not sent on this link yet is sent now."""
-        for attempt_id, row in list(self.outbox.items()) if self.outbox else ():
+        if not self.outbox:
+            return
+        for attempt_id, row in list(self.outbox.items()):
             if row.key_id in key_ids:
                 self._transmit(attempt_id)
 

@@ -81,8 +81,6 @@ def control_url(env: Mapping[str, str]) -> str:
     return raw.rstrip("/")
 
 
-
-
 def error_of(body: Any) -> tuple[str, str, dict[str, Any]]:
     """(code, message, extra fields) of a control error body `{"error": {code, message, ...}}`."""
     if isinstance(body, dict) and isinstance(body.get("error"), dict):

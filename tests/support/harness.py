@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -19,15 +20,46 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.waits import wait_until  # also imported from here by bench/
+from tests.support.waits import ProcessExited, wait_until  # also imported from here by bench/
 
 from tests.support.ledgerfiles import rows_on_disk
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Ports for the daemons are picked in [PORT_FLOOR, the ephemeral range's start).
+PORT_FLOOR = 20000
+PORT_TRIES = 64
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (bind to 0, a connect's local port)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return low, high
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A free loopback port for a daemon to listen on, below the ephemeral range.
+
+    Between this choice and the daemon's bind, nothing else may take the port. A port from the
+    ephemeral range (bind to 0) can be the local port of any outgoing connection meanwhile —
+    and such a connection closed first leaves a TIME_WAIT that refuses the daemon's bind for a
+    minute (EADDRINUSE, SO_REUSEADDR or not) — so the daemon would exit at once; below that
+    range only another explicit bind competes, and the port is checked free here.
+    """
+    low, _high = ephemeral_range()
+    for _ in range(PORT_TRIES if low - PORT_FLOOR > 1000 else 0):
+        port = random.randrange(PORT_FLOOR, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # an unusual range: the kernel's
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
@@ -82,6 +114,13 @@ class Proc:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def require_alive(self, name: str) -> bool:
+        """True while the process runs; `ProcessExited` with its status and last words once not."""
+        if self.alive:
+            return True
+        tail = "\n".join(self.output().splitlines()[-15:])
+        raise ProcessExited(f"the {name} exited with status {self.popen.returncode}; its output ends:\n{tail}")
+
 
 def credential_like(prefix: str) -> str:
     return prefix + secrets.token_urlsafe(30).replace("-", "x").replace("_", "y")
@@ -101,7 +140,8 @@ class Stub:
         self.anthropic_key = anthropic_key
         self.openai_key = openai_key
         self.proc = Proc(argv, base_env(), workdir / (port_file.stem + ".log"))
-        port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20, "stub port")
+        port = wait_until(lambda: self.proc.require_alive("stub upstream") and port_file.exists()
+                          and port_file.read_text().strip(), 20, "stub port")
         self.url = f"http://127.0.0.1:{int(port)}"
         wait_until(lambda: http("GET", self.url + "/_stub/health")[0] == 200, 20, "stub health")
 
@@ -185,8 +225,8 @@ class Gateway:
     def start_control(self) -> None:
         self.control = Proc([sys.executable, "-m", "controlplane.main"], self.env,
                             self.workdir / "control.log")
-        wait_until(lambda: self.healthz() is not None or not self.control.alive, 20, "control healthz")
-        assert self.control.alive, self.control.output()
+        wait_until(lambda: self.control.require_alive("control daemon") and self.healthz() is not None,
+                   20, "control healthz")
 
     def start_dataplane(self) -> None:
         self.dataplane = Proc([sys.executable, "-m", "dataplane.main"], self.env,
@@ -195,6 +235,8 @@ class Gateway:
     def wait_synchronised(self, timeout_s: float = 20) -> None:
         """Until control reports *this* data plane process synchronised."""
         def synced() -> bool:
+            self.control.require_alive("control daemon")    # a daemon that died is reported
+            self.dataplane.require_alive("data plane")      # now, not after the deadline
             health = self.healthz() or {}
             return bool(health.get("dataplane_connected")) and health.get("dataplane_pid") == self.dataplane.popen.pid
         wait_until(synced, timeout_s, "data plane synchronised with control")

@@ -16,8 +16,14 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+class ProcessExited(AssertionError):
+    """A process a test waits on is gone: reported at once, never waited out as a deadline."""
+
+
 def wait_until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.02) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline."""
+    """Poll `probe` until it returns something truthy; fail naming `what` at the deadline.
+
+    A probe that raises `ProcessExited` ends the wait at once (the process it needs is gone)."""
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
     while True:
@@ -25,6 +31,8 @@ def wait_until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: 
             value = probe()
             if value:
                 return value
+        except ProcessExited:
+            raise
         except Exception as exc:  # a probe may fail while the thing starts
             last_error = exc
         if time.monotonic() > deadline:
@@ -44,6 +52,8 @@ async def until(probe: Callable[[], T], timeout_s: float, what: str, interval_s:
                 value = await value
             if value:
                 return value
+        except ProcessExited:
+            raise
         except Exception as exc:  # a probe may fail while the thing starts
             last_error = exc
         if time.monotonic() > deadline:

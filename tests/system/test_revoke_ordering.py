@@ -49,7 +49,7 @@ def test_a_succeeded_probe_revoked_at_once_closes_the_circuit(make_gateway, clea
         for _ in range(3):  # three qualifying failures open the circuit
             assert call(gw, opener["token"], status=529) == 529
         assert gw.revoke(opener["key_id"])
-        assert circuit(gw)["state"] == "open", loop
+        assert circuit(gw)["state"] in ("open", "half-open"), loop  # half-open: a slow machine
         wait_until(lambda: circuit(gw)["state"] == "half-open", 10, "the circuit to half-open")
 
         probe = mint(gw, f"d-probe-{loop}")

@@ -22,7 +22,7 @@ TRANSPORT = AttemptStatus.TRANSPORT_ERROR
 # SPEC §7's gateway-authored terminals, and the data plane's own failure (SPEC §12).
 GATEWAY_AUTHORED = (Refusal.REQUEST_CAPACITY_EXHAUSTED, Refusal.CONTROL_UNAVAILABLE, Refusal.POOL_TIMEOUT,
                     Refusal.BODY_TOO_LARGE, Refusal.PATH_NOT_SERVED, Refusal.GATEWAY_SHUTDOWN,
-                    Refusal.OBSERVATION_STORAGE_UNAVAILABLE, Refusal.INTERNAL_ERROR)
+                    Refusal.OBSERVATION_STORAGE_UNAVAILABLE, Refusal.INTERNAL_ERROR, Refusal.MODEL_NOT_PERMITTED)
 
 CASES = [
     # the upstream answered: its status decides
