@@ -46,6 +46,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     supersedes: str | None = None
     renewal_of: str | None = None
     worker_role: str | None = None
+    driver: str = "caller"                      # `fallback_driver` (SPEC §17)
+    hop_condition: Condition | None = None      # a gateway hop: the condition that started it
 
 
 class DecisionStore(Protocol):

@@ -52,6 +52,7 @@ class EventKind(StrEnum):
     ACCOUNT_STATE = "account.state"
     CIRCUIT = "circuit"
     POLICY = "policy"
+    DISPATCH_HOP = "dispatch.hop"
     GAP = "gap"
 
 
@@ -88,6 +89,18 @@ class PolicyEvent(msgspec.Struct, frozen=True, kw_only=True):
     at: str | None = None
 
 
+class DispatchHop(msgspec.Struct, frozen=True, kw_only=True):
+    """A dispatch key moved by the gateway (SPEC §17): from which account to which, on what."""
+
+    dispatch_id: str | None
+    key_id: str
+    from_account: str
+    to_account: str
+    condition: str
+    hop: int
+    mint_decision_id: str
+
+
 class GapEvent(msgspec.Struct, frozen=True, kw_only=True):
     """Events were missed: refetch the views, then follow the feed from here."""
 
@@ -113,6 +126,7 @@ PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
     EventKind.ACCOUNT_STATE: _model(AccountStateEvent),
     EventKind.POLICY: _model(PolicyEvent),
     EventKind.GAP: _model(GapEvent),
+    EventKind.DISPATCH_HOP: _model(DispatchHop),
 }
 
 _encode = msgspec.json.Encoder().encode

@@ -23,6 +23,7 @@ from controlplane.core.pricing import PriceTable
 from controlplane.decisions import LocalDecisions
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
+from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
 from controlplane.http import dashboard as dashboard_http
@@ -92,9 +93,12 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     desk = MintDesk(settings=settings, registry=registry, keys=keys, decisions=service.decisions,
                     lease_capacity=service.lease_capacity, circuits=circuits, admin=admin, policy=policy,
                     granter=service, configured=service.configured)
+    hopper = Hopper(keys=keys, routes=service.routes, desk=desk, rebind=service.rebind, events=events)
+    service.settle_hooks.append(hopper.after_rows)
     metrics = GatewayMetrics(service, events, circuits, admin.state_of)
     service.row_listeners.append(metrics.rows.add)
     desk.decision_listeners.append(metrics.on_decision)
+    hopper.hop_listeners.append(metrics.on_hop)
     spend = SpendBook.rebuild(ledger)  # rebuilt and listening before the RPC socket opens: no row is missed
     service.row_listeners.append(spend.add)
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,

@@ -27,7 +27,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from controlplane.circuits import CircuitRegistry
-from controlplane.events import CloseReason, EventHub
+from controlplane.events import CloseReason, DispatchHop, EventHub
 from shared.clock import now_ms
 from shared.codes import AdminState, AttemptStatus, CircuitPhase, Condition, Refusal, Wire
 from shared.wire import AttemptRow
@@ -189,6 +189,8 @@ class GatewayMetrics:
         self.registry.register(_RowCollector(self.rows))
         self.decisions = Counter("leasehold_mint_decisions", "v2 mint decisions, by outcome and refusal code.",
                                  ["outcome", "code"], registry=self.registry)
+        self.hops = Counter("leasehold_dispatch_hops", "Dispatch keys moved by the gateway, by condition.",
+                            ["condition"], registry=self.registry)
         self.registry.register(_LiveCollector(self))
 
     async def refresh(self) -> None:
@@ -196,6 +198,9 @@ class GatewayMetrics:
         now = now_ms()
         self.circuit_phases = {account_id: (await self.circuits.get(account_id, now)).phase
                                for account_id in self.accounts}
+
+    def on_hop(self, hop: DispatchHop) -> None:
+        self.hops.labels(_bounded(hop.condition, _CONDITIONS)).inc()
 
     def on_decision(self, decision: Decision) -> None:
         code = _bounded(None if decision.refusal_reason is None else str(decision.refusal_reason),

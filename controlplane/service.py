@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -71,6 +71,9 @@ class ControlService:
         self.events = events
         self.link = link
         self.row_listeners: list[Callable[[AttemptRow], None]] = []  # each recorded terminal row
+        # Run by each settle after its rows are folded and before they are acknowledged (the
+        # dispatch keys' hops: a worker's retry after the failed answer finds the new account).
+        self.settle_hooks: list[Callable[[list[AttemptRow]], Awaitable[None]]] = []
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
         self._unfolded: list[AttemptRow] = []  # rows recorded, not yet folded into circuits/decisions
         self._settling: asyncio.Task[None] | None = None
@@ -123,6 +126,20 @@ class ControlService:
         log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
                  expires_at=iso_ms(lease.expires_at_ms), dataplane=self.link.connected)
         return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
+
+    async def rebind(self, lease: Lease) -> None:
+        """A live key's lease replaced under the same token (a dispatch key's hop or extension):
+        journalled, then pushed; the data plane switches the token atomically."""
+        self.keys.add(lease)
+        await self.link.lease_added(lease)
+
+    async def release(self, lease: Lease) -> None:
+        """The release seam's own part: the lease slot, the dispatch's live key, the circuit's
+        probe. `end_keys` adds forgetting the key and telling the data plane; a dispatch key's
+        hop (SPEC §17) keeps the key and re-binds it instead."""
+        await self.lease_capacity.release(lease.key_id)
+        await self.decisions.end_key(lease.key_id)
+        await self.circuits.on_lease_ended(lease.account_id, lease.key_id, now_ms())
 
     async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
         """The release seam: forget each key, return its lease slot, tell the data plane.
@@ -222,6 +239,11 @@ class ControlService:
                         await self.decisions.add_evidence(*evidence)
                 except Exception:
                     log.exception("row_fold_failed", attempt_id=row.attempt_id)
+            for hook in self.settle_hooks:
+                try:
+                    await hook(rows)
+                except Exception:
+                    log.exception("settle_hook_failed")
             for conn, req_id in unacked:
                 try:
                     conn.send_nowait(Ack(req_id=req_id, ok=ok))

@@ -72,6 +72,9 @@ class Refusal(StrEnum):
     FALLBACK_BUDGET_EXHAUSTED = "fallback-budget-exhausted"
     MODEL_NOT_SERVED = "model-not-served"
     DECISION_UNKNOWN = "decision-unknown"
+    # dispatch keys (SPEC §17)
+    FALLBACK_PENDING = "fallback-pending"
+    NOT_A_DISPATCH_KEY = "not-a-dispatch-key"
 
 
 # The HTTP status each gateway-authored refusal answers with. A test keeps it total.
@@ -110,6 +113,8 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 503,
     Refusal.MODEL_NOT_SERVED: 409,
     Refusal.DECISION_UNKNOWN: 404,
+    Refusal.FALLBACK_PENDING: 503,
+    Refusal.NOT_A_DISPATCH_KEY: 409,
 }
 
 
@@ -194,3 +199,4 @@ class EndReason(StrEnum):
     ACCOUNT_REVOKED = "account-revoked"
     RENEWED = "renewed"
     RESERVATION_FAILED = "reservation-failed"
+    HOPPED = "hopped"             # a dispatch key's lease replaced by the gateway (SPEC §17)

@@ -36,6 +36,10 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     dispatch_id: str | None = None
     mint_decision_id: str | None = None
     worker_role: str | None = None
+    # A dispatch key (SPEC §17): the conditions on which an attempt's end starts a gateway hop;
+    # the data plane then admits no new attempt on the key (`fallback-pending`) until control
+    # re-binds it. Empty for a caller-driven lease or a spent hop budget.
+    hop_on: tuple[str, ...] = ()
 
 
 class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ from controlplane.http.common import json_response, read_json, requires
 from controlplane.mint import MintAnswer, MintDesk, MintV2
 from controlplane.http.appkeys import DESK
 from shared.bounds import TtlSeconds
+from shared.clock import iso_ms
 from shared.codes import Refusal, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
@@ -39,6 +40,24 @@ async def renew(request: web.Request) -> web.Response:
     return _answer(await request.app[DESK].renew(key_id, body.ttl_seconds))
 
 
+class Extend(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    ttl_seconds: TtlSeconds | None = None
+
+
+@requires(Scope.MINT)
+async def extend(request: web.Request) -> web.Response:
+    """SPEC §17: move a dispatch key's expiry forward (to at most `ttl_seconds` from now)."""
+    key_id = request.match_info["key_id"]
+    if not KEY_ID_RE.match(key_id):
+        raise GatewayError(Refusal.INVALID_REQUEST, "key_id must be a ULID")
+    body = await read_json(request, Extend) if request.can_read_body else Extend()
+    lease = await request.app[DESK].extend(key_id, body.ttl_seconds)
+    return json_response({"key_id": lease.key_id, "account_id": lease.account_id,
+                          "mint_decision_id": lease.mint_decision_id,
+                          "expires_at": iso_ms(lease.expires_at_ms)})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/control/v2/mint", mint_v2)
     app.router.add_post("/control/v2/keys/{key_id}/renew", renew)
+    app.router.add_post("/control/v2/keys/{key_id}/extend", extend)

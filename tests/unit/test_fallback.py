@@ -100,5 +100,6 @@ def test_authorise_fallback(case: Case) -> None:
 
 def test_every_fallback_refusal_has_a_row() -> None:
     covered = {c.refusal for c in CASES}
-    fallback_codes = {r for r in Refusal if r.value.startswith("fallback-") and r != Refusal.FALLBACK_POOL_EXHAUSTED}
+    not_verdicts = {Refusal.FALLBACK_POOL_EXHAUSTED, Refusal.FALLBACK_PENDING}  # selection; the data plane
+    fallback_codes = {r for r in Refusal if r.value.startswith("fallback-") and r not in not_verdicts}
     assert fallback_codes <= covered
