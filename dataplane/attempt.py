@@ -103,6 +103,8 @@ class Attempt:
             retry_after_s=retry_after_s, duration_ms=duration_ms,
             overhead_ms=self.overhead_ms, bytes_out=self.bytes_out,
         )
+        if self.lease.hop_on:  # a dispatch key: stop admitting on it before control has the row
+            self.link.replica.hop_pending(self.lease, row.condition, row.refusal_reason)
         log.info("request_done", attempt_id=self.attempt_id, account_id=self.lease.account_id,
                  key_id=self.lease.key_id, status=row.status, http_status=http_status,
                  code=row.refusal_reason or row.condition, bytes=self.bytes_out,

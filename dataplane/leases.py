@@ -1,6 +1,8 @@
 """The lease replica: digest → Lease, filled by a snapshot and pushes from control.
 
-It answers authentication with no RPC. While control is unreachable it is empty and not
+It answers authentication with no RPC. A dispatch key (SPEC §17) whose attempt just ended on
+a condition its lease hops on is `pending`: it admits no new attempt until control re-binds the
+token (a pushed lease for the same key replaces the old one and clears the mark). While control is unreachable it is empty and not
 `ready`: the data plane fails closed (503 `control-unavailable`) until the next snapshot.
 Credential values are read from this process's environment by the account's variable name.
 """
@@ -19,6 +21,7 @@ class LeaseReplica:
         self._env = os.environ if env is None else env
         self._by_digest: dict[bytes, Lease] = {}
         self._digest_of: dict[str, bytes] = {}
+        self.pending: set[str] = set()   # dispatch keys waiting for the gateway's hop
         self.accounts: dict[str, AccountRoute] = {}
         self.credentials: dict[str, str] = {}
         self.ready = False
@@ -27,6 +30,7 @@ class LeaseReplica:
     def load(self, leases: list[Lease], accounts: list[AccountRoute], storage_ok: bool) -> None:
         self._by_digest = {lease.digest: lease for lease in leases}
         self._digest_of = {lease.key_id: lease.digest for lease in leases}
+        self.pending = set()
         self.accounts = {a.id: a for a in accounts}
         self.credentials = {}
         for account in accounts:
@@ -38,15 +42,36 @@ class LeaseReplica:
         self.ready = True
 
     def add(self, lease: Lease) -> None:
+        """A new lease, or a live key's lease replaced under its token (one assignment: a
+        request sees the old lease or the new one, never a mix)."""
         self._by_digest[lease.digest] = lease
         self._digest_of[lease.key_id] = lease.digest
+        self.pending.discard(lease.key_id)
+
+    def hop_pending(self, lease: Lease, condition: str | None, refusal: str | None) -> bool:
+        """An attempt on `lease` ended: mark the key pending if it starts a gateway hop (the
+        rule `core.hop.starts_hop` applies on control's side). True if it did."""
+        if refusal is None and condition is not None and condition in lease.hop_on:
+            self.pending.add(lease.key_id)
+            return True
+        return False
+
+    def is_moving(self, lease: Lease) -> bool:
+        """A dispatch key's hop is pending, or happened since `lease` was looked up."""
+        if lease.key_id in self.pending:
+            return True
+        current = self._by_digest.get(lease.digest)
+        return current is None or (current.account_id, current.mint_decision_id) != (
+            lease.account_id, lease.mint_decision_id)
 
     def remove(self, key_id: str) -> None:
+        self.pending.discard(key_id)
         found = self._digest_of.pop(key_id, None)
         if found is not None:
             self._by_digest.pop(found, None)
 
     def clear(self) -> None:
+        self.pending.clear()
         self._by_digest.clear()
         self._digest_of.clear()
         self.ready = False

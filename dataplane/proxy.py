@@ -215,6 +215,12 @@ class Proxy:
             attempt.requested_model = model
             if reach(model, readable, account.models).refused:  # SPEC §12: no upstream call
                 return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, model, request))
+        if attempt.lease.hop_on and self.replica.is_moving(attempt.lease):
+            # SPEC §17: the gateway is moving this dispatch key. Checked with no await before the
+            # announce, so every attempt control counts in flight was announced before the hop.
+            return refuse(attempt, Refusal.FALLBACK_PENDING,
+                          "the gateway is moving this dispatch to another account; retry in a second",
+                          retry_after_s=1)
         attempt.announce()
         if not self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
             return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,

@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ from controlplane.cli.client import Client
 from controlplane.cli.exits import CtlError, Exit
 from controlplane.cli.keys import V2_PATH, v2_body, v2_exit
 from controlplane.cli.output import skipped_text, warn
+from controlplane.cli.supervise import Extender, HopWatcher
+from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import WIRE_OF_BINDING, Binding, Scope, Wire
 from shared.envscrub import scrub_spawn_env
 from shared.tokens import new_ulid
@@ -155,6 +158,7 @@ def _mint(args: argparse.Namespace, client: Client) -> dict[str, Any]:
     dispatch = args.dispatch or "exec-" + new_ulid()
     body = v2_body(dispatch, args.repo, args.principal_kind, args.principal, role=args.role,
                    model=args.model, model_class=args.model_class, ttl=args.ttl)
+    body["fallback_driver"] = args.fallback_driver
     reply = client.call("POST", V2_PATH, body)
     code = v2_exit(reply)
     if code == Exit.HELD:
@@ -182,16 +186,34 @@ def run_exec(args: argparse.Namespace, client: Client) -> int:
         raise CtlError(Exit.USAGE, "exec needs exactly one of --model or --model-class")
     minted = _mint(args, client)
     key_id = minted["key_id"]
+    helpers: list[Extender | HopWatcher] = []
     try:
         wire = wire_of(client.get("/control/v2/accounts", Scope.READ), minted["account_id"])
         env = worker_env(os.environ, wire, minted["base_url"], minted["token"])
         if args.verbose:
             warn(f"lease {key_id} on {minted['account_id']} ({wire} wire, decision "
-                 f"{minted.get('mint_decision_id')}); running {command[0]}")
+                 f"{minted.get('mint_decision_id')}, fallback driven by the {args.fallback_driver}); "
+                 f"running {command[0]}")
+        if minted.get("fallback_driver") == "gateway":
+            helpers.append(Extender(client, key_id, _ttl_s(minted, args.ttl)))
+            if args.verbose:
+                helpers.append(HopWatcher(client, key_id))
+        for helper in helpers:
+            helper.start()
         sys.stdout.flush()
         return run_child(command, env)
     finally:
+        for helper in helpers:
+            helper.stop()
         _revoke(client, key_id)
+
+
+def _ttl_s(minted: dict[str, Any], ttl: int | None) -> int:
+    """The TTL each extension asks for: the one asked at the mint, else what the mint gave."""
+    if ttl is not None:
+        return ttl
+    expires = datetime.fromisoformat(minted["expires_at"].replace("Z", "+00:00"))
+    return max(TTL_MIN_S, min(TTL_MAX_S, round((expires - datetime.now(timezone.utc)).total_seconds())))
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -212,7 +234,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     model.add_argument("--model-class", help="model_class")
     p.add_argument("--dispatch", help="dispatch_id (default: a fresh exec-<ULID>)")
     p.add_argument("--ttl", type=int, help="ttl_seconds of the lease")
-    p.add_argument("-v", "--verbose", action="store_true", help="say which lease the command runs on")
+    p.add_argument("--fallback-driver", choices=("gateway", "caller"), default="gateway",
+                   help="gateway (default): a dispatch key the gateway hops to a sibling account on "
+                        "its own evidence and extends while CMD runs (SPEC §17); caller: a plain v2 "
+                        "lease that never moves")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="say which lease the command runs on, and print each hop as it happens")
     p.add_argument("command", nargs="*", metavar="-- CMD", help="the command and its arguments")
     p.set_defaults(run=run_exec)
 
