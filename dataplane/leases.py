@@ -56,6 +56,11 @@ class LeaseReplica:
             return True
         return False
 
+    def lookup_by_key(self, key_id: str) -> Lease | None:
+        """The lease a key id names now (not for authentication: that is by digest)."""
+        found = self._digest_of.get(key_id)
+        return None if found is None else self._by_digest.get(found)
+
     def is_moving(self, lease: Lease) -> bool:
         """A dispatch key's hop is pending, or happened since `lease` was looked up."""
         if lease.key_id in self.pending:

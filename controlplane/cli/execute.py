@@ -1,8 +1,10 @@
 """`leaseholdctl exec -- CMD...` (SPEC §13): run a worker on a lease, then revoke it.
 
-Reading order: mint a v2 lease (held → exit 3, nothing runs) → look up the account's wire →
-build the worker's environment → run CMD, forwarding SIGINT/SIGTERM/SIGHUP → revoke the lease
-(always, also when anything above fails) → return CMD's status (128 + N after signal N).
+Reading order: mint a v2 lease, a dispatch key unless `--fallback-driver caller` (held → exit 3,
+nothing runs) → look up the account's wire → build the worker's environment → (a dispatch key)
+start the extender and, with `-v`, the hop watcher (`supervise.py`) → run CMD, forwarding
+SIGINT/SIGTERM/SIGHUP → revoke the lease (always, also when anything above fails) → return
+CMD's status (128 + N after signal N).
 
 The worker's environment is `scrub_spawn_env(os.environ)` (the whole `GATEWAY_*` namespace
 gone), minus this CLI's own `LEASEHOLD_TOKEN` and every provider credential variable, plus the

@@ -9,10 +9,11 @@
 // event schedules one coalesced refetch of the views for the counts they carry.
 
 import { SourceError, api, openFeed, readEvents } from "./source.js";
-import { placeholder, renderAccounts, renderAdmin, renderLive, renderRecent } from "./render.js";
+import { placeholder, renderAccounts, renderAdmin, renderHops, renderLive, renderRecent } from "./render.js";
 
 const TOKEN_KEY = "leasehold.readToken";
 const RECENT_LIMIT = 50;
+const HOPS_LIMIT = 50;
 const REFRESH_MS = 5000;
 const FEED_RETRY_MS = [500, 1000, 2000, 3000];
 
@@ -20,6 +21,7 @@ const state = {
   token: sessionStorage.getItem(TOKEN_KEY),
   live: new Map(),        // attempt_id → { view, seenAt }
   recent: [],             // RouteView, newest first
+  hops: [],               // dispatch.hop events with the time they arrived, newest first
   recentMeta: null,
   lastEventId: null,
   feedController: null,
@@ -105,6 +107,14 @@ function onEvent(event) {
       state.live.delete(data.attempt_id);
       addRecent(data);
       renderRoutes();
+      refreshSoon();
+      break;
+    case "dispatch.hop":
+      if (!state.hops.some((h) => h.mint_decision_id === data.mint_decision_id)) {
+        state.hops.unshift({ ...data, at: new Date() });
+        if (state.hops.length > HOPS_LIMIT) state.hops.length = HOPS_LIMIT;
+        renderHops(state.hops);
+      }
       refreshSoon();
       break;
     case "gap":  // events were missed (evicted, or a restarted daemon): refetch everything

@@ -149,6 +149,29 @@ function elapsed(iso) {
   return isNaN(ms) ? "—" : `${Math.max(0, ms / 1000).toFixed(1)} s`;
 }
 
+// ---- dispatch hops ----------------------------------------------------------------------------
+
+export function renderHops(hops) {
+  const tbody = $("hops").tBodies[0];
+  if (!hops.length) {
+    placeholder(tbody, 8, "no hop since this page connected");
+    return;
+  }
+  tbody.replaceChildren(...hops.map((hop) => {
+    const tr = el("tr");
+    tr.dataset.key = hop.key_id;
+    field(tr, "at", hop.at.toLocaleTimeString());
+    field(tr, "dispatch", hop.dispatch_id || "—");
+    field(tr, "key", hop.key_id);
+    field(tr, "from", hop.from_account);
+    field(tr, "to", hop.to_account);
+    field(tr, "condition", "").appendChild(badge(hop.condition, "warn"));
+    field(tr, "hop", hop.hop);
+    field(tr, "decision", hop.mint_decision_id);
+    return tr;
+  }));
+}
+
 export function renderRecent(recent, meta) {
   if (meta) {
     $("recent-meta").textContent =
