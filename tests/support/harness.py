@@ -7,6 +7,7 @@ is captured to a file the test can read (for the secret-absence checks).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -17,7 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +46,23 @@ def wait_until(probe: Callable[[], T], timeout_s: float, what: str, interval_s: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: {last_error!r})")
         time.sleep(interval_s)
+
+
+async def wait_until_async(probe: Callable[[], Awaitable[T]], timeout_s: float, what: str,
+                           interval_s: float = 0.02) -> T:
+    """`wait_until` for a coroutine probe, polling without blocking the event loop."""
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = await probe()
+            if value:
+                return value
+        except Exception as exc:
+            last_error = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last error: {last_error!r})")
+        await asyncio.sleep(interval_s)
 
 
 def base_env() -> dict[str, str]:
