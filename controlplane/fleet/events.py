@@ -26,7 +26,7 @@ import redis.asyncio as aredis
 from controlplane.events import EventKind
 from shared.capacity import StateUnavailable
 from shared.fleet.keys import FleetKeys
-from shared.fleet.redis_client import guard
+from shared.fleet.redis_client import guard, raise_if_cancelled
 from shared.logging import get_logger
 
 log = get_logger("fleet")
@@ -85,6 +85,7 @@ class FleetEvents:
             if ready is not None:
                 ready.set()
             while True:
+                raise_if_cancelled()
                 with guard("fleet event listen"):
                     message = await pubsub.get_message(timeout=1.0)
                 if message is None or message.get("type") != "message":
@@ -105,6 +106,7 @@ class FleetEvents:
     async def run(self, handle: Callable[[FleetEvent], Awaitable[None]]) -> None:
         """Hand every other host's event to `handle`, resubscribing after an outage."""
         while True:
+            raise_if_cancelled()
             try:
                 async for event in self.listen():
                     await handle(event)
@@ -155,6 +157,7 @@ class FleetRevocations:
         each it completed; after an outage, go on from the last request handled."""
         last_id: str | None = None
         while True:
+            raise_if_cancelled()
             try:
                 if last_id is None:
                     last_id = await self._last_id()

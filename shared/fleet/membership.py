@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from shared.capacity import StateUnavailable
 from shared.fleet.capacity import Incarnation
 from shared.fleet.hosts import Beat, HostClaim, HostRegistry, Reaped, Standing, new_instance_id
+from shared.fleet.redis_client import raise_if_cancelled
 from shared.logging import get_logger
 
 log = get_logger("fleet")
@@ -110,6 +111,7 @@ class Membership:
         """Beat every `interval_s` until cancelled or superseded; a beat that cannot reach Redis
         is logged and retried on the next (the stores hold their callers meanwhile)."""
         while True:
+            raise_if_cancelled()
             try:
                 standing = await self.beat()
             except StateUnavailable as exc:

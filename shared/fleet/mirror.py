@@ -2,9 +2,11 @@
 
 Every read reads both: the Redis chain (`RedisChainStorage`) and this host's mirror, the same
 files the embedded mode keeps (`$GATEWAY_STATE_DIR/account-admin.jsonl` and its anchor). The
-mirror is verified on its own, and then stands as the lower anchor of the Redis read: the
-`ChainBytes` answered are Redis's records between the mirror's head (count, hash) and Redis's
-own anchor. So `HashChain`'s one verification rules, with no verdict decided here:
+mirror is verified on its own; Redis's records must then begin with the mirror's bytes. If
+they do, Redis's chain is answered as it is (and the mirror extended to match once it
+verifies); if not, Redis's records are answered between two copies of the mirror's head
+(count, hash) as the anchor, so `HashChain`'s own verification, the readers' and the
+writer's alike, finds the fault and names it. No verdict is decided here:
 
 | Redis's chain, against this host's verified mirror | verdict on this host |
 |---|---|
@@ -52,11 +54,15 @@ class MirroredChainStorage:
             remote = self.remote.read()
             if witness.records and self._reseed(remote, local.data, witness):
                 remote = self.remote.read()
-            lower = _anchor_of(witness) if witness.records else remote.anchor_before
-            answer = ChainBytes(lower, remote.data, remote.anchor_after)
-            if len(remote.data) > len(local.data) and remote.data.startswith(local.data):
-                self._catch_up(answer, len(local.data))
-            return answer
+            if not remote.data.startswith(local.data):
+                # Shorter than, or forked from, what this host verified: Redis's records between
+                # two copies of the mirror's head read corrupt to every check HashChain makes
+                # (the readers' and the writer's alike).
+                head = _anchor_of(witness)
+                return ChainBytes(head, remote.data, head)
+            if len(remote.data) > len(local.data):
+                self._catch_up(remote, len(local.data))
+            return remote
 
     def version(self) -> tuple[Any, ...]:
         return (self.remote.version(), self.mirror.version())
@@ -100,13 +106,13 @@ class MirroredChainStorage:
             return extended
         return False
 
-    def _catch_up(self, answer: ChainBytes, mirror_size: int) -> None:
-        """Copy what other hosts appended, once it verifies from the mirror's head onwards."""
-        check = verify_chain_between(split_lines(answer.data), answer.anchor_before, answer.anchor_after)
+    def _catch_up(self, remote: ChainBytes, mirror_size: int) -> None:
+        """Copy what other hosts appended after the mirror's records, once the whole verifies."""
+        check = _verify(remote)
         if check.verdict is not Verdict.VERIFIED:
             return  # HashChain reads the same bytes and says corrupt; the mirror stays as it was
         try:
-            self.mirror.append(answer.data[mirror_size:], mirror_size)
+            self.mirror.append(remote.data[mirror_size:], mirror_size)
             self.mirror.write_anchor(_anchor_of(check))
         except Exception as exc:
             log.error("chain_mirror_write_failed", chain=self.remote.name, error=repr(exc))

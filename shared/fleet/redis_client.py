@@ -18,6 +18,7 @@ The URL may carry a password: it is registered with the log redactor here, and o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -80,8 +81,25 @@ def guard(what: str) -> Iterator[None]:
     except StateUnavailable:
         raise
     except _FAILURES as exc:
+        if _cancelling():  # a cancelled call the client reported as a timeout: still a cancel
+            raise asyncio.CancelledError() from exc
         detail = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise StateUnavailable(f"{what}: {type(exc).__name__} {detail}".rstrip()) from exc
+
+
+def raise_if_cancelled() -> None:
+    """For a loop that lives as long as its task: redis-py can return a reply to a task whose
+    cancellation is pending (the cancel is then consumed), so a loop asks before each turn."""
+    if _cancelling():
+        raise asyncio.CancelledError()
+
+
+def _cancelling() -> bool:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # a worker thread (the chains): no task to cancel
+        return False
+    return task is not None and task.cancelling() > 0
 
 
 def describe(url: str) -> str:
