@@ -91,6 +91,7 @@ CALLS: list[tuple[str, Callable[[Backends], Awaitable[Any] | Any]]] = [
     ("chain.read", lambda b: b.chain.read()),
     ("chain.version", lambda b: b.chain.version()),
     ("chain.commit", _chain_commit),
+    ("hashchain.read", lambda b: HashChain("policy", "policy.anchor", list, storage=b.chain).read()),
 ]
 
 
@@ -151,3 +152,20 @@ async def test_the_same_clients_recover_after_a_restart(backends) -> None:
     assert await b.capacity.reserve("a", "h2", 2)  # scripts reloaded by the client (NOSCRIPT)
     assert await b.circuits.swap("a", rules.CLOSED, rules.Circuit(consecutive=1))
     assert b.chain.read().data == b"" and _chain_commit(b).revision == 1  # the blocking client too
+
+
+async def test_an_error_reply_is_state_unavailable(backends) -> None:
+    """Redis answering an error (here: out of memory, writes refused) is unavailable too."""
+    server, b = backends
+    admin = b.fleet.admin()
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(StateUnavailable):
+            await b.capacity.reserve("a", "h", 1)
+        with pytest.raises(StateUnavailable):
+            _chain_commit(b)
+        assert await b.capacity.count("a") == 0  # reads still answer
+    finally:
+        admin.config_set("maxmemory", "0")
+    assert await b.capacity.reserve("a", "h", 1)

@@ -40,7 +40,7 @@ from tests.support.redis_server import RedisServer
 HEX_DIGEST = re.compile(rb"[0-9a-f]{64}")
 
 
-async def _workload(fleet: Fleet, state_dir: Path, token: str, key_id: str, credentials: list[str]) -> None:
+async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
     c, k = fleet.client, fleet.keys
     hosts = HostRegistry(c, k, ttl_s=10)
     claim = await hosts.claim("gw-1", new_instance_id())
@@ -118,7 +118,7 @@ async def test_no_credential_token_or_digest_reaches_redis(tmp_path: Path, monke
         monkeypatch.setenv("GATEWAY_ANTHROPIC_API_KEY", credentials[0])  # around the workload, as
         monkeypatch.setenv("GATEWAY_OPENAI_API_KEY", credentials[1])     # in a daemon's environment
         monkeypatch.setenv("GATEWAY_CONTROL_TOKEN", token)
-        await _workload(fleet, tmp_path / "state", token, key_id, credentials)
+        await _workload(fleet, tmp_path / "state", key_id)
         blobs, chain_hashes = _everything(fleet)
         assert len(blobs) > 40 and chain_hashes  # the workload wrote what it should have
         secret_half = token.split(".", 1)[1]
