@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test venv bench bench-peers soak clean
+.PHONY: run test venv redis-server bench bench-peers soak clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -18,7 +18,19 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m tests.support.devrun
 
-test: $(STAMP)
+# The fleet tests start their own redis-server (loopback, nothing saved). On a fresh machine,
+# as root, install it (updating the package lists only if the first try fails); otherwise say
+# the one command that does (the fleet tests then fail saying it too; the rest still run).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null || \
+	      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null; }; \
+	  else \
+	    echo "redis-server is missing, so the fleet tests will fail; install it with: apt-get install -y redis-server" >&2; \
+	  fi; }
+
+test: $(STAMP) redis-server
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

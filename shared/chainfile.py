@@ -98,6 +98,9 @@ class ChainStorage(Protocol):
       OSError; a size that moved raises `RevisionConflict`.
     - `write_anchor(data)` replaces the anchor durably and atomically (a reader sees the old
       or the new one, never a torn one).
+    - A storage that keeps the bytes elsewhere (Redis, `shared/fleet/chains.py`) raises
+      `StateUnavailable` instead of OSError when it cannot reach them: unreachable is not
+      corrupt, and `HashChain` lets it through to its caller (held, never a verdict).
     """
 
     def read(self) -> ChainBytes: ...

@@ -9,8 +9,10 @@ the value from its own environment when it needs it.
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections.abc import Mapping
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import msgspec
 
@@ -18,6 +20,10 @@ from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import Condition
 
 PREFIX = "GATEWAY_"
+# Fleet mode (SPEC §16): a fleet id is a Redis key namespace; a host id names a pair in it.
+FLEET_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
 class SettingsError(Exception):
@@ -60,6 +66,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str
     prices_file: str | None = None
     ledger_retention_days: int = 90
+    fleet_redis_url: str | None = None  # None: embedded (no fleet); may hold a password
+    fleet_id: str = "leasehold"
+    host_id: str = "localhost"
+    fleet_host_ttl_seconds: int = 10
 
 
 # Variables this module understands; anything else under GATEWAY_ is a credential name the
@@ -73,7 +83,8 @@ KNOWN = frozenset(
         "MAX_FALLBACK_HOPS FALLBACK_ON KEY_TTL_SECONDS MAX_BODY_BYTES DRAIN_SECONDS "
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
         "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
-        "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS"
+        "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS "
+        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS"
     ).split()
 )
 
@@ -129,6 +140,37 @@ class _Reader:
             return default
         return raw.rstrip("/")
 
+    def redis_url(self, name: str) -> str | None:
+        """A fleet Redis URL, or None. A bad one is named but never echoed: it may hold a password."""
+        raw = self.text(name, None)
+        if raw is None:
+            return None
+        try:
+            parts = urlsplit(raw)
+            port_ok = parts.scheme == "unix" or parts.port is None or parts.port > 0
+        except ValueError:
+            parts, port_ok = None, False
+        if parts is None or parts.scheme not in REDIS_SCHEMES or not port_ok:
+            self.problems.append(f"{PREFIX}{name} must be a redis://, rediss:// or unix:// URL")
+            return None
+        if parts.scheme == "unix":
+            db = parse_qs(parts.query).get("db", ["0"])[0]
+            where_ok = parts.path.startswith("/")
+        else:
+            db = parts.path.strip("/") or "0"
+            where_ok = bool(parts.hostname)
+        if not where_ok or not db.isdigit():
+            self.problems.append(f"{PREFIX}{name} must name a host (or a socket path) and a numeric database")
+            return None
+        return raw
+
+    def identifier(self, name: str, default: str, pattern: re.Pattern[str]) -> str:
+        raw = self.text(name, default) or default
+        if not pattern.match(raw):
+            self.problems.append(f"{PREFIX}{name}={raw!r} must match {pattern.pattern}")
+            return default
+        return raw
+
     def conditions(self, name: str) -> tuple[Condition, ...]:
         raw = self.text(name, None)
         if raw is None:
@@ -145,10 +187,12 @@ class _Reader:
         return tuple(c for c in Condition if c in chosen)
 
 
-def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control") -> Settings:
+def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control",
+                  hostname: str | None = None) -> Settings:
     """Read every GATEWAY_* variable; raise `SettingsError` naming each bad one.
 
-    `role` is "control" (needs the control token) or "dataplane" / "ctl" (do not).
+    `role` is "control" (needs the control token) or "dataplane" / "ctl" (do not). `hostname`
+    (default: this machine's) is what `GATEWAY_HOST_ID` defaults to, sanitised.
     """
     r = _Reader(os.environ if env is None else env)
     state_dir = r.text("STATE_DIR", "/var/lib/leasehold")
@@ -190,6 +234,11 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
         log_level=(r.text("LOG_LEVEL", "info") or "info").lower(),
         prices_file=r.text("PRICES_FILE", None),
         ledger_retention_days=int(r.number("LEDGER_RETENTION_DAYS", 90, 1, 3650, integer=True)),
+        fleet_redis_url=r.redis_url("FLEET_REDIS_URL"),
+        fleet_id=r.identifier("FLEET_ID", "leasehold", FLEET_ID_RE),
+        host_id=r.identifier("HOST_ID", host_id_of(socket.gethostname() if hostname is None else hostname),
+                             HOST_ID_RE),
+        fleet_host_ttl_seconds=int(r.number("FLEET_HOST_TTL_SECONDS", 10, 3, 120, integer=True)),
     )
     if settings.log_level not in ("debug", "info", "warning", "error"):
         r.problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")
@@ -204,6 +253,14 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """GATEWAY_* names this module does not know (credential names, or typos): for a warning."""
     return sorted(k for k in env if k.startswith(PREFIX) and k not in KNOWN)
+
+
+def host_id_of(hostname: str) -> str:
+    """A host name as a host id: lowercased, every other character a `-`, within 63 characters,
+    starting with a letter or digit (`localhost` when nothing is left)."""
+    cleaned = re.sub(r"[^a-z0-9.-]", "-", hostname.strip().lower())
+    cleaned = re.sub(r"^[^a-z0-9]+", "", cleaned)[:63]
+    return cleaned if HOST_ID_RE.match(cleaned) else "localhost"
 
 
 def _authority(host: str, port: int) -> str:

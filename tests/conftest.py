@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.fleet import Fleet
 from tests.support.harness import Gateway, Stub, credential_like
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +46,22 @@ def make_gateway(tmp_path: Path, stub: Stub) -> Iterator:
     yield make
     for gw in made:
         gw.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session (loopback, nothing persisted); each test's keys
+    live in their own fleet namespace (`fleet`). Missing binary: the test fails, never skips."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def fleet(redis_server: RedisServer) -> AsyncIterator[Fleet]:
+    made = Fleet(redis_server)
+    yield made
+    await made.close()

@@ -1,15 +1,19 @@
 """The contracts of the state fleet mode shares, run against every implementation.
 
 Each interface's docstring states its contract; each test here checks one clause of it. The
-suites are parametrised over `*_BACKENDS`: an implementation is added to a list and must pass
-every test unchanged (the in-process ones today; the chain storage over real files).
+suites are parametrised over `*_BACKENDS`: an implementation is added to a dict and must pass
+every test unchanged: the in-process ones, the chain storage over real files, and the Redis
+ones over a real `redis-server` (each test in a fresh key namespace of its own, `fleet`).
+Redis-only behaviour (hosts, data loss, outages) is in `test_fleet_*.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,36 +23,116 @@ from controlplane.circuits import CircuitRegistry, CircuitStore, CircuitView, Lo
 from controlplane.core import circuit as rules
 from controlplane.core.fallback import Lineage
 from controlplane.decisions import Decision, DecisionStore, LocalDecisions
+from controlplane.fleet.circuits import RedisCircuits
+from controlplane.fleet.decisions import RedisDecisions
 from shared.capacity import CapacityStore, LocalCapacity
 from shared.chainfile import ChainBusy, ChainStorage, FileChainStorage, RevisionConflict
 from shared.codes import CircuitPhase, Condition, Outcome, Refusal
+from shared.fleet.capacity import RedisCapacity
+from shared.fleet.chains import RedisChainStorage
+from shared.fleet.keys import Ceiling
+from shared.fleet.mirror import MirroredChainStorage
 from shared.wire import AttemptRow
+from tests.support.fleet import Fleet
+from tests.support.waits import until as wait_until_async
 
-CAPACITY_BACKENDS: dict[str, Callable[[], CapacityStore]] = {"local": LocalCapacity}
-CIRCUIT_BACKENDS: dict[str, Callable[[], CircuitStore]] = {"local": LocalCircuits}
-DECISION_BACKENDS: dict[str, Callable[..., DecisionStore]] = {"local": LocalDecisions}
-CHAIN_BACKENDS: dict[str, Callable[[Path], ChainStorage]] = {
-    "file": lambda d: FileChainStorage(str(d / "chain.jsonl"), str(d / "chain.anchor"))}
+# A backend is built from a fleet (None for the in-process ones, which need no Redis).
+CAPACITY_BACKENDS: dict[str, Callable[[Fleet | None], CapacityStore]] = {
+    "local": lambda _: LocalCapacity(),
+    "redis": lambda f: RedisCapacity(f.client, f.keys, Ceiling.LEASE, "host-a"),
+}
+CIRCUIT_BACKENDS: dict[str, Callable[[Fleet | None], CircuitStore]] = {
+    "local": lambda _: LocalCircuits(),
+    "redis": lambda f: RedisCircuits(f.client, f.keys),
+}
+DECISION_BACKENDS: dict[str, Callable[[Fleet | None], DecisionStore]] = {
+    "local": lambda _: LocalDecisions(),
+    "redis": lambda f: RedisDecisions(f.client, f.keys),
+}
+CHAIN_BACKENDS: dict[str, Callable[[Path, Fleet | None], ChainStorage]] = {
+    "file": lambda d, _: FileChainStorage(str(d / "chain.jsonl"), str(d / "chain.anchor")),
+    "redis": lambda d, f: RedisChainStorage(f.sync, f.keys, "chain"),
+    "mirrored": lambda d, f: MirroredChainStorage(RedisChainStorage(f.sync, f.keys, "chain"), FileChainStorage(
+        str(d / "mirror.jsonl"), str(d / "mirror.anchor"))),
+}
+NEEDS_REDIS = {"redis", "mirrored"}
+
+
+class Bound:
+    """How a decision store forgets, in its own terms: `pass_over(store)` makes the bound pass
+    for `md_0`, which the test recorded first (the in-process table records newer decisions
+    past its cap; the Redis one waits out its TTL, and proves it did not forget early)."""
+
+    def __init__(self, pass_over: Callable[[DecisionStore], Awaitable[None]]) -> None:
+        self.pass_over = pass_over
+
+
+async def _past_the_cap(store: DecisionStore) -> None:
+    for n in range(1, 11):  # cap 8: md_0 is evicted, oldest first
+        await store.record(_decision(n, key=f"K{n}"))
+
+
+def _past_the_ttl(ttl_s: float, started: list[float]) -> Callable[[DecisionStore], Awaitable[None]]:
+    async def pass_over(store: DecisionStore) -> None:
+        async def forgotten() -> bool:
+            return await store.get("md_0") is None
+        await wait_until_async(forgotten, ttl_s + 10, "md_0 to expire")
+        assert time.monotonic() - started[0] >= ttl_s * 0.95, "forgotten before its TTL"
+    return pass_over
+
+
+@asynccontextmanager
+async def _fleet_for(request: pytest.FixtureRequest, name: str) -> AsyncIterator[Fleet | None]:
+    """A fresh fleet namespace for a Redis backend (the server is asked for only then)."""
+    if name not in NEEDS_REDIS:
+        yield None
+        return
+    fleet = Fleet(request.getfixturevalue("redis_server"))
+    try:
+        yield fleet
+    finally:
+        await fleet.close()
 
 
 @pytest.fixture(params=sorted(CAPACITY_BACKENDS))
 async def capacity(request) -> AsyncIterator[CapacityStore]:
-    yield CAPACITY_BACKENDS[request.param]()
+    async with _fleet_for(request, request.param) as fleet:
+        yield CAPACITY_BACKENDS[request.param](fleet)
 
 
 @pytest.fixture(params=sorted(CIRCUIT_BACKENDS))
 async def circuit_store(request) -> AsyncIterator[CircuitStore]:
-    yield CIRCUIT_BACKENDS[request.param]()
+    async with _fleet_for(request, request.param) as fleet:
+        yield CIRCUIT_BACKENDS[request.param](fleet)
 
 
 @pytest.fixture(params=sorted(DECISION_BACKENDS))
 async def decisions(request) -> AsyncIterator[DecisionStore]:
-    yield DECISION_BACKENDS[request.param](cap=8, refused_cap=4)
+    async with _fleet_for(request, request.param) as fleet:
+        yield DECISION_BACKENDS[request.param](fleet)
+
+
+REDIS_TTL_S = 1.5
+
+
+@pytest.fixture(params=sorted(DECISION_BACKENDS))
+async def bounded_decisions(request) -> AsyncIterator[tuple[DecisionStore, Bound, list[float]]]:
+    """A store with a small bound of its own kind: a count cap, or a lifetime."""
+    started = [time.monotonic()]
+    async with _fleet_for(request, request.param) as fleet:
+        if fleet is None:
+            yield LocalDecisions(cap=8, refused_cap=4), Bound(_past_the_cap), started
+        else:
+            store = RedisDecisions(fleet.client, fleet.keys, ttl_s=REDIS_TTL_S, refused_ttl_s=REDIS_TTL_S)
+            yield store, Bound(_past_the_ttl(REDIS_TTL_S, started)), started
 
 
 @pytest.fixture(params=sorted(CHAIN_BACKENDS))
-def chain(request, tmp_path: Path) -> ChainStorage:
-    return CHAIN_BACKENDS[request.param](tmp_path)
+def chain(request, tmp_path: Path) -> Iterator[ChainStorage]:
+    fleet = Fleet(request.getfixturevalue("redis_server")) if request.param in NEEDS_REDIS else None
+    yield CHAIN_BACKENDS[request.param](tmp_path, fleet)
+    if fleet is not None:
+        fleet.close_sync()
 
 
 # ---- CapacityStore -------------------------------------------------------------------------
@@ -165,11 +249,18 @@ async def test_decisions_keep_only_the_outcome_of_a_refused_one(decisions: Decis
     assert await decisions.refused_outcome("md_never") is None
 
 
-async def test_decisions_are_bounded_oldest_first(decisions: DecisionStore) -> None:
-    for n in range(12):  # cap 8
-        await decisions.record(_decision(n, key=f"K{n}"))
-    assert await decisions.get("md_0") is None and await decisions.for_key("K0") is None
-    assert await decisions.get("md_11") is not None
+async def test_decisions_are_bounded_oldest_first(bounded_decisions) -> None:
+    store, bound, started = bounded_decisions
+    started[0] = time.monotonic()
+    await store.record(_decision(0, key="K0"))
+    await store.add_evidence("md_0", Condition.RATE_LIMITED)
+    await store.record(_decision(100, outcome=Outcome.HELD))
+    assert await store.get("md_0") is not None  # kept until its bound passes
+    await bound.pass_over(store)
+    assert await store.get("md_0") is None and await store.for_key("K0") is None
+    assert await store.evidence("md_0") == ()
+    await store.record(_decision(11, key="K11"))
+    assert await store.get("md_11") is not None and await store.for_key("K11") is not None
 
 
 async def test_decisions_evidence_arrives_in_order_for_known_decisions_only(decisions: DecisionStore) -> None:

@@ -100,6 +100,9 @@ def test_extractors_are_not_vacuous() -> None:
     assert len(found) >= MIN_NAMES, sorted(found)
     assert {"GATEWAY_CONTROL_TOKEN", "GATEWAY_MINT_TOKEN", "GATEWAY_READ_TOKEN", "GATEWAY_STATE_DIR",
             "GATEWAY_ANTHROPIC_API_KEY", "GATEWAY_OPENAI_API_KEY", "GATEWAY_ZAI_API_KEY"} <= found
+    # fleet mode's URL may carry the Redis password: it must be found (and so scrubbed) too
+    assert {"GATEWAY_FLEET_REDIS_URL", "GATEWAY_FLEET_ID", "GATEWAY_HOST_ID",
+            "GATEWAY_FLEET_HOST_TTL_SECONDS"} <= found
     assert registry_credential_names() == {"GATEWAY_ANTHROPIC_API_KEY", "GATEWAY_ZAI_API_KEY",
                                            "GATEWAY_OPENAI_API_KEY"}
     assert all(NAME_RE.match(n) for n in found), sorted(n for n in found if not NAME_RE.match(n))

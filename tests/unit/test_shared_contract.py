@@ -36,6 +36,16 @@ SETTINGS_ERRORS = [
     ("GATEWAY_LEDGER_RETENTION_DAYS", "0"),
     ("GATEWAY_LEDGER_RETENTION_DAYS", "3651"),
     ("GATEWAY_LEDGER_RETENTION_DAYS", "a week"),
+    ("GATEWAY_FLEET_REDIS_URL", "http://127.0.0.1:6379"),
+    ("GATEWAY_FLEET_REDIS_URL", "redis://127.0.0.1:6379/zero"),
+    ("GATEWAY_FLEET_REDIS_URL", "redis://127.0.0.1:70000/0"),
+    ("GATEWAY_FLEET_REDIS_URL", "unix://relative.sock"),
+    ("GATEWAY_FLEET_ID", "Fleet{1}"),
+    ("GATEWAY_FLEET_ID", "a" * 64),
+    ("GATEWAY_HOST_ID", "Host_A"),
+    ("GATEWAY_HOST_ID", "-leading"),
+    ("GATEWAY_FLEET_HOST_TTL_SECONDS", "2"),
+    ("GATEWAY_FLEET_HOST_TTL_SECONDS", "121"),
 ]
 
 
@@ -65,6 +75,35 @@ def test_defaults_match_the_spec() -> None:
     assert bounded == [1, 3650]
     assert load_settings({**BASE, "GATEWAY_PRICES_FILE": "/etc/leasehold/prices.toml"}).prices_file == \
         "/etc/leasehold/prices.toml"
+
+
+def test_fleet_defaults_are_embedded_with_the_host_name() -> None:
+    s = load_settings(BASE, hostname="worker-7")
+    assert (s.fleet_redis_url, s.fleet_id, s.host_id, s.fleet_host_ttl_seconds) == (None, "leasehold", "worker-7", 10)
+    fleet = load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "rediss://:pw@redis.internal:6380/2",
+                           "GATEWAY_FLEET_ID": "team-b", "GATEWAY_HOST_ID": "gw-1.dc2",
+                           "GATEWAY_FLEET_HOST_TTL_SECONDS": "30"}, hostname="ignored")
+    assert (fleet.fleet_redis_url, fleet.fleet_id, fleet.host_id, fleet.fleet_host_ttl_seconds) == (
+        "rediss://:pw@redis.internal:6380/2", "team-b", "gw-1.dc2", 30)
+    assert load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "unix:///run/redis.sock?db=1"}).fleet_redis_url
+
+
+HOST_NAMES = [("plain", "worker-7", "worker-7"), ("upper case", "Web01.Example.COM", "web01.example.com"),
+              ("underscores", "build_box_3", "build-box-3"), ("leading junk", "--_x", "x"),
+              ("nothing usable", "___", "localhost"), ("too long", "h" * 80, "h" * 63),
+              ("unicode", "bücher", "b-cher")]
+
+
+@pytest.mark.parametrize("name,hostname,expected", HOST_NAMES, ids=[c[0] for c in HOST_NAMES])
+def test_host_id_defaults_to_the_sanitised_host_name(name: str, hostname: str, expected: str) -> None:
+    assert load_settings(BASE, hostname=hostname).host_id == expected
+
+
+def test_a_bad_redis_url_is_named_but_never_echoed() -> None:
+    """The URL may carry the Redis password: the problem names the variable, not the value."""
+    with pytest.raises(SettingsError) as caught:
+        load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "http://:hunter2-secret@h:6379/0"})
+    assert caught.value.problems and all("hunter2" not in p for p in caught.value.problems)
 
 
 def test_dataplane_does_not_need_the_control_token() -> None:

@@ -1,0 +1,213 @@
+"""Fan-out across the fleet (SPEC §16): events to every host's feed, and account-wide revocation.
+
+`FleetEvents`: the `account.state`, `circuit` and `policy` events a host publishes reach every
+other host's feed through one pub/sub channel. Pub/sub is at-most-once: a host disconnected
+from Redis misses what was published meanwhile; the state behind each event (the chains, the
+circuits) is in Redis and re-read, so only the notification is lost, never the state.
+
+`FleetRevocations`: `revoke-leases` on one host reaches every live host and answers which did
+not acknowledge within the bound. Requests go through a stream (a host that reconnects reads
+what it missed, from the last entry it handled), acknowledgements into a per-request set (with
+a TTL), and a pub/sub wake-up lets the requester wait without polling. A handler that fails
+does not acknowledge: its host is named as missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from typing import Any
+
+import msgspec
+import redis.asyncio as aredis
+
+from controlplane.events import EventKind
+from shared.capacity import StateUnavailable
+from shared.fleet.keys import FleetKeys
+from shared.fleet.redis_client import guard, raise_if_cancelled
+from shared.logging import get_logger
+
+log = get_logger("fleet")
+
+FANNED_OUT = frozenset({EventKind.ACCOUNT_STATE, EventKind.CIRCUIT, EventKind.POLICY})
+ACK_TIMEOUT_S = 5.0          # SPEC §16: revoke-leases names any host that did not ack within 5 s
+ACK_TTL_MS = 60_000          # an acknowledgement set outlives its requester's wait
+STREAM_MAXLEN = 1_000        # requests kept for a host that reconnects (approximate trim)
+BLOCK_MS = 250               # a stream read waits this long (below the client's socket timeout)
+RETRY_S = 0.5                # a listener that lost Redis tries again this often
+
+
+class FleetEvent(msgspec.Struct, frozen=True, kw_only=True):
+    kind: EventKind
+    host_id: str                 # the host that published it
+    data: dict[str, Any]
+
+
+class RevokeRequest(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    account_id: str
+    from_host: str
+    at_ms: int = 0               # Redis's clock at the request (the stream entry's id)
+
+
+class RevokeAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    acked: tuple[str, ...]
+    missing: tuple[str, ...]     # live hosts that did not acknowledge within the bound
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_event = msgspec.json.Decoder(FleetEvent).decode
+
+
+class FleetEvents:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str) -> None:
+        self.client = client
+        self.keys = keys
+        self.host_id = host_id
+
+    async def publish(self, kind: EventKind, data: dict[str, Any]) -> int:
+        """Send one event to every subscribed host; answers how many received it."""
+        if kind not in FANNED_OUT:
+            raise ValueError(f"{kind} stays on its host")
+        message = _encode(FleetEvent(kind=kind, host_id=self.host_id, data=data))
+        with guard("fleet event publish"):
+            return int(await self.client.publish(self.keys.events, message))
+
+    async def listen(self, *, ready: asyncio.Event | None = None) -> AsyncIterator[FleetEvent]:
+        """Other hosts' events as they arrive (this host's own are skipped). Raises
+        `StateUnavailable` when Redis is lost; `run` is the loop that survives that."""
+        pubsub = self.client.pubsub()
+        try:
+            await _subscribe(pubsub, self.keys.events)
+            if ready is not None:
+                ready.set()
+            while True:
+                raise_if_cancelled()
+                with guard("fleet event listen"):
+                    message = await pubsub.get_message(timeout=1.0)
+                if message is None or message.get("type") != "message":
+                    continue
+                try:
+                    event = _decode_event(message["data"])
+                except msgspec.ValidationError as exc:  # another version's event: not ours to guess
+                    log.warning("fleet_event_unreadable", error=str(exc))
+                    continue
+                if event.host_id != self.host_id:
+                    yield event
+        finally:
+            try:
+                await pubsub.aclose()
+            except Exception:
+                pass
+
+    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]]) -> None:
+        """Hand every other host's event to `handle`, resubscribing after an outage."""
+        while True:
+            raise_if_cancelled()
+            try:
+                async for event in self.listen():
+                    await handle(event)
+            except StateUnavailable as exc:
+                log.warning("fleet_events_lost", error=str(exc))
+            await asyncio.sleep(RETRY_S)
+
+
+class FleetRevocations:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, *,
+                 ack_timeout_s: float = ACK_TIMEOUT_S, block_ms: int = BLOCK_MS) -> None:
+        self.client = client
+        self.keys = keys
+        self.host_id = host_id
+        self.ack_timeout_s = ack_timeout_s
+        self.block_ms = block_ms
+
+    async def request(self, account_id: str, hosts: Collection[str]) -> RevokeAnswer:
+        """Ask every host to end the account's leases; wait until each of `hosts` (the live
+        ones, this one included) acknowledged, or the bound passed."""
+        request_id = "rv-" + secrets.token_hex(8)
+        acks_key = self.keys.revoke_acks(request_id)
+        pubsub = self.client.pubsub()
+        try:
+            await _subscribe(pubsub, self.keys.revoke_acked)  # before the request: no wake-up lost
+            with guard("fleet revoke request"):
+                await self.client.xadd(self.keys.revoke, {"request_id": request_id, "account_id": account_id,
+                                                          "from_host": self.host_id},
+                                       maxlen=STREAM_MAXLEN, approximate=True)
+                deadline = time.monotonic() + self.ack_timeout_s
+                while True:
+                    acked = {m.decode() for m in await self.client.smembers(acks_key)}
+                    left = deadline - time.monotonic()
+                    if set(hosts) <= acked or left <= 0:
+                        break
+                    await pubsub.get_message(timeout=min(left, 1.0))
+        finally:
+            try:
+                await pubsub.aclose()
+            except Exception:
+                pass
+        return RevokeAnswer(request_id=request_id, acked=tuple(sorted(acked)),
+                            missing=tuple(sorted(set(hosts) - acked)))
+
+    async def serve(self, handle: Callable[[RevokeRequest], Awaitable[None]], *,
+                    ready: asyncio.Event | None = None) -> None:
+        """Run `handle` for every request from now on (this host's own included) and acknowledge
+        each it completed; after an outage, go on from the last request handled."""
+        last_id: str | None = None
+        while True:
+            raise_if_cancelled()
+            try:
+                if last_id is None:
+                    last_id = await self._last_id()
+                    if ready is not None:
+                        ready.set()
+                last_id = await self._serve_batch(last_id, handle)
+            except StateUnavailable as exc:
+                log.warning("fleet_revocations_lost", error=str(exc))
+                await asyncio.sleep(RETRY_S)
+
+    async def _last_id(self) -> str:
+        with guard("fleet revoke stream"):
+            newest = await self.client.xrevrange(self.keys.revoke, count=1)
+        return newest[0][0].decode() if newest else "0-0"
+
+    async def _serve_batch(self, last_id: str, handle: Callable[[RevokeRequest], Awaitable[None]]) -> str:
+        with guard("fleet revoke read"):
+            batches = await self.client.xread({self.keys.revoke: last_id}, count=32, block=self.block_ms)
+        for _stream, entries in batches or ():
+            for entry_id, fields in entries:
+                last_id = entry_id.decode()
+                request = RevokeRequest(request_id=fields[b"request_id"].decode(),
+                                        account_id=fields[b"account_id"].decode(),
+                                        from_host=fields[b"from_host"].decode(), at_ms=int(last_id.split("-")[0]))
+                try:
+                    await handle(request)
+                except Exception as exc:  # not acknowledged: the requester names this host
+                    log.error("fleet_revoke_failed", request_id=request.request_id,
+                              account_id=request.account_id, error=repr(exc))
+                    continue
+                await self._ack(request.request_id)
+        return last_id
+
+    async def _ack(self, request_id: str) -> None:
+        acks_key = self.keys.revoke_acks(request_id)
+        with guard("fleet revoke ack"):
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.sadd(acks_key, self.host_id)
+                pipe.pexpire(acks_key, ACK_TTL_MS)
+                pipe.publish(self.keys.revoke_acked, request_id)
+                await pipe.execute()
+
+
+async def _subscribe(pubsub: Any, channel: str, timeout_s: float = 2.0) -> None:
+    """Subscribe and wait for Redis to confirm it, so nothing published afterwards is missed."""
+    deadline = time.monotonic() + timeout_s
+    with guard("fleet subscribe"):
+        await pubsub.subscribe(channel)
+        while time.monotonic() < deadline:
+            message = await pubsub.get_message(timeout=deadline - time.monotonic())
+            if message is not None and message.get("type") == "subscribe":
+                return
+    raise StateUnavailable(f"the subscription to {channel} was not confirmed within {timeout_s:g}s")
