@@ -29,7 +29,7 @@ from controlplane.stores.keys import KeyTable
 from shared.bounds import TtlSeconds, retry_after_ms
 from shared.capacity import CapacityStore
 from shared.clock import iso_ms, now_ms
-from shared.codes import HTTP_STATUS, Condition, Outcome, Refusal, Skip
+from shared.codes import HTTP_STATUS, Condition, ErrorCode, Outcome, Refusal, Skip
 from shared.errors import GatewayError
 from shared.logging import get_logger
 from shared.settings import Settings
@@ -135,9 +135,9 @@ class MintDesk:
 
     async def mint_v2(self, body: MintV2) -> MintAnswer:
         if (body.model is None) == (body.model_class is None):
-            raise GatewayError(Refusal.INVALID_REQUEST, "give exactly one of model or model_class")
+            raise GatewayError(ErrorCode.INVALID_REQUEST, "give exactly one of model or model_class")
         if body.retry_of_mint_decision_id and body.supersedes_mint_decision_id:
-            raise GatewayError(Refusal.INVALID_REQUEST,
+            raise GatewayError(ErrorCode.INVALID_REQUEST,
                                "retry_of_mint_decision_id and supersedes_mint_decision_id are mutually exclusive")
         lineage = lineage_of(body.dispatch_id, body.repo_slug, body.model, body.model_class)
         base = Decision(mint_decision_id="md_" + new_ulid(), outcome=Outcome.HELD, lineage=lineage,
@@ -158,7 +158,7 @@ class MintDesk:
         prior = await self.decisions.for_key(key_id)
         lease = self.keys.get(key_id)
         if prior is None or lease is None or prior.account_id is None:
-            raise GatewayError(Refusal.DECISION_UNKNOWN, "no live v2 lease with this key_id")
+            raise GatewayError(ErrorCode.DECISION_UNKNOWN, "no live v2 lease with this key_id")
         base = msgspec.structs.replace(prior, mint_decision_id="md_" + new_ulid(), at_ms=now_ms(),
                                        outcome=Outcome.HELD, key_id=None, skipped=(), retry_of=None,
                                        supersedes=None, renewal_of=prior.mint_decision_id)
@@ -184,9 +184,9 @@ class MintDesk:
         lease = self.keys.get(key_id)
         decision = None if lease is None else await self.decisions.for_key(key_id)
         if lease is None or decision is None:
-            raise GatewayError(Refusal.DECISION_UNKNOWN, "no live v2 lease with this key_id")
+            raise GatewayError(ErrorCode.DECISION_UNKNOWN, "no live v2 lease with this key_id")
         if decision.driver != FallbackDriver.GATEWAY:
-            raise GatewayError(Refusal.NOT_A_DISPATCH_KEY,
+            raise GatewayError(ErrorCode.NOT_A_DISPATCH_KEY,
                                "only a dispatch key (fallback_driver \"gateway\") is extended; renew this one")
         ttl_s = ttl_seconds or self.settings.key_ttl_seconds
         extended = msgspec.structs.replace(lease, expires_at_ms=now_ms() + ttl_s * 1000)

@@ -14,7 +14,7 @@ from multidict import CIMultiDictProxy
 from dataplane.attempt import Attempt
 from dataplane.wires import anthropic, openai
 from shared.bounds import retry_after_s as retry_after_s_of
-from shared.codes import HTTP_STATUS, AttemptStatus, Refusal, Wire
+from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal, Wire
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 # Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
@@ -33,7 +33,7 @@ def guess_wire(path: str, headers: CIMultiDictProxy[str]) -> Wire:
     return Wire.OPENAI
 
 
-def refusal_response(wire: str, code: Refusal, message: str, request_id: str, overhead_ms: float,
+def refusal_response(wire: str, code: Refusal | ErrorCode, message: str, request_id: str, overhead_ms: float,
                      *, status: int | None = None, retry_after_s: float | None = None) -> web.Response:
     status = status or HTTP_STATUS[code]
     if wire == Wire.ANTHROPIC:

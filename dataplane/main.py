@@ -21,7 +21,7 @@ from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import UpstreamPools
-from shared.codes import Refusal
+from shared.codes import ErrorCode, Refusal
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
 from shared.tokens import new_ulid
@@ -84,7 +84,7 @@ async def expect_continue(request: web.BaseRequest) -> bool:
 def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Response:
     """A request refused before the proxy saw it, in the wire's error shape (SPEC §15): the
     wire guessed from what was parsed, `invalid-request` with the status HTTP gives it."""
-    code = Refusal.INVALID_REQUEST if status < 500 else Refusal.INTERNAL_ERROR
+    code = ErrorCode.INVALID_REQUEST if status < 500 else Refusal.INTERNAL_ERROR
     return refusal_response(guess_wire(request.path, request.headers), code, message,
                             "req_" + new_ulid(), 0.0, status=status)
 

@@ -33,7 +33,7 @@ from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.wires import anthropic, openai
 from shared.capacity import CapacityTable
 from shared.clock import now_ms
-from shared.codes import AttemptStatus, Refusal, Wire
+from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
@@ -178,7 +178,7 @@ class Proxy:
             return self.replica.lookup(token, now), token
         return None, ""
 
-    def _early(self, request: web.Request, t0: float, code: Refusal, message: str,
+    def _early(self, request: web.Request, t0: float, code: Refusal | ErrorCode, message: str,
                retry_after_s: float | None = None) -> web.Response:
         """A refusal before any lease: no attempt, no row."""
         wire = guess_wire(request.path, request.headers)

@@ -29,7 +29,7 @@ from dataplane.upstreams import (
 )
 from dataplane.watch import ExchangeWatch, IdleTimeout
 from dataplane.wires import anthropic, openai
-from shared.codes import AttemptStatus, Refusal, Wire
+from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.wire import AccountRoute
@@ -109,15 +109,15 @@ class Relay:
                     raise TimeoutError from None
                 raise
         except TimeoutError:
-            return await self._failed(attempt, Refusal.UPSTREAM_TIMEOUT,
+            return await self._failed(attempt, ErrorCode.UPSTREAM_TIMEOUT,
                                       "the upstream did not answer in time")
         except aiohttp.ClientResponseError as exc:
             log.warning("upstream_malformed", account_id=account.id, error=type(exc).__name__)
-            return await self._failed(attempt, Refusal.UPSTREAM_PROTOCOL_ERROR,
+            return await self._failed(attempt, ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                                       "the upstream sent a malformed response")
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream_unreachable", account_id=account.id, error=type(exc).__name__)
-            return await self._failed(attempt, Refusal.UPSTREAM_UNREACHABLE,
+            return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
                                       "the upstream could not be reached")
         watch.body(upstream.content)
         upstream_wait = time.perf_counter() - sent_at
@@ -125,7 +125,7 @@ class Relay:
         try:
             if not 100 <= upstream.status <= 599:
                 log.warning("upstream_malformed", account_id=account.id, error="status-out-of-range")
-                return await self._failed(attempt, Refusal.UPSTREAM_PROTOCOL_ERROR,
+                return await self._failed(attempt, ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                                           "the upstream sent a malformed status line")
             if not 200 <= upstream.status < 300:
                 response = await self._relay_error(attempt, upstream, upstream_wait)
@@ -139,7 +139,7 @@ class Relay:
             else:
                 upstream.close()    # the upstream request is cancelled with its connection
 
-    async def _failed(self, attempt: Attempt, code: Refusal, message: str) -> web.Response:
+    async def _failed(self, attempt: Attempt, code: ErrorCode, message: str) -> web.Response:
         """No usable upstream answer: a transport-error row (evidence), acknowledged first."""
         response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
                                     attempt.mark_overhead(0.0))
@@ -153,7 +153,7 @@ class Relay:
             async with asyncio.timeout(self.settings.upstream_idle_timeout):
                 payload = await upstream.read()
         except (TimeoutError, aiohttp.ClientError, OSError):
-            return await self._failed(attempt, Refusal.UPSTREAM_UNREACHABLE,
+            return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
                                       "the upstream's error answer was cut")
         headers = downstream_headers(upstream.headers)
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"

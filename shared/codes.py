@@ -46,18 +46,10 @@ class Refusal(StrEnum):
     MODEL_NOT_PERMITTED = "model-not-permitted"  # the lease's account does not serve it (§12)
     # authentication and input (no row: refused before an authenticated lease)
     UNKNOWN_KEY = "unknown-key"
-    INVALID_REQUEST = "invalid-request"
-    UNAUTHENTICATED = "unauthenticated"
-    FORBIDDEN_SCOPE = "forbidden-scope"
-    NOT_FOUND = "not-found"
     ACCOUNT_NOT_CONFIGURED = "account-not-configured"
     WEBSOCKET_NOT_SUPPORTED = "websocket-not-supported"
-    UPSTREAM_TIMEOUT = "upstream-timeout"
-    UPSTREAM_UNREACHABLE = "upstream-unreachable"
-    UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
     INTERNAL_ERROR = "internal-error"
     DATAPLANE_LOST = "dataplane-lost"
-    REVISION_CONFLICT = "revision-conflict"
     # mint and fallback (SPEC §5, §6, §8)
     NO_ELIGIBLE_ACCOUNT = "no-eligible-account"
     FALLBACK_POOL_EXHAUSTED = "fallback-pool-exhausted"
@@ -71,14 +63,29 @@ class Refusal(StrEnum):
     FALLBACK_NOT_AUTHORISED = "fallback-not-authorised"
     FALLBACK_BUDGET_EXHAUSTED = "fallback-budget-exhausted"
     MODEL_NOT_SERVED = "model-not-served"
-    DECISION_UNKNOWN = "decision-unknown"
     # dispatch keys (SPEC §17)
     FALLBACK_PENDING = "fallback-pending"
+
+
+class ErrorCode(StrEnum):
+    """An error the gateway answers with that is not a refusal: the caller's input or scope,
+    a missing thing, a lost write race, or the upstream failing (`upstream-timeout` is the
+    upstream's fault, reported, never a refusal). Spelled on the wire like every code."""
+
+    UPSTREAM_TIMEOUT = "upstream-timeout"
+    UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN_SCOPE = "forbidden-scope"
+    NOT_FOUND = "not-found"
+    REVISION_CONFLICT = "revision-conflict"
+    DECISION_UNKNOWN = "decision-unknown"
+    INVALID_REQUEST = "invalid-request"
     NOT_A_DISPATCH_KEY = "not-a-dispatch-key"
 
 
-# The HTTP status each gateway-authored refusal answers with. A test keeps it total.
-HTTP_STATUS: dict[Refusal, int] = {
+# The HTTP status each code answers with (a refusal, or another error). A test keeps it total.
+HTTP_STATUS: dict[Refusal | ErrorCode, int] = {
     Refusal.REQUEST_CAPACITY_EXHAUSTED: 429,
     Refusal.CONTROL_UNAVAILABLE: 503,
     Refusal.POOL_TIMEOUT: 503,
@@ -88,18 +95,10 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.OBSERVATION_STORAGE_UNAVAILABLE: 503,
     Refusal.MODEL_NOT_PERMITTED: 400,
     Refusal.UNKNOWN_KEY: 401,
-    Refusal.INVALID_REQUEST: 422,
-    Refusal.UNAUTHENTICATED: 401,
-    Refusal.FORBIDDEN_SCOPE: 403,
-    Refusal.NOT_FOUND: 404,
     Refusal.ACCOUNT_NOT_CONFIGURED: 422,
     Refusal.WEBSOCKET_NOT_SUPPORTED: 426,
-    Refusal.UPSTREAM_TIMEOUT: 504,
-    Refusal.UPSTREAM_UNREACHABLE: 502,
-    Refusal.UPSTREAM_PROTOCOL_ERROR: 502,
     Refusal.INTERNAL_ERROR: 500,
     Refusal.DATAPLANE_LOST: 503,
-    Refusal.REVISION_CONFLICT: 409,
     Refusal.NO_ELIGIBLE_ACCOUNT: 503,
     Refusal.FALLBACK_POOL_EXHAUSTED: 409,
     Refusal.ACCOUNT_STATE_UNAVAILABLE: 503,
@@ -112,9 +111,17 @@ HTTP_STATUS: dict[Refusal, int] = {
     Refusal.FALLBACK_NOT_AUTHORISED: 503,
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 503,
     Refusal.MODEL_NOT_SERVED: 409,
-    Refusal.DECISION_UNKNOWN: 404,
     Refusal.FALLBACK_PENDING: 503,
-    Refusal.NOT_A_DISPATCH_KEY: 409,
+    ErrorCode.UPSTREAM_TIMEOUT: 504,
+    ErrorCode.UPSTREAM_UNREACHABLE: 502,
+    ErrorCode.UPSTREAM_PROTOCOL_ERROR: 502,
+    ErrorCode.UNAUTHENTICATED: 401,
+    ErrorCode.FORBIDDEN_SCOPE: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.REVISION_CONFLICT: 409,
+    ErrorCode.DECISION_UNKNOWN: 404,
+    ErrorCode.INVALID_REQUEST: 422,
+    ErrorCode.NOT_A_DISPATCH_KEY: 409,
 }
 
 

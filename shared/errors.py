@@ -3,11 +3,14 @@ it into the surface's error shape (control JSON, or the Anthropic / OpenAI wire)
 
 from __future__ import annotations
 
-from shared.codes import HTTP_STATUS, Refusal
+from shared.codes import HTTP_STATUS, ErrorCode, Refusal
 
 
 class GatewayError(Exception):
-    def __init__(self, code: Refusal, detail: str, *, status: int | None = None,
+    """`code` is a refusal (the gateway declined) or another error code (bad input, a missing
+    thing, a lost race, the upstream's failure)."""
+
+    def __init__(self, code: Refusal | ErrorCode, detail: str, *, status: int | None = None,
                  retry_after_s: float | None = None, extra: dict | None = None) -> None:
         super().__init__(detail)
         self.code = code

@@ -15,7 +15,7 @@ import msgspec
 from aiohttp import web
 
 from shared.bounds import retry_after_s
-from shared.codes import Refusal, Scope
+from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
 from shared.logging import get_logger, redact_text
 from shared.settings import Settings
@@ -87,11 +87,11 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
             granted = ring.scope_of(bearer_of(request))
             if granted is None:
                 log.info("control_auth_refused", path=request.path, method=request.method)
-                return error_response(Refusal.UNAUTHENTICATED, "a valid bearer token is required", 401,
+                return error_response(ErrorCode.UNAUTHENTICATED, "a valid bearer token is required", 401,
                                       headers={"WWW-Authenticate": 'Bearer realm="leasehold"',
                                                "Connection": "close"})
             if scope_needed not in _GRANTS[granted]:
-                return error_response(Refusal.FORBIDDEN_SCOPE,
+                return error_response(ErrorCode.FORBIDDEN_SCOPE,
                                       f"this route needs scope {scope_needed!s}; the token grants {granted!s}",
                                       403, headers={"Connection": "close"})
             request[SCOPE_KEY] = {"scope": granted}
@@ -126,7 +126,7 @@ AUTHENTICATED_BY: dict[Scope, str] = {Scope.ADMIN: "control-token", Scope.MINT: 
 def authenticated_by(request: web.Request) -> str:
     scope = granted_scope(request)
     if scope is None:  # unreachable behind the middleware: a mutation always needs a token
-        raise GatewayError(Refusal.UNAUTHENTICATED, "a valid bearer token is required")
+        raise GatewayError(ErrorCode.UNAUTHENTICATED, "a valid bearer token is required")
     return AUTHENTICATED_BY[scope]
 
 
@@ -134,7 +134,7 @@ def refuse_secret_shapes(**fields: str | None) -> None:
     """Free text lands in a chain kept forever: refuse anything credential-shaped."""
     for name, value in fields.items():
         if value is not None and redact_text(value) != value:
-            raise GatewayError(Refusal.INVALID_REQUEST,
+            raise GatewayError(ErrorCode.INVALID_REQUEST,
                                f"{name} looks like it contains a credential or token; "
                                "it is recorded forever, so it is refused", extra={"field": name})
 
@@ -147,14 +147,14 @@ def granted_scope(request: web.Request) -> Scope | None:
 async def read_json(request: web.Request, kind: type[T]) -> T:
     """Decode the body strictly into `kind`; a bad body is a 422 naming what is wrong."""
     if request.content_type not in ("application/json", ""):
-        raise GatewayError(Refusal.INVALID_REQUEST, "the body must be application/json", status=415)
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "the body must be application/json", status=415)
     body = await request.read()
     try:
         return msgspec.json.decode(body or b"{}", type=kind)
     except msgspec.ValidationError as exc:
-        raise GatewayError(Refusal.INVALID_REQUEST, f"invalid body: {exc}") from None
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"invalid body: {exc}") from None
     except msgspec.DecodeError:
-        raise GatewayError(Refusal.INVALID_REQUEST, "the body is not valid JSON") from None
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "the body is not valid JSON") from None
 
 
 def int_query(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -164,9 +164,9 @@ def int_query(request: web.Request, name: str, default: int, lo: int, hi: int) -
     try:
         value = int(raw)
     except ValueError:
-        raise GatewayError(Refusal.INVALID_REQUEST, f"{name} must be an integer in {lo}..{hi}",
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name} must be an integer in {lo}..{hi}",
                            extra={"param": name, "min": lo, "max": hi}) from None
     if not lo <= value <= hi:
-        raise GatewayError(Refusal.INVALID_REQUEST, f"{name}={value} is outside {lo}..{hi}",
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name}={value} is outside {lo}..{hi}",
                            extra={"param": name, "min": lo, "max": hi})
     return value

@@ -12,7 +12,7 @@ from controlplane.service import ControlService
 from controlplane.http.appkeys import SERVICE
 from shared.clock import iso_ms
 from shared.bounds import TtlSeconds
-from shared.codes import Binding, Refusal, Scope
+from shared.codes import Binding, ErrorCode, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
 
@@ -47,7 +47,7 @@ async def mint_v1(request: web.Request) -> web.Response:
 async def revoke(request: web.Request) -> web.Response:
     key_id = request.match_info["key_id"]
     if not KEY_ID_RE.match(key_id):
-        raise GatewayError(Refusal.INVALID_REQUEST, "key_id must be a ULID")
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "key_id must be a ULID")
     revoked = await request.app[SERVICE].revoke(key_id)
     return json_response({"revoked": revoked})
 

@@ -10,7 +10,7 @@ from controlplane.mint import MintAnswer, MintDesk, MintV2
 from controlplane.http.appkeys import DESK
 from shared.bounds import TtlSeconds
 from shared.clock import iso_ms
-from shared.codes import Refusal, Scope
+from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
 
@@ -35,7 +35,7 @@ async def mint_v2(request: web.Request) -> web.Response:
 async def renew(request: web.Request) -> web.Response:
     key_id = request.match_info["key_id"]
     if not KEY_ID_RE.match(key_id):
-        raise GatewayError(Refusal.INVALID_REQUEST, "key_id must be a ULID")
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "key_id must be a ULID")
     body = await read_json(request, Renew) if request.can_read_body else Renew()
     return _answer(await request.app[DESK].renew(key_id, body.ttl_seconds))
 
@@ -49,7 +49,7 @@ async def extend(request: web.Request) -> web.Response:
     """SPEC §17: move a dispatch key's expiry forward (to at most `ttl_seconds` from now)."""
     key_id = request.match_info["key_id"]
     if not KEY_ID_RE.match(key_id):
-        raise GatewayError(Refusal.INVALID_REQUEST, "key_id must be a ULID")
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "key_id must be a ULID")
     body = await read_json(request, Extend) if request.can_read_body else Extend()
     lease = await request.app[DESK].extend(key_id, body.ttl_seconds)
     return json_response({"key_id": lease.key_id, "account_id": lease.account_id,

@@ -30,7 +30,7 @@ from controlplane.mint import lineage_of, skips_view
 from controlplane.stores.policy import PolicyStore, Resolution
 from controlplane.http.appkeys import DESK, POLICY_STORE, SERVICE
 from shared.clock import iso_ms, now_ms
-from shared.codes import Refusal, Scope
+from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
 
 
@@ -151,9 +151,9 @@ async def explain(request: web.Request) -> web.Response:
     retry_of = query.get("retry_of_mint_decision_id") or None
     supersedes = query.get("supersedes_mint_decision_id") or None
     if not repo_slug or (model is None) == (model_class is None):
-        raise GatewayError(Refusal.INVALID_REQUEST, "give repo_slug and exactly one of model or model_class")
+        raise GatewayError(ErrorCode.INVALID_REQUEST, "give repo_slug and exactly one of model or model_class")
     if retry_of and supersedes:
-        raise GatewayError(Refusal.INVALID_REQUEST,
+        raise GatewayError(ErrorCode.INVALID_REQUEST,
                            "retry_of_mint_decision_id and supersedes_mint_decision_id are mutually exclusive")
     store, desk = request.app[POLICY_STORE], request.app[DESK]
     view = await store.read_async()

@@ -26,7 +26,7 @@ from controlplane.core.windows import Window, iso
 from controlplane.http.common import json_response, requires
 from controlplane.spend import SpendBook
 from controlplane.stores.policy import PolicyStore
-from shared.codes import Refusal, Scope
+from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
 
 SPEND_BOOK = web.AppKey("spend_book", SpendBook)
@@ -41,7 +41,7 @@ def _choice(request: web.Request, name: str, kind: type[StrEnum], default: StrEn
         return kind(raw)
     except ValueError:
         allowed = [str(member) for member in kind]  # type: ignore[attr-defined]
-        raise GatewayError(Refusal.INVALID_REQUEST, f"{name} must be one of {', '.join(allowed)}",
+        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name} must be one of {', '.join(allowed)}",
                            extra={"param": name, "allowed": allowed}) from None
 
 

@@ -42,7 +42,7 @@ from shared.chainfile import (
     RevisionConflict,
 )
 from shared.clock import iso_ms, now_ms
-from shared.codes import AdminState, Refusal
+from shared.codes import AdminState, ErrorCode, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
 
@@ -154,7 +154,7 @@ class AccountAdminStore:
 
     def _require_known(self, account_id: str) -> None:
         if account_id not in self._known:
-            raise GatewayError(Refusal.NOT_FOUND, f"no account {account_id!r} in the registry",
+            raise GatewayError(ErrorCode.NOT_FOUND, f"no account {account_id!r} in the registry",
                                extra={"account_id": account_id})
 
     def _fields(self, account_id: str, action: AdminAction, state: AdminState | None, reason: str,
@@ -197,7 +197,7 @@ def refusal_of(exc: ChainError) -> GatewayError:
     """How a chain that did not append answers over HTTP."""
     if isinstance(exc, RevisionConflict):
         return GatewayError(
-            Refusal.REVISION_CONFLICT,
+            ErrorCode.REVISION_CONFLICT,
             f"expected_revision is {exc.expected} but the account-admin chain is at revision "
             f"{exc.current}; read it again and retry", status=409,
             extra={"current_revision": exc.current, "expected_revision": exc.expected})

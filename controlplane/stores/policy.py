@@ -35,7 +35,7 @@ from shared.chainfile import (
     ChainBusy, ChainCorrupt, ChainError, ChainView, HashChain, RevisionConflict,
 )
 from shared.clock import iso_ms, now_ms
-from shared.codes import Refusal
+from shared.codes import ErrorCode, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
 
@@ -74,7 +74,7 @@ def refusal_of_findings(name: str, findings: Iterable[Finding]) -> GatewayError:
                  **({"detail": f.detail} if f.detail else {})} for f in findings]
     text = "; ".join(f"{p['field']}: {p['problem']}" + (f" {', '.join(p['names'])}" if p["names"] else "")
                      + (f" ({p['detail']})" if "detail" in p else "") for p in problems)
-    return GatewayError(Refusal.INVALID_REQUEST, f"policy level {name!r} refused: {text}",
+    return GatewayError(ErrorCode.INVALID_REQUEST, f"policy level {name!r} refused: {text}",
                         extra={"name": name, "problems": problems})
 
 
@@ -131,7 +131,7 @@ class PolicyStore:
         if checked.document is None:
             raise refusal_of_findings(name, checked.findings)
         if len(_encode(checked.document)) > MAX_DOCUMENT_BYTES:
-            raise GatewayError(Refusal.INVALID_REQUEST,
+            raise GatewayError(ErrorCode.INVALID_REQUEST,
                                f"the document is larger than {MAX_DOCUMENT_BYTES} bytes", status=413)
         return level, checked.document
 
@@ -168,7 +168,7 @@ def refusal_of(exc: ChainError) -> GatewayError:
     """How a policy write that did not append answers over HTTP."""
     if isinstance(exc, RevisionConflict):
         return GatewayError(
-            Refusal.REVISION_CONFLICT,
+            ErrorCode.REVISION_CONFLICT,
             f"expected_revision is {exc.expected} but the policy chain is at revision {exc.current}; "
             "read it again and retry", status=409,
             extra={"current_revision": exc.current, "expected_revision": exc.expected})

@@ -12,7 +12,7 @@ import pytest
 from controlplane.core.policy import Ceiling
 from controlplane.stores.policy import ANCHOR_FILE, CHAIN_FILE, PolicyStore
 from shared.chain import Verdict, record_hash
-from shared.codes import Condition, Refusal
+from shared.codes import Condition, ErrorCode, Refusal
 from shared.errors import GatewayError
 
 ACCOUNTS = ("legacy-anthropic", "legacy-zai-harness", "legacy-openai", "anthropic-team-b")
@@ -96,7 +96,7 @@ async def test_refused_writes_append_nothing(tmp_path: Path, name: str, document
     store = make_store(tmp_path)
     with pytest.raises(GatewayError) as refused:
         await put(store, name, document, 0)
-    assert refused.value.status == 422 and refused.value.code == Refusal.INVALID_REQUEST
+    assert refused.value.status == 422 and refused.value.code == ErrorCode.INVALID_REQUEST
     assert [(p["problem"], p["names"]) for p in refused.value.extra["problems"]] == [(problem, names)]
     assert not (tmp_path / CHAIN_FILE).exists()
 

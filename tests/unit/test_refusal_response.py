@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from dataplane.errors import NOT_RETRIED, OVERHEAD_HEADER, refusal_response
-from shared.codes import HTTP_STATUS, Refusal, Wire
+from shared.codes import HTTP_STATUS, ErrorCode, Refusal, Wire
 
 REPO = Path(__file__).resolve().parents[2]
 REQUEST_ID = "att_01J0000000000000000000000A"
@@ -27,7 +27,7 @@ class Expect(NamedTuple):
 
 class Case(NamedTuple):
     name: str
-    given: tuple[Refusal, int | None, float | None]    # code, status override, retry_after_s
+    given: tuple[Refusal | ErrorCode, int | None, float | None]    # code, status override, retry_after_s
     expect: Expect
 
 
@@ -43,9 +43,9 @@ SERVER = types("api_error", "server_error")
 CASES = [
     # before a lease
     Case("unknown-key", (Refusal.UNKNOWN_KEY, None, None), Expect(401, "false", None, AUTH)),
-    Case("unauthenticated", (Refusal.UNAUTHENTICATED, None, None), Expect(401, "false", None, AUTH)),
-    Case("invalid-request", (Refusal.INVALID_REQUEST, None, None), Expect(422, None, None, INVALID)),
-    Case("invalid-request at the status HTTP gives it", (Refusal.INVALID_REQUEST, 400, None),
+    Case("unauthenticated", (ErrorCode.UNAUTHENTICATED, None, None), Expect(401, "false", None, AUTH)),
+    Case("invalid-request", (ErrorCode.INVALID_REQUEST, None, None), Expect(422, None, None, INVALID)),
+    Case("invalid-request at the status HTTP gives it", (ErrorCode.INVALID_REQUEST, 400, None),
          Expect(400, None, None, INVALID)),
     Case("internal-error at the status HTTP gives it", (Refusal.INTERNAL_ERROR, 503, None),
          Expect(503, None, None, SERVER)),
@@ -68,9 +68,9 @@ CASES = [
          Expect(503, None, "5", SERVER)),
     Case("internal-error", (Refusal.INTERNAL_ERROR, None, None), Expect(500, None, None, SERVER)),
     # no usable upstream answer
-    Case("upstream-timeout", (Refusal.UPSTREAM_TIMEOUT, None, None), Expect(504, None, None, SERVER)),
-    Case("upstream-unreachable", (Refusal.UPSTREAM_UNREACHABLE, None, None), Expect(502, None, None, SERVER)),
-    Case("upstream-protocol-error", (Refusal.UPSTREAM_PROTOCOL_ERROR, None, None), Expect(502, None, None, SERVER)),
+    Case("upstream-timeout", (ErrorCode.UPSTREAM_TIMEOUT, None, None), Expect(504, None, None, SERVER)),
+    Case("upstream-unreachable", (ErrorCode.UPSTREAM_UNREACHABLE, None, None), Expect(502, None, None, SERVER)),
+    Case("upstream-protocol-error", (ErrorCode.UPSTREAM_PROTOCOL_ERROR, None, None), Expect(502, None, None, SERVER)),
     # retry-after is whole seconds, rounded up, at least 1
     Case("a fraction of a second is 1", (Refusal.REQUEST_CAPACITY_EXHAUSTED, None, 0.2), Expect(429, None, "1", RATE)),
     Case("zero is 1", (Refusal.POOL_TIMEOUT, None, 0), Expect(503, None, "1", SERVER)),
@@ -114,8 +114,8 @@ def test_refusal_response(case: Case, wire: Wire) -> None:
 
 
 @pytest.mark.parametrize("wire", WIRES)
-@pytest.mark.parametrize("code", list(Refusal), ids=str)
-def test_every_code_answers_at_its_status_in_its_wire_shape(code: Refusal, wire: Wire) -> None:
+@pytest.mark.parametrize("code", [*Refusal, *ErrorCode], ids=str)
+def test_every_code_answers_at_its_status_in_its_wire_shape(code: Refusal | ErrorCode, wire: Wire) -> None:
     status, headers, body = answer(wire, code)
     assert_shape(wire, body, code)
     assert status == HTTP_STATUS[code] and headers[REQUEST_ID_HEADER[wire]] == REQUEST_ID
@@ -125,5 +125,7 @@ def test_every_code_answers_at_its_status_in_its_wire_shape(code: Refusal, wire:
 
 def test_the_table_has_a_row_for_every_code_the_data_plane_answers_with() -> None:
     named = {node.attr for path in (REPO / "dataplane").rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Refusal"}
-    assert named and {Refusal[name] for name in named} <= {case.given[0] for case in CASES}
+             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+             and node.value.id in ("Refusal", "ErrorCode")}
+    codes = {Refusal[n] if n in Refusal.__members__ else ErrorCode[n] for n in named}
+    assert named and codes <= {case.given[0] for case in CASES}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.codes import HTTP_STATUS, AttemptStatus, Condition, Refusal
+from shared.codes import HTTP_STATUS, AttemptStatus, Condition, ErrorCode, Refusal
 from shared.envscrub import scrub_spawn_env
 from shared.settings import SettingsError, load_settings
 from shared.tokens import digest, format_token, parse_key_id, ulid
@@ -14,11 +14,16 @@ BASE = {"GATEWAY_CONTROL_TOKEN": "control-token-value"}
 
 
 def test_every_refusal_has_an_http_status() -> None:
-    assert set(HTTP_STATUS) == set(Refusal)
+    assert set(HTTP_STATUS) == set(Refusal) | set(ErrorCode)
+
+
+def test_a_refusal_and_an_error_never_share_a_spelling() -> None:
+    assert not {str(r) for r in Refusal} & {str(e) for e in ErrorCode}
+    assert ErrorCode.UPSTREAM_TIMEOUT.value == "upstream-timeout" and "UPSTREAM_TIMEOUT" not in Refusal.__members__
 
 
 def test_codes_are_kebab_case_wire_strings() -> None:
-    for enum in (Refusal, Condition, AttemptStatus):
+    for enum in (Refusal, ErrorCode, Condition, AttemptStatus):
         for member in enum:
             assert member.value == member.value.lower() and " " not in member.value and "_" not in member.value
 
