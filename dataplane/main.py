@@ -12,6 +12,8 @@ import signal
 import sys
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import uvloop
 from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.web_protocol import RequestHandler
@@ -21,10 +23,14 @@ from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import UpstreamPools
+from shared.capacity import StateUnavailable
 from shared.codes import ErrorCode, Refusal
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
 from shared.tokens import new_ulid
+
+if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
+    from dataplane.admission import FleetAdmission
 
 log = get_logger("dataplane")
 
@@ -32,6 +38,8 @@ log = get_logger("dataplane")
 MAX_HEADER_BYTES = 32 * 1024
 EXPECT = hdrs.EXPECT
 ROW_FLUSH_TIMEOUT_S = 3.0
+# How often fleet mode retries a failed start and the releases Redis could not take.
+FLEET_UPKEEP_S = 1.0
 # After the drain window: how long the stopped attempts get to write their rows and cuts.
 STOP_GRACE_S = 2.0
 
@@ -115,7 +123,8 @@ async def serve(settings: Settings) -> None:
     replica = LeaseReplica()
     link = ControlLink(settings.rpc_socket, replica)
     pools = UpstreamPools(settings)
-    proxy = Proxy(settings, replica, link, pools)
+    fleet = await _fleet_admission(settings)
+    proxy = Proxy(settings, replica, link, pools, fleet)
     runner = web.ServerRunner(build_server(settings, proxy), handle_signals=False,
                               shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
@@ -131,6 +140,7 @@ async def serve(settings: Settings) -> None:
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
+    upkeep = asyncio.create_task(_fleet_upkeep(fleet)) if fleet is not None else None
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()
@@ -144,6 +154,11 @@ async def serve(settings: Settings) -> None:
         log.error("attempt_rows_unsent", count=left)
     link.stop()
     link_task.cancel()
+    if fleet is not None:
+        assert upkeep is not None
+        upkeep.cancel()
+        await fleet.retry_pending()
+        await fleet.close()
     await pools.close()
     log.info("dataplane_stopped")
 
@@ -158,6 +173,33 @@ async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: 
         log.warning("dataplane_drain_expired", stopped=stopped)
         await proxy.drained(STOP_GRACE_S)
     await runner.cleanup()
+
+
+async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
+    """Fleet mode: request slots of ceilinged accounts are asked of the fleet's Redis."""
+    if settings.fleet_redis_url is None:
+        return None
+    from dataplane.admission import FleetAdmission  # redis-py only in fleet mode
+    from shared.fleet.redis_client import connect, describe
+    fleet = FleetAdmission(connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id)
+    try:
+        await fleet.start()
+    except StateUnavailable:  # ceilinged accounts answer fleet-state-unavailable until it is back
+        log.warning("fleet_state_unavailable", at="start", redis=describe(settings.fleet_redis_url))
+    log.info("dataplane_fleet", redis=describe(settings.fleet_redis_url), host_id=settings.host_id)
+    return fleet
+
+
+async def _fleet_upkeep(fleet: FleetAdmission) -> None:
+    """Releases that failed while Redis was away are retried; a start that failed is redone."""
+    while True:
+        await asyncio.sleep(FLEET_UPKEEP_S)
+        try:
+            if not fleet.started:
+                await fleet.start()
+            await fleet.retry_pending()
+        except StateUnavailable:
+            pass
 
 
 class StartupError(Exception):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 from aiohttp import web
@@ -31,13 +31,16 @@ from dataplane.rpc_client import ControlLink
 from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.wires import anthropic, openai
-from shared.capacity import CapacityTable
+from shared.capacity import CapacityTable, StateUnavailable
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
 from shared.wire import AccountRoute, Lease
+
+if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
+    from dataplane.admission import FleetAdmission
 
 log = get_logger("dataplane")
 
@@ -90,13 +93,14 @@ def _not_permitted(account: AccountRoute, model: str | None, request: web.Reques
 
 class Proxy:
     def __init__(self, settings: Settings, replica: LeaseReplica, link: ControlLink,
-                 pools: UpstreamPools) -> None:
+                 pools: UpstreamPools, fleet: FleetAdmission | None = None) -> None:
         self.settings = settings
         self.replica = replica
         self.link = link
         self.pools = pools
         self.relay = Relay(settings, pools)
         self.capacity = CapacityTable()
+        self.fleet = fleet  # fleet mode: ceilinged accounts' request slots are fleet-wide (Redis)
         self.draining = False
         self.in_flight: set[Attempt] = set()
         self._idle = asyncio.Event()
@@ -142,6 +146,8 @@ class Proxy:
             if not self.in_flight:
                 self._idle.set()
             self.capacity.release(attempt.attempt_id)
+            if self.fleet is not None:
+                self.fleet.release_soon(attempt.attempt_id)
             if not attempt.done:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
 
@@ -222,7 +228,16 @@ class Proxy:
                           "the gateway is moving this dispatch to another account; retry in a second",
                           retry_after_s=1)
         attempt.announce()
-        if not self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
+        if self.fleet is not None and account.request_capacity is not None:
+            try:  # SPEC §16: a fleet-wide ceiling, asked of Redis; never a silent per-host one
+                admitted = await self.fleet.reserve(account.id, attempt.attempt_id, account.request_capacity)
+            except StateUnavailable:
+                return refuse(attempt, Refusal.FLEET_STATE_UNAVAILABLE,
+                              f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
+                              retry_after_s=1)
+        else:
+            admitted = self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity)
+        if not admitted:
             return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,
                           f"account {account.id} is at its request capacity", retry_after_s=1)
         path_qs = upstream_path_qs(request.rel_url, presented)

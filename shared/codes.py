@@ -65,6 +65,8 @@ class Refusal(StrEnum):
     MODEL_NOT_SERVED = "model-not-served"
     # dispatch keys (SPEC §17)
     FALLBACK_PENDING = "fallback-pending"
+    # fleet mode (SPEC §16)
+    FLEET_STATE_UNAVAILABLE = "fleet-state-unavailable"
 
 
 class ErrorCode(StrEnum):
@@ -112,6 +114,7 @@ HTTP_STATUS: dict[Refusal | ErrorCode, int] = {
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 503,
     Refusal.MODEL_NOT_SERVED: 409,
     Refusal.FALLBACK_PENDING: 503,
+    Refusal.FLEET_STATE_UNAVAILABLE: 503,
     ErrorCode.UPSTREAM_TIMEOUT: 504,
     ErrorCode.UPSTREAM_UNREACHABLE: 502,
     ErrorCode.UPSTREAM_PROTOCOL_ERROR: 502,

@@ -61,6 +61,8 @@ CASES = [
     Case("model-not-permitted", (Refusal.MODEL_NOT_PERMITTED, None, None), Expect(400, "false", None, INVALID)),
     Case("fallback-pending (a dispatch key being moved)", (Refusal.FALLBACK_PENDING, None, 1.0),
          Expect(503, None, "1", SERVER)),
+    Case("fleet-state-unavailable (a fleet-wide ceiling that cannot be checked)",
+         (Refusal.FLEET_STATE_UNAVAILABLE, None, 1.0), Expect(503, None, "1", SERVER)),
     Case("request-capacity-exhausted", (Refusal.REQUEST_CAPACITY_EXHAUSTED, None, 1), Expect(429, None, "1", RATE)),
     Case("pool-timeout", (Refusal.POOL_TIMEOUT, None, 1), Expect(503, None, "1", SERVER)),
     Case("gateway-shutdown", (Refusal.GATEWAY_SHUTDOWN, None, 1), Expect(503, None, "1", SERVER)),

@@ -1,0 +1,113 @@
+"""Request admission on a ceilinged account in fleet mode (SPEC §6, §16): the one place fleet
+mode touches the hot path.
+
+Design: the data plane asks Redis itself, one atomic script per admission (`RedisCapacity`,
+holder = attempt id, tagged with this host), rather than going through control. Through control
+an admission would be an RPC round trip plus control's own Redis call, with control's event
+loop (rows, mints, the read plane) between the worker and its answer; directly it is one
+loopback round trip (~0.1 ms). Accounts without a request ceiling never reach this module: they
+pay nothing per request, in fleet mode as embedded.
+
+- **Release** happens after the answer, off the request's path: a release that cannot reach
+  Redis is kept and retried (`retry_pending`, from the data plane's timer), so a slot is never
+  leaked by an outage; releasing twice is harmless (holder-keyed).
+- **A restart of this data plane** releases what its previous instance held (`start`): those
+  attempts died with it.
+- **Redis lost its data** (the fleet's incarnation changed under us): before admitting anything
+  new, this data plane re-registers its own in-flight holders into the new incarnation (once
+  control has re-established it), so no ceiling is exceeded by the attempts already running.
+- **Redis unreachable**: `StateUnavailable`; the proxy refuses 503 `fleet-state-unavailable`,
+  never a silent per-host ceiling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aredis
+
+from shared.capacity import StateUnavailable
+from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.keys import Ceiling, FleetKeys
+from shared.fleet.redis_client import StateLost, guard
+from shared.logging import get_logger
+
+log = get_logger("dataplane")
+
+
+class FleetAdmission:
+    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str) -> None:
+        self.client = client
+        self.keys = FleetKeys(fleet_id)
+        self.incarnation = Incarnation()
+        self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation)
+        self.held: dict[str, tuple[str, int]] = {}   # attempt id → (account, ceiling), in flight here
+        self.pending_release: set[str] = set()       # releases that could not reach Redis yet
+        self._releases: set[asyncio.Task[None]] = set()
+        self.started = False  # `start` done: a previous instance's holders released
+
+    async def start(self) -> None:
+        """Forget what a previous instance of this data plane held (before this one holds
+        anything: they share the host's tag), and note the incarnation."""
+        if self.started:
+            return
+        assert not self.held
+        released = await self.capacity.release_host(self.capacity.host_id)
+        if released:
+            log.warning("request_holders_released", count=len(released), reason="dataplane-restarted")
+        self.incarnation.value = await self._current_incarnation()
+        self.started = True
+
+    async def reserve(self, account_id: str, holder: str, ceiling: int) -> bool:
+        """Take a request slot fleet-wide; `StateUnavailable` when Redis cannot say."""
+        if not self.started:
+            await self.start()
+        try:
+            taken = await self.capacity.reserve(account_id, holder, ceiling)
+        except StateLost:
+            await self._reregister()
+            taken = await self.capacity.reserve(account_id, holder, ceiling)
+        if taken:
+            self.held[holder] = (account_id, ceiling)
+        return taken
+
+    def release_soon(self, holder: str) -> None:
+        """Return the slot after the answer, off the request's path."""
+        if self.held.pop(holder, None) is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._release(holder))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, holder: str) -> None:
+        try:
+            await self.capacity.release(holder)
+            self.pending_release.discard(holder)
+        except StateUnavailable:
+            self.pending_release.add(holder)
+
+    async def retry_pending(self) -> None:
+        """Releases that failed while Redis was away, retried (the timer's pass)."""
+        for holder in list(self.pending_release):
+            await self._release(holder)
+
+    async def _current_incarnation(self) -> str | None:
+        with guard("request capacity incarnation"):
+            value = await self.client.get(self.keys.incarnation)
+        return None if value is None else value.decode()
+
+    async def _reregister(self) -> None:
+        """Redis lost the fleet's data: take our in-flight holders back into the incarnation
+        control re-established (none yet: hold, `StateUnavailable`)."""
+        current = await self._current_incarnation()
+        if current is None:
+            raise StateUnavailable("the fleet's state was lost and is not re-established yet")
+        holders = [(account, holder, ceiling) for holder, (account, ceiling) in self.held.items()]
+        refused = await self.capacity.reregister(holders, incarnation=current)
+        self.incarnation.value = current
+        log.warning("request_holders_reregistered", count=len(holders), refused=len(refused))
+
+    async def close(self) -> None:
+        for task in list(self._releases):
+            await task
+        await self.client.aclose()

@@ -1,0 +1,104 @@
+"""The data plane's fleet-wide request admission (SPEC §6, §16) against a real redis-server:
+two data planes (hosts) share a ceiling, a restart forgets the dead instance's slots, a release
+Redis could not take is retried, Redis down is `StateUnavailable`, and after Redis lost its data
+the in-flight holders are re-registered before anything new is admitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dataplane.admission import FleetAdmission
+from shared.capacity import StateUnavailable
+from shared.fleet.redis_client import connect
+from tests.support.fleet import Fleet
+from tests.support.redis_server import RedisServer
+from tests.support.waits import until
+
+ACCOUNT = "capped"
+
+
+def plane(fleet: Fleet, host: str, url: str | None = None) -> FleetAdmission:
+    return FleetAdmission(connect(url or fleet.server.url), fleet.keys.fleet_id, host)
+
+
+async def test_two_data_planes_share_one_ceiling_and_release_after_the_answer(fleet: Fleet) -> None:
+    a, b = plane(fleet, "host-a"), plane(fleet, "host-b")
+    try:
+        assert await a.reserve(ACCOUNT, "att-1", 2) and await b.reserve(ACCOUNT, "att-2", 2)
+        assert not await b.reserve(ACCOUNT, "att-3", 2) and not await a.reserve(ACCOUNT, "att-4", 2)
+        a.release_soon("att-1")
+        await until(lambda: b.reserve(ACCOUNT, "att-5", 2), 5, "the released slot taken on the other host")
+        assert await b.capacity.count(ACCOUNT) == 2
+        a.release_soon("att-1")  # twice, and for a holder never held here: harmless
+        a.release_soon("never")
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_restarted_data_plane_forgets_its_dead_instances_slots(fleet: Fleet) -> None:
+    first = plane(fleet, "host-a")
+    assert await first.reserve(ACCOUNT, "att-1", 1)
+    await first.client.aclose()  # the instance dies with its attempt in flight
+    second = plane(fleet, "host-a")
+    other = plane(fleet, "host-b")
+    try:
+        assert not await other.reserve(ACCOUNT, "att-2", 1)
+        await second.start()
+        assert await other.reserve(ACCOUNT, "att-2", 1)
+    finally:
+        await second.close()
+        await other.close()
+
+
+async def test_redis_down_is_unavailable_and_a_failed_release_is_retried(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    fleet = Fleet(server)
+    admission = plane(fleet, "host-a", server.url)
+    try:
+        assert await admission.reserve(ACCOUNT, "att-1", 1)
+        server.pause()
+        admission.release_soon("att-1")
+        with pytest.raises(StateUnavailable):
+            await admission.reserve(ACCOUNT, "att-2", 1)
+        await until(lambda: "att-1" in admission.pending_release, 10, "the failed release kept")
+        server.resume()
+        await until(_retried(admission), 10, "the release retried once Redis is back")
+        assert await admission.reserve(ACCOUNT, "att-3", 1)  # the slot came back: nothing leaked
+    finally:
+        server.resume()
+        await admission.close()
+        await fleet.close()
+        server.stop()
+
+
+def _retried(admission: FleetAdmission):
+    async def probe() -> bool:
+        await admission.retry_pending()
+        return not admission.pending_release
+    return probe
+
+
+async def test_after_redis_lost_its_data_in_flight_holders_come_back_first(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    fleet = Fleet(server)
+    admin = fleet.admin()
+    admin.set(fleet.keys.incarnation, "inc-1")
+    admission = plane(fleet, "host-a", server.url)
+    other = plane(fleet, "host-b", server.url)
+    try:
+        assert await admission.reserve(ACCOUNT, "att-1", 1)  # in flight across the data loss
+        server.restart()  # empty
+        with pytest.raises(StateUnavailable):  # the fleet's state is not re-established yet
+            await admission.reserve(ACCOUNT, "att-2", 1)
+        admin.set(fleet.keys.incarnation, "inc-2")  # control re-claimed its host: a new life
+        assert not await admission.reserve(ACCOUNT, "att-2", 1)  # att-1 re-registered first: full
+        assert await admission.capacity.holds("att-1")
+        assert not await other.reserve(ACCOUNT, "att-3", 1)  # the ceiling holds fleet-wide
+    finally:
+        await admission.close()
+        await other.close()
+        await fleet.close()
+        server.stop()

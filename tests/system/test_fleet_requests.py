@@ -1,0 +1,95 @@
+"""A request ceiling holds for the fleet (SPEC §6, §16): two sidecar pairs on one redis-server,
+one account with `request_capacity = 1`. A stream in flight on host A fills it for host B; Redis
+down refuses B's request to the ceilinged account 503 `fleet-state-unavailable` while an account
+without a ceiling keeps serving; Redis back, the ceiling is checked again by itself."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import anthropic
+import pytest
+
+from tests.support.harness import Gateway, Stub, http
+from tests.support.redis_server import RedisServer
+from tests.support.waits import wait_until
+
+BODY = {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+
+
+@pytest.fixture
+def redis(tmp_path: Path):
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pairs(make_gateway, tmp_path: Path, stub: Stub, redis: RedisServer) -> tuple[Gateway, Gateway]:
+    accounts = tmp_path / "accounts.toml"
+    accounts.write_text(f'''
+[[account]]
+id = "capped"
+provider_binding = "anthropic"
+base_url = "{stub.url}"
+auth_style = "x-api-key"
+credential_env = "GATEWAY_CAPPED_KEY"
+models = ["capped-*"]
+request_capacity = 1
+''')
+    common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key,
+              "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": f"t{tmp_path.name[-20:].lower()}",
+              "GATEWAY_FLEET_HOST_TTL_SECONDS": "3"}
+    a = make_gateway({**common, "GATEWAY_HOST_ID": "host-a"}, name="a").start()
+    b = make_gateway({**common, "GATEWAY_HOST_ID": "host-b"}, name="b").start()
+    return a, b
+
+
+def mint(gw: Gateway, model: str, dispatch: str) -> str:
+    status, _, body = gw.api("POST", "/control/v2/mint", {
+        "dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
+        "model": model})
+    assert status == 201, body
+    return body["token"]
+
+
+def call(gw: Gateway, token: str, model: str) -> tuple[int, dict]:
+    status, headers, _ = http("POST", gw.dataplane_url + "/v1/messages", {"model": model, **BODY},
+                              {"x-api-key": token})
+    return status, headers
+
+
+def test_a_request_ceiling_holds_across_hosts_and_fails_closed_without_redis(
+        pairs: tuple[Gateway, Gateway], clean_stub: Stub, redis: RedisServer) -> None:
+    a, b = pairs
+    on_a, on_b = mint(a, "capped-1", "d-a"), mint(b, "capped-1", "d-b")
+    uncapped_b = mint(b, "claude-sonnet-4-6", "d-u")
+    done: dict[str, str] = {}
+
+    def slow_stream() -> None:
+        sdk = anthropic.Anthropic(base_url=a.dataplane_url, api_key=on_a, max_retries=0)
+        with sdk.messages.stream(model="capped-1", max_tokens=8, messages=[{"role": "user", "content": "x"}],
+                                 extra_headers={"x-stub-step": '{"stall_after_events": 2, "stall_s": 2}'}) as s:
+            done["text"] = s.get_final_text()
+
+    streaming = threading.Thread(target=slow_stream)
+    streaming.start()
+    try:
+        wait_until(lambda: a.active()["count"] == 1, 10, "A's stream in flight")
+        status, headers = call(b, on_b, "capped-1")
+        assert (status, headers.get("retry-after")) == (429, "1")  # the fleet's one slot is A's
+        assert b.wait_rows(1)[-1]["refusal_reason"] == "request-capacity-exhausted"
+    finally:
+        streaming.join(30)
+    assert done.get("text")
+    wait_until(lambda: call(b, on_b, "capped-1")[0] == 200, 10, "B admitted once A's stream ended")
+
+    redis.stop()
+    status, headers = call(b, on_b, "capped-1")
+    assert (status, headers.get("retry-after")) == (503, "1")
+    assert b.wait_rows(3)[-1]["refusal_reason"] == "fleet-state-unavailable"
+    assert call(b, uncapped_b, "claude-sonnet-4-6")[0] == 200  # no ceiling: served, Redis or not
+
+    redis.start()
+    wait_until(lambda: call(b, on_b, "capped-1")[0] == 200, 20, "the ceiling checked again once Redis is back")
