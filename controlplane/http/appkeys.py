@@ -12,6 +12,7 @@ from controlplane.events import EventHub
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.service import ControlService
+from controlplane.spend import SpendBook
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.policy import PolicyStore
 
@@ -24,6 +25,8 @@ HUB = web.AppKey("event_hub", EventHub)
 HEARTBEAT = web.AppKey("event_heartbeat_s", float)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
+SPEND_BOOK = web.AppKey("spend_book", SpendBook)
+SPEND_POLICY = web.AppKey("spend_policy", PolicyStore)
 
 __all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
-           "METRICS", "ASSETS"]
+           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY"]

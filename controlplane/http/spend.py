@@ -23,14 +23,13 @@ from aiohttp import web
 from controlplane.core.budgets import all_budgets
 from controlplane.core.spend import By, TenancyMap
 from controlplane.core.windows import Window, iso
+from controlplane.http.appkeys import SPEND_BOOK, SPEND_POLICY
 from controlplane.http.common import json_response, requires
 from controlplane.spend import SpendBook
 from controlplane.stores.policy import PolicyStore
 from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
 
-SPEND_BOOK = web.AppKey("spend_book", SpendBook)
-SPEND_POLICY = web.AppKey("spend_policy", PolicyStore)
 
 
 def _choice(request: web.Request, name: str, kind: type[StrEnum], default: StrEnum) -> Any:

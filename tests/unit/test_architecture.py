@@ -178,3 +178,14 @@ def test_a_core_module_imports_only_core_and_shared() -> None:
     offenders = {m: sorted(t for t in graph[m] if not (t.startswith("controlplane.core") or t.startswith("shared")))
                  for m in cores}
     assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_every_app_key_is_declared_in_http_appkeys() -> None:
+    """Handlers find their collaborators' keys in one module, so no handler imports another."""
+    declared = {}
+    for path in modules("controlplane"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "AppKey":
+                declared.setdefault(path.relative_to(REPO).as_posix(), 0)
+                declared[path.relative_to(REPO).as_posix()] += 1
+    assert list(declared) == ["controlplane/http/appkeys.py"] and declared["controlplane/http/appkeys.py"] >= 10
