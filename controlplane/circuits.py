@@ -116,12 +116,24 @@ class CircuitRegistry:
 
     async def on_row(self, row: AttemptRow, now_ms: int) -> None:
         """Fold one terminal row; gateway-authored rows are not evidence and change nothing."""
-        if row.refusal_reason is not None:
-            return
-        condition = Condition(row.condition) if row.condition else None
-        aborted = row.status == AttemptStatus.CLIENT_ABORTED
-        await self._update(row.account_id, lambda s: rules.on_terminal(
-            s, now_ms, row.key_id, condition, aborted, row.retry_after_s, self.cooldown_s), now_ms)
+        await self.on_rows([row], now_ms)
+
+    async def on_rows(self, rows: list[AttemptRow], now_ms: int) -> None:
+        """Fold a settle's rows, in order: one read-modify-write per account, not per row (the
+        rules fold each account's rows in the order they came)."""
+        by_account: dict[str, list[AttemptRow]] = {}
+        for row in rows:
+            if row.refusal_reason is None:  # gateway-authored rows are not evidence
+                by_account.setdefault(row.account_id, []).append(row)
+        for account_id, evidence in by_account.items():
+            await self._update(account_id, lambda s, e=evidence: self._fold(s, e, now_ms), now_ms)
+
+    def _fold(self, state: rules.Circuit, rows: list[AttemptRow], now_ms: int) -> rules.Circuit:
+        for row in rows:
+            state = rules.on_terminal(state, now_ms, row.key_id, Condition(row.condition) if row.condition else None,
+                                      row.status == AttemptStatus.CLIENT_ABORTED, row.retry_after_s,
+                                      self.cooldown_s)
+        return state
 
     async def _update(self, account_id: str, change: Callable[[rules.Circuit], rules.Circuit], now_ms: int,
                       only_if: Callable[[rules.Circuit], bool] | None = None) -> None:

@@ -231,14 +231,17 @@ class ControlService:
             rows, self._unfolded = self._unfolded, []
             unacked, self._unacked = self._unacked, []
             now = now_ms()
+            try:
+                await self.circuits.on_rows(rows, now)  # one read-modify-write per account
+            except Exception:
+                log.exception("row_fold_failed", into="circuits", rows=len(rows))
             for row in rows:
-                try:
-                    await self.circuits.on_row(row, now)
-                    evidence = evidence_of(row)
-                    if evidence is not None:
+                evidence = evidence_of(row)
+                if evidence is not None:
+                    try:
                         await self.decisions.add_evidence(*evidence)
-                except Exception:
-                    log.exception("row_fold_failed", attempt_id=row.attempt_id)
+                    except Exception:
+                        log.exception("row_fold_failed", into="decisions", attempt_id=row.attempt_id)
             for hook in self.settle_hooks:
                 try:
                     await hook(rows)
