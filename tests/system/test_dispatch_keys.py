@@ -11,34 +11,16 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from tests.support.harness import Gateway, Stub, base_env, credential_like, http
+from tests.support.harness import Gateway, Stub, base_env, http
+from tests.system.test_mint_v2_scenario import pool_gateway, second_stub  # noqa: F401 (fixture)
 from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 A, B = "legacy-anthropic", "anthropic-team-b"
 
 
-@pytest.fixture
-def second_stub(tmp_path: Path):
-    upstream = Stub(tmp_path / "stub-b", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
-    yield upstream
-    upstream.stop()
-
-
 def pool(make_gateway, tmp_path: Path, second: Stub, extra: dict | None = None) -> Gateway:
-    accounts = tmp_path / "accounts.toml"
-    accounts.write_text(f'''
-[[account]]
-id = "{B}"
-provider_binding = "anthropic"
-base_url = "{second.url}"
-auth_style = "x-api-key"
-credential_env = "GATEWAY_ANTHROPIC_TEAM_B_KEY"
-models = ["claude-*"]
-''')
-    env = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_ANTHROPIC_TEAM_B_KEY": second.anthropic_key}
-    env.update(extra or {})
-    return make_gateway(env).start()
+    return pool_gateway(make_gateway, tmp_path, second, extra)  # legacy-anthropic, then B on its own stub
 
 
 def mint(gw: Gateway, driver: str | None = "gateway", dispatch: str = "d-1") -> dict:
