@@ -22,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from dataplane.attempt import Attempt
+from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import guess_wire, refusal_response, refuse
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
@@ -215,6 +216,10 @@ class Proxy:
             attempt.requested_model = model
             if reach(model, readable, account.models).refused:  # SPEC §12: no upstream call
                 return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, model, request))
+        if attempt.lease.budgeted:  # SPEC §18; a lease with no budget pays this one test
+            hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
+            if hold is not None:
+                return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
         attempt.announce()
         if not self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
             return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,
