@@ -70,12 +70,13 @@ class BudgetGuard:
         self.sync(quiet=True)
 
     def on_row(self, row: AttemptRow) -> None:
-        change = self.watch.add(row, self.book.fold, self.clock())
-        if change is not NO_CHANGE:
-            self._apply(change)
+        if row.cost_usd and self.watch.budgets:   # else nothing to count: not even the clock is read
+            change = self.watch.add(row, self.book.fold, self.clock())
+            if change is not NO_CHANGE:
+                self._apply(change)
 
     def on_event(self, event: Event) -> None:
-        if event.kind == EventKind.POLICY:
+        if event.kind is EventKind.POLICY:   # every event passes here: an identity test
             self.sync()
 
     def sync(self, quiet: bool = False) -> None:

@@ -66,7 +66,10 @@ class BudgetWatch:
         self._levels: dict[str, tuple[LevelBudget, ...]] = {}
         self._chains: dict[tuple[str, str | None], tuple[str, ...]] = {}
         self._keys: dict[Window, str] = {}
-        self._spent: dict[tuple[str, Window], float] = {}
+        # Per budget a `Slot` [window key, spend, 80 % of usd, budget], by level for the row path
+        # (`_plan`: no enum is hashed there) and by (level, window) for everything else.
+        self._plan: dict[str, tuple[list, ...]] = {}
+        self._slots: dict[tuple[str, Window], list] = {}
         self._crossed: set[tuple[str, Window, str, float, int]] = set()
         self._exhausted: dict[tuple[str, Window], int] = {}  # → when its window resets
         self._retry_at: dict[str, int] = {}                  # level → latest reset among its exhausted
@@ -94,13 +97,18 @@ class BudgetWatch:
         self._keys = {window: key_at(window, at_ms) for window in Window}
         self.until_ms = window_at(Window.HOUR, at_ms)[2]
         before = dict(self._retry_at)
-        self._spent, self._exhausted, self._retry_at = {}, {}, {}
+        self._slots, self._exhausted, self._retry_at = {}, {}, {}
         self._crossed = {mark for mark in self._crossed if self._keys[mark[1]] == mark[2]}
+        plan: dict[str, list[list]] = {}
         crossings: list[Crossing] = []
         for budget in self.budgets:
-            spent = scope_cell(fold, budget.level, self._keys[budget.window], self.tenancy)[COST]
-            self._spent[(budget.level, budget.window)] = spent
+            key = self._keys[budget.window]
+            spent = scope_cell(fold, budget.level, key, self.tenancy)[COST]
+            slot = [key, spent, budget.usd * THRESHOLDS[0][1] - 1e-8, budget]   # `usd` rounds to 8 places
+            self._slots[(budget.level, budget.window)] = slot
+            plan.setdefault(budget.level, []).append(slot)
             self._judge(budget, spent, crossings)
+        self._plan = {level: tuple(slots) for level, slots in plan.items()}
         return Change(crossings=() if quiet else tuple(crossings), gates_changed=self._retry_at != before)
 
     def add(self, row: SpendRow, fold: SpendFold, at_ms: int) -> Change:
@@ -108,24 +116,30 @@ class BudgetWatch:
         cost = row.cost_usd
         if not cost or not self._levels:
             return NO_CHANGE
-        labels = self.chain(row.repo_slug, row.worker_role)
+        labels = self._chains.get((row.repo_slug, row.worker_role))
+        if labels is None:
+            labels = self.chain(row.repo_slug, row.worker_role)
         if not labels:
             return NO_CHANGE
         if at_ms >= self.until_ms:
             return self.reseed(fold, at_ms)   # the fold holds this row already
-        hour = hour_key(row.finished_at)
-        if hour is None:
+        stamp = row.finished_at
+        if stamp is None:
             return NO_CHANGE
+        if stamp[-1:] != "Z":   # the daemons' own stamps are UTC `...Z`, which window keys prefix
+            stamp = hour_key(stamp)
+            if stamp is None:
+                return NO_CHANGE
         crossings: list[Crossing] = []
         changed = False
+        plan = self._plan
         for label in labels:
-            for budget in self._levels[label]:
-                if not hour.startswith(self._keys[budget.window]):
+            for slot in plan[label]:
+                if not stamp.startswith(slot[0]):
                     continue   # a late row of a window that no longer gates anything
-                slot = (label, budget.window)
-                spent = self._spent[slot] = self._spent[slot] + cost
-                if spent >= budget.usd * THRESHOLDS[0][1] - 1e-8:   # `usd` rounds to 8 places
-                    changed = self._judge(budget, spent, crossings) or changed
+                spent = slot[1] = slot[1] + cost
+                if spent >= slot[2]:
+                    changed = self._judge(slot[3], spent, crossings) or changed
         if not crossings and not changed:
             return NO_CHANGE
         return Change(crossings=tuple(crossings), gates_changed=changed)
@@ -179,7 +193,7 @@ class BudgetWatch:
             resets_ms = self._exhausted.get(slot)
             if resets_ms is not None and resets_ms > at_ms and budget in self._levels.get(budget.level, ()):
                 found.append(Exhausted(level=budget.level, window=budget.window, usd=budget.usd,
-                                       spent_usd=usd(self._spent[slot]), resets_at_ms=resets_ms,
+                                       spent_usd=usd(self._slots[slot][1]), resets_at_ms=resets_ms,
                                        retry_after_s=retry_after_ms(resets_ms - at_ms)))
         return tuple(found)
 
@@ -191,7 +205,8 @@ class BudgetWatch:
         """How many budgets are `ok`, `warning` (80 % reached) and `exhausted` now."""
         counts = {"ok": 0, "warning": 0, "exhausted": 0}
         for budget in self.budgets:
-            thresholds = reached(usd(self._spent.get((budget.level, budget.window), 0.0)), budget.usd)
+            slot = self._slots.get((budget.level, budget.window))
+            thresholds = reached(usd(slot[1] if slot is not None else 0.0), budget.usd)
             counts["exhausted" if 100 in thresholds else "warning" if thresholds else "ok"] += 1
         return counts
 
