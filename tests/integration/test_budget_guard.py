@@ -104,6 +104,8 @@ async def test_an_exhausted_budget_holds_mints_and_is_pushed_to_live_leases(worl
     assert status == 201
     lease["repo"] = "acme/app"
     _, _, other = await world.mint_v1("solo/x")
+    status, _, v2 = await world.mint_v2("acme/app")
+    assert status == 201 and world.held(v2["key_id"]).budgeted
     assert world.held(lease["key_id"]).budgeted and world.held(lease["key_id"]).budget_retry_at_ms is None
     assert not world.held(other["key_id"]).budgeted   # no budget on its chain: the hot path's one test
 
@@ -126,6 +128,9 @@ async def test_an_exhausted_budget_holds_mints_and_is_pushed_to_live_leases(worl
         assert status == 503 and abs(int(headers["Retry-After"]) - wait_s) <= 2, (status, headers, body)
         assert (body.get("refusal_reason") or body["error"]["code"]) == "budget-exhausted"
     assert (await world.mint_v1("solo/x"))[0] == 201
+    renewed = await world.client.post(f"/control/v2/keys/{v2['key_id']}/renew", headers=AUTH, json={})
+    assert renewed.status == 503 and (await renewed.json())["refusal_reason"] == "budget-exhausted"   # a renewal is a mint
+    assert world.held(v2["key_id"]).budget_retry_at_ms == resets_ms
 
     response = await world.client.get("/control/v2/policy/explain", headers=AUTH,
                                       params={"repo_slug": "acme/app", "model": MODEL})

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +24,7 @@ import anthropic
 import pytest
 
 from tests.support.attempts import MESSAGES, settled, stub_entry
-from tests.support.harness import Gateway, Stub, http, wait_until
+from tests.support.harness import Gateway, Stub, base_env, http, wait_until
 from tests.support.stub_upstream import stub_text
 
 MODEL = "claude-sonnet-4-6"
@@ -125,6 +127,11 @@ def test_an_exhausted_budget_refuses_the_next_request_and_mint_and_never_cuts_a_
             assert (body.get("refusal_reason") or body["error"]["code"]) == "budget-exhausted"
             assert abs(int(got["retry-after"]) - seconds_to_midnight()) <= 2
         assert mint_v1(gw, "solo/x")[0] == 201           # another scope is not held
+        held = subprocess.run([sys.executable, "-m", "controlplane.ctl", "mint", "--binding", "anthropic",
+                               "--principal", "w-1", "--repo", "acme/app"], capture_output=True, text=True,
+                              env={**base_env(), "GATEWAY_CONTROL_URL": gw.control_url,
+                                   "GATEWAY_CONTROL_TOKEN": gw.control_token}, timeout=60, stdin=subprocess.DEVNULL)
+        assert held.returncode == 3 and "mint held (503 budget-exhausted)" in held.stderr, held.stderr
         assert [r["attempt_id"] for r in gw.active()["routes"] if r["key_id"] == lease["key_id"]]   # still streaming
     finally:
         clean_stub.release(hold)
