@@ -2,8 +2,8 @@
 
 It keeps the watch current and acts on what changes:
 - **current**: every recorded row (a row listener, after the spend book folded it), every
-  policy write (the `policy` event; and a revision check at each mint and each tick, for a
-  write it did not see), and the end of each hour (`maintain` sleeps until then);
+  policy write (a listener of the store; and a revision check at each mint and each tick, for
+  a write another process made), and the end of each hour (`maintain` sleeps until then);
 - **events**: one `budget` event per crossing of 80 % and 100 % of a budget in a window;
 - **gates**: every lease control pushes carries its gate (`gate`: `Lease.budgeted`, and while a
   budget of its chain is exhausted `Lease.budget_retry_at_ms`, the latest reset among them), in
@@ -33,7 +33,7 @@ from controlplane.core.budgetwatch import NO_CHANGE, BudgetWatch, Change, Crossi
 from controlplane.core.pricing import PriceLookup, PriceTable
 from controlplane.core.spend import TenancyMap
 from controlplane.core.windows import iso
-from controlplane.events import Event, EventHub, EventKind
+from controlplane.events import EventHub, EventKind
 from controlplane.replication import DataPlaneLink
 from controlplane.spend import SpendBook
 from controlplane.stores.keys import KeyTable
@@ -75,9 +75,8 @@ class BudgetGuard:
             if change is not NO_CHANGE:
                 self._apply(change)
 
-    def on_event(self, event: Event) -> None:
-        if event.kind is EventKind.POLICY:   # every event passes here: an identity test
-            self.sync()
+    def on_policy_write(self, _written: object) -> None:
+        self.sync()
 
     def sync(self, quiet: bool = False) -> None:
         """Configure the watch from the policy chain, unless it is at that revision already."""

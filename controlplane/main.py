@@ -102,7 +102,7 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     budgets = BudgetGuard(spend, policy, keys, service.link, events, prices)
     budgets.start()  # the exhausted budgets known before the first snapshot
     service.row_listeners.append(budgets.on_row)  # after the book: the watch reads a fold holding the row
-    events.listen(budgets.on_event)
+    policy.write_listeners.append(budgets.on_policy_write)
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
