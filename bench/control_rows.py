@@ -6,6 +6,10 @@ metrics, spend, evidence, circuits, decisions) and queue the `Ack` — run in on
 real `ControlService` and `GatewayMetrics` wired as `controlplane.main` wires them, with the
 ledger in a temporary directory. No sockets: this is the CPU the shared core pays per request
 for control, without the scheduler's noise. Prints µs per attempt (best of three rounds).
+
+Rows finish now (the windows in progress, as live traffic does). `--budgets` first writes a
+policy with budgets on every level of the rows' chain (platform, team, repo; amounts never
+reached), so each priced row also goes through budget enforcement's check (SPEC §18).
 """
 
 from __future__ import annotations
@@ -16,12 +20,16 @@ import os
 import tempfile
 import time
 
+from controlplane.core.policy import Ceiling
 from controlplane.main import wire
 from controlplane.prices import load_prices
 from controlplane.registry import Registry
 from controlplane.service import ControlService
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
+from controlplane.stores.policy import PolicyStore
+from shared.clock import iso_ms, now_ms
+from shared.codes import Condition
 from shared.rpc import _HEADER, decode_body, encode_frame
 from shared.settings import load_settings
 from shared.tokens import new_ulid
@@ -39,8 +47,21 @@ class _Conn:
         self.sent += 1
 
 
+BUDGETS = [("team:widgets", {"repos": ["acme/widgets"], "budgets": [{"window": "day", "usd": 1e9}]}),
+           ("platform", {"budgets": [{"window": "month", "usd": 1e9}]}),
+           ("repo:acme/widgets", {"budgets": [{"window": "hour", "usd": 1e9}, {"window": "day", "usd": 1e9}]})]
+
+
+async def _write_budgets(state: str) -> None:
+    store = PolicyStore(state, ["anthropic-default"], Ceiling(fallback_on=frozenset(Condition), max_fallback_hops=1))
+    for revision, (name, document) in enumerate(BUDGETS):
+        await store.put_level(name, document, expected_revision=revision, reason="bench", actor=None,
+                              authenticated_by="control-token")
+
+
 def _frames(count: int) -> list[bytes]:
     frames = []
+    stamp = iso_ms(now_ms())
     for _ in range(count):
         attempt_id = "att_" + new_ulid()
         row = AttemptRow(
@@ -52,7 +73,7 @@ def _frames(count: int) -> list[bytes]:
             cost_usd=None, cost_reason=None, overhead_ms=None, principal_kind="user")
         done = AttemptRow(**{**{f: getattr(row, f) for f in row.__struct_fields__},
                              "served_model": "claude-sonnet-4-5-20250929",
-                             "finished_at": "2026-11-30T12:00:00.004Z", "status": "completed",
+                             "finished_at": stamp, "status": "completed",
                              "http_status": 200, "usage": Usage(input_tokens=12, output_tokens=30),
                              "overhead_ms": 0.21, "duration_ms": 3.9, "bytes_out": 512})
         frames.append(encode_frame(AttemptStarted(row=row)))
@@ -73,8 +94,10 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
     return elapsed
 
 
-async def measure(rows: int, rounds: int = 3, per_read: int = 16) -> float:
+async def measure(rows: int, rounds: int = 3, per_read: int = 16, budgets: bool = False) -> float:
     with tempfile.TemporaryDirectory() as state:
+        if budgets:
+            await _write_budgets(state)
         settings = load_settings({"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state,
                                   "GATEWAY_CONTROL_TOKEN": "bench-token-" + "x" * 24})
         keys = KeyTable(os.path.join(state, "keys.jsonl"))
@@ -95,10 +118,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--per-read", type=int, default=16, help="frames per RPC read (a batch)")
+    parser.add_argument("--budgets", action="store_true", help="budgets on every level of the rows' chain")
     args = parser.parse_args()
-    per_attempt = asyncio.run(measure(args.rows, per_read=args.per_read))
+    per_attempt = asyncio.run(measure(args.rows, per_read=args.per_read, budgets=args.budgets))
     print(f"control: {per_attempt:.1f} µs per attempt (started + finished report, {args.per_read} frames "
-          f"per read, best of 3 rounds of {args.rows:,})")
+          f"per read, best of 3 rounds of {args.rows:,}{', budgets on the chain' if args.budgets else ''})")
 
 
 if __name__ == "__main__":

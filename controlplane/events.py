@@ -53,6 +53,7 @@ class EventKind(StrEnum):
     CIRCUIT = "circuit"
     POLICY = "policy"
     DISPATCH_HOP = "dispatch.hop"
+    BUDGET = "budget"
     GAP = "gap"
 
 
@@ -101,6 +102,19 @@ class DispatchHop(msgspec.Struct, frozen=True, kw_only=True):
     mint_decision_id: str
 
 
+class BudgetEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A budget's spend reached 80 % or 100 % (`threshold`) of its `usd` in this window (SPEC
+    §18): once per crossing per window."""
+
+    level: str
+    window: str
+    usd: float
+    spent_usd: float
+    threshold: int
+    window_start: str
+    resets_at: str
+
+
 class GapEvent(msgspec.Struct, frozen=True, kw_only=True):
     """Events were missed: refetch the views, then follow the feed from here."""
 
@@ -125,6 +139,7 @@ PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
     EventKind.CIRCUIT: _model(CircuitView),
     EventKind.ACCOUNT_STATE: _model(AccountStateEvent),
     EventKind.POLICY: _model(PolicyEvent),
+    EventKind.BUDGET: _model(BudgetEvent),
     EventKind.GAP: _model(GapEvent),
     EventKind.DISPATCH_HOP: _model(DispatchHop),
 }

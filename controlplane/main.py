@@ -18,6 +18,7 @@ from aiohttp import web
 
 import msgspec
 
+from controlplane.budgetguard import BudgetGuard
 from controlplane.circuits import CircuitRegistry, LocalCircuits
 from controlplane.core.pricing import PriceTable
 from controlplane.decisions import LocalDecisions
@@ -72,6 +73,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     policy: PolicyStore
     metrics: GatewayMetrics
     spend: SpendBook
+    budgets: BudgetGuard
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -101,8 +103,15 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     hopper.hop_listeners.append(metrics.on_hop)
     spend = SpendBook.rebuild(ledger)  # rebuilt and listening before the RPC socket opens: no row is missed
     service.row_listeners.append(spend.add)
+    budgets = BudgetGuard(spend, policy, keys, service.link, events, prices)
+    budgets.start()  # the exhausted budgets known before the first snapshot
+    service.row_listeners.append(budgets.on_row)  # after the book: the watch reads a fold holding the row
+    policy.write_listeners.append(budgets.on_policy_write)
+    service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
+    desk.budgets = budgets
+    metrics.watch_spend(spend, budgets.watch)
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend)
+                   spend=spend, budgets=budgets)
 
 
 def build_app(control: Control) -> web.Application:
@@ -120,6 +129,7 @@ def build_app(control: Control) -> web.Application:
     views_http.add_routes(app)
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
+    app.cleanup_ctx.append(control.budgets.background)
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)

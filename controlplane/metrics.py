@@ -7,7 +7,13 @@ process — tests — never share counters):
   they keep counts, token totals, cost and overhead, never a string from the row that is not a
   member of a closed vocabulary, so a metric cannot carry what a read payload may not;
 - gauges (in flight, leases, circuit state, configured, administrative state, feed readers) are
-  computed at scrape time from the service, so they are never stale and never drift.
+  computed at scrape time from the service, so they are never stale and never drift; so are
+  spend's (`watch_spend`): each account's spend in the current UTC day and month
+  (`leasehold_spend_day_usd`, `leasehold_spend_month_usd`: what `leasehold_cost_usd`, a counter
+  since the process started, cannot say after a restart or across midnight) and how many
+  budgets are `ok`, past 80 % (`warning`) or `exhausted` (`leasehold_budgets{state}`) — the
+  budgets themselves are named by level, a repo or team, which no label may carry: they are
+  in `GET /control/v2/budgets`.
 
 Labels are account ids, wire, status, condition, state and code — each a closed vocabulary or
 the registry's own account ids; a value outside its vocabulary is counted as `other` rather than
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
@@ -27,6 +33,9 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.utils import floatToGoString
 
 from controlplane.circuits import CircuitRegistry
+from controlplane.core.budgetwatch import BudgetWatch
+from controlplane.core.spend import COST, Dim, SpendFold
+from controlplane.core.windows import Window, key_at
 from controlplane.events import CloseReason, DispatchHop, EventHub
 from shared.clock import now_ms
 from shared.codes import AdminState, AttemptStatus, CircuitPhase, Condition, Refusal, Wire
@@ -202,6 +211,10 @@ class GatewayMetrics:
     def on_hop(self, hop: DispatchHop) -> None:
         self.hops.labels(_bounded(hop.condition, _CONDITIONS)).inc()
 
+    def watch_spend(self, book: _Book, watch: BudgetWatch) -> None:
+        """Add the spend gauges, read from the spend book and the budgets' watch at scrape time."""
+        self.registry.register(_SpendCollector(book, watch, self.accounts))
+
     def on_decision(self, decision: Decision) -> None:
         code = _bounded(None if decision.refusal_reason is None else str(decision.refusal_reason),
                         REFUSAL_CODES)
@@ -210,6 +223,39 @@ class GatewayMetrics:
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+class _Book(Protocol):
+    fold: SpendFold
+
+    def clock(self) -> int: ...
+
+
+class _SpendCollector:
+    def __init__(self, book: _Book, watch: BudgetWatch, accounts: frozenset[str]) -> None:
+        self.book, self.watch, self.accounts = book, watch, accounts
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.book.clock()
+        for window in (Window.DAY, Window.MONTH):
+            gauge = GaugeMetricFamily(f"leasehold_spend_{window}_usd",
+                                      f"Priced spend in the current UTC {window}, by account.", labels=["account_id"])
+            cells = self.book.fold.cells(key_at(window, now), Dim.ACCOUNT)
+            totals = dict.fromkeys(sorted(self.accounts), 0.0)
+            for account, cell in cells.items():
+                label = _bounded(account, self.accounts)
+                totals[label] = totals.get(label, 0.0) + cell[COST]
+            for account, usd in totals.items():
+                gauge.add_metric([account], round(usd, 8))
+            yield gauge
+        states = GaugeMetricFamily("leasehold_budgets", "Policy budgets by state now (ok, warning: 80 % "
+                                   "reached, exhausted).", labels=["state"])
+        for state, count in self.watch.states().items():
+            states.add_metric([state], count)
+        yield states
 
 
 class _RowCollector:

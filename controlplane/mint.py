@@ -16,6 +16,7 @@ from typing import Annotated, Protocol
 import msgspec
 
 from controlplane.circuits import CircuitRegistry
+from controlplane.core.budgets import Exhausted, LevelBudget
 from controlplane.core.candidates import build_candidates
 from controlplane.core.fallback import CitationKind, CitedDecision, Lineage
 from controlplane.core.hop import FallbackDriver, hop_conditions
@@ -23,7 +24,7 @@ from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
 from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
-from controlplane.overlays import AdminOverlay, PolicySource
+from controlplane.overlays import AdminOverlay, BudgetFacts, NoBudgets, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
 from shared.bounds import TtlSeconds, retry_after_ms
@@ -49,6 +50,7 @@ HOLD_RETRY_S: dict[Refusal, int] = {
     Refusal.FALLBACK_LEASE_STILL_HELD: 1,
     Refusal.FALLBACK_NOT_AUTHORISED: 2,
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 60,
+    Refusal.BUDGET_EXHAUSTED: 60,      # the decision says until the window resets; this is a floor
 }
 
 
@@ -70,6 +72,7 @@ class MintAnswer(msgspec.Struct, frozen=True):
     status: int
     body: dict
     retry_after_s: int | None = None
+    no_retry: bool = False                        # `x-should-retry: false` (model-unpriced)
 
 
 class Granter(Protocol):
@@ -130,6 +133,7 @@ class MintDesk:
         self.granter = granter
         self.configured = configured
         self.decision_listeners: list[Callable[[Decision], None]] = []
+        self.budgets: BudgetFacts = NoBudgets()   # SPEC §18 (`BudgetGuard`, set by `wire`)
 
     # ---- entry points -------------------------------------------------------------------
 
@@ -167,9 +171,12 @@ class MintDesk:
         candidate = Candidate(account_id=account.id, position=prior.fallback_position or 0,
                               provider_binding=str(account.provider_binding),
                               effective_model=prior.effective_model or "")
+        exhausted, unpriced = self._budget_facts(self.budgets.on_chain(lease.repo_slug, lease.worker_role),
+                                                 None, (candidate,))
         facts = MintFacts(admin_available=not self.admin.is_unavailable(), policy_available=True,
                           lineage=prior.lineage, candidates=(candidate,),
-                          live=await self.live_facts((candidate,), renewing=key_id))
+                          live=await self.live_facts((candidate,), renewing=key_id),
+                          exhausted=exhausted, unpriced_model=unpriced)
         verdict = decide_mint(facts)
         if verdict.chosen is not None:  # the successor keeps the predecessor's position
             verdict = msgspec.structs.replace(verdict, hop=prior.hop)
@@ -259,14 +266,26 @@ class MintDesk:
         citation = (CitationKind.RETRY if retry_of else CitationKind.SUPERSEDE if supersedes else None)
         cited_id = retry_of or supersedes
         live_keys = await self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id)
+        exhausted, unpriced = self._budget_facts(policy.budgets, policy.revision, candidates)
         facts = MintFacts(
             admin_available=admin_ok, policy_available=True, lineage=lineage, candidates=candidates,
             citation=citation,
             cited=None if cited_id is None else await self._cited(cited_id, candidates),
             dispatch_live=bool(live_keys), fallback_on=policy.fallback_on,
             max_hops=min(policy.max_fallback_hops, self.settings.max_fallback_hops),
-            live=await self.live_facts(candidates) if admin_ok and candidates else {})
+            live=await self.live_facts(candidates) if admin_ok and candidates else {},
+            exhausted=exhausted, unpriced_model=unpriced)
         return Gathered(facts=facts, policy=policy)
+
+    def _budget_facts(self, budgets: tuple[LevelBudget, ...], revision: int | None,
+                      candidates: tuple[Candidate, ...]) -> tuple[tuple[Exhausted, ...], str | None]:
+        """A chain's exhausted budgets, and a candidate's model with no price (SPEC §18: only
+        where the chain holds a budget)."""
+        if not budgets:
+            return (), None
+        unpriced = next((c.effective_model for c in candidates if not self.budgets.is_priced(c.effective_model)),
+                        None)
+        return self.budgets.exhausted(budgets, revision), unpriced
 
     async def _cited(self, decision_id: str, candidates: tuple[Candidate, ...]) -> CitedDecision | None:
         cited = await self.decisions.get(decision_id)
@@ -311,7 +330,7 @@ class MintDesk:
         base = msgspec.structs.replace(base, skipped=verdict.skipped)
         if verdict.chosen is None:
             assert verdict.refusal is not None
-            return await self._refuse(base, verdict.outcome, verdict.refusal)
+            return await self._refuse(base, verdict.outcome, verdict.refusal, verdict.retry_after_s)
         chosen = verdict.chosen
         account = self.registry.get(chosen.account_id)
         assert account is not None
@@ -372,16 +391,17 @@ class MintDesk:
             return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
         return None
 
-    async def _refuse(self, base: Decision, outcome: Outcome, refusal: Refusal) -> MintAnswer:
+    async def _refuse(self, base: Decision, outcome: Outcome, refusal: Refusal,
+                      wait_s: int | None = None) -> MintAnswer:
         decision = msgspec.structs.replace(base, outcome=outcome, refusal_reason=refusal)
         await self.decisions.record(decision)
         self._log(decision)
         body = {"outcome": str(outcome), "refusal_reason": str(refusal),
                 "mint_decision_id": decision.mint_decision_id, "skipped": skips_view(decision.skipped),
                 "policy_revision": decision.policy_revision}
-        if outcome == Outcome.REJECTED:
-            return MintAnswer(409, body)
-        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped))
+        if outcome == Outcome.REJECTED:   # 409, or 403 `model-unpriced`, which no retry changes
+            return MintAnswer(HTTP_STATUS[refusal], body, no_retry=refusal == Refusal.MODEL_UNPRICED)
+        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s))
 
     def _log(self, decision: Decision) -> None:
         for listener in self.decision_listeners:
@@ -392,7 +412,12 @@ class MintDesk:
                  account_id=decision.account_id, position=decision.fallback_position, hop=decision.hop,
                  dispatch_id=decision.lineage.dispatch_id, repo_slug=decision.lineage.repo_slug)
 
-    async def _retry_after(self, refusal: Refusal, skipped: tuple[Skipped, ...]) -> int:
+    async def _retry_after(self, refusal: Refusal, skipped: tuple[Skipped, ...],
+                           wait_s: int | None = None) -> int:
+        """Whole seconds: the decision's own wait when it knows one (`budget-exhausted`: until
+        the last exhausted window resets), else the earliest a skipped candidate may return."""
+        if wait_s is not None:
+            return max(1, wait_s)
         wait = HOLD_RETRY_S.get(refusal, 5)
         if refusal == Refusal.NO_ELIGIBLE_ACCOUNT:
             now = now_ms()

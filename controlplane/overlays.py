@@ -1,13 +1,15 @@
-"""What the mint reads from the two chains: the admin overlay and the routing policy.
+"""What the mint reads from the two chains — the admin overlay and the routing policy — and
+from the budgets' enforcement (SPEC §18).
 
 The mint depends on these small interfaces, not on the stores, so selection can be tested
-without files. `NoAdminOverlay` and `NoPolicy` are the defaults when no chain exists.
+without files. `NoAdminOverlay`, `NoPolicy` and `NoBudgets` are the defaults when none exists.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from controlplane.core.budgets import Exhausted, LevelBudget
 from controlplane.core.policy import ResolvedPolicy
 from shared.codes import AdminState, Condition
 
@@ -20,6 +22,14 @@ class AdminOverlay(Protocol):
 class PolicySource(Protocol):
     def is_unavailable(self) -> bool: ...          # chain unverifiable → hold every v2 mint
     def resolve(self, repo_slug: str, worker_role: str | None) -> ResolvedPolicy: ...
+
+
+class BudgetFacts(Protocol):
+    """`controlplane.budgetguard.BudgetGuard`: the budgets' state, kept current row by row."""
+
+    def exhausted(self, budgets: tuple[LevelBudget, ...], revision: int | None = None) -> tuple[Exhausted, ...]: ...
+    def on_chain(self, repo_slug: str, worker_role: str | None) -> tuple[LevelBudget, ...]: ...
+    def is_priced(self, model: str) -> bool: ...
 
 
 class NoAdminOverlay:
@@ -41,3 +51,16 @@ class NoPolicy:
 
     def resolve(self, repo_slug: str, worker_role: str | None) -> ResolvedPolicy:
         return self._resolved
+
+
+class NoBudgets:
+    """No budget anywhere: nothing is held, nothing needs a price."""
+
+    def exhausted(self, budgets: tuple[LevelBudget, ...], revision: int | None = None) -> tuple[Exhausted, ...]:
+        return ()
+
+    def on_chain(self, repo_slug: str, worker_role: str | None) -> tuple[LevelBudget, ...]:
+        return ()
+
+    def is_priced(self, model: str) -> bool:
+        return True

@@ -1,8 +1,9 @@
 """The control side of the RPC: one data plane, its lease replica kept exact.
 
 On connect: peer uid check → `Hello`/`Welcome` version handshake → `Snapshot` of every live
-lease and account route, acknowledged. Afterwards every added or removed lease is pushed and
-acknowledged, which is how a mint or revoke returns only once the data plane has it (SPEC §3).
+lease and account route (and the price table's globs), acknowledged. Afterwards every added or
+removed lease is pushed and acknowledged, which is how a mint or revoke returns only once the
+data plane has it (SPEC §3); so is every change of the leases' budget gates (SPEC §18).
 Attempt reports flow the other way and are handed to `on_message`.
 """
 
@@ -15,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from shared.logging import get_logger
 from shared.rpc import Connection, FrameError, peer_uid
 from shared.wire import (
-    PROTOCOL_VERSION, AccountRoute, Hello, Lease, LeaseAdded, LeaseRemoved, Message, Refused,
-    Snapshot, StorageState, Welcome,
+    PROTOCOL_VERSION, AccountRoute, Hello, Lease, LeaseAdded, LeaseGate, LeaseGates, LeaseRemoved,
+    Message, Refused, Snapshot, StorageState, Welcome,
 )
 
 log = get_logger("replication")
@@ -35,6 +36,7 @@ class DataPlaneLink:
         self.conn: Connection | None = None
         self.peer_pid: int | None = None
         self.ready = asyncio.Event()
+        self.priced: list[str] | None = None   # the price table's globs, sent with each snapshot
 
     def bind(self, snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
              on_message: Callable[[Connection, Message], Awaitable[None]],
@@ -77,7 +79,8 @@ class DataPlaneLink:
         try:
             leases, routes, storage_ok = self._snapshot()
             await conn.request(
-                lambda rid: Snapshot(req_id=rid, leases=leases, accounts=routes, storage_ok=storage_ok),
+                lambda rid: Snapshot(req_id=rid, leases=leases, accounts=routes, storage_ok=storage_ok,
+                                     priced=self.priced),
                 ACK_TIMEOUT_S,
             )
             self.ready.set()
@@ -124,6 +127,9 @@ class DataPlaneLink:
 
     async def leases_removed(self, key_ids: list[str]) -> bool:
         return await self._push(lambda rid: LeaseRemoved(req_id=rid, key_ids=key_ids))
+
+    async def gates_changed(self, gates: list[LeaseGate]) -> bool:
+        return await self._push(lambda rid: LeaseGates(req_id=rid, gates=gates))
 
     def storage_state(self, ok: bool) -> None:
         conn = self.conn

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from controlplane.circuits import CircuitRegistry
+from controlplane.core.budgets import Exhausted, retry_after_s
+from controlplane.core.budgetwatch import exhausted_levels
 from controlplane.core.pricing import PriceLookup, PriceTable, cost_of
 from controlplane.decisions import DecisionStore, evidence_of
 from controlplane.events import EventHub, EventKind
@@ -77,6 +79,10 @@ class ControlService:
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
         self._unfolded: list[AttemptRow] = []  # rows recorded, not yet folded into circuits/decisions
         self._settling: asyncio.Task[None] | None = None
+        # SPEC §18 (`BudgetGuard`, set by `wire`): a lease as the data plane must hold it now
+        # (its budget gate), and the exhausted budgets of a (repo, role)'s chain.
+        self.lease_gate: Callable[[Lease], Lease] = lambda lease: lease
+        self.budget_hold: Callable[[str, str | None], tuple[Exhausted, ...]] = lambda repo, role: ()
         link.bind(self._snapshot, self.on_message, self._on_disconnect)
 
     async def restore(self) -> None:
@@ -98,7 +104,7 @@ class ControlService:
         return root + "/v1" if account.wire == "openai" else root
 
     def _snapshot(self) -> tuple[list[Lease], list[AccountRoute], bool]:
-        return self.keys.all(), self.registry.routes(), self.ledger.ok
+        return [self.lease_gate(lease) for lease in self.keys.all()], self.registry.routes(), self.ledger.ok
 
     # ---- mint and the release seam ------------------------------------------------------
 
@@ -109,6 +115,11 @@ class ControlService:
             raise GatewayError(Refusal.ACCOUNT_NOT_CONFIGURED,
                                f"the legacy account for binding {binding!s} ({account.id}) has no "
                                f"credential: set {account.credential_env}")
+        held = self.budget_hold(repo_slug, None)   # a v1 mint names no model: its price is the request's check
+        if held:
+            raise GatewayError(Refusal.BUDGET_EXHAUSTED, f"the {exhausted_levels(held)} is exhausted; "
+                               "mints for this scope are held until it resets", retry_after_s=retry_after_s(held),
+                               extra={"budgets": [{"level": e.level, "window": str(e.window)} for e in held]})
         ttl_s = ttl_seconds or self.settings.key_ttl_seconds
         token, key_id, digest = new_token()
         lease = Lease(key_id=key_id, digest=digest, account_id=account.id,
@@ -122,16 +133,16 @@ class ControlService:
     async def grant(self, lease: Lease, account: AccountSpec, token: str) -> Minted:
         """Store the lease (its slot already reserved) and wait until the data plane has it."""
         self.keys.add(lease)
-        await self.link.lease_added(lease)
+        await self.link.lease_added(self.lease_gate(lease))
         log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
                  expires_at=iso_ms(lease.expires_at_ms), dataplane=self.link.connected)
         return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
 
     async def rebind(self, lease: Lease) -> None:
         """A live key's lease replaced under the same token (a dispatch key's hop or extension):
-        journalled, then pushed; the data plane switches the token atomically."""
+        journalled, then pushed with its budget gate; the data plane switches the token atomically."""
         self.keys.add(lease)
-        await self.link.lease_added(lease)
+        await self.link.lease_added(self.lease_gate(lease))
 
     async def release(self, lease: Lease) -> None:
         """The release seam's own part: the lease slot, the dispatch's live key, the circuit's

@@ -181,6 +181,20 @@ class SpendBook:
         key, start_ms, _ = window_at(window, at_ms)
         return start_ms, spend_entries(self.fold, key, by, tenancy)
 
+    def hourly(self, hours: int, by: By, tenancy: TenancyMap, at_ms: int) -> list[tuple[int, bool, list[SpendEntry]]]:
+        """The last `hours` hours up to the one in progress, oldest first: (start, held, rows).
+        The book holds this month's windows only; an earlier hour is not held (`held` false,
+        no rows) — unknown, not zero."""
+        _, hour_ms, _ = window_at(Window.HOUR, at_ms)
+        _, month_ms, _ = window_at(Window.MONTH, at_ms)
+        series = []
+        for back in range(hours - 1, -1, -1):
+            start_ms = hour_ms - back * 3_600_000
+            held = start_ms >= month_ms
+            rows = spend_entries(self.fold, key_at(Window.HOUR, start_ms), by, tenancy) if held else []
+            series.append((start_ms, held, rows))
+        return series
+
     # ---- upkeep ---------------------------------------------------------------------------
 
     def tick(self, force_checkpoint: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 Every one carries the refusal code, a request id header (`request-id` on the Anthropic wire,
 `x-request-id` on the OpenAI wire; the attempt id where there is one), `x-should-retry: false`
-on 401 and on a refusal no retry can change (`model-not-permitted`), a whole-second
+on 401 and on a refusal no prompt retry can change (`model-not-permitted`, `model-unpriced`,
+and `budget-exhausted`, whose reset is hours away rather than seconds), a whole-second
 `retry-after` on 429 and on a 503 whose end is known, and `x-leasehold-overhead-ms`.
 """
 
@@ -18,7 +19,7 @@ from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal, Wire
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 # Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
-NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED})
+NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED, Refusal.MODEL_UNPRICED, Refusal.BUDGET_EXHAUSTED})
 _ANTHROPIC_ONLY = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 
@@ -51,9 +52,10 @@ def refusal_response(wire: str, code: Refusal | ErrorCode, message: str, request
 
 
 def refuse(attempt: Attempt, code: Refusal, message: str,
-           retry_after_s: float | None = None) -> web.Response:
-    """A gateway-authored refusal of an accepted attempt: its row (never evidence) and answer."""
+           retry_after_s: float | None = None, status: int | None = None) -> web.Response:
+    """A gateway-authored refusal of an accepted attempt: its row (never evidence) and answer;
+    `status` only where the data plane answers a code otherwise than `HTTP_STATUS` does."""
     response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
-                                attempt.mark_overhead(0.0), retry_after_s=retry_after_s)
+                                attempt.mark_overhead(0.0), status=status, retry_after_s=retry_after_s)
     attempt.finish(AttemptStatus.REFUSED, response.status, refusal=code, retry_after_s=retry_after_s)
     return response

@@ -1,9 +1,11 @@
 """The lease replica: digest → Lease, filled by a snapshot and pushes from control.
 
-It answers authentication with no RPC. A dispatch key (SPEC §17) whose attempt just ended on
-a condition its lease hops on is `pending`: it admits no new attempt until control re-binds the
-token (a pushed lease for the same key replaces the old one and clears the mark). While control is unreachable it is empty and not
-`ready`: the data plane fails closed (503 `control-unavailable`) until the next snapshot.
+It answers authentication with no RPC, and holds each lease's budget gate as control last
+pushed it (`regate`; SPEC §18) and the price table's globs (`priced`). A dispatch key (SPEC §17)
+whose attempt just ended on a condition its lease hops on is `pending`: it admits no new attempt
+until control re-binds the token (a pushed lease for the same key replaces the old one and clears
+the mark). While control is unreachable it is empty and not `ready`: the data plane fails closed
+(503 `control-unavailable`) until the next snapshot.
 Credential values are read from this process's environment by the account's variable name.
 """
 
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 import os
 
+import msgspec
+
+from dataplane.budget import PricedModels
 from shared.logging import register_secret
 from shared.tokens import digest
-from shared.wire import AccountRoute, Lease
+from shared.wire import AccountRoute, Lease, LeaseGate
 
 
 class LeaseReplica:
@@ -26,8 +31,10 @@ class LeaseReplica:
         self.credentials: dict[str, str] = {}
         self.ready = False
         self.storage_ok = True
+        self.priced = PricedModels()
 
-    def load(self, leases: list[Lease], accounts: list[AccountRoute], storage_ok: bool) -> None:
+    def load(self, leases: list[Lease], accounts: list[AccountRoute], storage_ok: bool,
+             priced: list[str] | None = None) -> None:
         self._by_digest = {lease.digest: lease for lease in leases}
         self._digest_of = {lease.key_id: lease.digest for lease in leases}
         self.pending = set()
@@ -39,6 +46,7 @@ class LeaseReplica:
                 register_secret(value)
                 self.credentials[account.id] = value
         self.storage_ok = storage_ok
+        self.priced = PricedModels(priced)
         self.ready = True
 
     def add(self, lease: Lease) -> None:
@@ -68,6 +76,15 @@ class LeaseReplica:
         current = self._by_digest.get(lease.digest)
         return current is None or (current.account_id, current.mint_decision_id) != (
             lease.account_id, lease.mint_decision_id)
+
+    def regate(self, gates: list[LeaseGate]) -> None:
+        """New budget gates; a key not held here is ignored (a gate never adds a lease)."""
+        for gate in gates:
+            found = self._digest_of.get(gate.key_id)
+            lease = None if found is None else self._by_digest.get(found)
+            if lease is not None:
+                self._by_digest[found] = msgspec.structs.replace(  # type: ignore[index]
+                    lease, budgeted=gate.budgeted, budget_retry_at_ms=gate.budget_retry_at_ms)
 
     def remove(self, key_id: str) -> None:
         self.pending.discard(key_id)

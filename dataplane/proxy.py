@@ -22,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from dataplane.attempt import Attempt
+from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import guess_wire, refusal_response, refuse
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
@@ -227,6 +228,10 @@ class Proxy:
             return refuse(attempt, Refusal.FALLBACK_PENDING,
                           "the gateway is moving this dispatch to another account; retry in a second",
                           retry_after_s=1)
+        if attempt.lease.budgeted:  # SPEC §18; a lease with no budget pays this one test
+            hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
+            if hold is not None:
+                return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
         attempt.announce()
         if self.fleet is not None and account.request_capacity is not None:
             try:  # SPEC §16: a fleet-wide ceiling, asked of Redis; never a silent per-host one

@@ -20,7 +20,7 @@ from shared.logging import get_logger
 from shared.rpc import Connection, FrameError
 from shared.wire import (
     PROTOCOL_VERSION, Ack, AttemptFinished, AttemptRow, AttemptStarted, Hello, LeaseAdded,
-    LeaseRemoved, Message, Refused, Snapshot, StorageState, Welcome,
+    LeaseGates, LeaseRemoved, Message, Refused, Snapshot, StorageState, Welcome,
 )
 
 log = get_logger("dataplane.rpc")
@@ -86,7 +86,7 @@ class ControlLink:
 
     async def _on_message(self, conn: Connection, message: Message) -> None:
         if isinstance(message, Snapshot):
-            self.replica.load(message.leases, message.accounts, message.storage_ok)
+            self.replica.load(message.leases, message.accounts, message.storage_ok, message.priced)
             conn.send_nowait(Ack(req_id=message.req_id))
             self.synced.set()
             self._resend(conn)
@@ -99,6 +99,9 @@ class ControlLink:
                 self.replica.remove(key_id)
             self._send_rows_of(set(message.key_ids))
             conn.send_nowait(Ack(req_id=message.req_id))  # flushes the lazy rows ahead of it
+        elif isinstance(message, LeaseGates):   # SPEC §18: requests from now on see them
+            self.replica.regate(message.gates)
+            conn.send_nowait(Ack(req_id=message.req_id))
         elif isinstance(message, StorageState):
             self.replica.storage_ok = message.ok
             log.warning("observation_storage_state", ok=message.ok)

@@ -44,6 +44,10 @@ class Refusal(StrEnum):
     GATEWAY_SHUTDOWN = "gateway-shutdown"
     OBSERVATION_STORAGE_UNAVAILABLE = "observation-storage-unavailable"
     MODEL_NOT_PERMITTED = "model-not-permitted"  # the lease's account does not serve it (§12)
+    # budgets (SPEC §18): a mint is held 503 `budget-exhausted`, a request refused 429 (the data
+    # plane passes that status); a model without a price in a budgeted scope is refused 403
+    BUDGET_EXHAUSTED = "budget-exhausted"
+    MODEL_UNPRICED = "model-unpriced"
     # authentication and input (no row: refused before an authenticated lease)
     UNKNOWN_KEY = "unknown-key"
     ACCOUNT_NOT_CONFIGURED = "account-not-configured"
@@ -96,6 +100,8 @@ HTTP_STATUS: dict[Refusal | ErrorCode, int] = {
     Refusal.GATEWAY_SHUTDOWN: 503,
     Refusal.OBSERVATION_STORAGE_UNAVAILABLE: 503,
     Refusal.MODEL_NOT_PERMITTED: 400,
+    Refusal.BUDGET_EXHAUSTED: 503,      # at the mint; a request on a lease is refused 429 (§18)
+    Refusal.MODEL_UNPRICED: 403,
     Refusal.UNKNOWN_KEY: 401,
     Refusal.ACCOUNT_NOT_CONFIGURED: 422,
     Refusal.WEBSOCKET_NOT_SUPPORTED: 426,

@@ -13,7 +13,8 @@ from typing import Union
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: `LeaseGates` (budgets, SPEC §18), which a version-1 data plane could not decode.
+PROTOCOL_VERSION = 2
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", omit_defaults=True):
@@ -40,6 +41,19 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     # the data plane then admits no new attempt on the key (`fallback-pending`) until control
     # re-binds it. Empty for a caller-driven lease or a spent hop budget.
     hop_on: tuple[str, ...] = ()
+    # SPEC §18, set by control when it pushes the lease (never stored in its key journal):
+    # a budget applies somewhere on the lease's scope chain, and while one is exhausted, until
+    # when its requests are refused (the latest reset among the exhausted budgets).
+    budgeted: bool = False
+    budget_retry_at_ms: int | None = None
+
+
+class LeaseGate(msgspec.Struct, frozen=True, kw_only=True):
+    """A lease's budget state (the two `Lease.budget*` fields), pushed when it changes."""
+
+    key_id: str
+    budgeted: bool
+    budget_retry_at_ms: int | None = None
 
 
 class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +132,9 @@ class Snapshot(_Msg, tag="snapshot"):
     leases: list[Lease]
     accounts: list[AccountRoute]
     storage_ok: bool = True
+    # The price table's model globs (SPEC §18: a budgeted lease never spends on an unpriced
+    # model); None from a control older than this field: not checked.
+    priced: list[str] | None = None
 
 
 class LeaseAdded(_Msg, tag="lease_added"):
@@ -128,6 +145,14 @@ class LeaseAdded(_Msg, tag="lease_added"):
 class LeaseRemoved(_Msg, tag="lease_removed"):
     req_id: int
     key_ids: list[str]
+
+
+class LeaseGates(_Msg, tag="lease_gates"):
+    """New budget states of live leases; a key the data plane does not hold is ignored (a
+    gate never adds a lease)."""
+
+    req_id: int
+    gates: list[LeaseGate]
 
 
 class StorageState(_Msg, tag="storage_state"):
@@ -154,5 +179,5 @@ class Ping(_Msg, tag="ping"):
 
 Message = Union[
     Hello, Welcome, Refused, Snapshot, LeaseAdded, LeaseRemoved, StorageState,
-    AttemptStarted, AttemptFinished, Ack, Ping,
+    AttemptStarted, AttemptFinished, Ack, Ping, LeaseGates,
 ]

@@ -2,7 +2,8 @@
 
 `mint` is the v1 legacy lane (`--binding`) or, with `--v2`, identity and intent: the gateway
 chooses the account. A v2 answer is one of three outcomes and the exit code says which:
-selected 0, held 3 (with the server's Retry-After), rejected 4.
+selected 0, held 3 (with the server's Retry-After), rejected 4. A v1 mint held 503 (a budget of
+its scope exhausted, the account at its lease capacity) exits 3 as well.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controlplane.cli.client import Client, Reply, failure_of
+from controlplane.cli.client import Client, Reply, error_of, failure_of
 from controlplane.cli.exits import CtlError, Exit
 from controlplane.cli.output import emit, emit_json, render_pairs, skipped_text, warn
 from shared.codes import Binding, Outcome, Scope
@@ -107,6 +108,10 @@ def run_mint(args: argparse.Namespace, client: Client) -> int:
     reply = client.call("POST", path, body)
     if path == V2_PATH:
         return report_v2(client, reply, path, args.json)
+    if reply.status == 503:   # held (a budget of the scope exhausted, the account full): come back later
+        code, message, _ = error_of(reply.body)
+        raise CtlError(Exit.HELD, f"mint held (503 {code}): {message}; "
+                                  f"Retry-After {reply.headers.get('retry-after', '?')} s")
     payload = client.expect(reply, Scope.MINT, path)
     emit_json(payload) if args.json else emit(describe_v1(payload))
     return Exit.OK

@@ -1,14 +1,27 @@
-"""`decide_mint` (SPEC §5, §6, §8): the one decision of a v2 mint, renewal or explain.
+"""`decide_mint` (SPEC §5, §6, §8, §18): the one decision of a v2 mint, renewal or explain.
 
 Pure and total. The shell gathers the facts (`MintFacts`: the chains' verdicts, the resolved
-policy's fallback rules, the candidate list, the citation and the live facts of each candidate)
-and this function decides, in this order, each step stopping at its first refusal:
+policy's fallback rules, the candidate list, the citation, the live facts of each candidate and
+the budgets of the chain) and this function decides, in this order, each step stopping at its
+first refusal:
 
 1. the admin overlay's chain can be believed, else held `account-state-unavailable`;
 2. the policy chain can be believed, else held `policy-unavailable`;
 3. some candidate serves the model, else rejected `model-not-served`;
-4. the citation and the one-live-lease-per-dispatch rule (`authorise_fallback`);
-5. the first candidate no live filter rules out (`select_account`).
+4. no candidate's effective model lacks a price where the chain holds a budget, else rejected
+   `model-unpriced` (SPEC §18: unpriced is never free);
+5. the citation and the one-live-lease-per-dispatch rule (`authorise_fallback`) — its
+   rejections here;
+6. no budget of the chain is exhausted, else held `budget-exhausted`, with `retry_after_s` until
+   the *last* of the exhausted windows resets (a mint can proceed only once all of them have);
+7. `authorise_fallback`'s holds;
+8. the first candidate no live filter rules out (`select_account`).
+
+Why this order: the chains first, because without them no other fact can be believed; then
+every rejection before every hold, since a rejection is final and a hold says "come back", and
+telling a worker to come back only to reject it then wastes its wait; among the holds the
+budget's first, because its wait (until a window resets) is the longest and binds every other
+— a worker told "retry in 1 s" by a fallback hold would only be held again.
 
 The mint, renewal and `GET /control/v2/policy/explain` all call this, so what explain says a
 mint would do is what the mint does. The verdict is advisory about capacity: the shell's
@@ -19,6 +32,7 @@ from __future__ import annotations
 
 import msgspec
 
+from controlplane.core.budgets import Exhausted, retry_after_s
 from controlplane.core.fallback import CitationKind, CitedDecision, Lineage, authorise_fallback
 from controlplane.core.selection import Candidate, LiveFacts, Skipped, select_account
 from shared.codes import Condition, Outcome, Refusal
@@ -35,6 +49,8 @@ class MintFacts(msgspec.Struct, frozen=True, kw_only=True):
     fallback_on: frozenset[Condition] = frozenset(Condition)
     max_hops: int = 1                             # min(policy, platform)
     live: dict[str, LiveFacts] = {}
+    exhausted: tuple[Exhausted, ...] = ()         # budgets of the chain exhausted now (§18)
+    unpriced_model: str | None = None             # a candidate's model without a price, in a budgeted chain
 
 
 class MintVerdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +59,7 @@ class MintVerdict(msgspec.Struct, frozen=True, kw_only=True):
     chosen: Candidate | None = None
     skipped: tuple[Skipped, ...] = ()
     hop: int = 0
+    retry_after_s: int | None = None              # `budget-exhausted`: until the last window resets
 
 
 def _refused(outcome: Outcome, refusal: Refusal, skipped: tuple[Skipped, ...] = ()) -> MintVerdict:
@@ -56,8 +73,15 @@ def decide_mint(facts: MintFacts) -> MintVerdict:
         return _refused(Outcome.HELD, Refusal.POLICY_UNAVAILABLE)
     if not facts.candidates:
         return _refused(Outcome.REJECTED, Refusal.MODEL_NOT_SERVED)
+    if facts.unpriced_model is not None:
+        return _refused(Outcome.REJECTED, Refusal.MODEL_UNPRICED)
     verdict = authorise_fallback(facts.citation, facts.cited, facts.lineage, facts.fallback_on,
                                  facts.max_hops, dispatch_live=facts.dispatch_live)
+    if verdict.refusal is not None and verdict.outcome == Outcome.REJECTED:
+        return _refused(verdict.outcome, verdict.refusal)
+    if facts.exhausted:
+        return MintVerdict(outcome=Outcome.HELD, refusal=Refusal.BUDGET_EXHAUSTED,
+                           retry_after_s=retry_after_s(facts.exhausted))
     if verdict.refusal is not None:
         return _refused(verdict.outcome, verdict.refusal)
     selection = select_account(facts.candidates, facts.live, verdict.start_position)

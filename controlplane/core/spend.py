@@ -342,7 +342,12 @@ def scope_cell(fold: SpendFold, label: str, window_key: str, tenancy: TenancyMap
 
 def scopes_of(row: SpendRow, tenancy: TenancyMap) -> tuple[str, ...]:
     """Every scope a row spends in, least → most specific (the level labels of its chain)."""
-    repo, role = row.repo_slug, row.worker_role
+    return chain_of(row.repo_slug, row.worker_role, tenancy)
+
+
+def chain_of(repo: str, role: str | None, tenancy: TenancyMap) -> tuple[str, ...]:
+    """The level labels of a (repo, role)'s chain, least → most specific: every scope its
+    attempts spend in, and every level whose budget governs its leases."""
     team = tenancy.team_of.get(repo)
     org = None if team is None else tenancy.org_of.get(team)
     labels = ["platform"]

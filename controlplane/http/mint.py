@@ -21,8 +21,10 @@ class Renew(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 def _answer(answer: MintAnswer) -> web.Response:
-    headers = {"Retry-After": str(answer.retry_after_s)} if answer.retry_after_s is not None else None
-    return json_response(answer.body, status=answer.status, headers=headers)
+    headers = {"Retry-After": str(answer.retry_after_s)} if answer.retry_after_s is not None else {}
+    if answer.no_retry:
+        headers["x-should-retry"] = "false"
+    return json_response(answer.body, status=answer.status, headers=headers or None)
 
 
 @requires(Scope.MINT)

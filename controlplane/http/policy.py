@@ -137,6 +137,7 @@ def _would(verdict: MintVerdict) -> dict[str, Any]:
             "fallback_position": None if chosen is None else chosen.position,
             "effective_model": None if chosen is None else chosen.effective_model,
             "hop": verdict.hop if chosen is not None else None,
+            "retry_after_s": verdict.retry_after_s,   # `budget-exhausted`: until the last window resets
             "skipped": skips_view(verdict.skipped)}
 
 

@@ -6,7 +6,10 @@
 - `GET /control/v2/spend?window=hour|day|month&by=repo|team|org|account|model|principal|binding`
   (defaults `day`, `repo`): rows of `{key, cost_usd, attempts, unpriced_attempts, usage}`, most
   spent first, with `window_start` and `as_of`. `key` null gathers the spend with no team, org,
-  role or model. A bad value is a 422 naming the parameter.
+  role or model. A bad value is a 422 naming the parameter. With `window=hour`, `hours=N`
+  (1..168) adds `series`: the last N hours up to this one, oldest first, each `{window_start,
+  held, rows}` — what the dashboard charts; `held` is false for an hour before this month began,
+  which the book no longer holds (unknown, never drawn as zero).
 
 Both read the spend book in memory (it already holds the month's rotated segments); team and
 org follow the tenancy the policy chain holds now, so they need a believable chain (503
@@ -24,12 +27,13 @@ from controlplane.core.budgets import all_budgets
 from controlplane.core.spend import By, TenancyMap
 from controlplane.core.windows import Window, iso
 from controlplane.http.appkeys import SPEND_BOOK, SPEND_POLICY
-from controlplane.http.common import json_response, requires
+from controlplane.http.common import int_query, json_response, requires
 from controlplane.spend import SpendBook
 from controlplane.stores.policy import PolicyStore
 from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
 
+SERIES_HOURS_MAX = 168
 
 
 def _choice(request: web.Request, name: str, kind: type[StrEnum], default: StrEnum) -> Any:
@@ -71,8 +75,15 @@ async def spend_view(request: web.Request) -> web.Response:
     book = request.app[SPEND_BOOK]
     at = book.clock()
     start_ms, entries = book.spend(window, by, tenancy, at)
-    return json_response({"window": str(window), "by": str(by), "window_start": iso(start_ms),
-                          "as_of": iso(at), "rows": entries})
+    payload: dict[str, Any] = {"window": str(window), "by": str(by), "window_start": iso(start_ms),
+                               "as_of": iso(at), "rows": entries}
+    if request.query.get("hours"):
+        if window != Window.HOUR:
+            raise GatewayError(ErrorCode.INVALID_REQUEST, "hours needs window=hour", extra={"param": "hours"})
+        hours = int_query(request, "hours", 24, 1, SERIES_HOURS_MAX)
+        payload["series"] = [{"window_start": iso(start), "held": held, "rows": rows}
+                             for start, held, rows in book.hourly(hours, by, tenancy, at)]
+    return json_response(payload)
 
 
 def budgets_on_chain(app: web.Application, budgets: Any, state: Any) -> list[Any] | None:

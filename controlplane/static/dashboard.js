@@ -1,4 +1,4 @@
-// Leasehold dashboard: a read-only view over the control daemon's read plane (SPEC §11).
+// Leasehold dashboard: a read-only view over the control daemon's read plane (SPEC §11, §18).
 //
 // Rules (seed 002): each account fact is shown on its own; `unverified` is neutral, never green;
 // nothing absent is ever rendered as a fact — an unreachable daemon, a refused token or a missing
@@ -10,11 +10,13 @@
 
 import { SourceError, api, openFeed, readEvents } from "./source.js";
 import { placeholder, renderAccounts, renderAdmin, renderHops, renderLive, renderRecent } from "./render.js";
+import { renderBudgets, renderSpend } from "./charts.js";
 
 const TOKEN_KEY = "leasehold.readToken";
 const RECENT_LIMIT = 50;
 const HOPS_LIMIT = 50;
 const REFRESH_MS = 5000;
+const SPEND_HOURS = 24;
 const FEED_RETRY_MS = [500, 1000, 2000, 3000];
 
 const state = {
@@ -46,6 +48,8 @@ async function refreshAll() {
     api("/control/v2/routes/active", token),
     api(`/control/v2/routes/recent?limit=${RECENT_LIMIT}`, token),
     api("/control/v2/accounts/admin", token),
+    api("/control/v2/budgets", token),
+    api(`/control/v2/spend?window=hour&by=account&hours=${SPEND_HOURS}`, token),
   ]);
   const failed = results.slice(0, 3).find((r) => r.status === "rejected");
   if (failed) {
@@ -57,6 +61,8 @@ async function refreshAll() {
   mergeActive(results[1].value, sentAt);
   mergeRecent(results[2].value);
   renderAdmin(results[3]);
+  renderBudgets(results[4]);
+  renderSpend(results[5], results[0].value.accounts.map((a) => a.id));
   renderRoutes();
 }
 
@@ -120,7 +126,7 @@ function onEvent(event) {
     case "gap":  // events were missed (evicted, or a restarted daemon): refetch everything
       refreshAll();
       break;
-    default:     // circuit, account.state, policy
+    default:     // circuit, account.state, policy, budget
       refreshSoon();
       break;
   }
@@ -185,6 +191,7 @@ function reportFailure(err) {
     placeholder($("live-routes").tBodies[0], 8, why);
     placeholder($("recent-routes").tBodies[0], 13, why);
     for (const id of ["evidence-window", "admin-status", "recent-meta"]) $(id).textContent = why;
+    for (const id of ["budgets", "spend-charts"]) $(id).replaceChildren(document.createTextNode(why));
   }
 }
 

@@ -86,6 +86,7 @@ class PolicyStore:
         self._clock = clock
         self.chain: HashChain[PolicyState] = HashChain(
             os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_records)
+        self.write_listeners: list[Callable[[PolicyWrite], None]] = []   # after each append (budgets)
 
     # ---- reads (the mint's `PolicySource`) --------------------------------------------------
 
@@ -160,8 +161,14 @@ class PolicyStore:
                                "not decode; no write is accepted until an operator restores it") from None
         log.info("policy_level_written", name=level.label, revision=committed.revision,
                  actor=actor, authenticated_by=authenticated_by)
-        return PolicyWrite(name=level.label, document=plain, record=committed.record,
-                           revision=committed.revision, based_on_revision=committed.based_on_revision)
+        written = PolicyWrite(name=level.label, document=plain, record=committed.record,
+                              revision=committed.revision, based_on_revision=committed.based_on_revision)
+        for listener in self.write_listeners:
+            try:
+                listener(written)
+            except Exception:  # a listener's bug must not turn a committed write into an error
+                log.exception("policy_listener_failed", name=level.label)
+        return written
 
 
 def refusal_of(exc: ChainError) -> GatewayError:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 import pytest
 from structlog.testing import capture_logs
 

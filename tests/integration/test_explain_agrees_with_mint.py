@@ -1,6 +1,7 @@
 """`GET /control/v2/policy/explain` and `POST /control/v2/mint` agree on every row of a table of
 states: each chain absent, verified or corrupt; a candidate disabled, draining, open or full; a
-citation live, released, unknown, mismatched or budget-spent.
+citation live, released, unknown, mismatched or budget-spent; a budget of the chain exhausted, a
+model without a price in a budgeted chain (SPEC §18).
 
 In-process over a real socket (the real control app, its real chain files). Each case arranges
 the state, asks explain, then mints with the same identity and intent, and compares what explain
@@ -15,11 +16,13 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from controlplane.core.pricing import Price, PriceTable
 from controlplane.main import Control, build_app
 from controlplane.registry import AccountSpec, Registry
-from shared.codes import AdminState, AuthStyle, Binding
+from shared.clock import iso_ms, now_ms
+from shared.codes import HTTP_STATUS, AdminState, AuthStyle, Binding, Refusal
 from shared.tokens import new_ulid
-from shared.wire import AttemptRow
+from shared.wire import AttemptRow, Usage
 from tests.support.control import TOKEN, close_control, make_control
 
 A, B = "acct-a", "acct-b"
@@ -28,6 +31,7 @@ ACCOUNTS = [AccountSpec(id=i, display_name=i, provider_binding=Binding.ANTHROPIC
                         auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{i.upper().replace('-', '_')}_KEY",
                         models=("m-*",), lease_capacity=1) for i in (A, B)]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PRICES = PriceTable(price=(Price(models=("m-1",), input=1.0, output=1.0, cache_read=1.0, cache_creation=1.0),))
 
 
 class World:
@@ -70,6 +74,17 @@ class World:
                          status="completed" if status == 200 else "upstream-error", http_status=status,
                          condition=condition, refusal_reason=None, usage=None, cost_usd=None,
                          cost_reason=None, overhead_ms=None)
+        self.control.service.record(row)
+        await self.control.service.settle()
+
+    async def spend(self, minted: dict, tokens: int) -> None:
+        """A completed, priced row of the minted lease, finished now: `tokens` millionths of a dollar."""
+        row = AttemptRow(attempt_id="att_" + new_ulid(), key_id=minted["key_id"], account_id=minted["account_id"],
+                         mint_decision_id=minted["mint_decision_id"], dispatch_id=None, repo_slug="acme/app",
+                         principal_id="p", wire="anthropic", path="/v1/messages", requested_model=MODEL,
+                         served_model=MODEL, stream=False, started_at=iso_ms(now_ms()), finished_at=iso_ms(now_ms()),
+                         status="completed", http_status=200, condition=None, refusal_reason=None,
+                         usage=Usage(output_tokens=tokens), cost_usd=None, cost_reason=None, overhead_ms=None)
         self.control.service.record(row)
         await self.control.service.settle()
 
@@ -201,6 +216,31 @@ async def citation_held(world: World) -> dict[str, str]:
     return {"retry_of_mint_decision_id": held["mint_decision_id"]}
 
 
+async def budget_exhausted(world: World) -> dict[str, str]:
+    await world.policy({"budgets": [{"window": "day", "usd": 0.00001}]})
+    _, minted = await world.mint("spender")
+    await world.spend(minted, 20)   # $0.00002
+    await world.revoke(minted)
+    return {}
+
+
+async def budget_not_reached(world: World) -> dict[str, str]:
+    await world.policy({"budgets": [{"window": "day", "usd": 1}]})
+    _, minted = await world.mint("spender")
+    await world.spend(minted, 20)
+    await world.revoke(minted)
+    return {}
+
+
+async def model_unpriced_in_budgeted_chain(world: World) -> dict[str, str]:
+    await world.policy({"budgets": [{"window": "month", "usd": 100}]})
+    return {"model": "m-2"}   # served by both accounts (m-*), priced by nothing
+
+
+async def model_unpriced_without_budget(world: World) -> dict[str, str]:
+    return {"model": "m-2"}
+
+
 class Case(NamedTuple):
     name: str
     arrange: Arrange
@@ -229,13 +269,18 @@ CASES = [
     Case("citation of another dispatch", citation_mismatched, "rejected", "fallback-lineage-mismatch", None),
     Case("citation with the budget spent", citation_budget_spent, "held", "fallback-budget-exhausted", None),
     Case("citation of a held decision", citation_held, "rejected", "fallback-cited-decision-not-selected", None),
+    Case("a budget of the chain exhausted", budget_exhausted, "held", "budget-exhausted", None),
+    Case("a budget of the chain not reached", budget_not_reached, "selected", None, A),
+    Case("a model without a price in a budgeted chain", model_unpriced_in_budgeted_chain, "rejected",
+         "model-unpriced", None),
+    Case("a model without a price, no budget anywhere", model_unpriced_without_budget, "selected", None, A),
 ]
 
 
 @pytest.fixture
 async def world(tmp_path: Path, aiohttp_client) -> Any:
     env = {a.credential_env: "k" for a in ACCOUNTS}
-    control = make_control(tmp_path / "state", env=env, registry=Registry(ACCOUNTS),
+    control = make_control(tmp_path / "state", env=env, registry=Registry(ACCOUNTS), prices=PRICES,
                            settings={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "900"})
     await control.service.restore()
     client = await aiohttp_client(build_app(control))
@@ -251,6 +296,6 @@ async def test_explain_says_what_the_mint_then_does(world: World, case: Case) ->
     did = (minted["outcome"], minted.get("refusal_reason"), minted.get("account_id"))
     assert (would["outcome"], would["refusal_reason"], would["account_id"]) == did
     assert did == (case.outcome, case.refusal, case.account)
-    assert status == {"selected": 201, "held": 503, "rejected": 409}[case.outcome]
+    assert status == (201 if case.refusal is None else HTTP_STATUS[Refusal(case.refusal)])
     if case.outcome == "selected":
         assert (would["fallback_position"], would["hop"]) == (minted["fallback_position"], minted["hop"])

@@ -15,7 +15,7 @@ from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import Connection, start_unix_server
-from shared.wire import Ack, AccountRoute, Hello, Lease, Refused, Welcome
+from shared.wire import PROTOCOL_VERSION, Ack, AccountRoute, Hello, Lease, Refused, Welcome
 from tests.support.waits import until
 
 ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
@@ -117,7 +117,7 @@ async def test_a_bad_frame_closes_that_connection_and_the_server_lives_on(socket
         with capture_logs() as logs:
             reader, writer = await asyncio.open_unix_connection(socket_path)
             conn = Connection(reader, writer, "test")
-            await conn.send(Hello(version=1, role="dataplane", pid=1))
+            await conn.send(Hello(version=PROTOCOL_VERSION, role="dataplane", pid=1))
             assert isinstance(await asyncio.wait_for(conn.read_message(), 5), Welcome)
             snapshot = await asyncio.wait_for(conn.read_message(), 5)
             await conn.send(Ack(req_id=snapshot.req_id))
@@ -145,7 +145,7 @@ async def test_a_second_data_plane_is_refused(socket_path: str) -> None:
         await asyncio.wait_for(first.synced.wait(), 5)
         reader, writer = await asyncio.open_unix_connection(socket_path)
         conn = Connection(reader, writer, "second")
-        await conn.send(Hello(version=1, role="dataplane", pid=2))
+        await conn.send(Hello(version=PROTOCOL_VERSION, role="dataplane", pid=2))
         answer = await asyncio.wait_for(conn.read_message(), 5)
         assert isinstance(answer, Refused) and answer.reason == "another-dataplane-connected"
         conn.close()

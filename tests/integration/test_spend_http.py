@@ -115,8 +115,28 @@ async def test_the_spend_view(client, service) -> None:
     assert (body["window"], body["by"]) == ("day", "repo")
 
 
+async def test_the_hourly_series(client, service, clock) -> None:
+    record(service, row("2026-11-30T23:10:00.000Z", account="legacy-openai", model="gpt-5"),
+           row("2026-11-30T21:59:00.000Z"), row("2026-11-30T21:00:00.000Z"))
+    status, body = await call(client, "GET", "/control/v2/spend?window=hour&by=account&hours=4")
+    assert status == 200 and set(body) == {"window", "by", "window_start", "as_of", "rows", "series"}
+    assert [(h["window_start"], h["held"], [(r["key"], r["attempts"]) for r in h["rows"]]) for h in body["series"]] == [
+        ("2026-11-30T20:00:00.000Z", True, []),
+        ("2026-11-30T21:00:00.000Z", True, [("legacy-anthropic", 2)]),
+        ("2026-11-30T22:00:00.000Z", True, []),
+        ("2026-11-30T23:00:00.000Z", True, [("legacy-openai", 1)])]
+    assert body["series"][-1]["rows"] == body["rows"]   # the hour in progress is the view's own
+    clock.set("2026-12-01T01:30:00")                    # a new month: the book holds from its start on
+    status, body = await call(client, "GET", "/control/v2/spend?window=hour&by=account&hours=3")
+    assert [(h["window_start"], h["held"], h["rows"]) for h in body["series"]] == [
+        ("2026-11-30T23:00:00.000Z", False, []), ("2026-12-01T00:00:00.000Z", True, []),
+        ("2026-12-01T01:00:00.000Z", True, [])]
+
+
 @pytest.mark.parametrize("query,param", [("window=week", "window"), ("by=dispatch", "by"), ("window=DAY", "window"),
-                                         ("window=day&by=", None)])
+                                         ("window=day&by=", None), ("window=day&hours=3", "hours"),
+                                         ("window=hour&hours=0", "hours"), ("window=hour&hours=169", "hours"),
+                                         ("window=hour&hours=x", "hours")])
 async def test_a_bad_query_value_is_a_422_naming_the_parameter(client, query: str, param: str | None) -> None:
     status, body = await call(client, "GET", f"/control/v2/spend?{query}")
     if param is None:

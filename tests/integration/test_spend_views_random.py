@@ -30,7 +30,8 @@ POLICY = [("org:acme", {"teams": ["payments"], "budgets": [{"window": "month", "
           ("team:web", {"repos": ["acme/web"]}),
           ("repo:acme/pay", {"budgets": [{"window": "day", "usd": 5}, {"window": "hour", "usd": 0.5}]}),
           ("binding:solo/x#writer", {"budgets": [{"window": "hour", "usd": 0.2}]}),
-          ("platform", {"budgets": [{"window": "month", "usd": 100}]})]
+          ("platform", {"budgets": [{"window": "month", "usd": 100}]}),
+          ("repo:acme/web", {"budgets": [{"window": "hour", "usd": 0.15}, {"window": "day", "usd": 1}]})]
 BYS = ["repo", "team", "org", "account", "model", "principal", "binding"]
 
 
@@ -106,10 +107,15 @@ async def check_views(control: Control, state: Path, clock: FakeClock, seed: int
             assert {k: v[1:] for k, v in got.items()} == {k: v[1:] for k, v in expect.items()}, where
             assert all(abs(got[k][0] - expect[k][0]) < 1e-6 for k in got), where
     response = await control.client.get("/control/v2/budgets", headers=headers)
-    for status in (await response.json())["budgets"]:
+    statuses = (await response.json())["budgets"]
+    for status in statuses:
         expect = scope_spend(rows, status["level"], Window(status["window"]), clock.now)
         assert abs(status["spent_usd"] - expect) < 1e-6, f"seed={seed} step={step} {status}"
         assert status["exhausted"] == (status["spent_usd"] >= status["usd"])
+    guard = control.wired.budgets   # enforcement's running tally agrees with the view's recount
+    guard.tick()                    # as its timer does at the hour's end
+    held = {(e.level, str(e.window)) for e in guard.watch.exhausted(guard.watch.budgets, clock.now)}
+    assert held == {(s["level"], s["window"]) for s in statuses if s["exhausted"]}, f"seed={seed} step={step}"
 
 
 async def test_the_views_match_a_recount_of_the_ledger_files(aiohttp_client, tmp_path: Path) -> None:

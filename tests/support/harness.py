@@ -152,6 +152,10 @@ class Stub:
         http("DELETE", self.url + "/_stub/script")
         http("DELETE", self.url + "/_stub/requests")
 
+    def release(self, name: str) -> None:
+        """Let a stream scripted with `"hold": name` go on (`hold_after_events`)."""
+        http("POST", self.url + "/_stub/release?name=" + name)
+
     def requests(self) -> list[dict[str, Any]]:
         return http("GET", self.url + "/_stub/requests")[2]
 

@@ -9,7 +9,7 @@ OpenAI: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/embedd
 ``GET /v1/responses`` (``Upgrade: websocket`` -> 426). ``GET /v1/models`` answers in the
 Anthropic shape when the request carries ``anthropic-version`` or ``x-api-key`` (or presents the
 Anthropic key), else in the OpenAI shape. Control (no credential): ``GET /_stub/health``,
-``GET|POST|DELETE /_stub/script``, ``GET|DELETE /_stub/requests``.
+``GET|POST|DELETE /_stub/script``, ``GET|DELETE /_stub/requests``, ``POST /_stub/release?name=``.
 
 Auth. A key set to None is not checked. Otherwise every credential presented (``x-api-key``
 and ``Authorization: Bearer``, either is accepted on both wires) must equal the wire's key, and
@@ -28,7 +28,9 @@ Script steps (JSON objects, all fields optional), from the ``x-stub-step`` reque
   stall_s, malformed_event_at (insert ``data: {malformed`` before event index i; it counts as
   an event), gzip (Content-Encoding: gzip; streams are compressed incrementally, flushed per
   event), reset (reset the connection (RST) instead of answering), reset_after_events (stream
-  N events then reset the connection), raw_response (write this string to the socket as the
+  N events then reset the connection), hold_after_events + hold (a name: stream N events, then
+  wait until ``POST /_stub/release?name=<hold>``; a release before the hold lets it through),
+  raw_response (write this string to the socket as the
   whole answer, e.g. a malformed status line ``HTTP/1.1 999 Nope``, then close).
 
 Each recorded request also says how it ended (``outcome``: ``completed``, ``cut``, ``reset``,
@@ -334,10 +336,13 @@ async def _send_stream(request: web.Request, events: list[bytes], headers: dict[
     stop = len(events) if cut is None and eof is None else min(len(events), cut if cut is not None else eof)
     between = step.get("stall_between_events_s") or 0
     stall_at, stall_s = step.get("stall_after_events"), step.get("stall_s") or 0
+    hold_at, hold = step.get("hold_after_events"), step.get("hold")
     try:
         for i in range(stop):
             if i and between:
                 await asyncio.sleep(between)
+            if i == hold_at and hold:
+                await request.app[STATE].hold(str(hold)).wait()
             if i == stall_at and stall_s:
                 await asyncio.sleep(stall_s)
             chunk = events[i]
@@ -371,6 +376,10 @@ class StubState:
         self.keys = {ANTHROPIC: anthropic_key, OPENAI: openai_key}
         self.script: collections.deque[dict[str, Any]] = collections.deque()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=record_limit)
+        self.holds: dict[str, asyncio.Event] = {}
+
+    def hold(self, name: str) -> asyncio.Event:
+        return self.holds.setdefault(name, asyncio.Event())
 
 
 STATE = web.AppKey("stub_state", StubState)
@@ -501,6 +510,11 @@ async def _script(request: web.Request) -> web.Response:
     return web.Response(body=_enc({"steps": list(state.script)}), content_type="application/json")
 
 
+async def _release(request: web.Request) -> web.Response:
+    request.app[STATE].hold(request.query.get("name", "")).set()
+    return web.Response(text="released")
+
+
 async def _requests(request: web.Request) -> web.Response:
     state = request.app[STATE]
     if request.method == "DELETE":
@@ -526,6 +540,7 @@ def make_app(*, anthropic_key: str | None, openai_key: str | None,
         app.router.add_route(method, "/_stub/script", _script)
     for method in ("GET", "DELETE"):
         app.router.add_route(method, "/_stub/requests", _requests)
+    app.router.add_post("/_stub/release", _release)
     return app
 
 

@@ -15,7 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import struct
+
 import anthropic
+import openai
 import pytest
 
 from tests.support.harness import Gateway, Stub, credential_like, http
@@ -182,7 +185,8 @@ def test_the_page_is_public_self_contained_and_locked_to_its_own_origin(gateway:
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy and "script-src 'self'" in policy
     assert "/dashboard/dashboard.js" in page_html and "/dashboard/dashboard.css" in page_html
     for name, kind in (("dashboard.js", "text/javascript"), ("source.js", "text/javascript"),
-                       ("render.js", "text/javascript"), ("dashboard.css", "text/css")):
+                       ("render.js", "text/javascript"), ("charts.js", "text/javascript"),
+                       ("dashboard.css", "text/css")):
         status, headers, body = http("GET", f"{gateway.control_url}/dashboard/{name}")
         assert status == 200 and headers["content-type"].startswith(kind) and body
     assert http("GET", gateway.control_url + "/dashboard/../main.py")[0] == 404
@@ -192,3 +196,58 @@ def test_the_page_is_public_self_contained_and_locked_to_its_own_origin(gateway:
         text = source.read_text()
         assert "://" not in text, f"{source.name} references another origin"
         assert "innerHTML" not in text and "eval(" not in text, source.name
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    return struct.unpack(">II", data[16:24])
+
+
+def put_budget(gw: Gateway, name: str, document: dict) -> None:
+    revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
+    status, _, body = gw.api("PUT", "/control/v2/policy/level", {"name": name, "expected_revision": revision,
+                                                                  "document": document, "reason": "dashboard"})
+    assert status == 200, body
+
+
+def test_budgets_are_bars_and_each_account_has_its_hours_drawn(page: Any, make_gateway, clean_stub: Stub) -> None:
+    read_token = credential_like("read_")
+    gw = make_gateway({"GATEWAY_READ_TOKEN": read_token}).start()
+    put_budget(gw, "repo:acme/app", {"budgets": [{"window": "day", "usd": 0.00025}]})   # 3 requests exhaust it
+    put_budget(gw, "platform", {"budgets": [{"window": "month", "usd": 1}]})
+    lease = gw.mint()
+    sdk = anthropic.Anthropic(base_url=gw.dataplane_url, api_key=lease["token"], max_retries=0)
+    for _ in range(3):
+        sdk.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    other = gw.mint("openai", repo_slug="solo/x")
+    openai.OpenAI(base_url=other["base_url"], api_key=other["token"], max_retries=0).chat.completions.create(
+        model="gpt-5", messages=[{"role": "user", "content": "hi"}])
+    gw.wait_rows(4)
+    open_dashboard(page, gw, read_token)
+
+    exhausted = page.wait_for_selector("#budgets .budget[data-level='repo:acme/app'][data-state=exhausted]",
+                                       timeout=WAIT_MS)
+    assert float(exhausted.query_selector("rect.bar-fill").get_attribute("width")) > 0
+    assert exhausted.query_selector("rect.bar-over") is not None           # the overshoot, drawn past the mark
+    assert "overshoot" in exhausted.text_content() and "held 503" in exhausted.text_content()
+    platform = page.locator("#budgets .budget[data-level='platform']")
+    assert platform.get_attribute("data-state") == "ok" and "of $1.00" in platform.text_content()
+
+    chart = page.wait_for_selector("#spend-charts svg.spend-chart[data-account-id='legacy-anthropic']", timeout=WAIT_MS)
+    bars = chart.query_selector_all("rect.bar-cost")
+    unheld = chart.query_selector_all("rect.slot-unheld")
+    assert len(bars) + len(unheld) == 24 and bars                          # one slot an hour, the last 24
+    now = bars[-1]
+    assert now.get_attribute("data-attempts") == "3" and float(now.get_attribute("height")) > 0
+    points = chart.query_selector("polyline.line-requests").get_attribute("points").split()
+    assert len(points) == len(bars)                                        # a request count for every held hour
+    assert page.locator("#spend-charts svg.spend-chart[data-account-id='legacy-openai'] rect.bar-cost").count() == len(bars)
+    assert "3 requests" in page.text_content("#spend-charts .spend-card[data-account-id='legacy-anthropic']")
+
+    whole, money = ARTIFACTS / "dashboard-budgets.png", ARTIFACTS / "dashboard-budgets-charts.png"
+    page.screenshot(path=str(whole), full_page=True)
+    page.locator("#money").screenshot(path=str(money))
+    width, height = png_size(money)
+    assert width > 600 and height > 150
+    assert money.stat().st_size > 8_000 and whole.stat().st_size > money.stat().st_size   # drawn, not blank

@@ -46,10 +46,12 @@ def spend_by(gw: Gateway, by: str, window: str = "day") -> dict:
 
 def test_spend_is_counted_shown_and_survives_a_restart(make_gateway, clean_stub: Stub) -> None:
     gw = make_gateway().start()
-    put(gw, 0, "team:payments", {"repos": ["acme/pay"], "budgets": [{"window": "day", "usd": 0.0001}]})
-    put(gw, 1, "repo:acme/pay", {"budgets": [{"window": "month", "usd": 1000}]})
+    # Served before the budgets exist: once they do, nothing unpriced is served in their scope,
+    # and the team's budget is exhausted (enforcement: tests/system/test_budget_enforcement.py).
     rows = [serve(gw, "acme/pay"), serve(gw, "acme/pay"), serve(gw, "solo/x"),
             serve(gw, "acme/pay", model="claude-house-1")]
+    put(gw, 0, "team:payments", {"repos": ["acme/pay"], "budgets": [{"window": "day", "usd": 0.0001}]})
+    put(gw, 1, "repo:acme/pay", {"budgets": [{"window": "month", "usd": 1000}]})
     assert rows[-1]["cost_reason"] == "unpriced"
     spent = sum(r["cost_usd"] for r in rows[:2])
     by_repo = spend_by(gw, "repo")

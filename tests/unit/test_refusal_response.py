@@ -64,6 +64,13 @@ CASES = [
     Case("fleet-state-unavailable (a fleet-wide ceiling that cannot be checked)",
          (Refusal.FLEET_STATE_UNAVAILABLE, None, 1.0), Expect(503, None, "1", SERVER)),
     Case("request-capacity-exhausted", (Refusal.REQUEST_CAPACITY_EXHAUSTED, None, 1), Expect(429, None, "1", RATE)),
+    # budgets (SPEC §18): the data plane answers 429 where the mint holds 503; never retried at once
+    Case("budget-exhausted at the request", (Refusal.BUDGET_EXHAUSTED, 429, 3600.2),
+         Expect(429, "false", "3601", RATE)),
+    Case("budget-exhausted at its own status (the mint's)", (Refusal.BUDGET_EXHAUSTED, None, 60),
+         Expect(503, "false", "60", SERVER)),
+    Case("model-unpriced", (Refusal.MODEL_UNPRICED, None, None),
+         Expect(403, "false", None, types("permission_error", "permission_error"))),
     Case("pool-timeout", (Refusal.POOL_TIMEOUT, None, 1), Expect(503, None, "1", SERVER)),
     Case("gateway-shutdown", (Refusal.GATEWAY_SHUTDOWN, None, 1), Expect(503, None, "1", SERVER)),
     Case("observation-storage-unavailable", (Refusal.OBSERVATION_STORAGE_UNAVAILABLE, None, 5),

@@ -1,0 +1,187 @@
+"""`BudgetGuard`: SPEC §18's enforcement — the shell around `core.budgetwatch.BudgetWatch`.
+
+It keeps the watch current and acts on what changes:
+- **current**: every recorded row (a row listener, after the spend book folded it), every
+  policy write (a listener of the store; and a revision check at each mint and each tick, for
+  a write another process made), and the end of each hour (`maintain` sleeps until then);
+- **events**: one `budget` event per crossing of 80 % and 100 % of a budget in a window;
+- **gates**: every lease control pushes carries its gate (`gate`: `Lease.budgeted`, and while a
+  budget of its chain is exhausted `Lease.budget_retry_at_ms`, the latest reset among them), in
+  the grant and in the snapshot; when gates change — a budget exhausted, a window reset, a
+  policy write adding or removing a budget — every live lease's gate is pushed again
+  (`LeaseGates`, acknowledged). The data plane refuses the next request of a held lease 429
+  `budget-exhausted` and lets requests through from the reset on by itself; an attempt already
+  in flight is never touched, so the overshoot is what was in flight (`overshoot_usd`);
+- **the mint's facts**: `exhausted` (a chain's budgets, for the v2 mint and explain),
+  `hold_of` (the v1 mint), `on_chain` (renewal), `is_priced`.
+
+A policy chain that cannot be believed changes nothing here: the last believable budgets stay
+enforced (every v2 mint is held `policy-unavailable` meanwhile anyway). The gates are computed,
+never stored: the key journal keeps leases as minted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+
+from controlplane.core.budgets import Exhausted, LevelBudget, all_budgets
+from controlplane.core.budgetwatch import NO_CHANGE, BudgetWatch, Change, Crossing
+from controlplane.core.pricing import PriceLookup, PriceTable
+from controlplane.core.spend import TenancyMap
+from controlplane.core.windows import iso
+from controlplane.events import EventHub, EventKind
+from controlplane.replication import DataPlaneLink
+from controlplane.spend import SpendBook
+from controlplane.stores.keys import KeyTable
+from controlplane.stores.policy import PolicyStore
+from shared.logging import get_logger
+from shared.wire import AttemptRow, Lease, LeaseGate
+
+log = get_logger("budgets")
+
+TICK_S = 5.0   # how late a policy write made by another process is seen (its own are at once)
+
+
+class BudgetGuard:
+    def __init__(self, book: SpendBook, policy: PolicyStore, keys: KeyTable, link: DataPlaneLink,
+                 events: EventHub, prices: PriceTable) -> None:
+        self.book = book
+        self.clock = book.clock
+        self.policy = policy
+        self.keys = keys
+        self.link = link
+        self.events = events
+        self.watch = BudgetWatch()
+        self.revision: int | None = None          # the policy revision the watch was configured at
+        self._price_of = PriceLookup(prices)
+        self._dirty = False
+        self._pushing: asyncio.Task[None] | None = None
+        link.priced = sorted({pattern for price in prices.price for pattern in price.models})
+
+    # ---- keeping the watch current ----------------------------------------------------------
+
+    def start(self) -> None:
+        """At wiring, before the RPC socket opens: the first snapshot carries every gate. What
+        it finds already crossed was announced by an earlier process: no event for it."""
+        self.sync(quiet=True)
+
+    def on_row(self, row: AttemptRow) -> None:
+        if row.cost_usd and self.watch.budgets:   # else nothing to count: not even the clock is read
+            change = self.watch.add(row, self.book.fold, self.clock())
+            if change is not NO_CHANGE:
+                self._apply(change)
+
+    def on_policy_write(self, _written: object) -> None:
+        self.sync()
+
+    def sync(self, quiet: bool = False) -> None:
+        """Configure the watch from the policy chain, unless it is at that revision already."""
+        view = self.policy.read()
+        if not self.policy.believable(view) or view.check.revision == self.revision:
+            return
+        state = view.state
+        assert state is not None
+        budgets = all_budgets(state.documents)
+        change = self.watch.configure(budgets, TenancyMap(team_of=state.team_of, org_of=state.org_of),
+                                      self.book.fold, self.clock(), quiet=quiet)
+        self.revision = view.check.revision
+        log.info("budgets_configured", policy_revision=self.revision, budgets=len(budgets),
+                 exhausted=len(self.watch.exhausted(budgets, self.clock())))
+        self._apply(change)
+
+    def tick(self) -> None:
+        self.sync()
+        now = self.clock()
+        if self.watch.budgets and now >= self.watch.until_ms:
+            self._apply(self.watch.reseed(self.book.fold, now))
+
+    async def maintain(self, tick_s: float = TICK_S) -> None:
+        while True:
+            wait_s = tick_s
+            if self.watch.budgets:   # wake at the hour's end: a window may reset then
+                wait_s = min(tick_s, max(0.01, (self.watch.until_ms - self.clock()) / 1000 + 0.01))
+            await asyncio.sleep(wait_s)
+            try:
+                self.tick()
+            except Exception:  # upkeep must outlive any one bad pass
+                log.exception("budget_upkeep_failed")
+
+    async def background(self, _app: object) -> AsyncIterator[None]:
+        """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""
+        task = asyncio.create_task(self.maintain())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    # ---- what the mint asks -----------------------------------------------------------------
+
+    def exhausted(self, budgets: Sequence[LevelBudget], revision: int | None = None) -> tuple[Exhausted, ...]:
+        """Which of a resolved chain's `budgets` are exhausted now (the watch is brought to the
+        chain's `revision` first, so a mint never judges by older budgets than it resolved)."""
+        if not budgets:
+            return ()
+        if revision is not None and revision != self.revision:
+            self.sync()
+        return self.watch.exhausted(budgets, self.clock())
+
+    def on_chain(self, repo_slug: str, worker_role: str | None) -> tuple[LevelBudget, ...]:
+        return self.watch.on_chain(repo_slug, worker_role)
+
+    def hold_of(self, repo_slug: str, worker_role: str | None) -> tuple[Exhausted, ...]:
+        """The exhausted budgets of a (repo, role)'s chain now: what holds a v1 mint."""
+        return self.watch.exhausted(self.watch.on_chain(repo_slug, worker_role), self.clock())
+
+    def is_priced(self, model: str) -> bool:
+        return self._price_of(model) is not None
+
+    # ---- gates --------------------------------------------------------------------------------
+
+    def gate(self, lease: Lease) -> Lease:
+        """The lease as the data plane must hold it now."""
+        budgeted, retry_at_ms = self.watch.gate(lease.repo_slug, lease.worker_role, self.clock())
+        if (budgeted, retry_at_ms) == (lease.budgeted, lease.budget_retry_at_ms):
+            return lease
+        return msgspec.structs.replace(lease, budgeted=budgeted, budget_retry_at_ms=retry_at_ms)
+
+    def _apply(self, change: Change) -> None:
+        for crossing in change.crossings:
+            self._announce(crossing)
+        if change.gates_changed:
+            self._dirty = True
+            if self._pushing is None:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:   # wiring, not serving yet: the first snapshot carries the gates
+                    return
+                self._pushing = loop.create_task(self._push())
+
+    async def _push(self) -> None:
+        """Push every live lease's gate until none changed meanwhile (one push in flight)."""
+        try:
+            while self._dirty:
+                self._dirty = False
+                now = self.clock()
+                gates = []
+                for lease in self.keys.all():
+                    budgeted, retry_at_ms = self.watch.gate(lease.repo_slug, lease.worker_role, now)
+                    gates.append(LeaseGate(key_id=lease.key_id, budgeted=budgeted, budget_retry_at_ms=retry_at_ms))
+                held = await self.link.gates_changed(gates) if gates else True
+                log.info("budget_gates_pushed", leases=len(gates),
+                         held=sum(1 for g in gates if g.budget_retry_at_ms is not None), dataplane=held)
+        finally:
+            self._pushing = None
+
+    def _announce(self, crossing: Crossing) -> None:
+        fields = {"level": crossing.level, "window": str(crossing.window), "usd": crossing.usd,
+                  "spent_usd": crossing.spent_usd, "threshold": crossing.threshold,
+                  "window_start": iso(crossing.window_start_ms), "resets_at": iso(crossing.resets_at_ms)}
+        if crossing.threshold >= 100:
+            log.warning("budget_exhausted", **fields)
+        else:
+            log.info("budget_threshold_reached", **fields)
+        self.events.publish(EventKind.BUDGET, fields)
