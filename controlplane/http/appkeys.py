@@ -9,6 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane.events import EventHub
+from controlplane.fleet.view import FleetSource
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.service import ControlService
@@ -24,6 +25,7 @@ HUB = web.AppKey("event_hub", EventHub)
 HEARTBEAT = web.AppKey("event_heartbeat_s", float)
 METRICS = web.AppKey("metrics", GatewayMetrics)
 ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
+FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else Redis (SPEC §16)
 
 __all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
-           "METRICS", "ASSETS"]
+           "METRICS", "ASSETS", "FLEET"]
