@@ -55,6 +55,14 @@ def fleet_state(reachable: bool, standing: Standing | None, registered: bool) ->
     return FleetState.UNAVAILABLE
 
 
+def may_admit(now_ms: int, hold_until_ms: int, expected: frozenset[str], registered: frozenset[str]) -> bool:
+    """After Redis lost its data, may this host admit new holders? Once every host that was live
+    before the loss has re-registered its own (`registered`: this incarnation's), or once a host
+    TTL and a beat passed (a host silent that long is dead: it holds nothing). Before that, a
+    host that recovered first could fill an account its siblings' live leases already fill."""
+    return now_ms >= hold_until_ms or expected <= registered
+
+
 def reregistration_order(key_ids: Iterable[str]) -> list[str]:
     """Oldest first (key ids are ULIDs: time-ordered), so a full ceiling refuses the newest."""
     return sorted(key_ids)

@@ -104,12 +104,14 @@ class FleetEvents:
             except Exception:
                 pass
 
-    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]]) -> None:
-        """Hand every other host's event to `handle`, resubscribing after an outage."""
+    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]], *,
+                  ready: asyncio.Event | None = None) -> None:
+        """Hand every other host's event to `handle`, resubscribing after an outage; `ready` is
+        set once the first subscription is confirmed."""
         while True:
             raise_if_cancelled()
             try:
-                async for event in self.listen():
+                async for event in self.listen(ready=ready):
                     await handle(event)
             except StateUnavailable as exc:
                 log.warning("fleet_events_lost", error=str(exc))

@@ -35,7 +35,8 @@ from typing import Any
 import msgspec
 
 from controlplane.core.fleet import (
-    END_REASONS, MissedRevocation, Repair, RestoredLease, missed_revocations, repair_for, reregistration_order,
+    END_REASONS, MissedRevocation, Repair, RestoredLease, may_admit, missed_revocations, repair_for,
+    reregistration_order,
 )
 from controlplane.events import Event, EventHub, EventKind
 from controlplane.fleet.events import FANNED_OUT, FleetEvent, RevokeRequest
@@ -51,7 +52,7 @@ from shared.codes import EndReason, Standing
 from shared.fleet.hosts import HostClaim, Reaped
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import Membership
-from shared.fleet.redis_client import describe, raise_if_cancelled
+from shared.fleet.redis_client import describe, guard, raise_if_cancelled
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import ulid_ms
@@ -61,7 +62,12 @@ log = get_logger("fleet")
 JOIN_DEADLINE_S = 20.0     # a start waits this long for Redis to answer the claim, then exits 2
 JOIN_RETRY_S = 0.5
 CHAIN_POLL_S = 0.5         # the chains are validated at least this often (and before every mint)
+SUBSCRIBE_WAIT_S = 2.0     # a start waits this long for the event subscription, then goes on
 EVENT_QUEUE_MAX = 1024     # events waiting to go out; past it (Redis gone for long) they are dropped
+
+
+def _monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class FleetUnreachable(Exception):
@@ -85,6 +91,8 @@ class FleetHost:
         self._tasks: list[asyncio.Task[Any]] = []
         self._outbox: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue(EVENT_QUEUE_MAX)
         self._relaying = False                   # set while a received event is fed to the hub
+        self._live_seen: frozenset[str] = frozenset()       # the live hosts at the last look
+        self._hold: tuple[int, frozenset[str]] | None = None  # after a data loss: (until, hosts awaited)
         events.listen(self._on_local_event)
 
     # ---- what the read plane asks (`controlplane/fleet/view.Standings`) ----------------------
@@ -95,7 +103,8 @@ class FleetHost:
 
     @property
     def registered(self) -> bool:
-        return self.b.fence.value not in (UNJOINED, SUPERSEDED, None) and not self.membership.recovering
+        return (self.b.fence.value not in (UNJOINED, SUPERSEDED, None) and not self.membership.recovering
+                and self.b.lease_capacity.admitting)
 
     def writes_owed(self) -> int:
         return len(self.b.owed)
@@ -112,16 +121,22 @@ class FleetHost:
 
     async def start(self) -> None:
         claim = await self._join()
+        self._live_seen = frozenset(await self.b.hosts.live_hosts())
         after = await self.b.revocations.last_id()   # served from here on: nothing between is missed
         await self._end_missed_revocations()
-        await self._reregister(claim.incarnation)
+        await self._reregister(claim.incarnation, after_loss=False)
         self.membership.registered(claim)
         log.info("fleet_host_registered", host_id=self.host_id, fleet_id=self.settings.fleet_id,
                  epoch=claim.epoch, leases=len(self.service.keys.all()))
+        subscribed = asyncio.Event()
         for loop in (self.membership.run(), self._flight_loop(), self._chain_poll(), self._owed_loop(),
-                     self.b.events.run(self._on_fleet_event), self._publisher(),
+                     self.b.events.run(self._on_fleet_event, ready=subscribed), self._publisher(),
                      self.b.revocations.serve(self._on_revoke_request, after=after)):
             self._spawn(loop)
+        try:  # the other hosts' events reach this host's feed from the moment it serves
+            await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("fleet_events_not_subscribed", host_id=self.host_id, waited_s=SUBSCRIBE_WAIT_S)
 
     async def stop(self) -> None:
         """A clean stop: the loops end, owed writes get one last try, the host id is let go."""
@@ -165,9 +180,11 @@ class FleetHost:
             log.warning("fleet_missed_revocations_applied", host_id=self.host_id, leases=len(ended))
             await self.service.end_keys(ended, EndReason.ACCOUNT_REVOKED)
 
-    async def _reregister(self, incarnation: str) -> None:
+    async def _reregister(self, incarnation: str, *, after_loss: bool) -> None:
         """Take back the holders of this host's live leases, oldest first, the ceiling honoured;
-        end the refused ones; let go of whatever else this host id held."""
+        end the refused ones; let go of whatever else this host id held; say so in the fleet's
+        `registered` set. After a data loss, hold new holders until the hosts live before it
+        registered too (`core/fleet.may_admit`)."""
         leases = {lease.key_id: lease for lease in self.service.keys.all()}
         order = reregistration_order(leases)
         holders = [(leases[k].account_id, k, self._ceiling(leases[k].account_id)) for k in order]
@@ -179,8 +196,27 @@ class FleetHost:
         for lease in self.service.keys.all():
             if lease.dispatch_id is not None:
                 await self.b.decisions.note_live(lease.key_id, lease.repo_slug, lease.dispatch_id)
+        with guard("fleet registered"):
+            await self.b.client.sadd(self.b.keys.registered, self.host_id)
+        if after_loss:
+            waiting = self._live_seen - {self.host_id}
+            self._hold = (_monotonic_ms() + self.b.hosts.ttl_ms + int(self.membership.interval_s * 1000), waiting)
+            self.b.lease_capacity.admitting = not waiting
         log.info("fleet_holders_registered", host_id=self.host_id, kept=len(order) - len(refused),
-                 refused=len(refused), let_go=len(released))
+                 refused=len(refused), let_go=len(released), awaiting=sorted(self._live_seen - {self.host_id})
+                 if after_loss else [])
+
+    async def _check_hold(self) -> None:
+        if self._hold is None:
+            return
+        until, expected = self._hold
+        with guard("fleet registered"):
+            registered = frozenset(m.decode() for m in await self.b.client.smembers(self.b.keys.registered))
+        if may_admit(_monotonic_ms(), until, expected, registered):
+            self._hold = None
+            self.b.lease_capacity.admitting = True
+            log.info("fleet_admitting", host_id=self.host_id, registered=sorted(registered & expected),
+                     silent=sorted(expected - registered))
 
     def _ceiling(self, account_id: str) -> int | None:
         account = self.service.registry.get(account_id)
@@ -191,7 +227,7 @@ class FleetHost:
         if repair is Repair.END_RELEASED:
             await self._end_released()
         elif repair is Repair.REREGISTER:
-            await self._reregister(claim.incarnation)
+            await self._reregister(claim.incarnation, after_loss=True)
             await self._refresh_chains()  # a chain Redis lost is re-seeded from this host's mirror
 
     async def _end_released(self) -> None:
@@ -289,10 +325,13 @@ class FleetHost:
             await asyncio.sleep(CHAIN_POLL_S)
 
     async def _flight_loop(self) -> None:
+        """Each beat: this host's in-flight counts out, the live hosts in (who a data loss waits for)."""
         while True:
             raise_if_cancelled()
             try:
                 await self.b.board.write(self.host_id, self.service.routes.in_flight_by_account())
+                if self._hold is None:
+                    self._live_seen = frozenset(await self.b.hosts.live_hosts())
             except StateUnavailable:
                 pass
             await asyncio.sleep(self.membership.interval_s)
@@ -300,6 +339,10 @@ class FleetHost:
     async def _owed_loop(self) -> None:
         while True:
             raise_if_cancelled()
-            if len(self.b.owed):
-                await self.b.owed.deliver()
+            try:
+                if len(self.b.owed):
+                    await self.b.owed.deliver()
+                await self._check_hold()
+            except StateUnavailable:
+                pass
             await asyncio.sleep(DELIVER_INTERVAL_S)

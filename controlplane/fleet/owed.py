@@ -107,12 +107,20 @@ class OwedWrites:
 
 
 class OwedCapacity(RedisCapacity):
-    """The lease table: a release that cannot land now is owed, never lost."""
+    """The lease table: a release that cannot land now is owed, never lost; and, after Redis
+    lost its data, no reserve until the fleet re-registered (`admitting`, set by the fleet host
+    from `core/fleet.may_admit`)."""
 
     def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, incarnation: Incarnation,
                  owed: OwedWrites) -> None:
         super().__init__(client, keys, Ceiling.LEASE, host_id, incarnation)
         self.owed = owed
+        self.admitting = True
+
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
+        if not self.admitting:
+            raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
+        return await RedisCapacity.reserve(self, account_id, holder, ceiling)
 
     async def release(self, holder: str) -> bool:
         done = await self.owed.write(Owed("release", lambda: RedisCapacity.release(self, holder),

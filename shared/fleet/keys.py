@@ -12,6 +12,7 @@ what would let the layout run on a cluster unchanged.
 | `{f}:hosts:seen` | zset | host id → last heartbeat (ms, Redis's clock) |
 | `{f}:hosts:instance` | hash | host id → the id of the process holding it (a random instance id) |
 | `{f}:hosts:epoch` | hash | host id → times it was declared dead (bumped by the reaper) |
+| `{f}:registered` | set | hosts that registered their holders in this incarnation of the data (lost with it) |
 | `{f}:hosts:flight:<host>` | hash | account → attempts in flight on that host (written with its heartbeat, with a TTL) |
 | `{f}:cap:<table>:owner` | hash | holder → account (`table` is `lease` or `request`) |
 | `{f}:cap:<table>:acct:<account>` | hash | holder → host: the account's registry (HLEN is its count) |
@@ -57,6 +58,7 @@ class FleetKeys:
         self.hosts_seen = p + "hosts:seen"
         self.hosts_instance = p + "hosts:instance"
         self.hosts_epoch = p + "hosts:epoch"
+        self.registered = p + "registered"
         self.events = p + "events"
         self.revoke = p + "revoke"
         self.revoke_acked = p + "revoke:acked"
