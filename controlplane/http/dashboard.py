@@ -21,6 +21,7 @@ FILES = {  # file in controlplane/static → content type
     "dashboard.js": "text/javascript; charset=utf-8",   # state and lifecycle (an ES module)
     "source.js": "text/javascript; charset=utf-8",      # the read API and the feed reader
     "render.js": "text/javascript; charset=utf-8",      # data in, DOM out
+    "fleet.js": "text/javascript; charset=utf-8",       # the fleet section (SPEC §16)
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {

@@ -10,6 +10,7 @@
 
 import { SourceError, api, openFeed, readEvents } from "./source.js";
 import { placeholder, renderAccounts, renderAdmin, renderHops, renderLive, renderRecent } from "./render.js";
+import { renderFleet } from "./fleet.js";
 
 const TOKEN_KEY = "leasehold.readToken";
 const RECENT_LIMIT = 50;
@@ -46,6 +47,7 @@ async function refreshAll() {
     api("/control/v2/routes/active", token),
     api(`/control/v2/routes/recent?limit=${RECENT_LIMIT}`, token),
     api("/control/v2/accounts/admin", token),
+    api("/control/v2/fleet", token),
   ]);
   const failed = results.slice(0, 3).find((r) => r.status === "rejected");
   if (failed) {
@@ -57,6 +59,7 @@ async function refreshAll() {
   mergeActive(results[1].value, sentAt);
   mergeRecent(results[2].value);
   renderAdmin(results[3]);
+  renderFleet(results[4]);
   renderRoutes();
 }
 
