@@ -55,12 +55,19 @@ def fleet_state(reachable: bool, standing: Standing | None, registered: bool) ->
     return FleetState.UNAVAILABLE
 
 
-def may_admit(now_ms: int, hold_until_ms: int, expected: frozenset[str], registered: frozenset[str]) -> bool:
-    """After Redis lost its data, may this host admit new holders? Once every host that was live
-    before the loss has re-registered its own (`registered`: this incarnation's), or once a host
-    TTL and a beat passed (a host silent that long is dead: it holds nothing). Before that, a
-    host that recovered first could fill an account its siblings' live leases already fill."""
-    return now_ms >= hold_until_ms or expected <= registered
+def may_admit(now_ms: int, earliest_ms: int, latest_ms: int, expected: frozenset[str],
+              registered: frozenset[str]) -> bool:
+    """After Redis lost its data, may this host admit new holders?
+
+    Not before `earliest_ms` (one beat after it noticed the loss: by then every host live at the
+    loss has noticed it too, re-claimed its id and so shows live again), then once every host in
+    `expected` (the hosts live before the loss and those live now) re-registered its own holders
+    in this incarnation of the data (`registered`); and at the latest at `latest_ms` (a host TTL
+    and a beat: a host silent that long is dead and holds nothing). Before that, a host that
+    recovered first could fill an account its siblings' live leases already fill."""
+    if now_ms >= latest_ms:
+        return True
+    return now_ms >= earliest_ms and expected <= registered
 
 
 def reregistration_order(key_ids: Iterable[str]) -> list[str]:

@@ -61,6 +61,7 @@ log = get_logger("fleet")
 
 JOIN_DEADLINE_S = 20.0     # a start waits this long for Redis to answer the claim, then exits 2
 JOIN_RETRY_S = 0.5
+HOLD_SLACK_MS = 250        # past one beat after a data loss, for a sibling's beat to land
 CHAIN_POLL_S = 0.5         # the chains are validated at least this often (and before every mint)
 SUBSCRIBE_WAIT_S = 2.0     # a start waits this long for the event subscription, then goes on
 EVENT_QUEUE_MAX = 1024     # events waiting to go out; past it (Redis gone for long) they are dropped
@@ -92,7 +93,8 @@ class FleetHost:
         self._outbox: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue(EVENT_QUEUE_MAX)
         self._relaying = False                   # set while a received event is fed to the hub
         self._live_seen: frozenset[str] = frozenset()       # the live hosts at the last look
-        self._hold: tuple[int, frozenset[str]] | None = None  # after a data loss: (until, hosts awaited)
+        # after a data loss: (earliest, latest admission, hosts live before it), monotonic ms
+        self._hold: tuple[int, int, frozenset[str]] | None = None
         events.listen(self._on_local_event)
 
     # ---- what the read plane asks (`controlplane/fleet/view.Standings`) ----------------------
@@ -199,9 +201,10 @@ class FleetHost:
         with guard("fleet registered"):
             await self.b.client.sadd(self.b.keys.registered, self.host_id)
         if after_loss:
-            waiting = self._live_seen - {self.host_id}
-            self._hold = (_monotonic_ms() + self.b.hosts.ttl_ms + int(self.membership.interval_s * 1000), waiting)
-            self.b.lease_capacity.admitting = not waiting
+            now, beat_ms = _monotonic_ms(), int(self.membership.interval_s * 1000)
+            self._hold = (now + beat_ms + HOLD_SLACK_MS, now + self.b.hosts.ttl_ms + beat_ms,
+                          self._live_seen - {self.host_id})
+            self.b.lease_capacity.admitting = False
         log.info("fleet_holders_registered", host_id=self.host_id, kept=len(order) - len(refused),
                  refused=len(refused), let_go=len(released), awaiting=sorted(self._live_seen - {self.host_id})
                  if after_loss else [])
@@ -209,10 +212,13 @@ class FleetHost:
     async def _check_hold(self) -> None:
         if self._hold is None:
             return
-        until, expected = self._hold
+        earliest, latest, seen = self._hold
+        if _monotonic_ms() < earliest:
+            return
+        expected = (seen | frozenset(await self.b.hosts.live_hosts())) - {self.host_id}
         with guard("fleet registered"):
             registered = frozenset(m.decode() for m in await self.b.client.smembers(self.b.keys.registered))
-        if may_admit(_monotonic_ms(), until, expected, registered):
+        if may_admit(_monotonic_ms(), earliest, latest, expected, registered):
             self._hold = None
             self.b.lease_capacity.admitting = True
             log.info("fleet_admitting", host_id=self.host_id, registered=sorted(registered & expected),
