@@ -9,6 +9,7 @@ a legacy account.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.support.fleetpairs import (
     MODEL, FleetPairs, account, accounts, accounts_toml, call, fleet_of, mint,
@@ -214,3 +216,32 @@ def test_a_circuit_opened_on_one_host_keeps_the_others_mints_off_and_admits_one_
                    for r in results if r.get("account_id") != "team-a"), results
     finally:
         feed.close()
+
+
+def test_no_secret_reaches_redis_a_log_line_or_a_fleet_payload(fleet: FleetPairs, redis_server: RedisServer) -> None:
+    a, b = fleet[0], fleet[1]
+    minted = mint(a, "secret-1")[2]
+    assert call(a, minted["token"])[0] == 200
+    payloads = [json.dumps(gw.api("GET", path)[2]) for gw in (a, b)
+                for path in ("/control/v2/fleet", "/control/v2/accounts", "/metrics")]
+    assert b.revoke(minted["key_id"]) is False and a.revoke(minted["key_id"])
+    admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    blobs: list[bytes] = []
+    for key in admin.scan_iter(match="{" + fleet.fleet_id + "}:*", count=1000):
+        kind = admin.type(key).decode()
+        blobs.append(key)
+        if kind == "string":
+            blobs.append(admin.get(key) or b"")
+        elif kind == "hash":
+            blobs.extend(b for pair in admin.hgetall(key).items() for b in pair)
+        elif kind in ("set", "list", "zset"):
+            blobs.extend(admin.smembers(key) if kind == "set" else admin.lrange(key, 0, -1) if kind == "list"
+                         else [m for m, _ in admin.zrange(key, 0, -1, withscores=True)])
+        elif kind == "stream":
+            blobs.extend(b for _, fields in admin.xrange(key) for pair in fields.items() for b in pair)
+    assert len(blobs) > 20                                      # the sweep is not vacuous
+    haystack = b"\n".join(blobs).decode("utf-8", "replace") + "".join(payloads) + a.logs() + b.logs()
+    assert minted["key_id"] in b"\n".join(blobs).decode("utf-8", "replace")
+    for name, secret in {"control token": fleet.control_token, "provider key": fleet.stub.anthropic_key,
+                         "token": minted["token"], "secret half": minted["token"].split(".", 1)[1]}.items():
+        assert secret not in haystack, name
