@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run test venv redis-server bench bench-peers soak clean
+.PHONY: run fleet-demo test venv redis-server bench bench-peers soak clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -17,6 +17,11 @@ venv: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/python -m tests.support.devrun
+
+# A local fleet (SPEC §16): one redis-server and two pairs on loopback sharing it; prints what to
+# call; Ctrl-C stops every process it started. State and logs in ./var/fleet.
+fleet-demo: $(STAMP) redis-server
+	$(BIN)/python -m tests.support.fleetdemo
 
 # The fleet tests start their own redis-server (loopback, nothing saved). On a fresh machine,
 # as root, install it (updating the package lists only if the first try fails); otherwise say

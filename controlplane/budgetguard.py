@@ -38,6 +38,7 @@ from controlplane.replication import DataPlaneLink
 from controlplane.spend import SpendBook
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.policy import PolicyStore
+from shared.capacity import StateUnavailable
 from shared.logging import get_logger
 from shared.wire import AttemptRow, Lease, LeaseGate
 
@@ -79,8 +80,13 @@ class BudgetGuard:
         self.sync()
 
     def sync(self, quiet: bool = False) -> None:
-        """Configure the watch from the policy chain, unless it is at that revision already."""
-        view = self.policy.read()
+        """Configure the watch from the policy chain, unless it is at that revision already.
+        A chain not readable yet (fleet mode: not validated before the host started) is left
+        for the next policy write or tick."""
+        try:
+            view = self.policy.read()
+        except StateUnavailable:
+            return
         if not self.policy.believable(view) or view.check.revision == self.revision:
             return
         state = view.state

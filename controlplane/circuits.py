@@ -87,6 +87,7 @@ class CircuitRegistry:
         self.store = store
         self.cooldown_s = cooldown_s
         self.on_transition = on_transition
+        self._last_views: dict[str, CircuitView] = {}   # for `view_or_last`
 
     async def get(self, account_id: str, now_ms: int) -> rules.Circuit:
         return rules.current(await self.store.load(account_id), now_ms)
@@ -95,7 +96,17 @@ class CircuitRegistry:
         return rules.admits(await self.store.load(account_id), now_ms)
 
     async def view(self, account_id: str, now_ms: int) -> CircuitView:
-        return view_of(await self.get(account_id, now_ms))
+        view = view_of(await self.get(account_id, now_ms))
+        self._last_views[account_id] = view
+        return view
+
+    async def view_or_last(self, account_id: str, now_ms: int) -> CircuitView:
+        """`view`, or (the store unreachable: fleet mode without Redis) the last one read, or a
+        closed one; the read plane says `fleet.state: unavailable` beside it."""
+        try:
+            return await self.view(account_id, now_ms)
+        except StateUnavailable:
+            return self._last_views.get(account_id) or view_of(rules.CLOSED)
 
     async def claim_probe(self, account_id: str, key_id: str, now_ms: int) -> bool:
         """A lease is about to be granted on the account: True if the circuit admits it (in

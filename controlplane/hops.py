@@ -27,6 +27,7 @@ from controlplane.events import DispatchHop, EventHub, EventKind
 from controlplane.mint import Hop, MintDesk
 from controlplane.routebook import RouteBook
 from controlplane.stores.keys import KeyTable
+from shared.capacity import StateUnavailable
 from shared.codes import Condition
 from shared.logging import get_logger
 from shared.wire import AttemptRow, Lease
@@ -75,7 +76,12 @@ class Hopper:
         lease = self.keys.get(key_id)
         if lease is None:
             return  # revoked or expired while pending
-        hop: Hop | None = await self.desk.hop(lease, condition)
+        try:
+            hop: Hop | None = await self.desk.hop(lease, condition)
+        except StateUnavailable as exc:  # fleet mode, Redis gone: the key stays where it was
+            log.warning("dispatch_hop_unavailable", key_id=key_id, condition=str(condition), error=str(exc))
+            await self.rebind(lease)  # clears the data plane's pending mark
+            return
         if hop is None:
             return
         await self.rebind(hop.lease)  # switches the token, or clears the data plane's pending mark

@@ -19,16 +19,19 @@ from aiohttp import web
 import msgspec
 
 from controlplane.budgetguard import BudgetGuard
-from controlplane.circuits import CircuitRegistry, LocalCircuits
 from controlplane.core.pricing import PriceTable
-from controlplane.decisions import LocalDecisions
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
+from controlplane.fleet.gauges import FleetGauges
+from controlplane.fleet.host import FleetHost, FleetUnreachable
+from controlplane.fleet.view import EmbeddedFleet, FleetSource
+from controlplane.fleet.wiring import backends_for
 from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
 from controlplane.http import dashboard as dashboard_http
 from controlplane.http import events as events_http
+from controlplane.http import fleet as fleet_http
 from controlplane.http import keys as keys_http
 from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
@@ -38,7 +41,7 @@ from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
-from controlplane.http.appkeys import DESK, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, SERVICE
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
@@ -50,8 +53,8 @@ from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
-from shared.capacity import LocalCapacity
 from shared.clock import now_ms
+from shared.fleet.membership import HostIdTaken
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
 from shared.settings import Settings, SettingsError, load_settings, unknown_variables
@@ -74,24 +77,29 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     metrics: GatewayMetrics
     spend: SpendBook
     budgets: BudgetGuard
+    fleet_view: FleetSource
+    fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
          env: dict[str, str] | None = None) -> Control:
     """Every collaborator, in reading order, each handed what it uses."""
     events = EventHub()
-    circuits = CircuitRegistry(LocalCircuits(), settings.circuit_cooldown_seconds,
-                               on_transition=lambda view: events.publish(EventKind.CIRCUIT, view))
+    shared = backends_for(settings, keys)  # in-process tables, or the fleet's Redis (SPEC §16)
+    circuits = shared.circuits(settings.circuit_cooldown_seconds,
+                               lambda view: events.publish(EventKind.CIRCUIT, view))
     service = ControlService(
-        settings, registry, keys, ledger, prices, routes=RouteBook(), lease_capacity=LocalCapacity(),
-        circuits=circuits, decisions=LocalDecisions(), evidence=EvidenceBook(now_ms()), events=events,
+        settings, registry, keys, ledger, prices, routes=RouteBook(), lease_capacity=shared.lease_capacity,
+        circuits=circuits, decisions=shared.decisions, evidence=EvidenceBook(now_ms()), events=events,
         link=DataPlaneLink(), env=env)
     account_ids = [a.id for a in registry.accounts]
     admin = AccountAdminStore(settings.state_dir, account_ids,
-                              on_commit=lambda record: events.publish(EventKind.ACCOUNT_STATE, record))
+                              on_commit=lambda record: events.publish(EventKind.ACCOUNT_STATE, record),
+                              storage=shared.admin_chain, recent_s=shared.chain_recent_s)
     policy = PolicyStore(settings.state_dir, account_ids,
                          Ceiling(fallback_on=frozenset(settings.fallback_on),
-                                 max_fallback_hops=settings.max_fallback_hops))
+                                 max_fallback_hops=settings.max_fallback_hops),
+                         storage=shared.policy_chain, recent_s=shared.chain_recent_s)
     desk = MintDesk(settings=settings, registry=registry, keys=keys, decisions=service.decisions,
                     lease_capacity=service.lease_capacity, circuits=circuits, admin=admin, policy=policy,
                     granter=service, configured=service.configured)
@@ -110,8 +118,13 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
+    fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,
+                                                        admin=admin, policy=policy, events=events)
+    fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
+                                             service.routes.in_flight_by_account) if fleet is None else fleet.view())
+    metrics.watch(FleetGauges(fleet_view))
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet)
 
 
 def build_app(control: Control) -> web.Application:
@@ -122,7 +135,10 @@ def build_app(control: Control) -> web.Application:
     )
     app[SERVICE] = service
     app[DESK] = control.desk
-    admin_http.add_routes(app, control.admin, service.end_account_keys)
+    app[FLEET] = control.fleet_view
+    admin_http.add_routes(app, control.admin,
+                          service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
+    fleet_http.add_routes(app)
     keys_http.add_routes(app)
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
@@ -185,12 +201,29 @@ async def _reaper(service: ControlService, listener: RpcListener) -> None:
 
 
 class StartupError(Exception):
-    """A listener could not be opened; the message names the variable to fix."""
+    """A listener could not be opened, or the fleet refused this pair; the message names the
+    variable to fix."""
+
+
+async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
+    """SPEC §16: claim the host id and re-register what the key journal kept, before anything
+    is served (a duplicate host id never serves its data plane)."""
+    try:
+        await fleet.start()
+    except HostIdTaken as exc:
+        raise StartupError(f"GATEWAY_HOST_ID={settings.host_id} is already held by a live pair of fleet "
+                           f"{settings.fleet_id} ({exc}); give this pair its own GATEWAY_HOST_ID, or stop "
+                           "the other pair") from exc
+    except FleetUnreachable as exc:
+        raise StartupError(f"{exc} (GATEWAY_FLEET_REDIS_URL)") from exc
 
 
 async def serve(control: Control) -> None:
     settings, service = control.settings, control.service
-    await service.restore()
+    if control.fleet is None:
+        await service.restore()
+    else:
+        await _join_fleet(control.fleet, settings)
     listener = RpcListener(settings, service)
     try:
         await listener.start()
@@ -222,6 +255,8 @@ async def serve(control: Control) -> None:
         service.link.conn.close()
     await runner.cleanup()
     await service.settle()  # every row recorded is written before the ledger closes
+    if control.fleet is not None:
+        await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
     service.ledger.close()
     service.keys.close()
     try:

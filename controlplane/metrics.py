@@ -179,6 +179,11 @@ class _RowCounts:
         yield from (attempts, refusals, tokens, cost, unpriced, overhead)
 
 
+class Refreshed(Protocol):
+    async def refresh(self) -> None: ...
+    def collect(self) -> Iterator[Metric]: ...
+
+
 class GatewayMetrics:
     """The registry, the row-fed instruments, and the scrape-time gauges over `service`."""
 
@@ -201,12 +206,20 @@ class GatewayMetrics:
         self.hops = Counter("leasehold_dispatch_hops", "Dispatch keys moved by the gateway, by condition.",
                             ["condition"], registry=self.registry)
         self.registry.register(_LiveCollector(self))
+        self._watched: list[Refreshed] = []
 
     async def refresh(self) -> None:
         """Read what the scrape-time gauges need from the stores that may be remote."""
         now = now_ms()
         self.circuit_phases = {account_id: (await self.circuits.get(account_id, now)).phase
                                for account_id in self.accounts}
+        for collector in self._watched:
+            await collector.refresh()
+
+    def watch(self, collector: Refreshed) -> None:
+        """Add a collector whose `refresh` is awaited before each scrape (the fleet's gauges)."""
+        self.registry.register(collector)  # type: ignore[arg-type]
+        self._watched.append(collector)
 
     def on_hop(self, hop: DispatchHop) -> None:
         self.hops.labels(_bounded(hop.condition, _CONDITIONS)).inc()

@@ -6,10 +6,14 @@ Reading order of `mint_v2`: gather the facts (chains, policy, candidates, citati
 claim the dispatch and the circuit's probe (these decide; the decision's capacity check was
 advisory) → grant → record the decision. Every decision (selected, held or rejected) is
 recorded with its lineage.
+
+Fleet mode (SPEC §16): shared state that cannot answer (`StateUnavailable`) holds a mint or a
+renewal `fleet-state-unavailable` (unrecorded: the table is in that Redis), undoing any claim.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Annotated, Protocol
 
@@ -28,7 +32,7 @@ from controlplane.overlays import AdminOverlay, BudgetFacts, NoBudgets, PolicySo
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
 from shared.bounds import TtlSeconds, retry_after_ms
-from shared.capacity import CapacityStore
+from shared.capacity import CapacityStore, StateUnavailable
 from shared.clock import iso_ms, now_ms
 from shared.codes import HTTP_STATUS, Condition, ErrorCode, Outcome, Refusal, Skip
 from shared.errors import GatewayError
@@ -51,6 +55,7 @@ HOLD_RETRY_S: dict[Refusal, int] = {
     Refusal.FALLBACK_NOT_AUTHORISED: 2,
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 60,
     Refusal.BUDGET_EXHAUSTED: 60,      # the decision says until the window resets; this is a floor
+    Refusal.FLEET_STATE_UNAVAILABLE: 1,   # a Redis reply waits 1 s at most; recovery is automatic
 }
 
 
@@ -149,16 +154,27 @@ class MintDesk:
                         retry_of=body.retry_of_mint_decision_id,
                         supersedes=body.supersedes_mint_decision_id, worker_role=body.worker_role,
                         driver=str(body.fallback_driver))
-        gathered = await self.gather(lineage, body.worker_role, body.model, body.model_class,
-                                     retry_of=body.retry_of_mint_decision_id,
-                                     supersedes=body.supersedes_mint_decision_id)
-        if gathered.policy is not None:
-            base = msgspec.structs.replace(base, policy_revision=gathered.policy.revision)
-        return await self._conclude(base, body, decide_mint(gathered.facts), predecessor=None,
-                                    facts=gathered.facts)
+        try:
+            gathered = await self.gather(lineage, body.worker_role, body.model, body.model_class,
+                                         retry_of=body.retry_of_mint_decision_id,
+                                         supersedes=body.supersedes_mint_decision_id)
+            if gathered.policy is not None:
+                base = msgspec.structs.replace(base, policy_revision=gathered.policy.revision)
+            return await self._conclude(base, body, decide_mint(gathered.facts), predecessor=None,
+                                        facts=gathered.facts)
+        except StateUnavailable as exc:
+            return self._unavailable(base, exc)
 
     async def renew(self, key_id: str, ttl_seconds: int | None) -> MintAnswer:
         """A successor on the same account and position; no citation; the caller revokes after."""
+        try:
+            return await self._renew(key_id, ttl_seconds)
+        except StateUnavailable as exc:
+            return self._unavailable(Decision(mint_decision_id="md_" + new_ulid(), outcome=Outcome.HELD,
+                                              lineage=Lineage("", "", ""), at_ms=now_ms()), exc)
+
+    async def _renew(self, key_id: str, ttl_seconds: int | None) -> MintAnswer:
+        await self.admin.refresh()
         prior = await self.decisions.for_key(key_id)
         lease = self.keys.get(key_id)
         if prior is None or lease is None or prior.account_id is None:
@@ -256,6 +272,7 @@ class MintDesk:
                      model_class: str | None, *, retry_of: str | None = None,
                      supersedes: str | None = None) -> Gathered:
         """Everything `decide_mint` reads, for a mint or for explain's dry run of one."""
+        await asyncio.gather(self.admin.refresh(), self.policy.refresh())  # fleet: the chains as they are now
         admin_ok = not self.admin.is_unavailable()
         policy_ok = not self.policy.is_unavailable()
         if not policy_ok:
@@ -355,7 +372,11 @@ class MintDesk:
         decision = msgspec.structs.replace(
             base, outcome=Outcome.SELECTED, account_id=account.id, fallback_position=chosen.position,
             hop=verdict.hop, key_id=key_id, effective_model=chosen.effective_model)
-        await self.decisions.record(decision)
+        try:
+            await self.decisions.record(decision)
+        except StateUnavailable:
+            await self._unclaim(account.id, key_id)
+            raise
         self._log(decision)
         minted = await self.granter.grant(lease, account, token)
         return MintAnswer(201, {
@@ -381,15 +402,26 @@ class MintDesk:
         so no key outlives a refused claim."""
         if not await self.lease_capacity.reserve(account.id, key_id, ceiling):
             return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
-        if not await self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id,
-                                               allowing=predecessor):
-            await self.lease_capacity.release(key_id)
-            return Refusal.FALLBACK_LEASE_STILL_HELD, None
-        if not await self.circuits.claim_probe(account.id, key_id, now_ms()):
-            await self.lease_capacity.release(key_id)
-            await self.decisions.end_key(key_id)
-            return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
+        try:
+            if not await self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id,
+                                                   allowing=predecessor):
+                await self.lease_capacity.release(key_id)
+                return Refusal.FALLBACK_LEASE_STILL_HELD, None
+            if not await self.circuits.claim_probe(account.id, key_id, now_ms()):
+                await self.lease_capacity.release(key_id)
+                await self.decisions.end_key(key_id)
+                return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
+        except StateUnavailable:
+            await self._unclaim(account.id, key_id)
+            raise
         return None
+
+    async def _unclaim(self, account_id: str, key_id: str) -> None:
+        """Undo a claim the shared state failed under (fleet: each undo that cannot land now
+        is kept and retried, `controlplane/fleet/owed.py`)."""
+        await self.lease_capacity.release(key_id)
+        await self.decisions.end_key(key_id)
+        await self.circuits.on_lease_ended(account_id, key_id, now_ms())
 
     async def _refuse(self, base: Decision, outcome: Outcome, refusal: Refusal,
                       wait_s: int | None = None) -> MintAnswer:
@@ -402,6 +434,17 @@ class MintDesk:
         if outcome == Outcome.REJECTED:   # 409, or 403 `model-unpriced`, which no retry changes
             return MintAnswer(HTTP_STATUS[refusal], body, no_retry=refusal == Refusal.MODEL_UNPRICED)
         return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s))
+
+    def _unavailable(self, base: Decision, exc: StateUnavailable) -> MintAnswer:
+        """SPEC §16: the fleet's shared state did not answer: held, in the held shape."""
+        decision = msgspec.structs.replace(base, outcome=Outcome.HELD, skipped=(),
+                                           refusal_reason=Refusal.FLEET_STATE_UNAVAILABLE)
+        log.warning("fleet_state_unavailable", mint_decision_id=decision.mint_decision_id, error=str(exc))
+        self._log(decision)
+        body = {"outcome": str(Outcome.HELD), "refusal_reason": str(Refusal.FLEET_STATE_UNAVAILABLE),
+                "mint_decision_id": decision.mint_decision_id, "skipped": [],
+                "policy_revision": decision.policy_revision}
+        return MintAnswer(503, body, retry_after_s=HOLD_RETRY_S[Refusal.FLEET_STATE_UNAVAILABLE])
 
     def _log(self, decision: Decision) -> None:
         for listener in self.decision_listeners:

@@ -15,11 +15,13 @@ from shared.codes import AdminState, Condition
 
 
 class AdminOverlay(Protocol):
+    async def refresh(self) -> None: ...           # read the chain as it is now (fleet: off the loop)
     def is_unavailable(self) -> bool: ...          # chain verdict corrupt → hold every v2 mint
     def state_of(self, account_id: str) -> AdminState: ...
 
 
 class PolicySource(Protocol):
+    async def refresh(self) -> None: ...           # read the chain as it is now (fleet: off the loop)
     def is_unavailable(self) -> bool: ...          # chain unverifiable → hold every v2 mint
     def resolve(self, repo_slug: str, worker_role: str | None) -> ResolvedPolicy: ...
 
@@ -33,6 +35,9 @@ class BudgetFacts(Protocol):
 
 
 class NoAdminOverlay:
+    async def refresh(self) -> None:
+        return None
+
     def is_unavailable(self) -> bool:
         return False
 
@@ -45,6 +50,9 @@ class NoPolicy:
 
     def __init__(self, fallback_on: tuple[Condition, ...], max_hops: int) -> None:
         self._resolved = ResolvedPolicy(fallback_on=frozenset(fallback_on), max_fallback_hops=max_hops)
+
+    async def refresh(self) -> None:
+        return None
 
     def is_unavailable(self) -> bool:
         return False

@@ -21,6 +21,7 @@ from shared.chain import (
     GENESIS_HASH, ChainCheck, Fault, Head, Verdict, encode_anchor, encode_record, head_of_tail, seal,
     split_lines, verify_chain, verify_chain_between,
 )
+from shared.capacity import StateUnavailable
 from shared.logging import get_logger
 
 log = get_logger("chain")
@@ -198,7 +199,7 @@ class HashChain(Generic[S]):
     """
 
     def __init__(self, path: str, anchor_path: str, fold: Callable[[Sequence[dict[str, Any]]], S],
-                 storage: ChainStorage | None = None) -> None:
+                 storage: ChainStorage | None = None, *, recent_s: float | None = None) -> None:
         self.path = path
         self.anchor_path = anchor_path
         self.lock_path = path + ".lock"
@@ -206,6 +207,10 @@ class HashChain(Generic[S]):
         self._fold = fold
         self._cache: tuple[tuple[Any, ...], ChainView[S]] | None = None
         self.full_reads = 0  # how many whole-chain reads were made (tests prove the retry count)
+        # `read_recent` (below): None asks the storage at every read, as `read` does; a number
+        # answers the view some `read` validated within that many seconds, without asking.
+        self.recent_s = recent_s
+        self._validated: tuple[float, ChainView[S]] | None = None
 
     # ---- reads (never take the lock) ----------------------------------------------------
 
@@ -222,6 +227,7 @@ class HashChain(Generic[S]):
             key = None
         cached = self._cache
         if key is not None and cached is not None and cached[0] == key:
+            self._validated = (time.monotonic(), cached[1])
             return cached[1]
         check = self._snapshot()
         if check.verdict is Verdict.CORRUPT:
@@ -237,7 +243,30 @@ class HashChain(Generic[S]):
         view = ChainView(check, state)
         if key is not None:
             self._cache = (key, view)
+            self._validated = (time.monotonic(), view)
         return view
+
+    def last_validated(self) -> ChainView[S] | None:
+        """The last view a `read()` validated, however old (a read model that must answer while
+        the storage does not, saying so; never a mint)."""
+        validated = self._validated
+        return None if validated is None else validated[1]
+
+    def read_recent(self) -> ChainView[S]:
+        """The view for a reader on the event loop, which must never wait on a remote storage.
+
+        Without `recent_s` this is `read()` (a local file: a stat). With it (the fleet's Redis
+        chains, read with a blocking client) it answers the view a `read()` validated within
+        `recent_s` seconds — `read()` runs in worker threads: before each mint, after each
+        commit, and on a short poll — and raises `StateUnavailable` past that: a chain nobody
+        could validate lately is unavailable, never guessed from an old read.
+        """
+        if self.recent_s is None:
+            return self.read()
+        validated = self._validated
+        if validated is None or time.monotonic() - validated[0] > self.recent_s:
+            raise StateUnavailable(f"chain {self.path} was not validated within {self.recent_s:g}s")
+        return validated[1]
 
     def head(self) -> Head | None:
         """The last record's `(seq, hash)` by an O(1) tail read (unverified; None if none)."""
@@ -275,6 +304,16 @@ class HashChain(Generic[S]):
                 return self._commit_locked(build, expected_revision)
             finally:
                 self._cache = None
+                self._validated = None
+                if self.recent_s is not None:
+                    self._revalidate()
+
+    def _revalidate(self) -> None:
+        """After a commit, in its thread: the loop's readers (`read_recent`) see it at once."""
+        try:
+            self.read()
+        except Exception as exc:  # unreachable now: the next read (a mint's, the poll's) retries
+            log.warning("chain_revalidation_failed", path=self.path, error=type(exc).__name__)
 
     def _commit_locked(self, build: Callable[[ChainCheck], Mapping[str, Any]],
                        expected_revision: int | None) -> Committed:

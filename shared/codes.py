@@ -69,7 +69,7 @@ class Refusal(StrEnum):
     MODEL_NOT_SERVED = "model-not-served"
     # dispatch keys (SPEC §17)
     FALLBACK_PENDING = "fallback-pending"
-    # fleet mode (SPEC §16)
+    # fleet mode (SPEC §16): the fleet's Redis cannot be reached or answers an error
     FLEET_STATE_UNAVAILABLE = "fleet-state-unavailable"
 
 
@@ -216,3 +216,30 @@ class EndReason(StrEnum):
     RENEWED = "renewed"
     RESERVATION_FAILED = "reservation-failed"
     HOPPED = "hopped"             # a dispatch key's lease replaced by the gateway (SPEC §17)
+    # fleet mode (SPEC §16): a host's own standing ended the key
+    HOST_REAPED = "host-reaped"   # this host was declared dead meanwhile: its slot was released
+    REREGISTRATION_REFUSED = "reregistration-refused"  # after Redis lost its data, the ceiling was full
+    HOST_SUPERSEDED = "host-superseded"  # another instance holds this host id now: fail closed
+
+
+class Standing(StrEnum):
+    """A fleet host's standing, as its heartbeat finds it (SPEC §16)."""
+
+    LIVE = "live"
+    REAPED = "reaped"            # declared dead meanwhile: its holders were released
+    SUPERSEDED = "superseded"    # another instance holds the host id now
+    STATE_LOST = "state-lost"    # Redis lost the fleet's data (the incarnation changed)
+
+
+class FleetMode(StrEnum):
+    """Where the shared state lives (`fleet.mode` of the accounts view)."""
+
+    EMBEDDED = "embedded"        # in this process (no GATEWAY_FLEET_REDIS_URL)
+    REDIS = "redis"
+
+
+class FleetState(StrEnum):
+    """`fleet.state` of the accounts view: may this host rely on the shared state now?"""
+
+    AVAILABLE = "available"
+    UNAVAILABLE = "unavailable"

@@ -32,6 +32,14 @@ def ulid(now_ms: int, randomness: bytes) -> str:
     return "".join(reversed(chars))
 
 
+def ulid_ms(value: str) -> int:
+    """The millisecond time a ULID encodes (its first 10 characters): when a key was minted."""
+    ms = 0
+    for char in value[:10]:
+        ms = ms * 32 + _CROCKFORD.index(char)
+    return ms
+
+
 def new_ulid() -> str:
     return ulid(time.time_ns() // 1_000_000, os.urandom(10))
 

@@ -7,9 +7,9 @@ circuits) is in Redis and re-read, so only the notification is lost, never the s
 
 `FleetRevocations`: `revoke-leases` on one host reaches every live host and answers which did
 not acknowledge within the bound. Requests go through a stream (a host that reconnects reads
-what it missed, from the last entry it handled), acknowledgements into a per-request set (with
-a TTL), and a pub/sub wake-up lets the requester wait without polling. A handler that fails
-does not acknowledge: its host is named as missing.
+what it missed, from the last entry it handled), acknowledgements into a per-request hash (host
+→ the leases it ended, with a TTL), and a pub/sub wake-up lets the requester wait without
+polling. A handler that fails does not acknowledge: its host is named as missing.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class RevokeAnswer(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     acked: tuple[str, ...]
     missing: tuple[str, ...]     # live hosts that did not acknowledge within the bound
+    revoked: int = 0             # leases ended, summed over the hosts that acknowledged
 
 
 _encode = msgspec.json.Encoder().encode
@@ -103,12 +104,14 @@ class FleetEvents:
             except Exception:
                 pass
 
-    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]]) -> None:
-        """Hand every other host's event to `handle`, resubscribing after an outage."""
+    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]], *,
+                  ready: asyncio.Event | None = None) -> None:
+        """Hand every other host's event to `handle`, resubscribing after an outage; `ready` is
+        set once the first subscription is confirmed."""
         while True:
             raise_if_cancelled()
             try:
-                async for event in self.listen():
+                async for event in self.listen(ready=ready):
                     await handle(event)
             except StateUnavailable as exc:
                 log.warning("fleet_events_lost", error=str(exc))
@@ -138,7 +141,8 @@ class FleetRevocations:
                                        maxlen=STREAM_MAXLEN, approximate=True)
                 deadline = time.monotonic() + self.ack_timeout_s
                 while True:
-                    acked = {m.decode() for m in await self.client.smembers(acks_key)}
+                    counts = {h.decode(): int(n) for h, n in (await self.client.hgetall(acks_key)).items()}
+                    acked = set(counts)
                     left = deadline - time.monotonic()
                     if set(hosts) <= acked or left <= 0:
                         break
@@ -149,18 +153,28 @@ class FleetRevocations:
             except Exception:
                 pass
         return RevokeAnswer(request_id=request_id, acked=tuple(sorted(acked)),
-                            missing=tuple(sorted(set(hosts) - acked)))
+                            missing=tuple(sorted(set(hosts) - acked)), revoked=sum(counts.values()))
 
-    async def serve(self, handle: Callable[[RevokeRequest], Awaitable[None]], *,
-                    ready: asyncio.Event | None = None) -> None:
-        """Run `handle` for every request from now on (this host's own included) and acknowledge
-        each it completed; after an outage, go on from the last request handled."""
-        last_id: str | None = None
+    async def requests_since(self, at_ms: int) -> list[RevokeRequest]:
+        """The requests still in the stream made at or after `at_ms` (Redis's clock): what a
+        host that was down missed (a restart resumes from the newest entry, `serve`)."""
+        with guard("fleet revoke history"):
+            entries = await self.client.xrange(self.keys.revoke, min=f"{max(0, at_ms)}-0")
+        return [_request_of(entry_id.decode(), fields) for entry_id, fields in entries]
+
+    async def serve(self, handle: Callable[[RevokeRequest], Awaitable[int | None]], *,
+                    ready: asyncio.Event | None = None, after: str | None = None) -> None:
+        """Run `handle` for every request from now on (or after the entry `after`; this host's
+        own included) and acknowledge each it completed (with the leases it ended); after an
+        outage, go on from the last request handled."""
+        last_id: str | None = after
+        if after is not None and ready is not None:
+            ready.set()
         while True:
             raise_if_cancelled()
             try:
                 if last_id is None:
-                    last_id = await self._last_id()
+                    last_id = await self.last_id()
                     if ready is not None:
                         ready.set()
                 last_id = await self._serve_batch(last_id, handle)
@@ -168,37 +182,41 @@ class FleetRevocations:
                 log.warning("fleet_revocations_lost", error=str(exc))
                 await asyncio.sleep(RETRY_S)
 
-    async def _last_id(self) -> str:
+    async def last_id(self) -> str:
+        """The newest request's entry id ("0-0" when there is none)."""
         with guard("fleet revoke stream"):
             newest = await self.client.xrevrange(self.keys.revoke, count=1)
         return newest[0][0].decode() if newest else "0-0"
 
-    async def _serve_batch(self, last_id: str, handle: Callable[[RevokeRequest], Awaitable[None]]) -> str:
+    async def _serve_batch(self, last_id: str, handle: Callable[[RevokeRequest], Awaitable[int | None]]) -> str:
         with guard("fleet revoke read"):
             batches = await self.client.xread({self.keys.revoke: last_id}, count=32, block=self.block_ms)
         for _stream, entries in batches or ():
             for entry_id, fields in entries:
                 last_id = entry_id.decode()
-                request = RevokeRequest(request_id=fields[b"request_id"].decode(),
-                                        account_id=fields[b"account_id"].decode(),
-                                        from_host=fields[b"from_host"].decode(), at_ms=int(last_id.split("-")[0]))
+                request = _request_of(last_id, fields)
                 try:
-                    await handle(request)
+                    ended = await handle(request)
                 except Exception as exc:  # not acknowledged: the requester names this host
                     log.error("fleet_revoke_failed", request_id=request.request_id,
                               account_id=request.account_id, error=repr(exc))
                     continue
-                await self._ack(request.request_id)
+                await self._ack(request.request_id, ended or 0)
         return last_id
 
-    async def _ack(self, request_id: str) -> None:
+    async def _ack(self, request_id: str, ended: int) -> None:
         acks_key = self.keys.revoke_acks(request_id)
         with guard("fleet revoke ack"):
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.sadd(acks_key, self.host_id)
+                pipe.hset(acks_key, self.host_id, ended)
                 pipe.pexpire(acks_key, ACK_TTL_MS)
                 pipe.publish(self.keys.revoke_acked, request_id)
                 await pipe.execute()
+
+
+def _request_of(entry_id: str, fields: dict[bytes, bytes]) -> RevokeRequest:
+    return RevokeRequest(request_id=fields[b"request_id"].decode(), account_id=fields[b"account_id"].decode(),
+                         from_host=fields[b"from_host"].decode(), at_ms=int(entry_id.split("-")[0]))
 
 
 async def _subscribe(pubsub: Any, channel: str, timeout_s: float = 2.0) -> None:

@@ -3,6 +3,12 @@
 A projection over the registry, the key table, the route book, the evidence book, the circuits
 and the admin overlay. It names the credential's variable, never reads its value (an AST test
 holds this module to that).
+
+Fleet mode (SPEC §16): `lease_count` and `in_flight_count` are fleet-wide, `hosts` splits them by
+host (`{host_id, lease_count, in_flight_count, last_seen_at}`), and the view's `fleet` says
+`{mode, state, hosts_live}`. While the fleet's state is `unavailable` the counts are this host's
+own and the circuit and administrative state the last ones read; embedded mode is a fleet of one
+(`{mode: "embedded", state: "available", hosts_live: 1}`).
 """
 
 from __future__ import annotations
@@ -15,11 +21,26 @@ from aiohttp import web
 from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
 from controlplane.http.common import int_query, json_response, requires
-from controlplane.http.appkeys import DESK, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from shared.capacity import StateUnavailable
+from shared.chain import Verdict
 from shared.clock import iso_ms, now_ms
-from shared.codes import Scope
+from shared.codes import AdminState, Scope
 
 WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S = 900, 60, 86400
+
+
+class HostView(msgspec.Struct, frozen=True, kw_only=True):
+    host_id: str
+    lease_count: int
+    in_flight_count: int
+    last_seen_at: str | None     # the host's last heartbeat; null for a dead host not yet reaped
+
+
+class FleetView(msgspec.Struct, frozen=True, kw_only=True):
+    mode: str                    # embedded | redis
+    state: str                   # available | unavailable
+    hosts_live: int
 
 
 class AccountView(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +63,7 @@ class AccountView(msgspec.Struct, frozen=True, kw_only=True):
     circuit: CircuitView
     health: str
     health_reason: str
+    hosts: list[HostView]
 
 
 class AccountsView(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +74,7 @@ class AccountsView(msgspec.Struct, frozen=True, kw_only=True):
     evidence_truncated: bool
     admin_chain_verdict: str      # while `corrupt`, every account reads `disabled` and mints hold
     admin_revision: int | None   # null while the chain is corrupt
+    fleet: FleetView
 
 
 def origin_of(url: str) -> str:
@@ -63,11 +86,18 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     service = request.app[SERVICE]
     admin = request.app[DESK].admin
     now = now_ms()
-    leases = service.keys.count_by_account()
-    in_flight = service.routes.in_flight_by_account()
+    fleet = await request.app[FLEET].snapshot(now)
+    try:
+        chain = admin.read()
+    except StateUnavailable:  # fleet mode, Redis away: the last overlay read (fleet.state says so)
+        chain = admin.chain.last_validated()
+    overlay = None if chain is None else chain.state
     truncated_any = False
     views = []
     for account in service.registry.accounts:
+        rows = fleet.accounts.get(account.id, [])
+        lease_count = sum(r.lease_count for r in rows)
+        in_flight = sum(r.in_flight_count for r in rows)
         counts, last_ms, truncated = service.evidence.window(account.id, now - window_s * 1000)
         truncated_any = truncated_any or truncated
         configured = service.configured(account)
@@ -77,20 +107,22 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             provider_binding=str(account.provider_binding),
             upstream_origin=origin_of(account.base_url), auth_style=str(account.auth_style),
             credential_env=account.credential_env, configured=configured,
-            administrative_state=str(admin.state_of(account.id)),
-            leased=leases.get(account.id, 0) > 0, lease_count=leases.get(account.id, 0),
-            in_flight=in_flight.get(account.id, 0) > 0, in_flight_count=in_flight.get(account.id, 0),
+            administrative_state=str(AdminState.DISABLED if overlay is None else overlay.state_of(account.id)),
+            leased=lease_count > 0, lease_count=lease_count, in_flight=in_flight > 0, in_flight_count=in_flight,
             observed=counts.observed > 0, observed_request_count=counts.observed,
             observed_aborted_count=counts.aborted,
             last_observed_at=None if last_ms is None else iso_ms(last_ms),
-            circuit=await service.circuits.view(account.id, now),
+            circuit=await service.circuits.view_or_last(account.id, now),
             health=str(health), health_reason=str(reason),
+            hosts=[HostView(host_id=r.host_id, lease_count=r.lease_count, in_flight_count=r.in_flight_count,
+                            last_seen_at=None if r.last_seen_ms is None else iso_ms(r.last_seen_ms)) for r in rows],
         ))
-    chain = admin.read()
     return AccountsView(accounts=views, window_seconds=window_s, as_of=iso_ms(now),
                         evidence_since=iso_ms(service.evidence.since_ms),
                         evidence_truncated=truncated_any,
-                        admin_chain_verdict=str(chain.check.verdict), admin_revision=chain.check.revision)
+                        admin_chain_verdict=str(Verdict.CORRUPT if chain is None else chain.check.verdict),
+                        admin_revision=None if chain is None else chain.check.revision,
+                        fleet=FleetView(mode=str(fleet.mode), state=str(fleet.state), hosts_live=fleet.hosts_live))
 
 
 @requires(Scope.READ)

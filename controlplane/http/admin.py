@@ -3,7 +3,9 @@
 - `GET /control/v2/accounts/admin`: revision, chain verdict and reason, each account's state,
   and the overlay (the accounts some record set).
 - `PATCH /control/v2/accounts/{id}/state` `{state, reason, actor?, expected_revision?}`
-- `POST /control/v2/accounts/{id}/revoke-leases` `{reason, actor?, expected_revision?}`
+- `POST /control/v2/accounts/{id}/revoke-leases` `{reason, actor?, expected_revision?}`; the
+  answer's `revoked` counts the leases ended, and `unacknowledged_hosts` names the live fleet
+  hosts that did not acknowledge within 5 s (SPEC §16; `[]` in embedded mode)
 - `GET /control/v2/accounts/audit`: every record and the chain verdict.
 
 Optimistic concurrency is `expected_revision` in the body (409 naming the current revision on a
@@ -119,6 +121,8 @@ def _mutation_payload(done: AdminMutation) -> dict[str, Any]:
                            f"{done.based_on_revision}")
     if done.revoked is not None:
         payload["revoked"] = done.revoked
+        # SPEC §16: live hosts that did not acknowledge within 5 s (always [] in embedded mode)
+        payload["unacknowledged_hosts"] = list(done.unacknowledged_hosts or ())
     return payload
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane.events import EventHub
+from controlplane.fleet.view import FleetSource
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.service import ControlService
@@ -27,6 +28,7 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
 SPEND_BOOK = web.AppKey("spend_book", SpendBook)
 SPEND_POLICY = web.AppKey("spend_policy", PolicyStore)
+FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else Redis (SPEC §16)
 
 __all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
-           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY"]
+           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET"]

@@ -15,7 +15,8 @@ import msgspec
 from aiohttp import web
 
 from shared.bounds import retry_after_s
-from shared.codes import ErrorCode, Refusal, Scope
+from shared.capacity import StateUnavailable
+from shared.codes import HTTP_STATUS, ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
 from shared.logging import get_logger, redact_text
 from shared.settings import Settings
@@ -32,6 +33,8 @@ _GRANTS: dict[Scope, frozenset[Scope]] = {
 }
 SCOPE_KEY = web.RequestKey("scope_of_request", dict) if hasattr(web, "RequestKey") else "scope_of_request"
 _encode = msgspec.json.Encoder().encode
+# A held caller's wait when the fleet's Redis did not answer: one reply timeout (1 s).
+FLEET_RETRY_AFTER_S = 1
 
 
 def requires(scope: Scope | None) -> Callable[[Handler], Handler]:
@@ -102,6 +105,12 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
             if exc.retry_after_s is not None:
                 headers["Retry-After"] = str(retry_after_s(exc.retry_after_s))
             return error_response(exc.code, exc.detail, exc.status, headers=headers, **exc.extra)
+        except StateUnavailable as exc:  # fleet mode (SPEC §16): held, never a per-host guess
+            log.warning("fleet_state_unavailable", path=request.path, method=request.method, error=str(exc))
+            code = Refusal.FLEET_STATE_UNAVAILABLE
+            return error_response(code, "the fleet's shared state (Redis) cannot be reached or answered an "
+                                  "error; nothing was changed; retry", HTTP_STATUS[code],
+                                  headers={"Retry-After": str(FLEET_RETRY_AFTER_S)})
     return middleware
 
 

@@ -22,6 +22,7 @@ FILES = {  # file in controlplane/static → content type
     "source.js": "text/javascript; charset=utf-8",      # the read API and the feed reader
     "render.js": "text/javascript; charset=utf-8",      # data in, DOM out
     "charts.js": "text/javascript; charset=utf-8",      # budgets and spend, drawn as inline SVG
+    "fleet.js": "text/javascript; charset=utf-8",       # the fleet section (SPEC §16)
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {

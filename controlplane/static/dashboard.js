@@ -11,6 +11,7 @@
 import { SourceError, api, openFeed, readEvents } from "./source.js";
 import { placeholder, renderAccounts, renderAdmin, renderHops, renderLive, renderRecent } from "./render.js";
 import { renderBudgets, renderSpend } from "./charts.js";
+import { renderFleet } from "./fleet.js";
 
 const TOKEN_KEY = "leasehold.readToken";
 const RECENT_LIMIT = 50;
@@ -50,6 +51,7 @@ async function refreshAll() {
     api("/control/v2/accounts/admin", token),
     api("/control/v2/budgets", token),
     api(`/control/v2/spend?window=hour&by=account&hours=${SPEND_HOURS}`, token),
+    api("/control/v2/fleet", token),
   ]);
   const failed = results.slice(0, 3).find((r) => r.status === "rejected");
   if (failed) {
@@ -63,6 +65,7 @@ async function refreshAll() {
   renderAdmin(results[3]);
   renderBudgets(results[4]);
   renderSpend(results[5], results[0].value.accounts.map((a) => a.id));
+  renderFleet(results[6]);
   renderRoutes();
 }
 

@@ -36,9 +36,10 @@ from typing import Any
 import msgspec
 
 from controlplane.core.overlay import AdminAction, Overlay, fold_overlay
+from shared.capacity import StateUnavailable
 from shared.chain import ChainCheck, Verdict
 from shared.chainfile import (
-    ChainBusy, ChainCorrupt, ChainError, ChainUnwritable, ChainView, Committed, HashChain,
+    ChainBusy, ChainCorrupt, ChainError, ChainStorage, ChainUnwritable, ChainView, Committed, HashChain,
     RevisionConflict,
 )
 from shared.clock import iso_ms, now_ms
@@ -53,7 +54,17 @@ ANCHOR_FILE = "account-admin-head.json"
 # How long a revoke-leases mutation waits, holding the writer's lock, for the revocation.
 REVOCATION_TIMEOUT_S = 60.0
 
-Revoker = Callable[[str], Awaitable[int]]
+
+
+class Revocation(msgspec.Struct, frozen=True, kw_only=True):
+    """What an account-wide revocation did: the leases it ended (on every host that answered),
+    and the live hosts that did not acknowledge it within the bound (fleet mode, SPEC §16)."""
+
+    revoked: int
+    unacknowledged_hosts: tuple[str, ...] = ()
+
+
+Revoker = Callable[[str], Awaitable[int | Revocation]]
 
 
 class AdminMutation(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +73,7 @@ class AdminMutation(msgspec.Struct, frozen=True, kw_only=True):
     based_on_revision: int  # the revision the mutation was decided against
     expected_revision: int | None  # what the caller supplied (None: applied at the current one)
     revoked: int | None = None  # leases ended by a revoke-leases mutation
+    unacknowledged_hosts: tuple[str, ...] | None = None  # of a revoke-leases: live hosts that did not ack
 
 
 class RevocationFailed(Exception):
@@ -71,34 +83,44 @@ class RevocationFailed(Exception):
 class AccountAdminStore:
     def __init__(self, state_dir: str, account_ids: Sequence[str], *,
                  clock: Callable[[], int] = now_ms,
-                 on_commit: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_commit: Callable[[dict[str, Any]], None] | None = None,
+                 storage: ChainStorage | None = None, recent_s: float | None = None) -> None:
+        """`storage`: where the chain's bytes live (the state dir's files by default; fleet
+        mode: Redis, mirrored into those files). `recent_s`: see `HashChain.read_recent`."""
         self.account_ids = tuple(account_ids)
         self._known = frozenset(self.account_ids)
         self._clock = clock
         self._on_commit = on_commit
         self.chain: HashChain[Overlay] = HashChain(
-            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_overlay)
+            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_overlay,
+            storage=storage, recent_s=recent_s)
 
     # ---- reads ----------------------------------------------------------------------------
 
     def read(self) -> ChainView[Overlay]:
         """One read: check and overlay from the same bytes (a revision never labels another
-        read's overlay)."""
-        return self.chain.read()
+        read's overlay). Safe on the event loop (`HashChain.read_recent`)."""
+        return self.chain.read_recent()
 
     async def read_async(self) -> ChainView[Overlay]:
         return await asyncio.to_thread(self.chain.read)
 
+    async def refresh(self) -> None:
+        """Validate the chain off the loop now, when its storage is remote (a mint calls this
+        first, so it decides on the chain as it is); a no-op over the local files."""
+        if self.chain.recent_s is not None:
+            await self.read_async()
+
     def verdict(self) -> Verdict:
-        return self.chain.read().check.verdict
+        return self.read().check.verdict
 
     def is_unavailable(self) -> bool:
         """The chain cannot be believed: hold every v2 mint (`account-state-unavailable`)."""
-        return self.chain.read().check.verdict is Verdict.CORRUPT
+        return self.read().check.verdict is Verdict.CORRUPT
 
     def overlay(self) -> Overlay | None:
         """The overlay, or None when the chain is corrupt."""
-        return self.chain.read().state
+        return self.read().state
 
     def state_of(self, account_id: str) -> AdminState:
         """An account's state; `disabled` while the chain is corrupt (callers that must tell the
@@ -129,24 +151,28 @@ class AccountAdminStore:
                             expected_revision: int | None = None) -> AdminMutation:
         self._require_known(account_id)
         loop = asyncio.get_running_loop()
-        revoked: list[int] = []
+        revoked: list[Revocation] = []
 
         def build(_check: ChainCheck) -> dict[str, Any]:
             # In the mutation's thread, lock held, revision already checked: lend the revocation
             # to the loop and wait for it before anything is appended.
             future = asyncio.run_coroutine_threadsafe(revoke(account_id), loop)
             try:
-                revoked.append(int(future.result(timeout=REVOCATION_TIMEOUT_S)))
+                done = future.result(timeout=REVOCATION_TIMEOUT_S)
+                revoked.append(done if isinstance(done, Revocation) else Revocation(revoked=int(done)))
             except concurrent.futures.TimeoutError:
                 future.cancel()
                 raise RevocationFailed(f"no answer within {REVOCATION_TIMEOUT_S:g}s") from None
+            except StateUnavailable:  # fleet mode: nothing appended; held 503 fleet-state-unavailable
+                raise
             except Exception as exc:
                 raise RevocationFailed(repr(exc)) from exc
             return self._fields(account_id, AdminAction.REVOKE_LEASES, None, reason, actor,
                                 authenticated_by)
 
         committed = await self._commit(build, expected_revision)
-        log.info("account_leases_revoked", account_id=account_id, revoked=revoked[0],
+        log.info("account_leases_revoked", account_id=account_id, revoked=revoked[0].revoked,
+                 unacknowledged_hosts=list(revoked[0].unacknowledged_hosts),
                  revision=committed.revision, actor=actor, authenticated_by=authenticated_by)
         return self._done(committed, expected_revision, revoked[0])
 
@@ -182,7 +208,7 @@ class AccountAdminStore:
                                "may already be revoked; retry the request") from None
 
     def _done(self, committed: Committed, expected_revision: int | None,
-              revoked: int | None = None) -> AdminMutation:
+              revoked: Revocation | None = None) -> AdminMutation:
         if self._on_commit is not None:
             try:
                 self._on_commit(committed.record)
@@ -190,7 +216,9 @@ class AccountAdminStore:
                 log.exception("admin_commit_listener_failed")
         return AdminMutation(record=committed.record, revision=committed.revision,
                              based_on_revision=committed.based_on_revision,
-                             expected_revision=expected_revision, revoked=revoked)
+                             expected_revision=expected_revision,
+                             revoked=None if revoked is None else revoked.revoked,
+                             unacknowledged_hosts=None if revoked is None else revoked.unacknowledged_hosts)
 
 
 def refusal_of(exc: ChainError) -> GatewayError:

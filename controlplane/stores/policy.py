@@ -32,7 +32,7 @@ from controlplane.core.policy import (
 from controlplane.core.policy import ResolvedPolicy
 from shared.chain import ChainCheck, Verdict
 from shared.chainfile import (
-    ChainBusy, ChainCorrupt, ChainError, ChainView, HashChain, RevisionConflict,
+    ChainBusy, ChainCorrupt, ChainError, ChainStorage, ChainView, HashChain, RevisionConflict,
 )
 from shared.clock import iso_ms, now_ms
 from shared.codes import ErrorCode, Refusal
@@ -80,21 +80,31 @@ def refusal_of_findings(name: str, findings: Iterable[Finding]) -> GatewayError:
 
 class PolicyStore:
     def __init__(self, state_dir: str, account_ids: Iterable[str], ceiling: Ceiling, *,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms, storage: ChainStorage | None = None,
+                 recent_s: float | None = None) -> None:
+        """`storage`: where the chain's bytes live (the state dir's files by default; fleet
+        mode: Redis, mirrored into those files). `recent_s`: see `HashChain.read_recent`."""
         self.known_accounts = frozenset(account_ids)
         self.ceiling = ceiling
         self._clock = clock
         self.chain: HashChain[PolicyState] = HashChain(
-            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_records)
+            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_records,
+            storage=storage, recent_s=recent_s)
         self.write_listeners: list[Callable[[PolicyWrite], None]] = []   # after each append (budgets)
 
     # ---- reads (the mint's `PolicySource`) --------------------------------------------------
 
     def read(self) -> ChainView[PolicyState]:
-        return self.chain.read()
+        """Safe on the event loop (`HashChain.read_recent`)."""
+        return self.chain.read_recent()
 
     async def read_async(self) -> ChainView[PolicyState]:
         return await asyncio.to_thread(self.chain.read)
+
+    async def refresh(self) -> None:
+        """Validate the chain off the loop now when its storage is remote (see the admin store's)."""
+        if self.chain.recent_s is not None:
+            await self.read_async()
 
     @staticmethod
     def believable(view: ChainView[PolicyState]) -> bool:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from enum import StrEnum
 
 import msgspec
 import redis.asyncio as aredis
 
+from shared.codes import Standing
 from shared.fleet.capacity import RELEASE_HOST_FN
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import guard
@@ -120,15 +120,6 @@ LIVE = _NOW + """
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now - tonumber(ARGV[1])), '+inf', 'WITHSCORES')
 return live
 """
-
-
-class Standing(StrEnum):
-    """A host's standing in the fleet, as its heartbeat finds it."""
-
-    LIVE = "live"
-    REAPED = "reaped"            # declared dead meanwhile: its holders were released
-    SUPERSEDED = "superseded"    # another instance holds the host id now
-    STATE_LOST = "state-lost"    # Redis lost the fleet's data (the incarnation changed)
 
 
 class HostClaim(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,6 +12,8 @@ what would let the layout run on a cluster unchanged.
 | `{f}:hosts:seen` | zset | host id → last heartbeat (ms, Redis's clock) |
 | `{f}:hosts:instance` | hash | host id → the id of the process holding it (a random instance id) |
 | `{f}:hosts:epoch` | hash | host id → times it was declared dead (bumped by the reaper) |
+| `{f}:registered` | set | hosts that registered their holders in this incarnation of the data (lost with it) |
+| `{f}:hosts:flight:<host>` | hash | account → attempts in flight on that host (written with its heartbeat, with a TTL) |
 | `{f}:cap:<table>:owner` | hash | holder → account (`table` is `lease` or `request`) |
 | `{f}:cap:<table>:acct:<account>` | hash | holder → host: the account's registry (HLEN is its count) |
 | `{f}:cap:<table>:host:<host>` | hash | holder → account: what a host holds (for the reaper) |
@@ -26,7 +28,7 @@ what would let the layout run on a cluster unchanged.
 | `{f}:chain:<name>:records` / `:anchor` / `:rev` / `:lock` / `:seeded` | strings | a chain's records, anchor, revision counter, writer lock, re-seed marker |
 | `{f}:events` | channel | account.state, circuit and policy events |
 | `{f}:revoke` | stream | account-wide revoke-leases requests |
-| `{f}:revoke:acks:<request>` | set | hosts that acknowledged one request, with a TTL |
+| `{f}:revoke:acks:<request>` | hash | host → leases it ended, for each host that acknowledged one request, with a TTL |
 | `{f}:revoke:acked` | channel | wakes a requester when an acknowledgement arrives |
 """
 
@@ -56,6 +58,7 @@ class FleetKeys:
         self.hosts_seen = p + "hosts:seen"
         self.hosts_instance = p + "hosts:instance"
         self.hosts_epoch = p + "hosts:epoch"
+        self.registered = p + "registered"
         self.events = p + "events"
         self.revoke = p + "revoke"
         self.revoke_acked = p + "revoke:acked"
@@ -109,6 +112,9 @@ class FleetKeys:
         if part not in ("records", "anchor", "rev", "lock", "seeded"):
             raise ValueError(part)
         return f"{self.prefix}chain:{name}:{part}"
+
+    def host_in_flight(self, host_id: str) -> str:
+        return self.prefix + "hosts:flight:" + host_id
 
     def revoke_acks(self, request_id: str) -> str:
         return self.prefix + "revoke:acks:" + request_id

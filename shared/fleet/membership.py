@@ -65,6 +65,11 @@ class Membership:
         log.info("fleet_joined", host_id=self.host_id, epoch=claim.epoch)
         return claim
 
+    @property
+    def recovering(self) -> bool:
+        """A re-claim whose `recover` has not completed yet (new holders stay fenced out)."""
+        return self._pending is not None
+
     def registered(self, claim: HostClaim) -> None:
         """The holders are registered in `claim`'s incarnation: admit new ones from now on."""
         self.fence.value = claim.incarnation

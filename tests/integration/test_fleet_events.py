@@ -104,7 +104,7 @@ async def test_a_host_that_reconnects_reads_the_requests_it_missed(fleet: Fleet,
     while it was away (the requester had named it missing meanwhile)."""
     requester = FleetRevocations(fleet.client, fleet.keys, "gw-a", ack_timeout_s=0.2)
     late = FleetRevocations(fleet.client, fleet.keys, "gw-b")
-    last_id = await late._last_id()
+    last_id = await late.last_id()
     answer = await requester.request("acct", ["gw-b"])
     assert answer.missing == ("gw-b",)
     seen: list[RevokeRequest] = []
@@ -113,4 +113,4 @@ async def test_a_host_that_reconnects_reads_the_requests_it_missed(fleet: Fleet,
         seen.append(request)
     await late._serve_batch(last_id, handle)
     assert [r.request_id for r in seen] == [answer.request_id]
-    assert fleet.admin().sismember(fleet.keys.revoke_acks(answer.request_id), "gw-b")
+    assert fleet.admin().hexists(fleet.keys.revoke_acks(answer.request_id), "gw-b")

@@ -15,7 +15,7 @@ MODEL = "claude-sonnet-4-6"
 FIELDS = {"id", "display_name", "provider_binding", "upstream_origin", "auth_style", "credential_env",
           "configured", "administrative_state", "leased", "lease_count", "in_flight", "in_flight_count",
           "observed", "observed_request_count", "observed_aborted_count", "last_observed_at", "circuit",
-          "health", "health_reason"}
+          "health", "health_reason", "hosts"}
 
 
 def accounts(gw: Gateway, query: str = "") -> dict:
@@ -69,6 +69,11 @@ models = ["claude-*"]
     assert view["legacy-anthropic"]["circuit"] == {"state": "closed", "opened_at": None, "retry_at": None, "opened_by": None}
     assert body["window_seconds"] == 900 and body["evidence_truncated"] is False
     assert body["as_of"].endswith("Z") and body["evidence_since"].endswith("Z")
+    # SPEC §16: embedded mode is a fleet of one host, always available
+    assert body["fleet"] == {"mode": "embedded", "state": "available", "hosts_live": 1}
+    [host] = view["legacy-anthropic"]["hosts"]
+    assert set(host) == {"host_id", "lease_count", "in_flight_count", "last_seen_at"}
+    assert (host["lease_count"], host["in_flight_count"]) == (0, 0) and host["last_seen_at"].endswith("Z")
 
 
 def test_three_500s_of_four_is_degraded_and_leases_are_counted(make_gateway, clean_stub: Stub):

@@ -15,7 +15,8 @@ from tests.support.harness import Gateway, Stub, http as call
 from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
-ALLOWED_LABELS = {"account_id", "wire", "status", "condition", "code", "kind", "state", "reason", "le"}
+# `host_id`: the fleet's gauges (SPEC §16: a fleet's few operator-chosen host names).
+ALLOWED_LABELS = {"account_id", "wire", "status", "condition", "code", "kind", "state", "reason", "le", "host_id"}
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_creation")
 
 

@@ -137,6 +137,13 @@ def test_dataplane_is_ordered_after_control_but_survives_its_restart() -> None:
     assert stop_s >= DRAIN_DEFAULT_S + 10
 
 
+def test_control_starts_after_a_local_redis_it_wants_but_does_not_require() -> None:
+    control = "leasehold-control.service"
+    assert "redis-server.service" in " ".join(values(control, "After")).split()
+    assert "redis-server.service" in " ".join(values(control, "Wants")).split()
+    assert not any(values(control, key) for key in ("Requires", "BindsTo", "PartOf"))
+
+
 def test_dataplane_is_active_only_once_its_healthz_says_synchronised() -> None:
     """ExecStartPost= runs the probe on the data plane's own /healthz (SPEC §12), within the
     start timeout; the probe module is the one tests/system/test_dataplane_health.py runs."""

@@ -1,0 +1,164 @@
+"""Owed writes: what the fleet's Redis could not take while it was unavailable, kept in order and
+delivered once it answers again (SPEC §16).
+
+Rule: a lease ends on this host whatever Redis answers (the data plane refuses its key at once),
+and a row is written and acknowledged whatever Redis answers (the ledger is per host). What the
+shared state is owed for them — the lease slot's release, the dispatch's live key, the circuit's
+probe, the circuit's and the decision's evidence — is queued here and delivered first-in,
+first-out: while anything is owed, a newer write queues behind it instead of running, so a
+circuit folds its terminals in the order they happened. Nothing is tried inline while the queue
+is not empty: the first failure costs one reply timeout (1 s), the rest none — a hung Redis
+must not hold every row's acknowledgement for a timeout. `deliver` (the fleet host's loop, every
+`DELIVER_INTERVAL_S`) empties it.
+
+A write about a key that is live again when it comes due (a dispatch key whose hop failed and
+that stayed where it was) is skipped: its slot, dispatch claim and probe are its own again.
+
+Bound: releases are not bounded here — there is one per lease that ended, and no lease can be
+minted while Redis is away — but evidence is, at `EVIDENCE_MAX` queued rows (an outage of
+minutes at thousands of rows a second): past it, new evidence is dropped, counted and logged
+(the rows themselves are in the ledger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import redis.asyncio as aredis
+
+from controlplane.circuits import CircuitRegistry, CircuitStore, CircuitView
+from controlplane.fleet.decisions import RedisDecisions
+from shared.capacity import StateUnavailable
+from shared.codes import Condition
+from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.keys import Ceiling, FleetKeys
+from shared.logging import get_logger
+from shared.wire import AttemptRow
+
+log = get_logger("fleet")
+
+EVIDENCE_MAX = 65_536
+DELIVER_INTERVAL_S = 0.25
+
+
+class Owed(msgspec.Struct, frozen=True):
+    what: str                                   # for the log: "release", "evidence", ...
+    write: Callable[[], Awaitable[Any]]
+    unless_live: str | None = None              # skipped when this key is live again by then
+    evidence: bool = False
+
+
+class OwedWrites:
+    def __init__(self, is_live: Callable[[str], bool], evidence_max: int = EVIDENCE_MAX) -> None:
+        self.is_live = is_live
+        self.evidence_max = evidence_max
+        self._queue: deque[Owed] = deque()
+        self._evidence = 0
+        self.dropped = 0                        # evidence past the bound, since start
+        self._delivering = asyncio.Lock()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    async def write(self, owed: Owed) -> Any:
+        """Run the write now when nothing is owed (its answer, or None once queued)."""
+        if not self._queue:
+            try:
+                return await owed.write()
+            except StateUnavailable as exc:
+                log.warning("fleet_writes_owed", first=owed.what, error=str(exc))
+        self._append(owed)
+        return None
+
+    def _append(self, owed: Owed) -> None:
+        if owed.evidence:
+            if self._evidence >= self.evidence_max:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.error("fleet_evidence_dropped", dropped=self.dropped, bound=self.evidence_max)
+                return
+            self._evidence += 1
+        self._queue.append(owed)
+
+    async def deliver(self) -> int:
+        """Deliver in order until nothing is owed or Redis fails again; answers how many landed."""
+        delivered = 0
+        async with self._delivering:
+            while self._queue:
+                owed = self._queue[0]
+                if owed.unless_live is None or not self.is_live(owed.unless_live):
+                    try:
+                        await owed.write()
+                    except StateUnavailable:
+                        return delivered
+                    except Exception:  # a bug in one write must not wedge every later one
+                        log.exception("fleet_owed_write_failed", what=owed.what)
+                    delivered += 1
+                self._queue.popleft()
+                if owed.evidence:
+                    self._evidence -= 1
+            if delivered:
+                log.info("fleet_writes_delivered", delivered=delivered)
+        return delivered
+
+
+class OwedCapacity(RedisCapacity):
+    """The lease table: a release that cannot land now is owed, never lost; and, after Redis
+    lost its data, no reserve until the fleet re-registered (`admitting`, set by the fleet host
+    from `core/fleet.may_admit`)."""
+
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, incarnation: Incarnation,
+                 owed: OwedWrites) -> None:
+        super().__init__(client, keys, Ceiling.LEASE, host_id, incarnation)
+        self.owed = owed
+        self.admitting = True
+
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
+        if not self.admitting:
+            raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
+        return await RedisCapacity.reserve(self, account_id, holder, ceiling)
+
+    async def release(self, holder: str) -> bool:
+        done = await self.owed.write(Owed("release", lambda: RedisCapacity.release(self, holder),
+                                          unless_live=holder))
+        return bool(done)
+
+
+class OwedDecisions(RedisDecisions):
+    """The decision table: a key's end and a row's evidence are owed when they cannot land."""
+
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites) -> None:
+        super().__init__(client, keys)
+        self.owed = owed
+
+    async def end_key(self, key_id: str) -> None:
+        await self.owed.write(Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id))
+
+    async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
+        await self.owed.write(Owed("evidence", lambda: RedisDecisions.add_evidence(self, mint_decision_id,
+                                                                                   condition), evidence=True))
+
+
+class OwedCircuits(CircuitRegistry):
+    """The circuits: a row's fold and a probe's end are owed when they cannot land. A row owed
+    is folded at the time it was recorded (the circuit opens when the failures happened)."""
+
+    def __init__(self, store: CircuitStore, cooldown_s: int, owed: OwedWrites,
+                 on_transition: Callable[[CircuitView], None] | None = None) -> None:
+        super().__init__(store, cooldown_s, on_transition)
+        self.owed = owed
+
+    async def on_rows(self, rows: list[AttemptRow], now_ms: int) -> None:
+        evidence = [row for row in rows if row.refusal_reason is None]
+        if not evidence:
+            return  # never evidence: nothing to owe
+        await self.owed.write(Owed("circuit rows", lambda: CircuitRegistry.on_rows(self, evidence, now_ms),
+                                   evidence=True))
+
+    async def on_lease_ended(self, account_id: str, key_id: str, now_ms: int) -> None:
+        await self.owed.write(Owed("probe end", lambda: CircuitRegistry.on_lease_ended(
+            self, account_id, key_id, now_ms), unless_live=key_id))

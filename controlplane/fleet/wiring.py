@@ -1,0 +1,114 @@
+"""The fleet set: every Redis backend one control daemon uses, built in one place (SPEC §16).
+
+`controlplane.main.wire` asks `backends_for(settings, keys)` for the state it shares: without
+`GATEWAY_FLEET_REDIS_URL`, the in-process tables exactly as before (`embedded`); with it, the
+Redis ones behind the same interfaces (`fleet`): the lease table (fenced by this host's
+incarnation, its releases owed while Redis is away), circuits, decisions, and the admin and
+policy chains with Redis their authority and the state dir's files their witness. One asyncio
+client serves the event-loop backends and one blocking client the chains (`HashChain` calls its
+storage from worker threads); readers on the loop take a chain validated within
+`CHAIN_RECENT_S` (`HashChain.read_recent`), never a blocking call.
+
+The fleet's own machinery (membership, event fan-out, revocations, the in-flight board) is
+built here too and driven by `controlplane/fleet/host.FleetHost`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import msgspec
+
+from controlplane.circuits import CircuitRegistry, CircuitView, LocalCircuits
+from controlplane.decisions import DecisionStore, LocalDecisions
+from controlplane.fleet.circuits import RedisCircuits
+from controlplane.fleet.events import FleetEvents, FleetRevocations
+from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
+from controlplane.fleet.view import InFlightBoard
+from controlplane.stores import admin as admin_store
+from controlplane.stores import policy as policy_store
+from controlplane.stores.keys import KeyTable
+from shared.capacity import CapacityStore, LocalCapacity
+from shared.chainfile import ChainStorage, FileChainStorage
+from shared.fleet.capacity import Incarnation
+from shared.fleet.chains import RedisChainStorage
+from shared.fleet.hosts import HostRegistry
+from shared.fleet.keys import FleetKeys
+from shared.fleet.mirror import MirroredChainStorage
+from shared.fleet.redis_client import connect, connect_sync
+from shared.settings import Settings
+
+# Fence values no incarnation equals ("inc-<hex>"): every reserve is refused (`StateLost`, held)
+# before this host registered its holders, and after another instance superseded it.
+UNJOINED = "-unjoined"
+SUPERSEDED = "-superseded"
+# A chain read on the event loop takes a view validated (in a worker thread) this recently; the
+# chain poll validates every 0.5 s and every mint validates first, so this is only reached when
+# Redis stopped answering: the reader is then told `StateUnavailable`.
+CHAIN_RECENT_S = 2.0
+
+OnTransition = Callable[[CircuitView], None]
+
+
+class FleetBackends:
+    """The Redis side of one control daemon."""
+
+    def __init__(self, settings: Settings, keys: KeyTable) -> None:
+        url = settings.fleet_redis_url
+        assert url is not None
+        self.keys = FleetKeys(settings.fleet_id)
+        self.client = connect(url)
+        self.sync = connect_sync(url)
+        self.fence = Incarnation(UNJOINED)
+        self.owed = OwedWrites(is_live=lambda key_id: keys.get(key_id) is not None)
+        self.lease_capacity = OwedCapacity(self.client, self.keys, settings.host_id, self.fence, self.owed)
+        self.decisions = OwedDecisions(self.client, self.keys, self.owed)
+        self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
+        self.events = FleetEvents(self.client, self.keys, settings.host_id)
+        self.revocations = FleetRevocations(self.client, self.keys, settings.host_id)
+        self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)
+
+    def circuits(self, cooldown_s: int, on_transition: OnTransition) -> CircuitRegistry:
+        return OwedCircuits(RedisCircuits(self.client, self.keys), cooldown_s, self.owed, on_transition)
+
+    def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
+        mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
+        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        self.sync.close()
+
+
+class Backends(msgspec.Struct, frozen=True, kw_only=True):
+    """What `wire` hands the service, the desk and the stores: the shared state's homes."""
+
+    lease_capacity: CapacityStore
+    decisions: DecisionStore
+    circuits: Callable[[int, OnTransition], CircuitRegistry]
+    admin_chain: ChainStorage | None = None      # None: the state dir's files
+    policy_chain: ChainStorage | None = None
+    chain_recent_s: float | None = None          # None: every loop read asks the (local) storage
+    fleet: FleetBackends | None = None
+
+
+def embedded() -> Backends:
+    """Today's in-process tables: one host, nothing shared."""
+    return Backends(lease_capacity=LocalCapacity(), decisions=LocalDecisions(),
+                    circuits=lambda cooldown_s, on_transition: CircuitRegistry(LocalCircuits(), cooldown_s,
+                                                                               on_transition=on_transition))
+
+
+def fleet(settings: Settings, keys: KeyTable) -> Backends:
+    redis_side = FleetBackends(settings, keys)
+    return Backends(
+        lease_capacity=redis_side.lease_capacity, decisions=redis_side.decisions, circuits=redis_side.circuits,
+        admin_chain=redis_side.chain("account-admin", settings.state_dir, admin_store.CHAIN_FILE,
+                                     admin_store.ANCHOR_FILE),
+        policy_chain=redis_side.chain("policy", settings.state_dir, policy_store.CHAIN_FILE, policy_store.ANCHOR_FILE),
+        chain_recent_s=CHAIN_RECENT_S, fleet=redis_side)
+
+
+def backends_for(settings: Settings, keys: KeyTable) -> Backends:
+    return fleet(settings, keys) if settings.fleet_redis_url else embedded()
