@@ -61,6 +61,11 @@ def test_redis_lost_and_back_empty_holds_then_recovers_by_itself(tmp_path, stub,
         assert (status, v1["error"]["code"]) == (503, "fleet-state-unavailable") and "retry-after" in headers
         status, _, write = a.api("PATCH", f"{ADMIN}/team-b/state", {"state": "enabled", "reason": "during"})
         assert (status, write["error"]["code"]) == (503, "fleet-state-unavailable")
+        status, headers, renewed = a.api("POST", f"/control/v2/keys/{leases[0]['key_id']}/renew", {})
+        assert (status, renewed["outcome"], renewed["refusal_reason"]) == (503, "held", "fleet-state-unavailable")
+        status, _, put = a.api("PUT", "/control/v2/policy/level", {"name": "platform", "expected_revision": 0,
+                                                                  "document": {}, "reason": "during"})
+        assert (status, put["error"]["code"]) == (503, "fleet-state-unavailable")
         assert accounts(b)["fleet"]["state"] == "unavailable"
         assert call(b, other["token"])[0] == 200        # no request ceiling: served, its evidence kept
         own_redis.start()                               # same port, nothing kept
