@@ -23,11 +23,11 @@ never stored: the key journal keeps leases as minted.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
+from controlplane.upkeep import while_app_runs
 from controlplane.core.budgets import Exhausted, LevelBudget, all_budgets
 from controlplane.core.budgetwatch import NO_CHANGE, BudgetWatch, Change, Crossing
 from controlplane.core.pricing import PriceLookup, PriceTable
@@ -116,13 +116,9 @@ class BudgetGuard:
             except Exception:  # upkeep must outlive any one bad pass
                 log.exception("budget_upkeep_failed")
 
-    async def background(self, _app: object) -> AsyncIterator[None]:
+    def background(self, _app: object) -> AsyncIterator[None]:
         """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""
-        task = asyncio.create_task(self.maintain())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        return while_app_runs(self.maintain)
 
     # ---- what the mint asks -----------------------------------------------------------------
 

@@ -22,7 +22,6 @@ a failure left unfinished, writes the live checkpoint and forgets windows before
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import stat
@@ -31,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from controlplane.upkeep import while_app_runs
 from controlplane.core.budgets import BudgetStatus, Exhausted, LevelBudget, budget_status, exhausted_budgets
 from controlplane.core.spend import By, SpendEntry, SpendFold, TenancyMap, spend_entries
 from controlplane.core.windows import Window, key_at, window_at
@@ -222,10 +222,6 @@ class SpendBook:
             except Exception:  # upkeep must outlive any one bad pass
                 log.exception("spend_upkeep_failed")
 
-    async def background(self, _app: object) -> AsyncIterator[None]:
+    def background(self, _app: object) -> AsyncIterator[None]:
         """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""
-        task = asyncio.create_task(self.maintain())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        return while_app_runs(self.maintain)
