@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.stats import summarize_ms
 from tests.support.fleetpairs import MODEL, FleetPairs, accounts_toml, call, mint
-from tests.support.harness import Gateway, Stub, credential_like, http
+from tests.support.harness import Gateway, Stub, credential_like
 from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
 

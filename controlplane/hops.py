@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable
 
 from controlplane.core.hop import hop_may_proceed, starts_hop
 from controlplane.events import DispatchHop, EventHub, EventKind
-from controlplane.mint import Hop, MintDesk
+from controlplane.dispatchkeys import Hop
+from controlplane.mint import MintDesk
 from controlplane.routebook import RouteBook
 from controlplane.stores.keys import KeyTable
 from shared.capacity import StateUnavailable

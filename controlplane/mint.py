@@ -23,18 +23,19 @@ from controlplane.circuits import CircuitRegistry
 from controlplane.core.budgets import Exhausted, LevelBudget
 from controlplane.core.candidates import build_candidates
 from controlplane.core.fallback import CitationKind, CitedDecision, Lineage
-from controlplane.core.hop import FallbackDriver, hop_conditions
+from controlplane.core.hop import FallbackDriver
 from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
 from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
+from controlplane.dispatchkeys import DispatchKeys, hop_on as lease_hop_on
 from controlplane.overlays import AdminOverlay, BudgetFacts, NoBudgets, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
 from shared.bounds import TtlSeconds, retry_after_ms
 from shared.capacity import CapacityStore, StateUnavailable
 from shared.clock import iso_ms, now_ms
-from shared.codes import HTTP_STATUS, Condition, ErrorCode, Outcome, Refusal, Skip
+from shared.codes import HTTP_STATUS, ErrorCode, Outcome, Refusal, Skip
 from shared.errors import GatewayError
 from shared.logging import get_logger
 from shared.settings import Settings
@@ -88,30 +89,11 @@ class Granter(Protocol):
     async def rebind(self, lease: Lease) -> None: ...
 
 
-class Hop(msgspec.Struct, frozen=True, kw_only=True):
-    """A dispatch key's hop, decided: the lease now behind the token (the same one when the hop
-    was held or rejected) and the decision."""
-
-    lease: Lease
-    decision: Decision
-    moved: bool
-
-
 class Gathered(msgspec.Struct, frozen=True, kw_only=True):
     """The facts of one mint (or explain), and the resolved policy they came from."""
 
     facts: MintFacts
     policy: ResolvedPolicy | None
-
-
-# A hop refused on the citation's face (no hop can ever follow it), rather than held.
-REJECTIONS = frozenset({Refusal.FALLBACK_POOL_EXHAUSTED, Refusal.FALLBACK_CITED_DECISION_NOT_SELECTED,
-                        Refusal.FALLBACK_LINEAGE_MISMATCH, Refusal.FALLBACK_RESPONSE_WAS_NOT_LOST,
-                        Refusal.MODEL_NOT_SERVED})
-
-
-def _hop_on(driver: FallbackDriver, fallback_on: frozenset[Condition], hop: int, max_hops: int) -> tuple[str, ...]:
-    return tuple(sorted(str(c) for c in hop_conditions(driver, fallback_on, hop, max_hops)))
 
 
 def lineage_of(dispatch_id: str, repo_slug: str, model: str | None, model_class: str | None) -> Lineage:
@@ -122,7 +104,9 @@ def skips_view(skipped: tuple[Skipped, ...]) -> list[dict]:
     return [{"account_id": s.account_id, "position": s.position, "code": str(s.code)} for s in skipped]
 
 
-class MintDesk:
+class MintDesk(DispatchKeys):
+    """The v2 mint and renewal; the dispatch keys' extension and hop are `DispatchKeys`'s."""
+
     def __init__(self, *, settings: Settings, registry: Registry, keys: KeyTable,
                  decisions: DecisionStore, lease_capacity: CapacityStore, circuits: CircuitRegistry,
                  admin: AdminOverlay, policy: PolicySource, granter: Granter,
@@ -200,71 +184,6 @@ class MintDesk:
                       principal_kind=lease.principal_kind, principal_id=lease.principal_id,
                       worker_role=lease.worker_role, model=prior.effective_model, ttl_seconds=ttl_seconds)
         return await self._conclude(base, body, verdict, predecessor=key_id, hop_on=lease.hop_on)
-
-    async def extend(self, key_id: str, ttl_seconds: int | None) -> Lease:
-        """SPEC §17: a dispatch key's expiry moved to `ttl_seconds` from now (bounded as §2),
-        keeping its account, position and decision."""
-        lease = self.keys.get(key_id)
-        decision = None if lease is None else await self.decisions.for_key(key_id)
-        if lease is None or decision is None:
-            raise GatewayError(ErrorCode.DECISION_UNKNOWN, "no live v2 lease with this key_id")
-        if decision.driver != FallbackDriver.GATEWAY:
-            raise GatewayError(ErrorCode.NOT_A_DISPATCH_KEY,
-                               "only a dispatch key (fallback_driver \"gateway\") is extended; renew this one")
-        ttl_s = ttl_seconds or self.settings.key_ttl_seconds
-        extended = msgspec.structs.replace(lease, expires_at_ms=now_ms() + ttl_s * 1000)
-        await self.granter.rebind(extended)
-        return extended
-
-    async def hop(self, lease: Lease, condition: Condition) -> Hop | None:
-        """SPEC §17: move a dispatch key to the next eligible sibling, as a retry citing its
-        decision. The current lease is ended through the release seam first (so the citation's
-        lease is released, as §8 asks); a held or rejected hop re-binds the key where it was."""
-        prior = await self.decisions.for_key(lease.key_id)
-        if prior is None or prior.driver != FallbackDriver.GATEWAY or prior.account_id is None:
-            return None
-        await self.granter.release(lease)
-        lineage = prior.lineage
-        model = None if prior.model_class is not None else lineage.model
-        gathered = await self.gather(lineage, prior.worker_role, model, prior.model_class,
-                                     retry_of=prior.mint_decision_id)
-        base = Decision(mint_decision_id="md_" + new_ulid(), outcome=Outcome.HELD, lineage=lineage,
-                        at_ms=now_ms(), model_class=prior.model_class, retry_of=prior.mint_decision_id,
-                        worker_role=prior.worker_role, driver=prior.driver, hop_condition=condition,
-                        policy_revision=0 if gathered.policy is None else gathered.policy.revision)
-        verdict = decide_mint(gathered.facts)
-        base = msgspec.structs.replace(base, skipped=verdict.skipped)
-        chosen = verdict.chosen
-        refusal: Refusal | None = verdict.refusal
-        if chosen is not None:
-            account = self.registry.get(chosen.account_id)
-            assert account is not None
-            claimed = await self._claim(account, lease.key_id, account.lease_capacity, lineage, None)
-            if claimed is None:
-                decision = msgspec.structs.replace(
-                    base, outcome=Outcome.SELECTED, account_id=account.id, fallback_position=chosen.position,
-                    hop=verdict.hop, key_id=lease.key_id, effective_model=chosen.effective_model)
-                await self.decisions.record(decision)
-                self._log(decision)
-                facts = gathered.facts
-                moved = msgspec.structs.replace(
-                    lease, account_id=account.id, mint_decision_id=decision.mint_decision_id,
-                    hop_on=_hop_on(FallbackDriver.GATEWAY, facts.fallback_on, verdict.hop, facts.max_hops))
-                return Hop(lease=moved, decision=decision, moved=True)
-            refusal = claimed[0]
-        decision = msgspec.structs.replace(base, outcome=Outcome.REJECTED if refusal in REJECTIONS else Outcome.HELD,
-                                           refusal_reason=refusal or Refusal.NO_ELIGIBLE_ACCOUNT)
-        await self.decisions.record(decision)
-        self._log(decision)
-        await self._rebind(lease, prior)
-        return Hop(lease=lease, decision=decision, moved=False)
-
-    async def _rebind(self, lease: Lease, prior: Decision) -> None:
-        """A hop that did not happen: the key keeps its account, slot and decision. The slot is
-        re-taken without its ceiling (it was this key's a moment ago, and only a fleet sibling
-        racing into the gap could have taken it)."""
-        await self.lease_capacity.reserve(lease.account_id, lease.key_id, None)
-        await self.decisions.note_live(lease.key_id, prior.lineage.repo_slug, prior.lineage.dispatch_id)
 
     # ---- the facts ----------------------------------------------------------------------
 
@@ -367,7 +286,7 @@ class MintDesk:
                       principal_id=body.principal_id, repo_slug=body.repo_slug,
                       dispatch_id=body.dispatch_id, mint_decision_id=base.mint_decision_id,
                       worker_role=body.worker_role,
-                      hop_on=hop_on if facts is None else _hop_on(body.fallback_driver, facts.fallback_on,
+                      hop_on=hop_on if facts is None else lease_hop_on(body.fallback_driver, facts.fallback_on,
                                                                   verdict.hop, facts.max_hops))
         decision = msgspec.structs.replace(
             base, outcome=Outcome.SELECTED, account_id=account.id, fallback_position=chosen.position,

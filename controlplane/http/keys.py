@@ -8,7 +8,6 @@ import msgspec
 from aiohttp import web
 
 from controlplane.http.common import json_response, read_json, requires
-from controlplane.service import ControlService
 from controlplane.http.appkeys import SERVICE
 from shared.clock import iso_ms
 from shared.bounds import TtlSeconds

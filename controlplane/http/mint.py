@@ -6,7 +6,7 @@ import msgspec
 from aiohttp import web
 
 from controlplane.http.common import json_response, read_json, requires
-from controlplane.mint import MintAnswer, MintDesk, MintV2
+from controlplane.mint import MintAnswer, MintV2
 from controlplane.http.appkeys import DESK
 from shared.bounds import TtlSeconds
 from shared.clock import iso_ms

@@ -114,6 +114,11 @@ def test_a_streaming_route_shows_live_then_moves_to_recent_with_its_tokens(
     assert "900 s" in page.text_content("#evidence-window")
     admin = page.text_content("#admin-status")
     assert "admin overlay not available on this gateway" in admin or "revision" in admin, admin
+    # SPEC §16: the fleet section; embedded mode is a fleet of one, and says so
+    page.wait_for_selector("#fleet-hosts tr[data-host-id]", timeout=WAIT_MS)
+    assert "embedded · available" in page.text_content("#fleet-status")
+    assert page.locator("#fleet-hosts tr[data-host-id]").count() == 1
+    assert page.text_content("#fleet-hosts [data-field=lease_count]") == "0"
 
     minted = gw.mint()
     done: dict[str, Any] = {}
