@@ -9,6 +9,9 @@ pairs (`gw-a`, `gw-b`, `gw-c`; host TTL 3 s), and measures:
   the account's key it served (401), each polled meanwhile; and the answer's own latency;
 - `circuit_to_skipped_ms`: from the request that opens a circuit on A (its third 529) sent until
   B's decision skips the account `circuit-open` (the circuit closes by a probe between rounds);
+- `budget_to_refused_ms`: from the request on A that exhausts a repo's budget (sent) until B's data
+  plane refuses a lease of that repo 429 `budget-exhausted` — B probes with requests the stub
+  answers 400 (no usage, no spend), so only A's spend can exhaust the budget (SPEC §18);
 - `dead_host_slots_back_ms`: from SIGKILL of the pair holding an account's only slot until
   another host mints on it (bounded by the host TTL + one heartbeat: 3 s + 1 s here);
 - `mint_ms`: a v2 mint (+ its revoke) on one pair in embedded mode vs in fleet mode, sequential;
@@ -128,6 +131,38 @@ def circuit_to_skipped(fleet: FleetPairs, rounds: int) -> list[float]:
     return samples
 
 
+BUDGET_USD = 0.00015          # the second priced request (0.00010185 each) exhausts it
+PRICES = ('[[price]]\nmodels = ["team-*"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\n'
+          'cache_creation = 3.75\n')
+FREE = '{"status": 400}'     # the stub's answer without usage: an attempt that spends nothing
+
+
+def budget_to_refused(fleet: FleetPairs, rounds: int) -> list[float]:
+    a, b = fleet[0], fleet[1]
+    samples = []
+    for n in range(rounds):
+        repo = f"bench/budget-{n}"
+        revision = a.api("GET", "/control/v2/policy")[2]["revision"]
+        status, _, body = a.api("PUT", "/control/v2/policy/level", {
+            "name": f"repo:{repo}", "expected_revision": revision, "reason": "bench",
+            "document": {"budgets": [{"window": "month", "usd": BUDGET_USD}]}})
+        assert status == 200, body
+        wait_until(lambda: b.api("GET", "/control/v2/policy")[2]["revision"] > revision, 5, "B folds the budget")
+        on_b = mint(b, f"bud-b-{n}", repo_slug=repo)[2]
+        on_a = mint(a, f"bud-a-{n}", repo_slug=repo)[2]
+        assert call(a, on_a["token"])[0] == 200 and call(b, on_b["token"], FREE)[0] == 400
+        started: list[float] = []
+        stop = threading.Event()
+        seen = first_true(lambda: call(b, on_b["token"], FREE)[0] == 429, started, stop)
+        started.append(time.perf_counter())
+        assert call(a, on_a["token"])[0] == 200
+        wait_until(lambda: seen, 10, "B to refuse the exhausted budget")
+        stop.set()
+        samples.append(seen[0] - started[0])
+        assert a.revoke(on_a["key_id"]) and b.revoke(on_b["key_id"])
+    return samples
+
+
 def dead_host_slots_back(fleet: FleetPairs, rounds: int) -> list[float]:
     narrow(fleet[0], "bench/dead", "team-d")
     samples = []
@@ -193,7 +228,8 @@ def run(rounds: int, work: Path) -> dict[str, Any]:
             embedded.stop()
         fleet = FleetPairs(work / "fleet", stub, redis, 3, accounts=accounts_toml(stub, lease_capacity=None,
                                                                                   extra=EXTRA.format(url=stub.url)),
-                           extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1"}).start()
+                           extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1",
+                                      "GATEWAY_PRICES_FILE": str(_prices(work))}).start()
         try:
             fleet_mint = mint_cost(fleet[0], rounds * 5)
             results["mint_ms"] = {"embedded": summarize_ms(base), "fleet": summarize_ms(fleet_mint)}
@@ -204,6 +240,7 @@ def run(rounds: int, work: Path) -> dict[str, Any]:
             results["revoke_to_refused_ms"] = summarize_ms(everyone)
             results["revoke_answer_ms"] = summarize_ms(answered)
             results["circuit_to_skipped_ms"] = summarize_ms(circuit_to_skipped(fleet, max(3, rounds // 2)))
+            results["budget_to_refused_ms"] = summarize_ms(budget_to_refused(fleet, max(3, rounds // 2)))
             results["dead_host_slots_back_ms"] = summarize_ms(dead_host_slots_back(fleet, max(2, rounds // 10)))
         finally:
             fleet.stop()
@@ -211,6 +248,12 @@ def run(rounds: int, work: Path) -> dict[str, Any]:
         redis.stop()
         stub.stop()
     return results
+
+
+def _prices(work: Path) -> Path:
+    path = work / "prices.toml"
+    path.write_text(PRICES)
+    return path
 
 
 def _accounts(work: Path, stub: Stub) -> Path:

@@ -72,7 +72,7 @@ class BudgetGuard:
 
     def on_row(self, row: AttemptRow) -> None:
         if row.cost_usd and self.watch.budgets:   # else nothing to count: not even the clock is read
-            change = self.watch.add(row, self.book.fold, self.clock())
+            change = self.watch.add(row, self.book.cells, self.clock())
             if change is not NO_CHANGE:
                 self._apply(change)
 
@@ -93,17 +93,24 @@ class BudgetGuard:
         assert state is not None
         budgets = all_budgets(state.documents)
         change = self.watch.configure(budgets, TenancyMap(team_of=state.team_of, org_of=state.org_of),
-                                      self.book.fold, self.clock(), quiet=quiet)
+                                      self.book.cells, self.clock(), quiet=quiet)
         self.revision = view.check.revision
         log.info("budgets_configured", policy_revision=self.revision, budgets=len(budgets),
                  exhausted=len(self.watch.exhausted(budgets, self.clock())))
         self._apply(change)
 
+    def on_fleet_spend(self, quiet: bool = False) -> None:
+        """Fleet mode: another host's published spend changed (`FleetSpend`); every budget is
+        re-read from the fleet's cells. `quiet` at the start: what it finds crossed was
+        announced before."""
+        if self.watch.budgets:
+            self._apply(self.watch.reseed(self.book.cells, self.clock(), quiet=quiet))
+
     def tick(self) -> None:
         self.sync()
         now = self.clock()
         if self.watch.budgets and now >= self.watch.until_ms:
-            self._apply(self.watch.reseed(self.book.fold, now))
+            self._apply(self.watch.reseed(self.book.cells, now))
 
     async def maintain(self, tick_s: float = TICK_S) -> None:
         while True:

@@ -24,6 +24,7 @@ from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
 from controlplane.fleet.gauges import FleetGauges
 from controlplane.fleet.host import FleetHost, FleetUnreachable
+from controlplane.fleet.spend import FleetSpend
 from controlplane.fleet.view import EmbeddedFleet, FleetSource
 from controlplane.fleet.wiring import backends_for
 from controlplane.hops import Hopper
@@ -79,6 +80,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     budgets: BudgetGuard
     fleet_view: FleetSource
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
+    fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -118,13 +120,18 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
+    fleet_spend = None
+    if shared.fleet is not None:  # SPEC §18: views and budgets read the fleet's spend
+        fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
+        service.row_listeners.append(fleet_spend.note)
+        fleet_spend.listeners.append(budgets.on_fleet_spend)
     fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,
                                                         admin=admin, policy=policy, events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend)
 
 
 def build_app(control: Control) -> web.Application:
@@ -224,6 +231,8 @@ async def serve(control: Control) -> None:
         await service.restore()
     else:
         await _join_fleet(control.fleet, settings)
+        if control.fleet_spend is not None:
+            await control.fleet_spend.start()
     listener = RpcListener(settings, service)
     try:
         await listener.start()
@@ -255,6 +264,8 @@ async def serve(control: Control) -> None:
         service.link.conn.close()
     await runner.cleanup()
     await service.settle()  # every row recorded is written before the ledger closes
+    if control.fleet_spend is not None:
+        await control.fleet_spend.stop()  # the last rows' spend published
     if control.fleet is not None:
         await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
     service.ledger.close()

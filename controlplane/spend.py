@@ -32,7 +32,7 @@ import msgspec
 
 from controlplane.upkeep import while_app_runs
 from controlplane.core.budgets import BudgetStatus, Exhausted, LevelBudget, budget_status, exhausted_budgets
-from controlplane.core.spend import By, SpendEntry, SpendFold, TenancyMap, spend_entries
+from controlplane.core.spend import By, FleetCells, SpendCells, SpendEntry, SpendFold, TenancyMap, spend_entries
 from controlplane.core.windows import Window, key_at, window_at
 from controlplane.stores import segments
 from controlplane.stores.ledger import Ledger
@@ -59,6 +59,9 @@ class SpendBook:
     def __init__(self, ledger: Ledger, fold: SpendFold | None = None) -> None:
         self.ledger = ledger
         self.fold = fold if fold is not None else SpendFold()
+        # What views and budgets read: this host's fold, or in fleet mode the fleet's spend
+        # (`FleetCells`, kept by `controlplane/fleet/spend.FleetSpend`).
+        self.cells: SpendCells = self.fold
         self.clock: Callable[[], int] = ledger.clock   # one now for the ledger's days and the windows
         self.loaded = {"segments": 0, "summaries": 0, "live_rows": 0}   # what the rebuild read
         self._checkpoint: tuple[int, str, int, segments.Folding] | None = None   # inode, head, offset
@@ -171,15 +174,15 @@ class SpendBook:
 
     def statuses(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap,
                  at_ms: int) -> list[BudgetStatus]:
-        return [budget_status(budget, self.fold, tenancy, at_ms) for budget in budgets]
+        return [budget_status(budget, self.cells, tenancy, at_ms) for budget in budgets]
 
     def exhausted(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, at_ms: int) -> tuple[Exhausted, ...]:
         """What enforcement asks of a chain's budgets (`ResolvedPolicy.budgets`)."""
-        return exhausted_budgets(budgets, self.fold, tenancy, at_ms)
+        return exhausted_budgets(budgets, self.cells, tenancy, at_ms)
 
     def spend(self, window: Window, by: By, tenancy: TenancyMap, at_ms: int) -> tuple[int, list[SpendEntry]]:
         key, start_ms, _ = window_at(window, at_ms)
-        return start_ms, spend_entries(self.fold, key, by, tenancy)
+        return start_ms, spend_entries(self.cells, key, by, tenancy)
 
     def hourly(self, hours: int, by: By, tenancy: TenancyMap, at_ms: int) -> list[tuple[int, bool, list[SpendEntry]]]:
         """The last `hours` hours up to the one in progress, oldest first: (start, held, rows).
@@ -191,7 +194,7 @@ class SpendBook:
         for back in range(hours - 1, -1, -1):
             start_ms = hour_ms - back * 3_600_000
             held = start_ms >= month_ms
-            rows = spend_entries(self.fold, key_at(Window.HOUR, start_ms), by, tenancy) if held else []
+            rows = spend_entries(self.cells, key_at(Window.HOUR, start_ms), by, tenancy) if held else []
             series.append((start_ms, held, rows))
         return series
 
@@ -202,6 +205,8 @@ class SpendBook:
         self.ledger.rotate_if_due(now)
         self.ledger.resume_rotations()
         self.fold.prune(key_at(Window.MONTH, now))
+        if isinstance(self.cells, FleetCells):
+            self.cells.prune(key_at(Window.MONTH, now))
         if force_checkpoint or self.unchecked_bytes() >= CHECKPOINT_BYTES:
             self.checkpoint()
 

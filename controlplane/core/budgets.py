@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from controlplane.core.spend import COST, UNPRICED, SpendFold, TenancyMap, scope_cell, usd
+from controlplane.core.spend import COST, UNPRICED, SpendCells, TenancyMap, scope_cell, usd
 from controlplane.core.windows import Window, iso, window_at
 
 
@@ -96,7 +96,7 @@ def all_budgets(documents: Mapping[str, Any]) -> tuple[LevelBudget, ...]:
     return budgets_of((label, documents[label].budgets) for label in sorted(documents, key=level_order))
 
 
-def budget_status(budget: LevelBudget, fold: SpendFold, tenancy: TenancyMap, at_ms: int) -> BudgetStatus:
+def budget_status(budget: LevelBudget, fold: SpendCells, tenancy: TenancyMap, at_ms: int) -> BudgetStatus:
     key, start_ms, resets_ms = window_at(budget.window, at_ms)
     cell = scope_cell(fold, budget.level, key, tenancy)
     spent = usd(cell[COST])
@@ -106,7 +106,7 @@ def budget_status(budget: LevelBudget, fold: SpendFold, tenancy: TenancyMap, at_
                         overshoot_usd=usd(max(0.0, spent - budget.usd)), unpriced_attempts=int(cell[UNPRICED]))
 
 
-def exhausted_budgets(budgets: Iterable[LevelBudget], fold: SpendFold, tenancy: TenancyMap,
+def exhausted_budgets(budgets: Iterable[LevelBudget], fold: SpendCells, tenancy: TenancyMap,
                       at_ms: int) -> tuple[Exhausted, ...]:
     """The budgets among `budgets` (a chain's, or every level's) exhausted at `at_ms`, in order."""
     found = []

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from controlplane.core.budgets import Exhausted, LevelBudget
-from controlplane.core.spend import COST, SpendFold, SpendRow, TenancyMap, chain_of, scope_cell, usd
+from controlplane.core.spend import COST, SpendCells, SpendRow, TenancyMap, chain_of, scope_cell, usd
 from controlplane.core.windows import Window, bounds_ms, hour_key, key_at, window_at
 from shared.bounds import retry_after_ms
 
@@ -76,7 +76,7 @@ class BudgetWatch:
 
     # ---- keeping it current -----------------------------------------------------------------
 
-    def configure(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, fold: SpendFold,
+    def configure(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, fold: SpendCells,
                   at_ms: int, *, quiet: bool = False) -> Change:
         """New budgets or tenancy (a policy write, or the start): everything is re-read."""
         before = set(self._levels)
@@ -92,7 +92,7 @@ class BudgetWatch:
             change = msgspec.structs.replace(change, gates_changed=True)
         return change
 
-    def reseed(self, fold: SpendFold, at_ms: int, *, quiet: bool = False) -> Change:
+    def reseed(self, fold: SpendCells, at_ms: int, *, quiet: bool = False) -> Change:
         """Every budget's spend in its window at `at_ms`, from the fold (the hour changed)."""
         self._keys = {window: key_at(window, at_ms) for window in Window}
         self.until_ms = window_at(Window.HOUR, at_ms)[2]
@@ -111,7 +111,7 @@ class BudgetWatch:
         self._plan = {level: tuple(slots) for level, slots in plan.items()}
         return Change(crossings=() if quiet else tuple(crossings), gates_changed=self._retry_at != before)
 
-    def add(self, row: SpendRow, fold: SpendFold, at_ms: int) -> Change:
+    def add(self, row: SpendRow, fold: SpendCells, at_ms: int) -> Change:
         """One recorded row, already folded into `fold`."""
         cost = row.cost_usd
         if not cost or not self._levels:

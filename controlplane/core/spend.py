@@ -270,6 +270,84 @@ class SpendFold:
         return self.windows
 
 
+# ---- the fleet's spend (SPEC §18, §16) ----------------------------------------------------------
+
+class SpendCells(Protocol):
+    """What every view and budget reads: a host's own `SpendFold`, or `FleetCells`."""
+
+    def cell(self, window_key: str, dim: Dim, key: Key) -> Cell: ...
+
+    def cells(self, window_key: str, dim: Dim) -> dict[Key, Cell]: ...
+
+
+# A window's cells as they travel between hosts: (dimension, key, cell) triples.
+Triples = list[tuple[str, Key, Cell]]
+
+
+def window_triples(fold: SpendFold, window_key: str) -> Triples:
+    """One window of a fold (the open hour rolled in), as triples."""
+    return [(str(dim), key, cell) for dim in DIMS for key, cell in fold.cells(window_key, dim).items()]
+
+
+def window_of(triples: Iterable[tuple[str, Key, Cell]]) -> WindowCells:
+    window = _empty_window()
+    for dim, key, cell in triples:
+        cells = window.get(dim)  # type: ignore[call-overload]  (a Dim is its str)
+        if cells is not None:
+            held = cells.get(key)
+            if held is None:
+                cells[key] = [float(cell[0])] + [int(v) for v in cell[1:CELL_SIZE]]
+            else:
+                _add(held, cell)
+    return window
+
+
+class FleetCells:
+    """A host's own fold plus the windows every other host of the fleet published: the fleet's
+    spend. Each other host's windows are replaced whole by what it last published (absolute
+    totals, never increments, so a re-publish never counts twice); `others` holds their sum per
+    window key. Reads add the two; the own fold stays the only thing a row moves."""
+
+    def __init__(self, own: SpendFold) -> None:
+        self.own = own
+        self.hosts: dict[str, dict[str, WindowCells]] = {}   # host → window key → cells
+        self.others: dict[str, WindowCells] = {}
+
+    def replace(self, host: str, windows: Mapping[str, WindowCells]) -> bool:
+        """A host's latest windows (those named); True when any total changed."""
+        held = self.hosts.setdefault(host, {})
+        changed = [key for key, window in windows.items() if held.get(key) != window]
+        for key in changed:
+            held[key] = windows[key]
+            total = _empty_window()
+            for host_windows in self.hosts.values():
+                window = host_windows.get(key)
+                if window is not None:
+                    merge_window(total, window)
+            self.others[key] = total
+        return bool(changed)
+
+    def prune(self, oldest_key: str) -> None:
+        for windows in (self.others, *self.hosts.values()):
+            for key in [k for k in windows if k < oldest_key]:
+                del windows[key]
+
+    def cell(self, window_key: str, dim: Dim, key: Key) -> Cell:
+        total = self.own.cell(window_key, dim, key)
+        window = self.others.get(window_key)
+        held = None if window is None else window[dim].get(key)
+        if held is not None:
+            _add(total, held)
+        return total
+
+    def cells(self, window_key: str, dim: Dim) -> dict[Key, Cell]:
+        out = self.own.cells(window_key, dim)
+        window = self.others.get(window_key)
+        for key, held in ({} if window is None else window[dim]).items():
+            _add(out.setdefault(key, [0.0, 0, 0, 0, 0, 0, 0]), held)
+        return out
+
+
 # ---- views over the fold ---------------------------------------------------------------------
 
 class TenancyMap(msgspec.Struct, frozen=True, kw_only=True):
@@ -322,7 +400,7 @@ def _sum(cells: Iterable[Cell]) -> Cell:
     return total
 
 
-def scope_cell(fold: SpendFold, label: str, window_key: str, tenancy: TenancyMap) -> Cell:
+def scope_cell(fold: SpendCells, label: str, window_key: str, tenancy: TenancyMap) -> Cell:
     """The spend of one scope — a level label (`platform`, `org:<id>`, `team:<id>`,
     `repo:<slug>`, `binding:<slug>#<role>`) — in one window."""
     kind, _, name = label.partition(":")
@@ -362,7 +440,7 @@ _KEPT: Mapping[By, Dim] = {By.REPO: Dim.REPO, By.BINDING: Dim.BINDING, By.ACCOUN
                            By.MODEL: Dim.MODEL, By.PRINCIPAL: Dim.PRINCIPAL}
 
 
-def spend_entries(fold: SpendFold, window_key: str, by: By, tenancy: TenancyMap) -> list[SpendEntry]:
+def spend_entries(fold: SpendCells, window_key: str, by: By, tenancy: TenancyMap) -> list[SpendEntry]:
     """The spend view's rows: most spent first, then by key."""
     if by in _KEPT:
         grouped = fold.cells(window_key, _KEPT[by])

@@ -82,7 +82,7 @@ class FleetEvents:
         `StateUnavailable` when Redis is lost; `run` is the loop that survives that."""
         pubsub = self.client.pubsub()
         try:
-            await _subscribe(pubsub, self.keys.events)
+            await subscribe(pubsub, self.keys.events)
             if ready is not None:
                 ready.set()
             while True:
@@ -134,7 +134,7 @@ class FleetRevocations:
         acks_key = self.keys.revoke_acks(request_id)
         pubsub = self.client.pubsub()
         try:
-            await _subscribe(pubsub, self.keys.revoke_acked)  # before the request: no wake-up lost
+            await subscribe(pubsub, self.keys.revoke_acked)  # before the request: no wake-up lost
             with guard("fleet revoke request"):
                 await self.client.xadd(self.keys.revoke, {"request_id": request_id, "account_id": account_id,
                                                           "from_host": self.host_id},
@@ -219,7 +219,7 @@ def _request_of(entry_id: str, fields: dict[bytes, bytes]) -> RevokeRequest:
                          from_host=fields[b"from_host"].decode(), at_ms=int(entry_id.split("-")[0]))
 
 
-async def _subscribe(pubsub: Any, channel: str, timeout_s: float = 2.0) -> None:
+async def subscribe(pubsub: Any, channel: str, timeout_s: float = 2.0) -> None:
     """Subscribe and wait for Redis to confirm it, so nothing published afterwards is missed."""
     deadline = time.monotonic() + timeout_s
     with guard("fleet subscribe"):

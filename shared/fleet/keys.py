@@ -26,6 +26,9 @@ what would let the layout run on a cluster unchanged.
 | `{f}:live:d:<n>:<repo><dispatch>` | set | a dispatch's live key ids (`n` = the repo slug's length), with a TTL |
 | `{f}:live:k:<key>` | string | key id → its dispatch's live-set key, with a TTL |
 | `{f}:chain:<name>:records` / `:anchor` / `:rev` / `:lock` / `:seeded` | strings | a chain's records, anchor, revision counter, writer lock, re-seed marker |
+| `{f}:spend:host:<host>` | hash | window key → that host's spend cells in the window, msgpack; `_` marks it whole |
+| `{f}:spend:versions` | hash | host → the version of its last spend publish |
+| `{f}:spend:moved` | channel | a host published its spend (the message is its host id) |
 | `{f}:events` | channel | account.state, circuit and policy events |
 | `{f}:revoke` | stream | account-wide revoke-leases requests |
 | `{f}:revoke:acks:<request>` | hash | host → leases it ended, for each host that acknowledged one request, with a TTL |
@@ -62,6 +65,8 @@ class FleetKeys:
         self.events = p + "events"
         self.revoke = p + "revoke"
         self.revoke_acked = p + "revoke:acked"
+        self.spend_versions = p + "spend:versions"
+        self.spend_moved = p + "spend:moved"
 
     # ---- capacity ---------------------------------------------------------------------------
 
@@ -118,3 +123,8 @@ class FleetKeys:
 
     def revoke_acks(self, request_id: str) -> str:
         return self.prefix + "revoke:acks:" + request_id
+
+    # ---- spend --------------------------------------------------------------------------------
+
+    def spend_host(self, host_id: str) -> str:
+        return self.prefix + "spend:host:" + host_id

@@ -1,0 +1,279 @@
+"""`FleetSpend`: the fleet's spend counters in Redis (SPEC §18 "Fleet mode", §16).
+
+Rule: each host publishes **its own totals**, never increments. Its ledger is the authority for
+what it served; the fold `SpendBook` rebuilds from that ledger is published window by window
+into the host's hash (`{f}:spend:host:<host>`, window key → the window's cells), and every
+other host reads those hashes into `core.spend.FleetCells`, which views and budgets read. A
+republish replaces what was there, so a retry, a restart or a re-seed never counts a row twice,
+and no counter can drift (LiteLLM's increment/decrement leaks have nothing to leak here).
+
+- **Out**: every recorded row marks its hour, day and month dirty; a publish (one Lua script,
+  one round trip) writes the dirty windows at most every `PUBLISH_MIN_S`, and a version that
+  names this process and its publish (`{f}:spend:versions`, host → version).
+- **In**: on every other host's publish (the script announces it on `{f}:spend:moved`; pub/sub
+  is at-most-once, so also every `PULL_S` whatever was heard), one round trip reads this host's
+  mark and every host's version; a host whose version moved is read (the whole hash the first time, then the windows that can
+  still move: this hour, the last one, this day, this month). A change re-reads every budget
+  (`BudgetGuard.on_fleet_spend`): a budget exhausted on one host is enforced on every host
+  within one publish, one pull and one push of gates (bench.fleet publishes the bound).
+- **Data loss**: the mark field `_` is written with every publish; a publish of some windows
+  into a hash without it refuses (the script answers 0), and a pull that finds it gone, both
+  make the next publish whole (the hash deleted and rewritten from the fold). So a Redis that
+  came back empty holds every live host's spend again within one pull. A host that is down
+  when Redis loses its data is missing from the fleet's spend until it returns (its ledger is
+  on its own disk); README "Fleet mode" says so.
+- **Redis away**: dirty windows stay dirty and the last spend read stays in use (mints are held
+  `fleet-state-unavailable` meanwhile anyway); both resume by themselves.
+
+Nothing secret is published: repo slugs, bindings, account ids, model names, principal ids and
+sums. A host's hash lives `SPEND_TTL_S` past its last publish: a month's windows and a margin,
+so a host that died mid-month still counts until its month ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import redis.asyncio as aredis
+
+from controlplane.core.spend import FleetCells, window_of, window_triples
+from controlplane.core.windows import Window, hour_key, key_at
+from controlplane.fleet.events import subscribe
+from controlplane.spend import SpendBook
+from shared.capacity import StateUnavailable
+from shared.fleet.keys import FleetKeys
+from shared.fleet.redis_client import guard, raise_if_cancelled
+from shared.logging import get_logger
+from shared.wire import AttemptRow
+
+log = get_logger("fleet")
+
+PUBLISH_MIN_S = 0.1           # a host's rows reach Redis at most this late (coalesced)
+PULL_S = 1.0                  # the other hosts' spend is read at least this often (and when told)
+RETRY_S = 1.0                 # after a failed publish or pull
+SPEND_TTL_S = 40 * 86_400     # a month's windows and a margin past the last publish
+MARK = b"_"                   # present: the hash holds every window its host has
+HOUR_MS = 3_600_000
+
+# KEYS: the host's hash, the versions hash, the channel; ARGV: whole ('1': replace everything), ttl ms, host,
+# version, then window key / cells pairs. A partial publish into a hash Redis lost answers 0.
+PUBLISH = """
+if ARGV[1] == '1' then
+  redis.call('DEL', KEYS[1])
+elseif redis.call('HEXISTS', KEYS[1], '_') == 0 then
+  return 0
+end
+for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('HSET', KEYS[1], '_', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+redis.call('PUBLISH', KEYS[3], ARGV[3])
+return 1
+"""
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(list[tuple[str, str | None, list[float]]]).decode
+
+SpendListener = Callable[[bool], None]   # quiet: True at the start
+
+
+def moving_keys(at_ms: int) -> list[str]:
+    """The windows another host's rows can still move now: this hour, the last one (late rows of
+    an hour just ended), this day and this month."""
+    return [key_at(Window.HOUR, at_ms), key_at(Window.HOUR, at_ms - HOUR_MS), key_at(Window.DAY, at_ms),
+            key_at(Window.MONTH, at_ms)]
+
+
+class FleetSpend:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook) -> None:
+        self.client = client
+        self.keys = keys
+        self.host_id = host_id
+        self.book = book
+        self.cells = FleetCells(book.fold)
+        book.cells = self.cells
+        self.listeners: list[SpendListener] = []
+        self.publishes = 0
+        self.available = True
+        self._mine = keys.spend_host(host_id)
+        self._instance = secrets.token_hex(6)
+        self._dirty: set[str] = set()
+        self._whole = True                      # the first publish replaces whatever was there
+        self._versions: dict[str, bytes] = {}   # host → the version last read
+        self._wake = asyncio.Event()            # this host's windows are dirty
+        self._told = asyncio.Event()            # another host published
+        self._script = client.register_script(PUBLISH)
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # ---- the row path -------------------------------------------------------------------------
+
+    def note(self, row: AttemptRow) -> None:
+        """A row listener (after the book folded it): its windows are dirty."""
+        hour = hour_key(row.finished_at)
+        if hour is not None:
+            self._dirty.update((hour, hour[:10], hour[:7]))
+            self._wake.set()
+
+    # ---- start and stop -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """After the host joined, before it serves: the fleet's spend read once (quietly: what
+        it finds crossed was announced before) and this host's published whole."""
+        try:
+            await self.pull(quiet=True)
+            await self.publish()
+        except StateUnavailable as exc:
+            self._failed("start", exc)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(loop_()) for loop_ in (self._publisher, self._puller, self._listener)]
+
+    async def stop(self) -> None:
+        """The loops end; what is still dirty gets one last publish."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._dirty or self._whole:
+            try:
+                await asyncio.wait_for(self.publish(), 2.0)
+            except (StateUnavailable, asyncio.TimeoutError):
+                pass   # the next start publishes whole
+
+    # ---- out ------------------------------------------------------------------------------------
+
+    async def publish(self) -> None:
+        fold = self.book.fold
+        month = key_at(Window.MONTH, self.book.clock())
+        whole, dirty = self._whole, self._dirty
+        self._whole, self._dirty = False, set()
+        if whole:
+            held = set(fold.windows) | ({fold.open_hour, fold.open_hour[:10], fold.open_hour[:7]}
+                                        if fold.open_hour is not None else set())
+            wanted = sorted(key for key in held if key >= month)
+        else:
+            wanted = sorted(key for key in dirty if key >= month)
+        args: list[Any] = ["1" if whole else "0", SPEND_TTL_S * 1000, self.host_id,
+                           f"{self._instance}:{self.publishes + 1}"]
+        for key in wanted:
+            args += [key, _encode(window_triples(fold, key))]
+        try:
+            with guard("spend publish"):
+                done = await self._script(keys=[self._mine, self.keys.spend_versions, self.keys.spend_moved], args=args)
+        except BaseException:
+            self._whole, self._dirty = self._whole or whole, self._dirty | dirty
+            raise
+        if not done:   # Redis lost this host's hash: everything again
+            self._whole = True
+            self._wake.set()
+            log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
+            return
+        self.publishes += 1
+
+    async def _publisher(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            raise_if_cancelled()
+            try:
+                await self.publish()
+                self._recovered()
+            except StateUnavailable as exc:
+                self._failed("publish", exc)
+                await asyncio.sleep(RETRY_S)
+                self._wake.set()
+                continue
+            await asyncio.sleep(PUBLISH_MIN_S)   # pacing: the rows of the next moment go in one publish
+
+    # ---- in -------------------------------------------------------------------------------------
+
+    async def pull(self, quiet: bool = False) -> bool:
+        """Read the hosts whose published spend moved; True when the fleet's spend changed."""
+        with guard("spend pull"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hexists(self._mine, MARK)
+            pipe.hgetall(self.keys.spend_versions)
+            mine, versions = await pipe.execute()
+        if not mine and self.publishes and not self._whole:
+            self._whole = True   # Redis lost this host's hash: the publisher writes it whole
+            self._wake.set()
+            log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
+        moved = {host.decode(): version for host, version in versions.items()
+                 if host.decode() != self.host_id and self._versions.get(host.decode()) != version}
+        if not moved:
+            return False
+        fields = moving_keys(self.book.clock())
+        with guard("spend pull"):
+            pipe = self.client.pipeline(transaction=False)
+            for host in moved:
+                if host in self.cells.hosts:
+                    pipe.hmget(self.keys.spend_host(host), fields)
+                else:
+                    pipe.hgetall(self.keys.spend_host(host))
+            replies = await pipe.execute()
+        changed = False
+        for (host, version), reply in zip(moved.items(), replies):
+            if isinstance(reply, dict):
+                windows = {k.decode(): window_of(_decode(v)) for k, v in reply.items() if k != MARK}
+            else:
+                windows = {key: window_of(_decode(v)) for key, v in zip(fields, reply) if v is not None}
+            changed = self.cells.replace(host, windows) or changed
+            self._versions[host] = version
+        if changed:
+            for listener in self.listeners:
+                listener(quiet)
+        return changed
+
+    async def _puller(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._told.wait(), PULL_S)
+            except asyncio.TimeoutError:
+                pass
+            self._told.clear()
+            raise_if_cancelled()
+            try:
+                await self.pull()
+                self._recovered()
+            except StateUnavailable as exc:
+                self._failed("pull", exc)
+                await asyncio.sleep(RETRY_S)
+
+    async def _listener(self) -> None:
+        """Wake the puller when another host published (resubscribing after an outage)."""
+        me = self.host_id.encode()
+        while True:
+            raise_if_cancelled()
+            pubsub = self.client.pubsub()
+            try:
+                await subscribe(pubsub, self.keys.spend_moved)
+                while True:
+                    raise_if_cancelled()
+                    with guard("spend listen"):
+                        message = await pubsub.get_message(timeout=1.0)
+                    if message is not None and message.get("type") == "message" and message["data"] != me:
+                        self._told.set()
+            except StateUnavailable:
+                pass   # the puller's polls go on meanwhile, and report the outage
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:
+                    pass
+            await asyncio.sleep(RETRY_S)
+
+    # ---- health -----------------------------------------------------------------------------------
+
+    def _failed(self, what: str, exc: StateUnavailable) -> None:
+        if self.available:
+            log.warning("fleet_spend_unavailable", host_id=self.host_id, during=what, error=str(exc),
+                        dirty_windows=len(self._dirty))
+        self.available = False
+
+    def _recovered(self) -> None:
+        if not self.available:
+            log.info("fleet_spend_available", host_id=self.host_id)
+        self.available = True
