@@ -47,7 +47,7 @@ class AccountSpec(msgspec.Struct, frozen=True, kw_only=True):
             id=self.id, provider_binding=str(self.provider_binding), wire=self.wire,
             base_url=self.base_url, auth_style=str(self.auth_style),
             credential_env=self.credential_env, request_capacity=self.request_capacity,
-            models=self.models,
+            models=self.models, lease_capacity=self.lease_capacity,
         )
 
 

@@ -18,6 +18,14 @@ pay nothing per request, in fleet mode as embedded.
   control has re-established it), so no ceiling is exceeded by the attempts already running.
 - **Redis unreachable**: `StateUnavailable`; the proxy refuses 503 `fleet-state-unavailable`,
   never a silent per-host ceiling.
+- **This host's place lapsed**: when this host's control has not heartbeated for
+  `lapse_ms` (five sixths of the host TTL: half a beat before any host may declare it dead and
+  reuse its slots), a control paused, hung or killed while this data plane runs, the proxy
+  refuses requests on every ceilinged account (a lease or a request ceiling) 503
+  `fleet-state-unavailable` until the heartbeat is fresh again — the fleet may have given this
+  host's slots to others, and a ceiling is never exceeded by a host that lost its place.
+  Checked every `check_interval_s` (a twelfth of the TTL); accounts without a ceiling keep
+  serving.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import redis.asyncio as aredis
 
 from shared.capacity import StateUnavailable
 from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
 from shared.logging import get_logger
@@ -35,10 +44,24 @@ from shared.logging import get_logger
 log = get_logger("dataplane")
 
 
+def lapse_ms(ttl_ms: int) -> int:
+    """A host's place lapses half a beat (beats are a third of the TTL) before it may be reaped."""
+    return ttl_ms * 5 // 6
+
+
+def has_lapsed(age_ms: int | None, ttl_ms: int) -> bool:
+    """Whether a host whose last heartbeat is `age_ms` old (None: it holds none) lost its place."""
+    return age_ms is None or age_ms >= lapse_ms(ttl_ms)
+
+
 class FleetAdmission:
-    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str) -> None:
+    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10) -> None:
         self.client = client
         self.keys = FleetKeys(fleet_id)
+        self.ttl_ms = int(ttl_s * 1000)
+        self.check_interval_s = ttl_s / 12
+        self.hosts = HostRegistry(client, self.keys, ttl_s, tables=())
+        self.lapsed = False   # this host's control lost its place: ceilinged accounts refused
         self.incarnation = Incarnation()
         self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation)
         self.held: dict[str, tuple[str, int]] = {}   # attempt id → (account, ceiling), in flight here
@@ -90,6 +113,20 @@ class FleetAdmission:
         """Releases that failed while Redis was away, retried (the timer's pass)."""
         for holder in list(self.pending_release):
             await self._release(holder)
+
+    async def check_standing(self) -> bool:
+        """Read this host's heartbeat age; answers (and keeps in `lapsed`) whether it lapsed.
+        `StateUnavailable` leaves the last answer standing."""
+        age = await self.hosts.heartbeat_age_ms(self.capacity.host_id)
+        lapsed = has_lapsed(age, self.ttl_ms)
+        if lapsed != self.lapsed:
+            if lapsed:
+                log.warning("fleet_place_lapsed", host_id=self.capacity.host_id, heartbeat_age_ms=age,
+                            action="ceilinged accounts refused until the heartbeat is fresh")
+            else:
+                log.info("fleet_place_restored", host_id=self.capacity.host_id, heartbeat_age_ms=age)
+            self.lapsed = lapsed
+        return lapsed
 
     async def _current_incarnation(self) -> str | None:
         with guard("request capacity incarnation"):

@@ -140,7 +140,7 @@ async def serve(settings: Settings) -> None:
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
-    upkeep = asyncio.create_task(_fleet_upkeep(fleet)) if fleet is not None else None
+    upkeep = (asyncio.gather(_fleet_upkeep(fleet), _fleet_standing(fleet)) if fleet is not None else None)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()
@@ -181,7 +181,8 @@ async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
         return None
     from dataplane.admission import FleetAdmission  # redis-py only in fleet mode
     from shared.fleet.redis_client import connect, describe
-    fleet = FleetAdmission(connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id)
+    fleet = FleetAdmission(connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id,
+                           settings.fleet_host_ttl_seconds)
     try:
         await fleet.start()
     except StateUnavailable:  # ceilinged accounts answer fleet-state-unavailable until it is back
@@ -198,6 +199,17 @@ async def _fleet_upkeep(fleet: FleetAdmission) -> None:
             if not fleet.started:
                 await fleet.start()
             await fleet.retry_pending()
+        except StateUnavailable:
+            pass
+
+
+async def _fleet_standing(fleet: FleetAdmission) -> None:
+    """This host's heartbeat age, read often enough to stop serving ceilinged accounts before
+    the fleet may reuse this host's slots (`FleetAdmission.check_standing`)."""
+    while True:
+        await asyncio.sleep(fleet.check_interval_s)
+        try:
+            await fleet.check_standing()
         except StateUnavailable:
             pass
 

@@ -232,10 +232,17 @@ class Proxy:
             hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
+        fleet = self.fleet
+        if fleet is not None and fleet.lapsed and (account.request_capacity is not None
+                                                   or account.lease_capacity is not None):
+            return refuse(attempt, Refusal.FLEET_STATE_UNAVAILABLE,
+                          f"this gateway host's place in the fleet has lapsed (its control is not "
+                          f"heartbeating): account {account.id}'s fleet-wide ceiling cannot be honoured here",
+                          retry_after_s=1)
         attempt.announce()
-        if self.fleet is not None and account.request_capacity is not None:
+        if fleet is not None and account.request_capacity is not None:
             try:  # SPEC §16: a fleet-wide ceiling, asked of Redis; never a silent per-host one
-                admitted = await self.fleet.reserve(account.id, attempt.attempt_id, account.request_capacity)
+                admitted = await fleet.reserve(account.id, attempt.attempt_id, account.request_capacity)
             except StateUnavailable:
                 return refuse(attempt, Refusal.FLEET_STATE_UNAVAILABLE,
                               f"account {account.id}'s fleet-wide request ceiling cannot be checked now",

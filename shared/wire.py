@@ -69,6 +69,9 @@ class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):
     # The account's `models` globs (SPEC §4), which hold a lease's requests (SPEC §12); None
     # from a control daemon older than this field: not checked.
     models: tuple[str, ...] | None = None
+    # Fleet mode: a lease ceiling makes the data plane stop serving the account while this
+    # host's place in the fleet has lapsed (`dataplane/admission.FleetAdmission.lapsed`).
+    lease_capacity: int | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

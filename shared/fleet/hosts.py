@@ -121,6 +121,13 @@ local live = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now - tonu
 return live
 """
 
+# KEYS: seen; ARGV: host. Answers ms since the host's last heartbeat (Redis's clock), -1 if none.
+AGE = _NOW + """
+local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not seen then return -1 end
+return now - tonumber(seen)
+"""
+
 
 class HostClaim(msgspec.Struct, frozen=True, kw_only=True):
     granted: bool
@@ -159,6 +166,7 @@ class HostRegistry:
         self._dead = client.register_script(DEAD)
         self._reap = client.register_script(REAP)
         self._live = client.register_script(LIVE)
+        self._age = client.register_script(AGE)
 
     def _host_keys(self) -> list[str]:
         k = self.keys
@@ -188,6 +196,13 @@ class HostRegistry:
         with guard("live hosts"):
             flat = await self._live(keys=[self.keys.hosts_seen], args=[self.ttl_ms])
         return {flat[i].decode(): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+
+    async def heartbeat_age_ms(self, host_id: str) -> int | None:
+        """How long ago `host_id` last heartbeated (Redis's clock); None when it holds no
+        heartbeat (never joined, or declared dead and reaped)."""
+        with guard("host heartbeat age"):
+            age = int(await self._age(keys=[self.keys.hosts_seen], args=[host_id]))
+        return None if age < 0 else age
 
     async def dead_hosts(self) -> list[str]:
         with guard("dead hosts"):

@@ -144,10 +144,40 @@ def test_revoke_leases_names_a_silent_host_and_reaches_it_when_it_returns(tmp_pa
         try:
             status, _, body = a.api("POST", f"{ADMIN}/{on_b['account_id']}/revoke-leases", {"reason": "test"})
             assert status == 200 and body["unacknowledged_hosts"] == ["gw-b"], body
-            assert call(b, on_b["token"])[0] == 200     # B's control is not there to end it yet
+            # B's control is not there to end it; its data plane, seeing B's place lapse, refuses
+            status, _, refused = call(b, on_b["token"])
+            assert status == 503 and refused["error"]["code"] == "fleet-state-unavailable", refused
         finally:
             b.control.popen.send_signal(signal.SIGCONT)
         wait_until(lambda: call(b, on_b["token"])[0] == 401, 15, "B's data plane to refuse the key")
+    finally:
+        fleet.stop()
+
+
+def test_a_paused_controls_data_plane_stops_serving_ceilinged_accounts_before_the_slots_move(
+        tmp_path, stub, own_redis) -> None:
+    fleet = pairs(tmp_path, stub, own_redis, 2)
+    a, b = fleet[0], fleet[1]
+    try:
+        capped = [mint(b, "pause-1")[2], mint(b, "pause-2")[2]]
+        free = mint(b, "pause-3")[2]
+        assert [m["account_id"] for m in capped + [free]] == ["team-a", "team-a", "team-b"]
+        b.control.popen.send_signal(signal.SIGSTOP)   # B's data plane runs on, its control is silent
+        try:
+            def refused(lease: dict) -> bool:
+                status, _, body = call(b, lease["token"])
+                return status == 503 and body["error"]["code"] == "fleet-state-unavailable"
+            wait_until(lambda: refused(capped[0]), 10, "B's data plane to stop serving team-a")
+            assert call(b, free["token"])[0] == 200      # an account without a ceiling keeps serving
+            moved = wait_until(lambda: (m := mint(a, f"pause-a-{time.monotonic()}")[2]).get("account_id") == "team-a"
+                               and m, 15, "B's team-a slots reaped and minted on A")
+            assert refused(capped[0]) and refused(capped[1])   # the ceiling is A's now, never both
+            assert call(a, moved["token"])[0] == 200
+        finally:
+            b.control.popen.send_signal(signal.SIGCONT)
+        wait_until(lambda: call(b, capped[0]["token"])[0] == 401, 15, "B's returning control ends the released leases")
+        again = mint(b, "pause-4")[2]
+        wait_until(lambda: call(b, again["token"])[0] == 200, 10, "B serving again once its place is back")
     finally:
         fleet.stop()
 
