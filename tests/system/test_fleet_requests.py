@@ -5,6 +5,10 @@ without a ceiling keeps serving; Redis back, the ceiling is checked again by its
 
 from __future__ import annotations
 
+import json
+import os
+import random
+import signal
 import threading
 from pathlib import Path
 
@@ -95,3 +99,80 @@ def test_a_request_ceiling_holds_across_hosts_and_fails_closed_without_redis(
 
     redis.start()
     wait_until(lambda: call(b, on_b, "capped-1")[0] == 200, 20, "the ceiling checked again once Redis is back")
+
+
+def peak_overlap(intervals: list[tuple[float, float]]) -> int:
+    """The most intervals open at one instant."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    peak = open_now = 0
+    for _, step in edges:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+def test_random_requests_across_three_hosts_and_a_kill_never_exceed_the_request_ceiling(
+        make_gateway, tmp_path: Path, clean_stub: Stub, redis: RedisServer) -> None:
+    """Seeded: three pairs send overlapping streams to an account with `request_capacity = 2`
+    while one pair is SIGKILLed mid-stream and restarted; the upstream never sees more than two
+    of the account's requests at once (the stub's own arrival and last-byte times)."""
+    seed = int(os.environ.get("FLEET_SEED", random.randrange(1 << 30)))
+    print(f"FLEET_SEED={seed}")
+    rng = random.Random(seed)
+    accounts = tmp_path / "accounts3.toml"
+    accounts.write_text(f'''
+[[account]]
+id = "capped"
+provider_binding = "anthropic"
+base_url = "{clean_stub.url}"
+auth_style = "x-api-key"
+credential_env = "GATEWAY_CAPPED_KEY"
+models = ["capped-*"]
+request_capacity = 2
+''')
+    common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": clean_stub.anthropic_key,
+              "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": "rnd" + str(seed % 10_000),
+              "GATEWAY_FLEET_HOST_TTL_SECONDS": "3"}
+    hosts = [make_gateway({**common, "GATEWAY_HOST_ID": f"h-{n}"}, name=f"r{n}").start() for n in range(3)]
+    tokens = [mint(gw, "capped-1", f"rnd-{n}") for n, gw in enumerate(hosts)]
+    statuses: list[int] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(n: int, wrng: random.Random) -> None:
+        while not stop.is_set():
+            step = {"deltas": wrng.randrange(2, 8), "stall_between_events_s": wrng.choice((0.01, 0.03, 0.06))}
+            try:
+                status, _, _ = http("POST", hosts[n].dataplane_url + "/v1/messages",
+                                    {"model": "capped-1", "stream": True, **BODY},
+                                    {"x-api-key": tokens[n], "x-stub-step": json.dumps(step)}, timeout_s=10)
+            except OSError:        # the host was killed under this request
+                status = 0
+            with lock:
+                statuses.append(status)
+            stop.wait(wrng.random() * 0.05)
+
+    threads = [threading.Thread(target=worker, args=(n, random.Random(rng.random())), daemon=True)
+               for n in range(3) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: statuses.count(200) >= 10, 30, "requests served")
+        victim = hosts[rng.randrange(3)]
+        for proc in (victim.dataplane, victim.control):
+            proc.stop(signal.SIGKILL)   # mid-stream: its holders stay until the fleet reaps them
+        count = len(statuses)
+        wait_until(lambda: len(statuses) >= count + 30, 30, "the survivors serving on")
+        victim.start()
+        count = statuses.count(200)
+        wait_until(lambda: statuses.count(200) >= count + 15, 30, "the fleet serving after the restart")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
+    served = [(r["time"], r.get("last_sent_at") or r["time"]) for r in clean_stub.requests()
+              if r.get("model") == "capped-1"]
+    assert len(served) >= 25
+    assert peak_overlap(served) <= 2, (seed, peak_overlap(served))
+    assert set(statuses) <= {0, 200, 401, 429, 503}, (seed, sorted(set(statuses)))
+    assert statuses.count(429) > 0   # the ceiling was reached, not merely never approached
