@@ -11,8 +11,9 @@ and no counter can drift (LiteLLM's increment/decrement leaks have nothing to le
   one round trip) writes the dirty windows at most every `PUBLISH_MIN_S`, and a version that
   names this process and its publish (`{f}:spend:versions`, host → version).
 - **In**: on every other host's publish (the script announces it on `{f}:spend:moved`; pub/sub
-  is at-most-once, so also every `PULL_S` whatever was heard), one round trip reads this host's
-  mark and every host's version; a host whose version moved is read (the whole hash the first time, then the windows that can
+  is at-most-once, so also every `PULL_S` whatever was heard), and at most every `PULL_MIN_S`
+  whatever the fleet's size, one round trip reads this host's mark and every host's version; a
+  host whose version moved is read (the whole hash the first time, then the windows that can
   still move: this hour, the last one, this day, this month). A change re-reads every budget
   (`BudgetGuard.on_fleet_spend`): a budget exhausted on one host is enforced on every host
   within one publish, one pull and one push of gates (bench.fleet publishes the bound).
@@ -54,6 +55,7 @@ log = get_logger("fleet")
 
 PUBLISH_MIN_S = 0.1           # a host's rows reach Redis at most this late (coalesced)
 PULL_S = 1.0                  # the other hosts' spend is read at least this often (and when told)
+PULL_MIN_S = 0.05             # and at most this often: announcements meanwhile make one pull
 RETRY_S = 1.0                 # after a failed publish or pull
 SPEND_TTL_S = 40 * 86_400     # a month's windows and a margin past the last publish
 MARK = b"_"                   # present: the hash holds every window its host has
@@ -241,6 +243,8 @@ class FleetSpend:
             except StateUnavailable as exc:
                 self._failed("pull", exc)
                 await asyncio.sleep(RETRY_S)
+                continue
+            await asyncio.sleep(PULL_MIN_S)   # pacing: a busy fleet's announcements coalesce
 
     async def _listener(self) -> None:
         """Wake the puller when another host published (resubscribing after an outage)."""

@@ -10,6 +10,7 @@ import os
 import random
 import signal
 import threading
+from http.client import HTTPException
 from pathlib import Path
 
 import anthropic
@@ -29,9 +30,9 @@ def redis(tmp_path: Path):
     server.stop()
 
 
-@pytest.fixture
-def pairs(make_gateway, tmp_path: Path, stub: Stub, redis: RedisServer) -> tuple[Gateway, Gateway]:
-    accounts = tmp_path / "accounts.toml"
+def capped_env(tmp_path: Path, stub: Stub, redis: RedisServer, capacity: int, fleet_id: str) -> dict[str, str]:
+    """The environment every pair shares: one account, `capped`, with `request_capacity`."""
+    accounts = tmp_path / f"accounts-{fleet_id}.toml"
     accounts.write_text(f'''
 [[account]]
 id = "capped"
@@ -40,11 +41,16 @@ base_url = "{stub.url}"
 auth_style = "x-api-key"
 credential_env = "GATEWAY_CAPPED_KEY"
 models = ["capped-*"]
-request_capacity = 1
+request_capacity = {capacity}
 ''')
-    common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key,
-              "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": f"t{tmp_path.name[-20:].lower()}",
-              "GATEWAY_FLEET_HOST_TTL_SECONDS": "3"}
+    return {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key or "",
+            "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": fleet_id,
+            "GATEWAY_FLEET_HOST_TTL_SECONDS": "3"}
+
+
+@pytest.fixture
+def pairs(make_gateway, tmp_path: Path, stub: Stub, redis: RedisServer) -> tuple[Gateway, Gateway]:
+    common = capped_env(tmp_path, stub, redis, 1, f"t{tmp_path.name[-20:].lower()}")
     a = make_gateway({**common, "GATEWAY_HOST_ID": "host-a"}, name="a").start()
     b = make_gateway({**common, "GATEWAY_HOST_ID": "host-b"}, name="b").start()
     return a, b
@@ -119,20 +125,7 @@ def test_random_requests_across_three_hosts_and_a_kill_never_exceed_the_request_
     seed = int(os.environ.get("FLEET_SEED", random.randrange(1 << 30)))
     print(f"FLEET_SEED={seed}")
     rng = random.Random(seed)
-    accounts = tmp_path / "accounts3.toml"
-    accounts.write_text(f'''
-[[account]]
-id = "capped"
-provider_binding = "anthropic"
-base_url = "{clean_stub.url}"
-auth_style = "x-api-key"
-credential_env = "GATEWAY_CAPPED_KEY"
-models = ["capped-*"]
-request_capacity = 2
-''')
-    common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": clean_stub.anthropic_key,
-              "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": "rnd" + str(seed % 10_000),
-              "GATEWAY_FLEET_HOST_TTL_SECONDS": "3"}
+    common = capped_env(tmp_path, clean_stub, redis, 2, "rnd" + str(seed % 10_000))
     hosts = [make_gateway({**common, "GATEWAY_HOST_ID": f"h-{n}"}, name=f"r{n}").start() for n in range(3)]
     tokens = [mint(gw, "capped-1", f"rnd-{n}") for n, gw in enumerate(hosts)]
     statuses: list[int] = []
@@ -146,7 +139,7 @@ request_capacity = 2
                 status, _, _ = http("POST", hosts[n].dataplane_url + "/v1/messages",
                                     {"model": "capped-1", "stream": True, **BODY},
                                     {"x-api-key": tokens[n], "x-stub-step": json.dumps(step)}, timeout_s=10)
-            except OSError:        # the host was killed under this request
+            except (OSError, HTTPException):   # the host was killed under this request
                 status = 0
             with lock:
                 statuses.append(status)
