@@ -318,10 +318,11 @@ class MintDesk(DispatchKeys):
                      predecessor: str | None) -> tuple[Refusal, Skip | None] | None:
         """Take what the decision only read: the lease slot, the dispatch's one live lease and
         (half-open) the circuit's one probe, each atomically; undo the taken ones on a refusal,
-        so no key outlives a refused claim."""
-        if not await self.lease_capacity.reserve(account.id, key_id, ceiling):
-            return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
+        so no key outlives a refused claim. A claim that timed out is undone too: a hung Redis
+        runs it when it resumes (fleet: the undo is owed until then)."""
         try:
+            if not await self.lease_capacity.reserve(account.id, key_id, ceiling):
+                return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
             if not await self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id,
                                                    allowing=predecessor):
                 await self.lease_capacity.release(key_id)

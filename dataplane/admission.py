@@ -86,10 +86,17 @@ class FleetAdmission:
         if not self.started:
             await self.start()
         try:
-            taken = await self.capacity.reserve(account_id, holder, ceiling)
-        except StateLost:
-            await self._reregister()
-            taken = await self.capacity.reserve(account_id, holder, ceiling)
+            try:
+                taken = await self.capacity.reserve(account_id, holder, ceiling)
+            except StateLost:
+                await self._reregister()
+                taken = await self.capacity.reserve(account_id, holder, ceiling)
+        except StateUnavailable:
+            # A timeout's outcome is unknown: a hung Redis runs the reserve once it resumes. The
+            # request is refused, so the holder is released like a failed release (harmless if
+            # it never landed), never leaked.
+            self.pending_release.add(holder)
+            raise
         if taken:
             self.held[holder] = (account_id, ceiling)
         return taken

@@ -74,6 +74,35 @@ async def test_redis_down_is_unavailable_and_a_failed_release_is_retried(tmp_pat
         server.stop()
 
 
+async def test_a_reserve_redis_ran_after_its_timeout_is_released(tmp_path: Path) -> None:
+    """A reserve sent to a hung Redis times out (refused 503), but Redis runs it once it
+    resumes: the holder is released like a failed release, never leaked."""
+    server = RedisServer(tmp_path / "redis").start()
+    fleet = Fleet(server)
+    admission = plane(fleet, "host-a", server.url)
+    try:
+        assert await admission.reserve(ACCOUNT, "warm", 1)   # a pooled connection, ready to send on
+        admission.release_soon("warm")
+        await until(lambda: _count_is(admission, 0), 10, "the warm-up slot back")
+        server.pause()
+        with pytest.raises(StateUnavailable):
+            await admission.reserve(ACCOUNT, "att-hung", 1)
+        assert "att-hung" in admission.pending_release
+        server.resume()
+        await until(_retried(admission), 10, "the timed-out reserve's holder released")
+        assert await admission.capacity.count(ACCOUNT) == 0
+        assert await admission.reserve(ACCOUNT, "att-next", 1)   # the slot was never lost
+    finally:
+        server.resume()
+        await admission.close()
+        await fleet.close()
+        server.stop()
+
+
+async def _count_is(admission: FleetAdmission, count: int) -> bool:
+    return await admission.capacity.count(ACCOUNT) == count
+
+
 def _retried(admission: FleetAdmission):
     async def probe() -> bool:
         await admission.retry_pending()

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.core import circuit as rules
+from controlplane.core.fallback import Lineage
+from shared.capacity import StateUnavailable
 from shared.clock import now_ms
 from shared.codes import AdminState, CircuitPhase, FleetState, Refusal, Skip, Standing
 from shared.wire import AttemptRow
@@ -205,3 +207,26 @@ async def test_after_a_data_loss_no_host_admits_before_its_siblings_re_registere
     await until(lambda: h1.fleet.b.lease_capacity.admitting, 5, "h1 to admit once h2 registered")
     after = await mint(h1, "d-late")
     assert (after.body["account_id"], after.body["skipped"][0]["code"]) == (B, str(Skip.LEASE_CAPACITY_EXHAUSTED))
+
+
+async def test_a_lease_claim_redis_ran_after_its_timeout_is_undone(world) -> None:
+    """A mint's slot reserve sent to a hung Redis times out (the mint is held), but Redis runs
+    it when it resumes: the undo is owed and delivered, so the slot is never leaked."""
+    server, fleet = world
+    h1 = await fleet.add("h1")
+    warm = await mint(h1, "warm")   # the client's pool holds connections ready to send on
+    assert warm.status == 201 and await h1.service.revoke(warm.body["key_id"])
+    account = h1.service.registry.get(A)
+    assert account is not None
+    server.pause()
+    try:
+        with pytest.raises(StateUnavailable):
+            await h1.desk._claim(account, "key-hung", 2, Lineage("d-hung", "acme/app", "m-1"), None)
+    finally:
+        server.resume()
+
+    async def undone() -> bool:
+        capacity = h1.service.lease_capacity
+        return not len(h1.fleet.b.owed) and await capacity.count(A) == 0 and not await capacity.holds("key-hung")
+    await until(undone, 15, "the timed-out claim undone once Redis answers")
+    assert (await mint(h1, "after")).body["account_id"] == A
