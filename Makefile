@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run fleet-demo test venv redis-server bench bench-peers soak clean
+.PHONY: run fleet-demo test venv redis-server bench bench-peers soak soak-fleet clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -44,8 +44,16 @@ bench: $(STAMP)
 bench-peers: $(STAMP)
 	$(BIN)/python -m bench.run --peers $(BENCH_ARGS)
 
-soak: $(STAMP)
+# `make soak`: the single-host soak, then the fleet soak (three pairs sharing one redis-server,
+# faults injected: bench/soak_fleet.py); SOAK_ARGS (--minutes / --seconds, --seed, --workers) go to
+# both, FLEET_SOAK_ARGS (--tolerate GAP, --summary PATH) to the fleet soak only. `make soak-fleet`
+# runs the fleet soak alone.
+soak: $(STAMP) redis-server
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)
+	$(BIN)/python -m bench.soak --fleet $(SOAK_ARGS) $(FLEET_SOAK_ARGS)
+
+soak-fleet: $(STAMP) redis-server
+	$(BIN)/python -m bench.soak --fleet $(SOAK_ARGS) $(FLEET_SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) var build *.egg-info

@@ -1,6 +1,8 @@
 """`make soak`: a bounded soak of the v1 surface, then the invariants that must still hold.
 
-Usage: ``python -m bench.soak [--minutes 10] [--seconds S] [--seed N] [--workers 12]``.
+Usage: ``python -m bench.soak [--minutes 10] [--seconds S] [--seed N] [--workers 12]``;
+``python -m bench.soak --fleet ...`` runs the fleet variant instead (`bench/soak_fleet.py`: three
+pairs sharing one redis-server, faults injected, the fleet's invariants; its own options too).
 
 Rule: every operation is drawn from a seeded mix and its expected terminal row is counted as
 it is sent, so at the end the ledger can be checked exactly, not approximately. The mix:
@@ -214,7 +216,13 @@ def check(gw: Gateway, soak: Soak, rss_warm: dict[str, int | None]) -> list[tupl
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--fleet" in argv:
+        from bench import soak_fleet  # redis-server and three pairs: only when asked for
+        return soak_fleet.main([a for a in argv if a != "--fleet"])
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    parser.add_argument("--fleet", action="store_true",
+                        help="run the fleet variant (bench/soak_fleet.py; --fleet --help for its options)")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=None, help="overrides --minutes")
     parser.add_argument("--seed", type=int, default=None)
