@@ -40,9 +40,9 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def fleet(tmp_path: Path, stub: Stub, own_redis: RedisServer) -> Iterator[FleetPairs]:
-    pairs = FleetPairs(tmp_path / "fleet", stub, own_redis, 2).start()
-    try:
-        yield pairs
+    pairs = FleetPairs(tmp_path / "fleet", stub, own_redis, 2)
+    try:                                          # a start that fails stops what it started too
+        yield pairs.start()
     finally:
         pairs.stop()
 
