@@ -4,11 +4,16 @@ Behind the `DecisionStore` interface (in-process here). Bounded (`DECISION_CAP`)
 of a decision the table no longer holds (evicted, or from before a restart) is
 `fallback-lineage-unknown`, held: the safe way. Terminal evidence arrives from attempt rows by
 `mint_decision_id`.
+
+In fleet mode the table is Redis's (`controlplane/fleet/decisions.py`), and each host also keeps
+the decisions of its own live leases (`LeaseDecisions` there), to re-register them when Redis
+lost its data; `lease_decisions` and `live_groups` below are what that re-registration decides.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import msgspec
@@ -16,7 +21,7 @@ import msgspec
 from controlplane.core.fallback import Lineage
 from controlplane.core.selection import Skipped
 from shared.codes import Condition, Outcome, Refusal
-from shared.wire import AttemptRow
+from shared.wire import AttemptRow, Lease
 
 # A citation names a recent decision (a retry follows its failure within seconds or minutes);
 # an evicted one is `fallback-lineage-unknown`, held — the safe direction.
@@ -88,6 +93,44 @@ def evidence_of(row: AttemptRow) -> tuple[str, Condition | None] | None:
     if row.mint_decision_id is None:
         return None
     return row.mint_decision_id, Condition(row.condition) if row.condition else None
+
+
+class LiveGroup(msgspec.Struct, frozen=True, kw_only=True):
+    """One dispatch's live leases on one host: one, or a renewal's successor and predecessor."""
+
+    repo_slug: str
+    dispatch_id: str
+    key_ids: tuple[str, ...]
+
+
+def live_groups(leases: Iterable[Lease]) -> list[LiveGroup]:
+    """A host's live v2 leases by dispatch (v1 leases have none), each group's keys oldest first
+    (key ids are ULIDs), the groups in the order of their oldest key: what re-registers the
+    dispatches' live sets."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for lease in sorted(leases, key=lambda lease: lease.key_id):
+        if lease.dispatch_id is not None:
+            groups.setdefault((lease.repo_slug, lease.dispatch_id), []).append(lease.key_id)
+    return [LiveGroup(repo_slug=repo, dispatch_id=dispatch, key_ids=tuple(keys))
+            for (repo, dispatch), keys in groups.items()]
+
+
+def lease_decisions(leases: Iterable[Lease], known: Mapping[str, Decision]) -> tuple[dict[str, Decision], list[str]]:
+    """Of each live v2 lease, the decision it holds now (the one it was granted, or re-bound to
+    by a hop: `Lease.mint_decision_id`), looked up in `known` by decision id and kept only when
+    it names that lease's key: key id → decision. Also answers, sorted, the keys of the v2
+    leases whose decision `known` lacks (v1 leases have none and are in neither)."""
+    kept: dict[str, Decision] = {}
+    missing: list[str] = []
+    for lease in leases:
+        if lease.mint_decision_id is None:
+            continue
+        decision = known.get(lease.mint_decision_id)
+        if decision is not None and decision.key_id == lease.key_id:
+            kept[lease.key_id] = decision
+        else:
+            missing.append(lease.key_id)
+    return kept, sorted(missing)
 
 
 class LocalDecisions:

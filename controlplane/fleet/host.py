@@ -8,13 +8,18 @@ At start (`start`, before the RPC socket and the HTTP listener open):
    should have ended (`core/fleet.missed_revocations`, over the revocation stream);
 3. re-register the holders of the restored leases, oldest first, the ceiling honoured: a holder
    refused (others filled the account meanwhile) ends through the release seam, its worker gets
-   401 and re-mints; let go of anything else this host id held (`retain_only`);
+   401 and re-mints; let go of anything else this host id held (`retain_only`); and the
+   decisions of the restored leases and their dispatches' live sets (`_reregister_dispatches`,
+   `_reregister_decisions`: from this host's own journal, `LeaseDecisions`), a dispatch another
+   host holds a live lease of now ending this host's keys of it, as a refused holder;
 4. only then open the fence (`Membership.registered`): no new holder is admitted before the
    old ones are back. Until then every reserve answers `StateLost` (held).
 
 Each heartbeat's standing names its repair (`core/fleet.REPAIRS`): `reaped` — end the leases
-whose holders the reaper released meanwhile; `state-lost` — Redis lost its data: step 3 again,
-then re-read the chains (a chain Redis lost is re-seeded from this host's mirror);
+whose holders the reaper released meanwhile; `state-lost` — Redis lost its data: step 3 again
+(so renew, extend, hops and citations of the live leases answer as before the loss; only their
+decisions' evidence is gone), then re-read the chains (a chain Redis lost is re-seeded from
+this host's mirror);
 `superseded` — another instance holds the id: fail closed (the fence shuts, so every mint is
 held `fleet-state-unavailable`, and every lease of this host is ended).
 
@@ -38,6 +43,7 @@ from controlplane.core.fleet import (
     END_REASONS, MissedRevocation, Repair, RestoredLease, may_admit, missed_revocations, repair_for,
     reregistration_order,
 )
+from controlplane.decisions import lease_decisions, live_groups
 from controlplane.events import Event, EventHub, EventKind
 from controlplane.fleet.events import FANNED_OUT, FleetEvent, RevokeRequest
 from controlplane.fleet.owed import DELIVER_INTERVAL_S
@@ -122,6 +128,7 @@ class FleetHost:
     # ---- start and stop ----------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.b.lease_decisions.load(self.service.keys.all())   # the restored leases' decisions
         claim = await self._join()
         self._live_seen = frozenset(await self.b.hosts.live_hosts())
         after = await self.b.revocations.last_id()   # served from here on: nothing between is missed
@@ -183,10 +190,12 @@ class FleetHost:
             await self.service.end_keys(ended, EndReason.ACCOUNT_REVOKED)
 
     async def _reregister(self, incarnation: str, *, after_loss: bool) -> None:
-        """Take back the holders of this host's live leases, oldest first, the ceiling honoured;
-        end the refused ones; let go of whatever else this host id held; say so in the fleet's
-        `registered` set. After a data loss, hold new holders until the hosts live before it
-        registered too (`core/fleet.may_admit`)."""
+        """Take back the holders of this host's live leases, oldest first, the ceiling honoured
+        (and their dispatches, one live lease each); end the refused ones; let go of whatever else
+        this host id held; put their decisions back; say so in the fleet's `registered` set.
+        After a data loss, hold new holders until the hosts live before it registered too
+        (`core/fleet.may_admit`)."""
+        await self._reregister_dispatches()
         leases = {lease.key_id: lease for lease in self.service.keys.all()}
         order = reregistration_order(leases)
         holders = [(leases[k].account_id, k, self._ceiling(leases[k].account_id)) for k in order]
@@ -195,9 +204,7 @@ class FleetHost:
             log.warning("fleet_reregistration_refused", host_id=self.host_id, leases=len(refused))
             await self.service.end_keys(sorted(refused), END_REASONS[Repair.REREGISTER])
         released = await self.b.lease_capacity.retain_only([k for k in order if k not in refused])
-        for lease in self.service.keys.all():
-            if lease.dispatch_id is not None:
-                await self.b.decisions.note_live(lease.key_id, lease.repo_slug, lease.dispatch_id)
+        await self._reregister_decisions()
         with guard("fleet registered"):
             await self.b.client.sadd(self.b.keys.registered, self.host_id)
         if after_loss:
@@ -208,6 +215,34 @@ class FleetHost:
         log.info("fleet_holders_registered", host_id=self.host_id, kept=len(order) - len(refused),
                  refused=len(refused), let_go=len(released), awaiting=sorted(self._live_seen - {self.host_id})
                  if after_loss else [])
+
+    async def _reregister_dispatches(self) -> None:
+        """Each live v2 lease back in its dispatch's live set, unless another host holds a live
+        lease of that dispatch now (minted while this host's entries were lost, or while it was
+        declared dead): then this host's keys of it end, as a refused holder's (401, re-mint)."""
+        refused = await self.b.decisions.reregister_live(live_groups(self.service.keys.all()), self.host_id)
+        if refused:
+            log.warning("fleet_dispatch_reregistration_refused", host_id=self.host_id, leases=len(refused))
+            await self.service.end_keys(refused, END_REASONS[Repair.REREGISTER])
+
+    async def _reregister_decisions(self) -> None:
+        """The decisions of the live leases back into Redis, from this host's own record. One it
+        lacks (a journal from before the record existed, a failed write) is taken from Redis
+        while Redis still has it; otherwise it is logged, and that lease keeps serving but is
+        renewed, extended or hopped only once its worker re-mints (`decision-unknown`)."""
+        leases = self.service.keys.all()
+        kept, missing = lease_decisions(leases, self.b.lease_decisions.by_id())
+        if missing:
+            absent = frozenset(missing)
+            lacking = [lease for lease in leases if lease.key_id in absent]
+            stored = await self.b.decisions.stored([lease.mint_decision_id or "" for lease in lacking])
+            found, unknown = lease_decisions(lacking, stored)
+            for decision in found.values():
+                self.b.lease_decisions.add(decision)
+            kept.update(found)
+            if unknown:
+                log.warning("fleet_lease_decisions_unknown", host_id=self.host_id, leases=len(unknown))
+        await self.b.decisions.reregister(list(kept.values()))
 
     async def _check_hold(self) -> None:
         if self._hold is None:

@@ -31,7 +31,8 @@ import msgspec
 import redis.asyncio as aredis
 
 from controlplane.circuits import CircuitRegistry, CircuitStore, CircuitView
-from controlplane.fleet.decisions import RedisDecisions
+from controlplane.decisions import Decision
+from controlplane.fleet.decisions import LeaseDecisions, RedisDecisions
 from shared.capacity import StateUnavailable
 from shared.codes import Condition
 from shared.fleet.capacity import Incarnation, RedisCapacity
@@ -129,13 +130,29 @@ class OwedCapacity(RedisCapacity):
 
 
 class OwedDecisions(RedisDecisions):
-    """The decision table: a key's end and a row's evidence are owed when they cannot land."""
+    """The decision table: a key's end and a row's evidence are owed when they cannot land.
+    The decisions of this host's live leases are also kept here (`local`, a `LeaseDecisions`):
+    added once Redis took them, answered before asking Redis (they are this host's to write, and
+    never change), forgotten when their key ends."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites) -> None:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions) -> None:
         super().__init__(client, keys)
         self.owed = owed
+        self.local = local
+
+    async def record(self, decision: Decision) -> None:
+        await RedisDecisions.record(self, decision)
+        if decision.key_id is not None:  # no await from here to the grant: the key table agrees
+            self.local.add(decision)
+
+    async def get(self, mint_decision_id: str) -> Decision | None:
+        return self.local.get(mint_decision_id) or await RedisDecisions.get(self, mint_decision_id)
+
+    async def for_key(self, key_id: str) -> Decision | None:
+        return self.local.of_key(key_id) or await RedisDecisions.for_key(self, key_id)
 
     async def end_key(self, key_id: str) -> None:
+        self.local.forget(key_id)
         await self.owed.write(Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id))
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:

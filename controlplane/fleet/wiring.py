@@ -23,6 +23,7 @@ import msgspec
 from controlplane.circuits import CircuitRegistry, CircuitView, LocalCircuits
 from controlplane.decisions import DecisionStore, LocalDecisions
 from controlplane.fleet.circuits import RedisCircuits
+from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
 from controlplane.fleet.view import InFlightBoard
@@ -63,7 +64,9 @@ class FleetBackends:
         self.fence = Incarnation(UNJOINED)
         self.owed = OwedWrites(is_live=lambda key_id: keys.get(key_id) is not None)
         self.lease_capacity = OwedCapacity(self.client, self.keys, settings.host_id, self.fence, self.owed)
-        self.decisions = OwedDecisions(self.client, self.keys, self.owed)
+        journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
+        self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
+        self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions)
         self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
         self.events = FleetEvents(self.client, self.keys, settings.host_id)
         self.revocations = FleetRevocations(self.client, self.keys, settings.host_id)
@@ -79,6 +82,7 @@ class FleetBackends:
     async def close(self) -> None:
         await self.client.aclose()
         self.sync.close()
+        self.lease_decisions.close()
 
 
 class Backends(msgspec.Struct, frozen=True, kw_only=True):
