@@ -13,6 +13,7 @@ import msgspec
 from controlplane.core.hop import FallbackDriver, hop_conditions
 from controlplane.core.mint import decide_mint
 from controlplane.decisions import Decision
+from shared.capacity import StateUnavailable
 from shared.clock import now_ms
 from shared.codes import Condition, ErrorCode, Outcome, Refusal
 from shared.errors import GatewayError
@@ -57,6 +58,11 @@ class DispatchKeys:
         ttl_s = ttl_seconds or self.settings.key_ttl_seconds
         extended = msgspec.structs.replace(lease, expires_at_ms=now_ms() + ttl_s * 1000)
         await self.granter.rebind(extended)
+        try:  # fleet: the decision and the dispatch's live set live as long as the key (their TTLs)
+            await self.decisions.record(decision)
+            await self.decisions.note_live(key_id, decision.lineage.repo_slug, decision.lineage.dispatch_id)
+        except StateUnavailable:
+            pass  # Redis away: the next extend (or re-registration after a loss) refreshes them
         return extended
 
     async def hop(self, lease: Lease, condition: Condition) -> Hop | None:

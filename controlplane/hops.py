@@ -83,7 +83,9 @@ class Hopper:
             log.warning("dispatch_hop_unavailable", key_id=key_id, condition=str(condition), error=str(exc))
             await self.rebind(lease)  # clears the data plane's pending mark
             return
-        if hop is None:
+        if hop is None:   # no decision to hop from (embedded: a control restart forgot it)
+            log.warning("dispatch_hop_without_decision", key_id=key_id, condition=str(condition))
+            await self.rebind(lease)  # clears the data plane's pending mark: the key stays put
             return
         await self.rebind(hop.lease)  # switches the token, or clears the data plane's pending mark
         if not hop.moved:

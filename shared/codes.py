@@ -218,7 +218,9 @@ class EndReason(StrEnum):
     HOPPED = "hopped"             # a dispatch key's lease replaced by the gateway (SPEC §17)
     # fleet mode (SPEC §16): a host's own standing ended the key
     HOST_REAPED = "host-reaped"   # this host was declared dead meanwhile: its slot was released
-    REREGISTRATION_REFUSED = "reregistration-refused"  # after Redis lost its data, the ceiling was full
+    # after Redis lost its data (or this host was away): the ceiling was full, or another host
+    # holds the dispatch's one live lease now
+    REREGISTRATION_REFUSED = "reregistration-refused"
     HOST_SUPERSEDED = "host-superseded"  # another instance holds this host id now: fail closed
 
 

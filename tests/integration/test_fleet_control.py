@@ -230,3 +230,18 @@ async def test_a_lease_claim_redis_ran_after_its_timeout_is_undone(world) -> Non
         return not len(h1.fleet.b.owed) and await capacity.count(A) == 0 and not await capacity.holds("key-hung")
     await until(undone, 15, "the timed-out claim undone once Redis answers")
     assert (await mint(h1, "after")).body["account_id"] == A
+
+
+async def test_extend_keeps_a_dispatch_keys_decision_and_live_set_in_redis_as_long_as_the_key(world) -> None:
+    server, fleet = world
+    h1 = await fleet.add("h1")
+    minted = await mint(h1, "d-ext", fallback_driver="gateway")
+    key_id, decision_id = minted.body["key_id"], minted.body["mint_decision_id"]
+    keys = h1.fleet.b.keys
+    admin = h1.fleet.b.sync
+    names = [keys.decision(decision_id), keys.decision_of_key(key_id), keys.live_of_key(key_id),
+             keys.live("acme/app", "d-ext")]
+    for name in names:
+        admin.pexpire(name, 5_000)   # as if the key had outlived Redis's copy (25 h)
+    await h1.desk.extend(key_id, 600)
+    assert all(admin.pttl(name) > 3_600_000 for name in names), [admin.pttl(n) for n in names]

@@ -234,3 +234,19 @@ def client_for(gw: Gateway, token: str) -> anthropic.Anthropic:
 def test_extend_period(ttl_s: int, every_s: float) -> None:
     from controlplane.cli.supervise import extend_every_s
     assert extend_every_s(ttl_s) == every_s
+
+
+def test_a_key_whose_decision_was_forgotten_stays_put_instead_of_pending(
+        make_gateway, tmp_path, clean_stub, second_stub) -> None:
+    """Embedded mode keeps decisions in memory: after a control restart a dispatch key's 429
+    cannot hop (no decision to cite), and the key must serve on where it is, never stay
+    `fallback-pending`."""
+    gw = pool(make_gateway, tmp_path, second_stub)
+    minted = mint(gw)
+    gw.control.stop()
+    gw.start_control()
+    gw.wait_synchronised()
+    clean_stub.script({"status": 429, "headers": {"retry-after": "1"}})
+    assert ask(client(gw, minted["token"], retries=4))   # 429, then the key serves on at A
+    rows = rows_of(gw, minted["key_id"], 2)
+    assert [r["account_id"] for r in rows if r["status"] != "refused"] == [A, A]
