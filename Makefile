@@ -46,7 +46,7 @@ bench-peers: $(STAMP)
 
 # `make soak`: the single-host soak, then the fleet soak (three pairs sharing one redis-server,
 # faults injected: bench/soak_fleet.py); SOAK_ARGS (--minutes / --seconds, --seed, --workers) go to
-# both, FLEET_SOAK_ARGS (--tolerate GAP, --summary PATH) to the fleet soak only. `make soak-fleet`
+# both, FLEET_SOAK_ARGS (--summary PATH) to the fleet soak only. `make soak-fleet`
 # runs the fleet soak alone.
 soak: $(STAMP) redis-server
 	$(BIN)/python -m bench.soak $(SOAK_ARGS)

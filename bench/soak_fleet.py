@@ -3,7 +3,7 @@ pairs sharing one real redis-server on loopback (SPEC §16), a seeded mix with f
 a schedule, then the fleet's promises checked.
 
 Usage: ``python -m bench.soak_fleet [--minutes 10] [--seconds S] [--seed N] [--workers 6]
-[--summary PATH] [--tolerate GAP]``, or ``python -m bench.soak --fleet ...``. Prints each fault
+[--summary PATH]``, or ``python -m bench.soak --fleet ...``. Prints each fault
 as it ends, a JSON summary and one line per invariant; exit status 1 if any invariant fails.
 
 Rule: every answer is classified as it arrives and the ledger row it implies is counted against
@@ -29,8 +29,8 @@ any time `team-a`'s ceilings (held `no-eligible-account`, 429 `request-capacity-
 may no longer hold). The same answers outside every window are surprises. The end of the run and
 its invariants: `bench/soak_fleet_checks.py`.
 
-Gaps the soak has found are checked like every invariant; `--tolerate NAME` prints one as KNOWN
-instead of failing the run on it (`soak_fleet_checks.GAPS`).
+The promises this soak found broken, since fixed, are checked as invariants of their own
+(`soak_fleet_checks.REGRESSIONS`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import redis.asyncio as aredis
 
 from bench import soak
 from bench import soak_fleet_checks as checks
-from bench.soak_fleet_checks import GAPS
+from bench.soak_fleet_checks import REGRESSIONS
 from bench.soak_fleet_faults import CAPPED, HOST_TTL_S, LEASE_CAP, OPEN, REDIS_FAULTS, REQUEST_CAP, FleetFaults, Window
 from bench.soak_fleet_ops import CAPPED_REPO, POOL_TARGET, UNCAPPED_REPO, FleetOps, Lease
 from shared.fleet.keys import FleetKeys
@@ -127,7 +127,7 @@ class FleetSoak(FleetOps, FleetFaults):
         self.samples: dict[str, list[int]] = {}      # name -> [samples, max, over the ceiling renewing]
         self.violations: list[str] = []
         self.surprises: list[str] = []
-        self.gaps: dict[str, list[str]] = {name: [] for name in GAPS}
+        self.gaps: dict[str, list[str]] = {name: [] for name in REGRESSIONS}
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -318,8 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--summary", type=Path, default=None, help="also write the JSON summary here")
-    parser.add_argument("--tolerate", action="append", choices=sorted(GAPS), default=[],
-                        help="report this known gap as KNOWN rather than fail the run on it")
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else args.minutes * 60
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -340,14 +338,13 @@ def main(argv: list[str] | None = None) -> int:
             redis.stop()
     finally:
         stub.stop()
-    known = {GAPS[name][0] for name in args.tolerate}
-    summary = checks.summary(run, results, seed, time.monotonic() - started, known)
+    summary = checks.summary(run, results, seed, time.monotonic() - started)
     print(json.dumps(summary, indent=2))
     if args.summary is not None:
         args.summary.write_text(json.dumps(summary, indent=2))
     for name, held, detail in results:
-        print(f"  {'ok   ' if held else 'KNOWN' if name in known else 'FAIL '} {name:<55} {detail}")
-    failed = [n for n, held, _ in results if not held and n not in known]
+        print(f"  {'ok   ' if held else 'FAIL '} {name:<55} {detail}")
+    failed = [n for n, held, _ in results if not held]
     print(f"soak-fleet: {'all invariants held' if not failed else f'{len(failed)} invariant(s) failed'} (seed {seed})")
     if failed:
         print(f"soak-fleet: logs and state kept in {workdir}")

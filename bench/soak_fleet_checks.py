@@ -28,7 +28,7 @@ Invariants (each `(name, held, detail)`; exit status 1 if any fails):
 - every lease still held revokes, and the counts then read zero everywhere;
 - no unexpected answer (a refusal or a 401 outside every fault window, a wrong status);
 - no lease holder in Redis for a key no mint or renewal answered with (for `LEAK_GRACE_S`);
-- each of `GAPS`, the promises the soak found broken (`--tolerate` prints one KNOWN instead).
+- each of `REGRESSIONS`, the promises this soak found broken, since fixed.
 """
 
 from __future__ import annotations
@@ -45,21 +45,21 @@ from tests.support.waits import until
 if TYPE_CHECKING:
     from bench.soak_fleet import FleetSoak, Host
 
-# Gaps the fleet soak found, each checked as an invariant of its own; `--tolerate NAME` prints one
-# as KNOWN instead of failing the run on it. name -> (the invariant, what breaks it and where)
-GAPS = {
+# What the fleet soak found broken, fixed since, each checked as an invariant of its own.
+# name -> (the invariant, what broke it and where it was fixed)
+REGRESSIONS = {
     "renewal-after-data-loss": (
         "a live lease minted before a Redis data loss renews",
         "SPEC §5, §16 (a data loss loses no promise): after Redis lost its data, a host re-registers "
         "its leases' holders and dispatch claims but not their decisions, so renewing a live lease "
-        "minted before answers 404 decision-unknown (controlplane/fleet/host.py _reregister)"),
+        "minted before answered 404 decision-unknown (fixed: controlplane/fleet/decisions.LeaseDecisions, "
+        "re-registered by FleetHost._reregister)"),
     "request-holder-leak": (
         "no request holder outlives its refused attempt",
         "SPEC §6, §16 (release returns the slot): a request admission whose reply timed out while "
-        "Redis hung is refused 503, but Redis runs the queued reserve when it resumes and "
+        "Redis hung is refused 503, but Redis runs the queued reserve when it resumes, and "
         "dataplane/admission.py FleetAdmission.reserve never recorded the holder, so nothing "
-        "releases it: team-a's request slot stays taken until Redis loses its data or the host "
-        "is reaped"),
+        "released it: team-a's request slot stayed taken (fixed: the holder goes to pending_release)"),
 }
 Result = tuple[str, bool, str]
 SETTLE_DEADLINE_S = 30.0
@@ -102,7 +102,7 @@ async def settle_and_check(soak: FleetSoak) -> list[Result]:
     results.append(("no unexpected answer", not soak.surprises, "; ".join(soak.surprises[:5]) or "none"))
     results.append(("no lease holder in Redis without a lease", not soak.unknown_leases,
                     "; ".join(soak.unknown_leases[:3]) or "none seen"))
-    for name, (title, why) in GAPS.items():
+    for name, (title, why) in REGRESSIONS.items():
         seen = soak.gaps[name]
         results.append((title, not seen, f"{len(seen)} times ({'; '.join(seen[:3])}): {why}" if seen else "never hit"))
     return results
@@ -268,7 +268,7 @@ async def end_every_lease(soak: FleetSoak) -> list[Result]:
     ]
 
 
-def summary(soak: FleetSoak, results: list[Result], seed: int, wall_s: float, known: set[str]) -> dict[str, Any]:
+def summary(soak: FleetSoak, results: list[Result], seed: int, wall_s: float) -> dict[str, Any]:
     return {
         "seed": seed, "seconds": soak.seconds, "wall_s": round(wall_s, 1), "workers": soak.workers,
         "hosts": [h.name for h in soak.hosts],
@@ -279,6 +279,5 @@ def summary(soak: FleetSoak, results: list[Result], seed: int, wall_s: float, kn
         "samples": {name: {"samples": n, "max": most, "over_the_ceiling_while_renewing": renewing}
                     for name, (n, most, renewing) in sorted(soak.samples.items())},
         "invariants": [{"name": n, "held": ok, "detail": d} for n, ok, d in results],
-        "known_gaps": [n for n, ok, _ in results if not ok and n in known],
-        "ok": all(ok or n in known for n, ok, _ in results),
+        "ok": all(ok for _, ok, _ in results),
     }
