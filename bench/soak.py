@@ -261,12 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         stub.stop()
     print(f"sent: {dict(soak.sent)}; mints {soak.mints}, revokes {soak.revokes}")
     print("RSS over the run:\n  " + "\n  ".join(timeline))
+    return verdict("soak", results, seed, workdir, width=40)
+
+
+def verdict(prog: str, results: list[tuple[str, bool, str]], seed: int, workdir: Path, width: int) -> int:
+    """One line per invariant, the verdict, and the work directory kept only when one failed;
+    the exit status."""
     for name, held, detail in results:
-        print(f"  {'ok  ' if held else 'FAIL'} {name:<40} {detail}")
+        print(f"  {'ok   ' if held else 'FAIL '} {name:<{width}} {detail}")
     failed = [n for n, held, _ in results if not held]
-    print(f"soak: {'all invariants held' if not failed else f'{len(failed)} invariant(s) failed'} (seed {seed})")
+    print(f"{prog}: {'all invariants held' if not failed else f'{len(failed)} invariant(s) failed'} (seed {seed})")
     if failed:
-        print(f"soak: logs and state kept in {workdir}")
+        print(f"{prog}: logs and state kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0

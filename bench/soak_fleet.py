@@ -40,7 +40,6 @@ import asyncio
 import collections
 import json
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -342,15 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     if args.summary is not None:
         args.summary.write_text(json.dumps(summary, indent=2))
-    for name, held, detail in results:
-        print(f"  {'ok   ' if held else 'FAIL '} {name:<55} {detail}")
-    failed = [n for n, held, _ in results if not held]
-    print(f"soak-fleet: {'all invariants held' if not failed else f'{len(failed)} invariant(s) failed'} (seed {seed})")
-    if failed:
-        print(f"soak-fleet: logs and state kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 1 if failed else 0
+    return soak.verdict("soak-fleet", results, seed, workdir, width=55)
 
 
 if __name__ == "__main__":

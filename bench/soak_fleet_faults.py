@@ -160,7 +160,9 @@ class FleetFaults:
         holding = [h for h in usable if any(x.host == h.index and x.account_id == CAPPED for x in self.pool)]
         target = self.rng.choice(holding or usable)   # one with team-a leases, for its return to end
         record["host"] = target.name
-        await until(lambda: self.has_lease_on(target), 20, f"a team-b lease on {target.name}", interval_s=0.2)
+        # team-b's fleet-wide circuit may be open: every qualifying terminal of its older leases
+        # moves the reopen time later (SPEC §7), so a mint may wait for a quiet moment
+        await until(lambda: self.has_lease_on(target), 60, f"a team-b lease on {target.name}", interval_s=0.2)
         target.draining = True
         self.windows.append(Window("host-kill", target.index, self.now()))
         names: list[str] = []
