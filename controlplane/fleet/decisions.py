@@ -36,6 +36,7 @@ import msgspec
 import redis.asyncio as aredis
 
 from controlplane.decisions import Decision, LiveGroup, lease_decisions
+from controlplane.stores.journal import replay
 from shared.codes import Condition, Outcome
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import guard
@@ -273,15 +274,9 @@ class LeaseDecisions:
         """Replay the journal, keep the decisions `leases` (the restored key table) hold, rewrite
         it compacted; answers the keys of the v2 leases whose decision the journal lacked."""
         known: dict[str, Decision] = {}
-        if self.path is not None and os.path.exists(self.path):
-            with open(self.path, "rb") as handle:
-                for number, line in enumerate(handle, 1):
-                    try:
-                        decision = _decode_line(line)
-                    except msgspec.DecodeError:
-                        log.warning("lease_decision_line_skipped", line=number)
-                        continue
-                    known[decision.mint_decision_id] = decision
+        if self.path is not None:
+            for decision in replay(self.path, _decode_line, "lease_decision_line_skipped"):
+                known[decision.mint_decision_id] = decision
         kept, missing = lease_decisions(leases, known)
         self._by_key = {}
         self._by_id = {}

@@ -203,8 +203,9 @@ class FleetSpend:
             self._whole = True   # Redis lost this host's hash: the publisher writes it whole
             self._wake.set()
             log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
-        moved = {host.decode(): version for host, version in versions.items()
-                 if host.decode() != self.host_id and self._versions.get(host.decode()) != version}
+        named = {host.decode(): version for host, version in versions.items()}
+        moved = {host: version for host, version in named.items()
+                 if host != self.host_id and self._versions.get(host) != version}
         if not moved:
             return False
         fields = moving_keys(self.book.clock())

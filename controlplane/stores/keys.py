@@ -12,6 +12,7 @@ import os
 
 import msgspec
 
+from controlplane.stores.journal import replay
 from shared.logging import get_logger
 from shared.wire import Lease
 
@@ -38,18 +39,11 @@ class KeyTable:
         """Replay the journal, drop expired leases, rewrite it compacted."""
         if self.path is None:
             return
-        if os.path.exists(self.path):
-            with open(self.path, "rb") as handle:
-                for number, line in enumerate(handle, 1):
-                    try:
-                        entry = _decode(line)
-                    except msgspec.DecodeError:
-                        log.warning("key_journal_line_skipped", line=number)
-                        continue
-                    if entry.op == "add" and entry.lease is not None:
-                        self._leases[entry.lease.key_id] = entry.lease
-                    elif entry.op == "remove" and entry.key_id:
-                        self._leases.pop(entry.key_id, None)
+        for entry in replay(self.path, _decode, "key_journal_line_skipped"):
+            if entry.op == "add" and entry.lease is not None:
+                self._leases[entry.lease.key_id] = entry.lease
+            elif entry.op == "remove" and entry.key_id:
+                self._leases.pop(entry.key_id, None)
         self._leases = {k: v for k, v in self._leases.items() if v.expires_at_ms > now_ms}
         tmp = self.path + ".tmp"
         with open(tmp, "wb") as handle:
