@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable
 import signal
@@ -199,8 +197,10 @@ class RpcListener:
 def _heap_trimmer() -> Callable[[], None]:
     """glibc keeps freed heap pages of traffic bursts; hand them back so RSS follows the live
     set rather than the peak (a no-op where malloc_trim does not exist)."""
+    import ctypes  # here, not at start (no `ctypes.util.find_library`: it runs `ldconfig -p`)
+
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return lambda: None
     return lambda: trim(0)
