@@ -328,22 +328,33 @@ class MintDesk(DispatchKeys):
         """Take what the decision only read: the lease slot, the dispatch's one live lease and
         (half-open) the circuit's one probe, each atomically; undo the taken ones on a refusal,
         so no key outlives a refused claim. A claim that timed out is undone too: a hung Redis
-        runs it when it resumes (fleet: the undo is owed until then)."""
-        try:
-            if not await self.lease_capacity.reserve(account.id, key_id, ceiling):
-                return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
-            if not await self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id,
-                                                   allowing=predecessor):
-                await self.lease_capacity.release(key_id)
-                return Refusal.FALLBACK_LEASE_STILL_HELD, None
-            if not await self.circuits.claim_probe(account.id, key_id, now_ms()):
-                await self.lease_capacity.release(key_id)
-                await self.decisions.end_key(key_id)
-                return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
-        except StateUnavailable:
-            await self._unclaim(account.id, key_id)
-            raise
-        return None
+        runs it when it resumes (fleet: the undo is owed until then).
+
+        The three are independent atomic claims, taken at once (fleet: one round of Redis
+        commands instead of three in turn; issue 27) and every one waited for before any undo,
+        so an undo never overtakes the claim it undoes. The refusal named is the first in the
+        order they were once taken: the slot, the dispatch, the probe."""
+        taken = await asyncio.gather(
+            self.lease_capacity.reserve(account.id, key_id, ceiling),
+            self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id, allowing=predecessor),
+            self.circuits.claim_probe(account.id, key_id, now_ms()), return_exceptions=True)
+        failed = next((t for t in taken if isinstance(t, BaseException)), None)
+        if failed is not None:
+            if isinstance(failed, StateUnavailable):
+                await self._unclaim(account.id, key_id)
+            raise failed
+        reserved, live, probe = taken
+        if reserved and live and probe:
+            return None
+        await asyncio.gather(
+            self.lease_capacity.release(key_id) if reserved else _none(),
+            self.decisions.end_key(key_id) if live else _none(),
+            self.circuits.on_lease_ended(account.id, key_id, now_ms()) if probe else _none())
+        if not reserved:
+            return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
+        if not live:
+            return Refusal.FALLBACK_LEASE_STILL_HELD, None
+        return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
 
     async def _unclaim(self, account_id: str, key_id: str) -> None:
         """Undo a claim the shared state failed under (fleet: each undo that cannot land now
