@@ -2,8 +2,9 @@
 
 Both daemons are spawned at once (as systemd starts two `Type=simple` units, like
 `bench.control_ops.start_to_ready`), the clock stops when control reports the data plane
-synchronised and the data plane accepts connections; then, after `--settle` seconds of idling,
-each daemon's `VmRSS` is read. Trials alternate between the checkouts (A B A B ...), so drift
+synchronised and the data plane accepts connections, and each daemon's CPU time so far is read
+(less at the mercy of a busy machine than the wall clock); then, after `--settle` seconds of
+idling, each daemon's `VmRSS` is read. Trials alternate between the checkouts (A B A B ...), so drift
 on a shared machine hits each alike; every trial is printed, then medians. A `TREE`'s daemons run
 with its own `.venv` when it has one (`bench.procs.module_argv`); `make bench-ab`'s baseline tree
 is one such. With no `TREE`, `--baseline` builds bench/BASELINE's commit as `make bench-ab` does.
@@ -12,6 +13,7 @@ is one such. With no `TREE`, `--baseline` builds bench/BASELINE's commit as `mak
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -20,6 +22,16 @@ from pathlib import Path
 from bench.control_ops import _accepts
 from bench.procs import module_argv, rss_kib, start_stub
 from tests.support.harness import Gateway, Proc, Stub, wait_until
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/PID/stat), 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> dict[str, float]:
@@ -32,12 +44,13 @@ def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> 
         wait_until(lambda: (gw.healthz() or {}).get("dataplane_connected")
                    and _accepts(gw.dataplane_port), 30, "data plane ready", interval_s=0.002)
         ready_s = time.perf_counter() - t0
+        cpu = {"control_cpu_s": cpu_s(gw.control.popen.pid), "dataplane_cpu_s": cpu_s(gw.dataplane.popen.pid)}
         time.sleep(settle_s)  # a measurement's idle window, not synchronisation
         control = rss_kib(gw.control.popen.pid) or 0
         dataplane = rss_kib(gw.dataplane.popen.pid) or 0
     finally:
         gw.stop()
-    return {"ready_s": ready_s, "control_mib": control / 1024, "dataplane_mib": dataplane / 1024,
+    return {"ready_s": ready_s, **cpu, "control_mib": control / 1024, "dataplane_mib": dataplane / 1024,
             "both_mib": (control + dataplane) / 1024}
 
 
@@ -51,7 +64,9 @@ def run(trees: list[Path | None], trials: int, settle_s: float) -> dict[str, lis
                     name = "current" if tree is None else f"@{tree.name}"
                     sample = one_start(stub, Path(tmp) / f"{trial}-{index}", tree, settle_s)
                     results.setdefault(name, []).append(sample)
-                    print(f"  trial {trial} {name:24s} ready {sample['ready_s'] * 1000:6.0f} ms  "
+                    print(f"  trial {trial} {name:24s} ready {sample['ready_s'] * 1000:6.0f} ms (CPU "
+                          f"control {sample['control_cpu_s'] * 1000:4.0f}, data plane "
+                          f"{sample['dataplane_cpu_s'] * 1000:4.0f} ms)  "
                           f"idle RSS control {sample['control_mib']:5.1f} + data plane "
                           f"{sample['dataplane_mib']:5.1f} = {sample['both_mib']:5.1f} MiB", flush=True)
         finally:
@@ -85,7 +100,8 @@ def report(results: dict[str, list[dict[str, float]]]) -> int:
         def fig(key: str, scale: float = 1.0) -> str:
             values = [s[key] * scale for s in samples]
             return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
-        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms; idle RSS control {fig('control_mib')}, "
+        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms, CPU to ready control {fig('control_cpu_s', 1000)}, "
+              f"data plane {fig('dataplane_cpu_s', 1000)} ms; idle RSS control {fig('control_mib')}, "
               f"data plane {fig('dataplane_mib')}, both {fig('both_mib')} MiB")
     return 0
 
