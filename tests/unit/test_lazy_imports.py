@@ -10,6 +10,7 @@ regression.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,7 +28,8 @@ def loaded_after(*modules: str) -> set[str]:
     """The module names a fresh interpreter holds after importing `modules`."""
     code = ("import json, sys\n" + "".join(f"import {m}\n" for m in modules)
             + "print(json.dumps(sorted(sys.modules)))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True,
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OTEL_"))}
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True,
                           text=True, timeout=60, check=True)
     return set(json.loads(done.stdout))
 
