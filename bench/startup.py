@@ -2,7 +2,8 @@
 
 Both daemons are spawned at once (as systemd starts two `Type=simple` units, like
 `bench.control_ops.start_to_ready`), the clock stops when control reports the data plane
-synchronised and the data plane accepts connections, and each daemon's CPU time so far is read
+synchronised and the data plane accepts connections (and how long after control's own HTTP
+answered: the data plane's dialling), and each daemon's CPU time so far is read
 (less at the mercy of a busy machine than the wall clock); then, after `--settle` seconds of
 idling, each daemon's `VmRSS` is read. Trials alternate between the checkouts (A B A B ...), so drift
 on a shared machine hits each alike; every trial is printed, then medians. A `TREE`'s daemons run
@@ -41,6 +42,8 @@ def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> 
     gw.control = Proc(module_argv("controlplane.main", tree), gw.env, workdir / "control.log")
     gw.dataplane = Proc(module_argv("dataplane.main", tree), gw.env, workdir / "dataplane.log")
     try:
+        wait_until(lambda: gw.healthz() is not None, 30, "control healthz", interval_s=0.002)
+        control_s = time.perf_counter() - t0
         wait_until(lambda: (gw.healthz() or {}).get("dataplane_connected")
                    and _accepts(gw.dataplane_port), 30, "data plane ready", interval_s=0.002)
         ready_s = time.perf_counter() - t0
@@ -50,7 +53,7 @@ def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> 
         dataplane = rss_kib(gw.dataplane.popen.pid) or 0
     finally:
         gw.stop()
-    return {"ready_s": ready_s, **cpu, "control_mib": control / 1024, "dataplane_mib": dataplane / 1024,
+    return {"ready_s": ready_s, "link_s": ready_s - control_s, **cpu, "control_mib": control / 1024, "dataplane_mib": dataplane / 1024,
             "both_mib": (control + dataplane) / 1024}
 
 
@@ -64,7 +67,8 @@ def run(trees: list[Path | None], trials: int, settle_s: float) -> dict[str, lis
                     name = "current" if tree is None else f"@{tree.name}"
                     sample = one_start(stub, Path(tmp) / f"{trial}-{index}", tree, settle_s)
                     results.setdefault(name, []).append(sample)
-                    print(f"  trial {trial} {name:24s} ready {sample['ready_s'] * 1000:6.0f} ms (CPU "
+                    print(f"  trial {trial} {name:24s} ready {sample['ready_s'] * 1000:6.0f} ms "
+                          f"({sample['link_s'] * 1000:4.0f} after control's; CPU "
                           f"control {sample['control_cpu_s'] * 1000:4.0f}, data plane "
                           f"{sample['dataplane_cpu_s'] * 1000:4.0f} ms)  "
                           f"idle RSS control {sample['control_mib']:5.1f} + data plane "
@@ -100,7 +104,7 @@ def report(results: dict[str, list[dict[str, float]]]) -> int:
         def fig(key: str, scale: float = 1.0) -> str:
             values = [s[key] * scale for s in samples]
             return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
-        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms, CPU to ready control {fig('control_cpu_s', 1000)}, "
+        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms ({fig('link_s', 1000)} after control's), CPU to ready control {fig('control_cpu_s', 1000)}, "
               f"data plane {fig('dataplane_cpu_s', 1000)} ms; idle RSS control {fig('control_mib')}, "
               f"data plane {fig('dataplane_mib')}, both {fig('both_mib')} MiB")
     return 0
