@@ -275,13 +275,14 @@ def run(rounds: int, work: Path, cost_only: bool = False) -> dict[str, Any]:
             "GATEWAY_TEAM_B_KEY": stub.anthropic_key or ""}).start()
         fleet = None
         try:
+            extra = EXTRA.format(url=stub.url) + CAPPED.format(url=stub.url)
             fleet = FleetPairs(work / "fleet", stub, redis, 3,
-                               accounts=accounts_toml(stub, lease_capacity=None,
-                                                      extra=EXTRA.format(url=stub.url) + CAPPED.format(url=stub.url)),
+                               accounts=accounts_toml(stub, lease_capacity=None, extra=extra),
                                extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1",
                                           "GATEWAY_PRICES_FILE": str(_prices(work))}).start()
             both = {"embedded": embedded, "fleet": fleet[0]}
-            results["mint_ms"] = added(interleaved(both, 5, rounds, lambda _m, gw, n: mint_cost(gw, rounds, n)))
+            results["mint_ms"] = added(interleaved(both, 5, rounds,
+                                                   lambda _m, gw, n: mint_cost(gw, rounds, n)))
             results["request_ms"] = added(request_cost(both, 5, rounds * 3))
         except BaseException:
             if fleet is not None:

@@ -70,8 +70,8 @@ def main() -> int:
         work = Path(tmp)
         stub = Stub(work / "stub", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
         redis = RedisServer(work / "redis").start()
-        pairs = FleetPairs(work / "fleet", stub, redis, 1,
-                           accounts=accounts_toml(stub, lease_capacity=2, extra=CAPPED.format(url=stub.url))).start()
+        accounts = accounts_toml(stub, lease_capacity=2, extra=CAPPED.format(url=stub.url))
+        pairs = FleetPairs(work / "fleet", stub, redis, 1, accounts=accounts).start()
         gw = pairs[0]
         lines: list[tuple[float, str]] = []
         stop = threading.Event()
@@ -90,7 +90,8 @@ def main() -> int:
             time.sleep(0.3)  # a measurement's quiet gap, not synchronisation
             windows = []
             for name, op in (("mint (v2)", lambda: mint(gw, "trip", repo_slug="bench/trips")[2]),
-                             ("two ceilinged requests", lambda: [_timed(conn, token, "capped-1") for _ in range(2)]),
+                             ("two ceilinged requests",
+                              lambda: [_timed(conn, token, "capped-1") for _ in range(2)]),
                              ("revoke", None)):
                 t0 = time.perf_counter()
                 result = op() if op is not None else gw.revoke(minted["key_id"])

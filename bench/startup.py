@@ -53,8 +53,8 @@ def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> 
         dataplane = rss_kib(gw.dataplane.popen.pid) or 0
     finally:
         gw.stop()
-    return {"ready_s": ready_s, "link_s": ready_s - control_s, **cpu, "control_mib": control / 1024, "dataplane_mib": dataplane / 1024,
-            "both_mib": (control + dataplane) / 1024}
+    return {"ready_s": ready_s, "link_s": ready_s - control_s, **cpu, "control_mib": control / 1024,
+            "dataplane_mib": dataplane / 1024, "both_mib": (control + dataplane) / 1024}
 
 
 def run(trees: list[Path | None], trials: int, settle_s: float) -> dict[str, list[dict[str, float]]]:
@@ -104,8 +104,9 @@ def report(results: dict[str, list[dict[str, float]]]) -> int:
         def fig(key: str, scale: float = 1.0) -> str:
             values = [s[key] * scale for s in samples]
             return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
-        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms ({fig('link_s', 1000)} after control's), CPU to ready control {fig('control_cpu_s', 1000)}, "
-              f"data plane {fig('dataplane_cpu_s', 1000)} ms; idle RSS control {fig('control_mib')}, "
+        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms ({fig('link_s', 1000)} after control's), "
+              f"CPU to ready control {fig('control_cpu_s', 1000)}, data plane {fig('dataplane_cpu_s', 1000)} ms; "
+              f"idle RSS control {fig('control_mib')}, "
               f"data plane {fig('dataplane_mib')}, both {fig('both_mib')} MiB")
     return 0
 

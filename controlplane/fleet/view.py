@@ -21,8 +21,7 @@ from typing import Protocol
 import redis.asyncio as aredis
 
 from controlplane.core.fleet import fleet_state, host_rows
-from controlplane.fleet.snapshot import (  # the read model, re-exported for fleet mode's readers
-    FleetSnapshot, FleetSource, HostSeen, LocalCounts, local_snapshot)
+from controlplane.fleet.snapshot import FleetSnapshot, HostSeen, LocalCounts, local_snapshot
 from shared.capacity import StateUnavailable
 from shared.codes import FleetMode, FleetState, Standing
 from shared.fleet.capacity import RedisCapacity
