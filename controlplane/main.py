@@ -6,12 +6,11 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import uvloop
 from aiohttp import web
@@ -22,11 +21,9 @@ from controlplane.budgetguard import BudgetGuard
 from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
+from controlplane.fleet import backends
 from controlplane.fleet.gauges import FleetGauges
-from controlplane.fleet.host import FleetHost, FleetUnreachable
-from controlplane.fleet.spend import FleetSpend
-from controlplane.fleet.view import EmbeddedFleet, FleetSource
-from controlplane.fleet.wiring import backends_for
+from controlplane.fleet.snapshot import EmbeddedFleet, FleetSource
 from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
@@ -55,10 +52,13 @@ from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
 from shared.clock import now_ms
-from shared.fleet.membership import HostIdTaken
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
 from shared.settings import Settings, SettingsError, load_settings, unknown_variables
+
+if TYPE_CHECKING:  # fleet mode's modules (and the Redis client) load only in fleet mode: `backends_for`
+    from controlplane.fleet.host import FleetHost
+    from controlplane.fleet.spend import FleetSpend
 
 log = get_logger("control")
 
@@ -81,6 +81,16 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     fleet_view: FleetSource
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
+
+
+def backends_for(settings: Settings, keys: KeyTable) -> backends.Backends:
+    """In-process tables, or the fleet's Redis (SPEC §16). Fleet mode's modules are imported here,
+    only when `GATEWAY_FLEET_REDIS_URL` is set: an embedded daemon never loads the Redis client
+    (~9 MiB of RSS and ~130 modules at start; tests/unit/test_lazy_imports.py keeps it so)."""
+    if not settings.fleet_redis_url:
+        return backends.embedded()
+    from controlplane.fleet.wiring import fleet
+    return fleet(settings, keys)
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -120,13 +130,16 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
-    fleet_spend = None
-    if shared.fleet is not None:  # SPEC §18: views and budgets read the fleet's spend
+    fleet_spend = fleet = None
+    if shared.fleet is not None:
+        from controlplane.fleet.host import FleetHost
+        from controlplane.fleet.spend import FleetSpend
+        # SPEC §18: views and budgets read the fleet's spend
         fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
         service.row_listeners.append(fleet_spend.note)
         fleet_spend.listeners.append(budgets.on_fleet_spend)
-    fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,
-                                                        admin=admin, policy=policy, events=events)
+        fleet = FleetHost(shared.fleet, settings=settings, service=service, admin=admin, policy=policy,
+                          events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
@@ -184,8 +197,10 @@ class RpcListener:
 def _heap_trimmer() -> Callable[[], None]:
     """glibc keeps freed heap pages of traffic bursts; hand them back so RSS follows the live
     set rather than the peak (a no-op where malloc_trim does not exist)."""
+    import ctypes  # here, not at start (no `ctypes.util.find_library`: it runs `ldconfig -p`)
+
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return lambda: None
     return lambda: trim(0)
@@ -215,6 +230,8 @@ class StartupError(Exception):
 async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
     """SPEC §16: claim the host id and re-register what the key journal kept, before anything
     is served (a duplicate host id never serves its data plane)."""
+    from controlplane.fleet.host import FleetUnreachable
+    from shared.fleet.membership import HostIdTaken
     try:
         await fleet.start()
     except HostIdTaken as exc:

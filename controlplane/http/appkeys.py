@@ -9,7 +9,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane.events import EventHub
-from controlplane.fleet.view import FleetSource
+from controlplane.fleet.snapshot import FleetSource
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.service import ControlService

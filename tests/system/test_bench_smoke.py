@@ -74,3 +74,4 @@ def test_ab_runs_every_column_in_both_layouts(capsys) -> None:
         assert ab.main(["--rounds", "1", "--seconds", "0.2", *layout]) == 0
         out = capsys.readouterr().out
         assert "minimal-proxy" in out and "leasehold" in out and "dataplane" in out
+        assert "leasehold / minimal-proxy" in out and "over 1 rounds; rounds " in out  # per-round ratios
