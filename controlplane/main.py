@@ -54,6 +54,7 @@ from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
+from controlplane.traces import TraceCollector, Traces
 from shared.clock import now_ms
 from shared.fleet.membership import HostIdTaken
 from shared.logging import configure_logging, get_logger
@@ -81,6 +82,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     fleet_view: FleetSource
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
+    traces: Traces | None = None        # SPEC §21: set when an OTLP endpoint is
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -130,8 +132,15 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
+    traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
+    metrics.registry.register(TraceCollector(traces))
+    if traces is not None:
+        service.row_listeners.append(traces.on_row)
+        desk.decision_listeners.append(traces.on_decision)
+        hopper.hop_listeners.append(traces.on_hop)
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend,
+                   traces=traces)
 
 
 def build_app(control: Control) -> web.Application:
@@ -227,6 +236,8 @@ async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
 
 async def serve(control: Control) -> None:
     settings, service = control.settings, control.service
+    if control.traces is not None:
+        control.traces.start()  # the SDK is imported here, only when export is on
     if control.fleet is None:
         await service.restore()
     else:
@@ -268,6 +279,8 @@ async def serve(control: Control) -> None:
         await control.fleet_spend.stop()  # the last rows' spend published
     if control.fleet is not None:
         await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
+    if control.traces is not None:  # the last spans, waiting for the collector 2 s at most
+        await asyncio.to_thread(control.traces.shutdown)
     service.ledger.close()
     service.keys.close()
     try:
@@ -287,9 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leasehold-control: {exc}", file=sys.stderr)
         return 2
     credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
+    collector_keys = [value for _, value in settings.traces.headers] if settings.traces else []
     configure_logging("leasehold-control", settings.log_level,
                       secrets=[settings.control_token, settings.mint_token, settings.read_token,
-                               *credential_values])
+                               *credential_values, *collector_keys])
     for name in unknown_variables(os.environ):
         if name not in {a.credential_env for a in registry.accounts}:
             log.warning("setting_unknown", variable=name)
