@@ -129,8 +129,9 @@ class Traces:
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=plan.end_ns)
 
-    def start(self) -> None:
-        """Import the SDK and build the provider, processor and exporter from the settings."""
+    def start(self, exporter: Any = None) -> None:
+        """Import the SDK and build the provider, processor and exporter from the settings (a
+        test may hand its own exporter)."""
         from opentelemetry.exporter.otlp.proto.http import Compression
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -142,7 +143,7 @@ class Traces:
         for name in ("opentelemetry",):  # our own lines say what failed, once, without a flood
             logging.getLogger(name).setLevel(logging.CRITICAL)
         c = self.config
-        exporter = OTLPSpanExporter(
+        exporter = exporter or OTLPSpanExporter(
             endpoint=c.endpoint, headers=dict(c.headers), timeout=c.timeout_s,
             compression=Compression.Gzip if c.compression == "gzip" else Compression.NoCompression,
             certificate_file=c.certificate_file, client_key_file=c.client_key_file,
