@@ -12,8 +12,8 @@ span is counted (`dropped`, shown as `leasehold_trace_spans_dropped_total`): one
 queue pushed out, one whose batch the exporter failed to deliver, one ended after shutdown.
 
 The SDK is handed every setting explicitly (exporter endpoint, headers, timeout, compression,
-certificates; the processor's bounds; the resource; the sampler, id generator and span limits):
-`shared/settings.py` read the `OTEL_*` variables.
+certificates; the processor's bounds; the resource): `shared/settings.py` read the `OTEL_*`
+variables. Spans are the SDK's own `ReadableSpan`, built whole from the plan (see `emit`).
 
 Mint decisions and dispatch hops are span events on the first attempt that follows them, not
 spans of their own: neither has a trace to belong to when it happens (a mint is called by the
@@ -28,7 +28,8 @@ import logging
 import socket
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
@@ -37,17 +38,17 @@ from controlplane.events import DispatchHop
 from controlplane.registry import Registry
 from shared.logging import get_logger
 from shared.settings import Settings, TraceSettings
-from shared.spans import Account, DecisionNote, SpanEvent, SpanPlan, span_of
+from shared.spans import Account, DecisionNote, SpanEvent, SpanPlan, account_of, span_of
 from shared.wire import AttemptRow
-
-if TYPE_CHECKING:  # the SDK is imported by `start`, only when export is on
-    from opentelemetry.sdk.trace import Tracer
 
 log = get_logger("control")
 
 NOTES_CAP = 8192            # decisions remembered for the attempts that follow them
 SHUTDOWN_TIMEOUT_MS = 2000  # a stopping control waits this long at most for a collector
-SPAN_LIMITS = {"max_attributes": 64, "max_events": 8, "max_links": 0, "max_attribute_length": 256}
+try:
+    VERSION = version("leasehold")
+except PackageNotFoundError:  # run from a checkout that was not installed
+    VERSION = "0"
 
 
 class Traces:
@@ -60,8 +61,12 @@ class Traces:
         self.dropped = 0
         self.exported = 0
         self.notes: OrderedDict[str, DecisionNote] = OrderedDict()
-        self._tracer: Tracer | None = None
-        self._provider: Any = None
+        self.started = False
+        self._accounts: dict[str, Account] = {}
+        self._processor: Any = None    # the SDK's objects, once `start` imported it
+        self._resource: Any = None
+        self._scope: Any = None
+        self._readable: Any = None
         self._failing = False
 
     @classmethod
@@ -74,15 +79,21 @@ class Traces:
 
     def on_row(self, row: AttemptRow) -> None:
         """A recorded terminal row → its span, queued for export."""
-        if self._tracer is None:
+        if not self.started:
             return
         note = self.notes.get(row.mint_decision_id) if row.mint_decision_id else None
         if note is not None and note.events:
             self.notes[row.mint_decision_id] = DecisionNote(hop=note.hop)  # announced once  # type: ignore[index]
-        spec = self.registry.get(row.account_id)
-        account = None if spec is None else Account(provider_binding=str(spec.provider_binding),
-                                                    base_url=spec.base_url)
-        self.emit(span_of(row, account, note))
+        self.emit(span_of(row, self._account(row.account_id), note))
+
+    def _account(self, account_id: str) -> Account | None:
+        """The registry's account as the span names it, computed once per account."""
+        if account_id not in self._accounts:
+            spec = self.registry.get(account_id)
+            if spec is None:
+                return None
+            self._accounts[account_id] = account_of(str(spec.provider_binding), spec.base_url)
+        return self._accounts[account_id]
 
     def on_decision(self, decision: Decision) -> None:
         """A lease-bearing mint decision: its hop, and a `leasehold.mint` event for the first
@@ -109,55 +120,37 @@ class Traces:
     # ---- the SDK ------------------------------------------------------------------------
 
     def emit(self, plan: SpanPlan) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
-        from opentelemetry.trace import TraceFlags, TraceState
-
-        context = None
-        if plan.parent is not None:
-            state = TraceState.from_header([plan.parent.tracestate]) if plan.parent.tracestate else None
-            remote = SpanContext(int(plan.parent.trace_id, 16), int(plan.parent.span_id, 16), is_remote=True,
-                                 trace_flags=TraceFlags(plan.parent.flags), trace_state=state)
-            context = trace.set_span_in_context(NonRecordingSpan(remote))
-        ids = self._provider.id_generator
-        ids.trace_id, ids.span_id = int(plan.trace_id, 16), int(plan.span_id, 16)
-        span = self._tracer.start_span(plan.name, context=context, kind=SpanKind.CLIENT,  # type: ignore[union-attr]
-                                       attributes=plan.attributes, start_time=plan.start_ns)
-        for event in plan.events:
-            span.add_event(event.name, event.attributes, event.at_ns or plan.start_ns)
-        if plan.error_type is not None:
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=plan.end_ns)
+        """The plan as the SDK's finished span (`tracesdk.readable_span`), handed to the batch
+        processor; nothing for a caller whose trace is not sampled."""
+        span = self._readable(plan, self._resource, self._scope)
+        if span is not None:
+            self._processor.on_end(span)
 
     def start(self, exporter: Any = None) -> None:
-        """Import the SDK and build the provider, processor and exporter from the settings (a
-        test may hand its own exporter)."""
+        """Import the SDK and build the processor and exporter from the settings (a test may
+        hand its own exporter)."""
         from opentelemetry.exporter.otlp.proto.http import Compression
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-        from controlplane.tracesdk import CountingExporter, CountingProcessor, RowIds
+        from controlplane.tracesdk import CountingExporter, CountingProcessor, FixedResource, readable_span
 
-        for name in ("opentelemetry",):  # our own lines say what failed, once, without a flood
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # our own lines say what failed, once
         c = self.config
         exporter = exporter or OTLPSpanExporter(
             endpoint=c.endpoint, headers=dict(c.headers), timeout=c.timeout_s,
             compression=Compression.Gzip if c.compression == "gzip" else Compression.NoCompression,
             certificate_file=c.certificate_file, client_key_file=c.client_key_file,
             client_certificate_file=c.client_certificate_file)
-        processor = CountingProcessor(
+        self._processor = CountingProcessor(
             CountingExporter(exporter, self), self, max_queue_size=c.bsp_max_queue_size,
             schedule_delay_millis=c.bsp_schedule_delay_ms,
             max_export_batch_size=min(c.bsp_max_export_batch_size, c.bsp_max_queue_size),
             export_timeout_millis=c.bsp_export_timeout_ms)
-        self._provider = TracerProvider(sampler=ParentBased(ALWAYS_ON), resource=Resource(self.resource()),
-                                        shutdown_on_exit=False, id_generator=RowIds(),
-                                        span_limits=SpanLimits(**SPAN_LIMITS))
-        self._provider.add_span_processor(processor)
-        self._tracer = self._provider.get_tracer("leasehold")
+        self._resource = FixedResource(self.resource())
+        self._scope = InstrumentationScope("leasehold", VERSION)
+        self._readable = readable_span
+        self.started = True
         log.info("traces_exporting", endpoint=c.endpoint, queue=c.bsp_max_queue_size,
                  delay_ms=c.bsp_schedule_delay_ms)
 
@@ -173,11 +166,15 @@ class Traces:
         return attrs
 
     def shutdown(self) -> None:
-        """Flush what the queue holds, waiting for the collector `SHUTDOWN_TIMEOUT_MS` at most."""
-        if self._provider is not None:
-            self._tracer = None
-            for processor in self._provider._active_span_processor._span_processors:
-                processor.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_MS)
+        """Flush what the queue holds, waiting for the collector `SHUTDOWN_TIMEOUT_MS` at most;
+        a row recorded after this is not exported (and counted lost)."""
+        if self._processor is not None:
+            self._processor.shutdown(timeout_millis=SHUTDOWN_TIMEOUT_MS)
+
+    def flush(self) -> None:
+        """Export everything queued now (the benchmark's end of a round)."""
+        if self._processor is not None:
+            self._processor.force_flush()
 
     # ---- counting, called from the processor's thread ------------------------------------
 

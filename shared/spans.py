@@ -63,10 +63,21 @@ class SpanPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Account(msgspec.Struct, frozen=True, kw_only=True):
-    """What control's registry says of the row's account (None when it no longer knows it)."""
+    """What the span says of the row's account (`account_of`: from control's registry)."""
 
-    provider_binding: str
-    base_url: str
+    provider: str                  # `gen_ai.provider.name`
+    address: str | None = None     # `server.address` / `server.port`: the account's base URL
+    port: int | None = None
+
+
+def account_of(provider_binding: str, base_url: str) -> Account:
+    parts = urlsplit(base_url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = None
+    return Account(provider=PROVIDER_OF_BINDING.get(provider_binding, provider_binding), address=parts.hostname,
+                   port=port if parts.hostname else None)
 
 
 class DecisionNote(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,12 +130,10 @@ def usage_attributes(row: AttemptRow) -> dict[str, Attr]:
 def _server(account: Account | None) -> dict[str, Attr]:
     if account is None:
         return {}
-    parts = urlsplit(account.base_url)
-    attrs: dict[str, Attr] = {"gen_ai.provider.name": PROVIDER_OF_BINDING.get(account.provider_binding,
-                                                                             account.provider_binding)}
-    if parts.hostname:
-        attrs["server.address"] = parts.hostname
-        attrs["server.port"] = parts.port or (443 if parts.scheme == "https" else 80)
+    attrs: dict[str, Attr] = {"gen_ai.provider.name": account.provider}
+    if account.address is not None and account.port is not None:
+        attrs["server.address"] = account.address
+        attrs["server.port"] = account.port
     return attrs
 
 

@@ -144,3 +144,27 @@ class OtlpReceiver:
 
     def wait_span(self, attempt_id: str, timeout_s: float = 15) -> ReceivedSpan:
         return wait_until(lambda: self.span_of(attempt_id), timeout_s, f"the span of {attempt_id}")
+
+
+def main() -> None:
+    """`python -m tests.support.otlp_receiver --port-file F`: a receiver as its own process (the
+    benchmark's collector, so its decoding is not charged to the process measured)."""
+    import argparse
+    import signal
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port-file", required=True)
+    args = parser.parse_args()
+    receiver = OtlpReceiver().start()
+    Path(args.port_file).write_text(str(receiver.port))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    print(f"received {len(receiver.spans)} spans in {receiver.requests} requests", flush=True)
+    receiver.close()
+
+
+if __name__ == "__main__":
+    main()

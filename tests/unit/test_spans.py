@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.spans import Account, DecisionNote, SpanEvent, error_type_of, ids_of, ns_of, span_of
+from shared.spans import DecisionNote, SpanEvent, account_of, error_type_of, ids_of, ns_of, span_of
 from shared.wire import AttemptRow, Usage
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -16,7 +16,7 @@ ROW = AttemptRow(attempt_id="att_01J0", key_id="k1", account_id="legacy-anthropi
                  status="completed", http_status=200, condition=None, refusal_reason=None,
                  usage=Usage(input_tokens=12, output_tokens=3, cache_read_tokens=7, cache_creation_tokens=5),
                  cost_usd=0.0012, cost_reason="priced", overhead_ms=0.4)
-ANTHROPIC = Account(provider_binding="anthropic", base_url="https://api.anthropic.com")
+ANTHROPIC = account_of("anthropic", "https://api.anthropic.com")
 
 
 def row(**changes) -> AttemptRow:
@@ -46,7 +46,7 @@ def test_openai_usage_counts_the_cached_prompt_as_input() -> None:
     """The ledger's OpenAI row: prompt_tokens 12 of which 4 cached → input 8, cache_read 4."""
     usage = Usage(input_tokens=8, output_tokens=3, cache_read_tokens=4)
     plan = span_of(row(wire="openai", path="/v1/chat/completions", requested_model="gpt-5", usage=usage),
-                   Account(provider_binding="openai", base_url="http://127.0.0.1:9000"))
+                   account_of("openai", "http://127.0.0.1:9000"))
     a = plan.attributes
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.cache_read.input_tokens"]) == (12, 4)
     assert (a["gen_ai.provider.name"], a["server.address"], a["server.port"]) == ("openai", "127.0.0.1", 9000)
@@ -109,6 +109,13 @@ def test_times_and_ids() -> None:
     plan = span_of(row(finished_at=None))
     assert plan.end_ns == plan.start_ns  # never an end before the start
     assert ids_of("att_a") != ids_of("att_b") and all(int(i, 16) for i in ids_of("att_a"))
+
+
+def test_accounts() -> None:
+    zai = account_of("zai-harness", "https://api.z.ai/api/anthropic")
+    assert (zai.provider, zai.address, zai.port) == ("z.ai", "api.z.ai", 443)
+    assert account_of("openai", "not a url").address is None
+    assert "server.address" not in span_of(ROW, account_of("openai", "not a url")).attributes
 
 
 def test_no_usage_no_token_attributes() -> None:

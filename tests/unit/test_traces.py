@@ -49,7 +49,7 @@ def test_a_row_becomes_one_client_span_with_the_rows_times_and_parent() -> None:
     assert span.kind == SpanKind.CLIENT and span.name == "chat claude-sonnet-4-6"
     assert span.context.span_id == int(ids_of(ROW.attempt_id)[1], 16)
     assert span.parent.span_id == 0x00F067AA0BA902B7 and span.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
-    assert span.context.trace_state.to_header() == "congo=t61"
+    assert span.context.trace_state.to_header() == "congo=t61" and span.parent.is_remote
     assert span.end_time - span.start_time == 1_250_000_000
     assert span.attributes["gen_ai.provider.name"] == "anthropic" and span.attributes["gen_ai.usage.input_tokens"] == 24
     assert span.resource.attributes["service.name"] == "leasehold"
