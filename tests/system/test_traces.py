@@ -117,6 +117,22 @@ def test_openai_json_span_starts_a_trace_without_traceparent(gw: Gateway, receiv
     assert_row_times(span, row)
 
 
+def test_mint_decision_is_an_event_on_the_first_attempt(gw: Gateway, receiver: OtlpReceiver) -> None:
+    """Runs before the refusals below open legacy-anthropic's circuit (a v2 mint would be held)."""
+    status, _, minted = gw.api("POST", "/control/v2/mint", {
+        "dispatch_id": "d-trace", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
+        "model": "claude-sonnet-4-6"})
+    assert status == 201, minted
+    _, first = call(gw, "anthropic", minted["token"], ANTHROPIC_BODY, traceparent=TRACEPARENT)
+    _, second = call(gw, "anthropic", minted["token"], ANTHROPIC_BODY, traceparent=TRACEPARENT)
+    one, two = receiver.wait_span(first["attempt_id"]), receiver.wait_span(second["attempt_id"])
+    assert [e.name for e in one.events] == ["leasehold.mint"] and two.events == []
+    event = one.events[0].attributes
+    assert event["leasehold.mint_decision_id"] == minted["mint_decision_id"] == one.attributes["leasehold.mint_decision_id"]
+    assert event["leasehold.outcome"] == "selected" and one.attributes["leasehold.hop"] == 0
+    assert one.attributes["leasehold.dispatch_id"] == "d-trace"
+
+
 @pytest.mark.parametrize("wire", ["anthropic", "openai"])
 def test_stream_span(gw: Gateway, receiver: OtlpReceiver, wire: str) -> None:
     token = gw.mint(wire)["token"]
@@ -159,12 +175,13 @@ def test_gateway_refusal_is_an_error_span(gw: Gateway, receiver: OtlpReceiver) -
 def test_cut_stream_is_an_error_span(gw: Gateway, receiver: OtlpReceiver) -> None:
     import json
     token = gw.mint("anthropic")["token"]
+    before = len(gw.ledger())
     try:
-        call(gw, "anthropic", token, {**ANTHROPIC_BODY, "stream": True},
-             **{"x-stub-step": json.dumps({"cut_after_events": 2})})
+        http("POST", gw.dataplane_url + "/v1/messages", {**ANTHROPIC_BODY, "stream": True},
+             {"x-api-key": token, "x-stub-step": json.dumps({"cut_after_events": 2})})
     except (OSError, http_client.HTTPException):
         pass  # the cut reaches the worker as a broken read
-    row = gw.wait_rows(1)[-1]
+    row = gw.wait_rows(before + 1)[before]
     span = receiver.wait_span(row["attempt_id"])
     assert row["status"] == "transport-error" and span.attributes["error.type"] == (row["condition"] or row["status"])
     assert span.attributes["leasehold.status"] == "transport-error" and span.status == 2
@@ -178,21 +195,6 @@ def test_invalid_traceparent_is_ignored_and_still_forwarded(gw: Gateway, stub: S
     assert stub.requests()[-1]["headers"].get("traceparent") == bogus
     span = receiver.wait_span(row["attempt_id"])
     assert span.parent_span_id == "" and span.trace_id == ids_of(row["attempt_id"])[0]
-
-
-def test_mint_decision_is_an_event_on_the_first_attempt(gw: Gateway, receiver: OtlpReceiver) -> None:
-    status, _, minted = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-trace", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
-        "model": "claude-sonnet-4-6"})
-    assert status == 201, minted
-    _, first = call(gw, "anthropic", minted["token"], ANTHROPIC_BODY, traceparent=TRACEPARENT)
-    _, second = call(gw, "anthropic", minted["token"], ANTHROPIC_BODY, traceparent=TRACEPARENT)
-    one, two = receiver.wait_span(first["attempt_id"]), receiver.wait_span(second["attempt_id"])
-    assert [e.name for e in one.events] == ["leasehold.mint"] and two.events == []
-    event = one.events[0].attributes
-    assert event["leasehold.mint_decision_id"] == minted["mint_decision_id"] == one.attributes["leasehold.mint_decision_id"]
-    assert event["leasehold.outcome"] == "selected" and one.attributes["leasehold.hop"] == 0
-    assert one.attributes["leasehold.dispatch_id"] == "d-trace"
 
 
 def test_nothing_dropped_with_a_healthy_collector(gw: Gateway) -> None:
