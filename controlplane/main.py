@@ -38,11 +38,12 @@ from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
 from controlplane.http import spend as spend_http
+from controlplane.http import traces as traces_http
 from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
-from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, SERVICE, TRACES
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
@@ -152,6 +153,7 @@ def build_app(control: Control) -> web.Application:
     app[SERVICE] = service
     app[DESK] = control.desk
     app[FLEET] = control.fleet_view
+    app[TRACES] = control.traces
     admin_http.add_routes(app, control.admin,
                           service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
     fleet_http.add_routes(app)
@@ -159,6 +161,7 @@ def build_app(control: Control) -> web.Application:
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
+    traces_http.add_routes(app)
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
     app.cleanup_ctx.append(control.budgets.background)

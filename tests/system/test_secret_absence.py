@@ -33,7 +33,8 @@ BILLING_FIELD = re.compile(r"^(input|output|cache_read|cache_creation)_tokens$")
 PROJECTION_MODULES = ["controlplane/http/accounts.py", "controlplane/http/views.py",
                       "controlplane/http/events.py", "controlplane/http/metrics.py",
                       "controlplane/http/dashboard.py", "controlplane/http/admin.py",
-                      "controlplane/http/policy.py", "controlplane/http/fleet.py"]
+                      "controlplane/http/policy.py", "controlplane/http/fleet.py",
+                      "controlplane/http/traces.py"]
 READ_ROUTES = ["/healthz", "/control/v2/accounts", "/control/v2/routes/active",
                "/control/v2/routes/recent?limit=200", "/control/v2/accounts/admin",
                "/control/v2/accounts/audit", "/control/v2/policy", "/control/v2/policy/audit",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client as http_client
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import pytest
 
 from shared.spans import ids_of, ns_of
-from tests.support.harness import Gateway, Stub, credential_like, free_port, http
+from tests.support.harness import REPO, Gateway, Stub, base_env, credential_like, free_port, http
 from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.waits import wait_until
 
@@ -131,6 +133,45 @@ def test_mint_decision_is_an_event_on_the_first_attempt(gw: Gateway, receiver: O
     assert event["leasehold.mint_decision_id"] == minted["mint_decision_id"] == one.attributes["leasehold.mint_decision_id"]
     assert event["leasehold.outcome"] == "selected" and one.attributes["leasehold.hop"] == 0
     assert one.attributes["leasehold.dispatch_id"] == "d-trace"
+
+
+def test_exec_gives_its_worker_a_trace_the_attempts_join(gw: Gateway, receiver: OtlpReceiver) -> None:
+    """`leaseholdctl exec`: the worker gets TRACEPARENT (and no GATEWAY_*); a worker that sends it
+    as its `traceparent` header gets its attempt's span under exec's trace."""
+    worker = ("import json, os, urllib.request as u; assert not [k for k in os.environ if k.startswith('GATEWAY_')]; "
+              "r = u.Request(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', data=json.dumps(" + repr(ANTHROPIC_BODY)
+              + ").encode(), headers={'x-api-key': os.environ['ANTHROPIC_API_KEY'], 'content-type': 'application/json', "
+              "'traceparent': os.environ['TRACEPARENT']}); u.urlopen(r).read(); print(os.environ['TRACEPARENT'])")
+    before = len(gw.ledger())
+    done = subprocess.run([sys.executable, "-m", "controlplane.ctl", "exec", "--repo", "acme/app", "--principal", "w-9",
+                           "--model", "claude-sonnet-4-6", "--", sys.executable, "-c", worker],
+                          env={**base_env(), "GATEWAY_CONTROL_URL": gw.control_url, "GATEWAY_CONTROL_TOKEN": gw.control_token},
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    traceparent = done.stdout.strip().splitlines()[-1]
+    row = gw.wait_rows(before + 1)[before]
+    assert row["traceparent"] == traceparent
+    span = receiver.wait_span(row["attempt_id"])
+    assert span.trace_id == traceparent.split("-")[1] and span.parent_span_id == traceparent.split("-")[2]
+
+
+def test_leaseholdctl_trace_prints_the_span_the_collector_received(gw: Gateway, receiver: OtlpReceiver) -> None:
+    token = gw.mint("anthropic")["token"]
+    _, row = call(gw, "anthropic", token, ANTHROPIC_BODY, traceparent=TRACEPARENT)
+    span = receiver.wait_span(row["attempt_id"])
+    env = {**base_env(), "GATEWAY_CONTROL_URL": gw.control_url, "GATEWAY_CONTROL_TOKEN": gw.control_token}
+    done = subprocess.run([sys.executable, "-m", "controlplane.ctl", "trace", row["attempt_id"]], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"trace {PARENT_TRACE}" and PARENT_SPAN in lines[1]
+    assert lines[2].strip().startswith(f"└─ {span.name}   CLIENT") and span.span_id in lines[2]
+    for key in ("gen_ai.usage.input_tokens", "leasehold.attempt_id", "server.address"):
+        assert f"{key} = {span.attributes[key]!r}" in done.stdout
+    print(done.stdout)  # the README's rendering comes from this
+    missing = subprocess.run([sys.executable, "-m", "controlplane.ctl", "trace", "att_nope"], env=env,
+                             capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert missing.returncode != 0 and "not among the recent routes" in missing.stderr
 
 
 @pytest.mark.parametrize("wire", ["anthropic", "openai"])
