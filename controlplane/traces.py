@@ -38,7 +38,7 @@ from controlplane.events import DispatchHop
 from controlplane.registry import Registry
 from shared.logging import get_logger
 from shared.settings import Settings, TraceSettings
-from shared.spans import Account, DecisionNote, SpanEvent, SpanPlan, account_of, span_of
+from shared.spans import Account, DecisionNote, SpanEvent, SpanPlan, account_of, sampled, span_of
 from shared.wire import AttemptRow
 
 log = get_logger("control")
@@ -121,10 +121,10 @@ class Traces:
 
     def emit(self, plan: SpanPlan) -> None:
         """The plan as the SDK's finished span (`tracesdk.readable_span`), handed to the batch
-        processor; nothing for a caller whose trace is not sampled."""
-        span = self._readable(plan, self._resource, self._scope)
-        if span is not None:
-            self._processor.on_end(span)
+        processor, if the sampler keeps it (by default: unless the caller did not sample its
+        trace). A span sampled out is neither exported nor counted as dropped."""
+        if sampled(plan, self.config.sampler, self.config.sampler_ratio):
+            self._processor.on_end(self._readable(plan, self._resource, self._scope))
 
     def start(self, exporter: Any = None) -> None:
         """Import the SDK and build the processor and exporter from the settings (a test may

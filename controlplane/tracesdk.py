@@ -3,8 +3,8 @@
 - `readable_span`: a `SpanPlan` as the SDK's finished span. It is built whole rather than
   through a `Tracer`: its times, ids and attributes are all known, and the tracer's
   per-attribute validation was most of the per-row cost (measured on a loaded machine: 137 →
-  55 µs per row from the row to the queue). Sampling is the SDK's default, `parentbased_always_on`:
-  a caller that did not sample its trace gets no span.
+  55 µs per row from the row to the queue). Sampling is decided before, by
+  `shared/spans.sampled` (`OTEL_TRACES_SAMPLER`).
 - `CountingProcessor`: the SDK's `BatchSpanProcessor` (bounded queue, export on its own
   thread), counting the spans its full queue pushes out and those ended after shutdown. The
   SDK drops them silently but for a log line; the count reads the processor's queue, a private
@@ -56,11 +56,9 @@ def _bounded(attributes: dict[str, Any]) -> dict[str, Any]:
     return {k: v[:ATTRIBUTE_MAX_CHARS] if isinstance(v, str) else v for k, v in attributes.items()}
 
 
-def readable_span(plan: SpanPlan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan | None:
+def readable_span(plan: SpanPlan, resource: Resource, scope: InstrumentationScope) -> ReadableSpan:
     parent = state = None
     if plan.parent is not None:
-        if not plan.parent.flags & 1:
-            return None
         state = TraceState.from_header([plan.parent.tracestate]) if plan.parent.tracestate else None
         parent = SpanContext(int(plan.parent.trace_id, 16), int(plan.parent.span_id, 16), is_remote=True,
                              trace_flags=TraceFlags(plan.parent.flags), trace_state=state)

@@ -21,6 +21,9 @@ from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import Condition
 
 PREFIX = "GATEWAY_"
+# OTEL_TRACES_SAMPLER's values this gateway implements (the specification's built-in samplers).
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+            "parentbased_traceidratio")
 # Fleet mode (SPEC §16): a fleet id is a Redis key namespace; a host id names a pair in it.
 FLEET_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
@@ -52,6 +55,8 @@ class TraceSettings(msgspec.Struct, frozen=True, kw_only=True):
     bsp_max_queue_size: int = 2048
     bsp_max_export_batch_size: int = 512
     bsp_export_timeout_ms: int = 30000
+    sampler: str = "parentbased_always_on"   # OTEL_TRACES_SAMPLER (shared/spans.SAMPLERS)
+    sampler_ratio: float = 1.0               # OTEL_TRACES_SAMPLER_ARG, for the *traceidratio ones
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -334,8 +339,20 @@ def traces_of(env: Mapping[str, str], problems: list[str]) -> TraceSettings | No
     if not timeout_ms.isdigit() or not 1 <= int(timeout_ms) <= 600_000:
         problems.append(f"OTEL_EXPORTER_OTLP_TIMEOUT={timeout_ms!r} must be milliseconds in 1..600000")
         timeout_ms = "10000"
+    sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    if sampler not in SAMPLERS:
+        problems.append(f"OTEL_TRACES_SAMPLER={sampler!r} must be one of {', '.join(SAMPLERS)}")
+        sampler = "parentbased_always_on"
+    ratio_raw = env.get("OTEL_TRACES_SAMPLER_ARG", "").strip() or "1.0"
+    try:
+        ratio = float(ratio_raw)
+    except ValueError:
+        ratio = -1.0
+    if not 0.0 <= ratio <= 1.0:
+        problems.append(f"OTEL_TRACES_SAMPLER_ARG={ratio_raw!r} must be a ratio in 0..1")
+        ratio = 1.0
     return TraceSettings(
-        endpoint=endpoint,
+        endpoint=endpoint, sampler=sampler, sampler_ratio=ratio,
         headers=_otel_pairs(_otel(env, "HEADERS"), "OTEL_EXPORTER_OTLP_HEADERS", problems, secret=True),
         timeout_s=int(timeout_ms) / 1000, compression=compression,
         certificate_file=_otel(env, "CERTIFICATE"), client_key_file=_otel(env, "CLIENT_KEY"),

@@ -155,6 +155,21 @@ def _leasehold(row: AttemptRow, note: DecisionNote | None) -> dict[str, Attr]:
     return attrs
 
 
+def sampled(plan: SpanPlan, sampler: str = "parentbased_always_on", ratio: float = 1.0) -> bool:
+    """`OTEL_TRACES_SAMPLER`'s decision for a span, as the SDK's built-in samplers make it: a
+    `parentbased_*` sampler follows the caller's sampled flag when there is a caller, else (and
+    for the others always) its root rule; `traceidratio` keeps a trace whose id's lower 64 bits
+    fall under `ratio` × 2⁶⁴, so every span of a trace gets the same answer."""
+    if sampler.startswith("parentbased_") and plan.parent is not None:
+        return bool(plan.parent.flags & 1)
+    rule = sampler.removeprefix("parentbased_")
+    if rule == "always_on":
+        return True
+    if rule == "always_off":
+        return False
+    return int(plan.trace_id[16:], 16) < round(ratio * (1 << 64))
+
+
 def span_of(row: AttemptRow, account: Account | None = None, note: DecisionNote | None = None) -> SpanPlan:
     """The one span of a terminal row (SPEC §21)."""
     operation = OPERATION_OF_PATH.get(row.path, row.path.rstrip("/").rsplit("/", 1)[-1] or "request")

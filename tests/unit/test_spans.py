@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from shared.spans import DecisionNote, SpanEvent, account_of, error_type_of, ids_of, ns_of, span_of
+from shared.spans import DecisionNote, SpanEvent, account_of, error_type_of, ids_of, ns_of, sampled, span_of
 from shared.wire import AttemptRow, Usage
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -120,3 +120,29 @@ def test_accounts() -> None:
 
 def test_no_usage_no_token_attributes() -> None:
     assert not any(k.startswith("gen_ai.usage") for k in span_of(row(usage=None)).attributes)
+
+
+SAMPLING = [
+    ("default, no caller", "parentbased_always_on", 1.0, None, True),
+    ("default, sampled caller", "parentbased_always_on", 1.0, TP, True),
+    ("default, caller did not sample", "parentbased_always_on", 1.0, TP[:-2] + "00", False),
+    ("always_on ignores the caller", "always_on", 1.0, TP[:-2] + "00", True),
+    ("always_off", "always_off", 1.0, TP, False),
+    ("parentbased_always_off follows a sampled caller", "parentbased_always_off", 1.0, TP, True),
+    ("parentbased_always_off, no caller", "parentbased_always_off", 1.0, None, False),
+    ("ratio 0", "traceidratio", 0.0, None, False),
+    ("ratio 1", "traceidratio", 1.0, None, True),
+]
+
+
+@pytest.mark.parametrize("name,sampler,ratio,traceparent,kept", SAMPLING, ids=[s[0] for s in SAMPLING])
+def test_sampled(name: str, sampler: str, ratio: float, traceparent: str | None, kept: bool) -> None:
+    assert sampled(span_of(row(traceparent=traceparent)), sampler, ratio) is kept
+
+
+def test_a_ratio_keeps_about_its_share_and_a_whole_trace() -> None:
+    plans = [span_of(row(attempt_id=f"att_{i}")) for i in range(4000)]
+    kept = sum(sampled(p, "traceidratio", 0.25) for p in plans)
+    assert 800 < kept < 1200
+    same_trace = [span_of(row(attempt_id=f"att_{i}", traceparent=TP)) for i in range(5)]
+    assert len({sampled(p, "traceidratio", 0.5) for p in same_trace}) == 1  # one answer per trace

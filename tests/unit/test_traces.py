@@ -65,6 +65,18 @@ def test_an_unsampled_caller_is_honoured_and_nothing_counts_as_lost() -> None:
     assert memory.get_finished_spans() == () and t.dropped == 0
 
 
+def test_a_sampler_keeps_its_share_and_counts_nothing_dropped() -> None:
+    memory = InMemorySpanExporter()
+    config = TraceSettings(endpoint="http://127.0.0.1:9/v1/traces", bsp_schedule_delay_ms=20,
+                           sampler="traceidratio", sampler_ratio=0.0)
+    t = Traces(config, registry(), host_id=None)
+    t.start(memory)
+    for i in range(10):
+        t.on_row(msgspec.structs.replace(ROW, attempt_id=f"att_{i}"))
+    t.shutdown()
+    assert memory.get_finished_spans() == () and t.dropped == 0
+
+
 def test_an_error_row_has_error_status() -> None:
     memory = InMemorySpanExporter()
     t = traces(memory)
@@ -205,6 +217,9 @@ BAD = [
     ("OTEL_BSP_SCHEDULE_DELAY", "-1"),
     ("OTEL_RESOURCE_ATTRIBUTES", "novalue"),
     ("OTEL_TRACES_EXPORTER", "jaeger"),
+    ("OTEL_TRACES_SAMPLER", "parentbased_jaeger_remote"),
+    ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+    ("OTEL_TRACES_SAMPLER_ARG", "half"),
 ]
 
 
