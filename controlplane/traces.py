@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+from urllib.parse import urlsplit
 from collections import OrderedDict
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -68,6 +70,7 @@ class Traces:
         self._scope: Any = None
         self._readable: Any = None
         self._failing = False
+        self._count_lock = threading.Lock()  # counted from the loop and from the export thread
 
     @classmethod
     def of(cls, settings: Settings, registry: Registry) -> Traces | None:
@@ -151,8 +154,15 @@ class Traces:
         self._scope = InstrumentationScope("leasehold", VERSION)
         self._readable = readable_span
         self.started = True
-        log.info("traces_exporting", endpoint=c.endpoint, queue=c.bsp_max_queue_size,
+        log.info("traces_exporting", endpoint=self.shown_endpoint, queue=c.bsp_max_queue_size,
                  delay_ms=c.bsp_schedule_delay_ms)
+
+    @property
+    def shown_endpoint(self) -> str:
+        """The endpoint as logged: without a user or password it may carry."""
+        parts = urlsplit(self.config.endpoint)
+        host = parts.hostname or ""
+        return f"{parts.scheme}://{host}{'' if parts.port is None else f':{parts.port}'}{parts.path}"
 
     def resource(self) -> dict[str, str]:
         """SPEC §21's resource: `OTEL_RESOURCE_ATTRIBUTES`, then `service.name` (from
@@ -179,16 +189,18 @@ class Traces:
     # ---- counting, called from the processor's thread ------------------------------------
 
     def lost(self, spans: int, why: str) -> None:
-        self.dropped += spans
-        if not self._failing:
-            self._failing = True
-            log.warning("trace_export_failing", spans=spans, reason=why, endpoint=self.config.endpoint)
+        with self._count_lock:
+            self.dropped += spans
+            first, self._failing = not self._failing, True
+        if first:
+            log.warning("trace_export_failing", spans=spans, reason=why, endpoint=self.shown_endpoint)
 
     def delivered(self, spans: int) -> None:
-        self.exported += spans
-        if self._failing:
-            self._failing = False
-            log.info("trace_export_recovered", endpoint=self.config.endpoint, dropped_so_far=self.dropped)
+        with self._count_lock:
+            self.exported += spans
+            recovered, self._failing = self._failing, False
+        if recovered:
+            log.info("trace_export_recovered", endpoint=self.shown_endpoint, dropped_so_far=self.dropped)
 
 
 def mint_event(decision: Decision) -> SpanEvent:

@@ -237,3 +237,8 @@ def test_a_bad_header_is_named_but_never_echoed() -> None:
                        "OTEL_EXPORTER_OTLP_HEADERS": "sk-secret-value"})
     assert "sk-secret-value" not in str(caught.value) and "OTEL_EXPORTER_OTLP_HEADERS" in str(caught.value)
     assert traces_of({}, []) is None
+
+
+def test_the_logged_endpoint_never_shows_a_password() -> None:
+    t = Traces(TraceSettings(endpoint="https://user:s3cret-pass@collector.internal:4318/v1/traces"), registry(), None)
+    assert t.shown_endpoint == "https://collector.internal:4318/v1/traces"
