@@ -35,11 +35,12 @@ from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
 from controlplane.http import spend as spend_http
+from controlplane.http import traces as traces_http
 from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
-from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, SERVICE, TRACES
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
@@ -51,6 +52,7 @@ from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
+from controlplane.traces import TraceCollector, Traces
 from shared.clock import now_ms
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
@@ -81,6 +83,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     fleet_view: FleetSource
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
+    traces: Traces | None = None        # SPEC §21: set when an OTLP endpoint is
 
 
 def backends_for(settings: Settings, keys: KeyTable) -> backends.Backends:
@@ -143,8 +146,15 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
+    traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
+    metrics.registry.register(TraceCollector(traces))
+    if traces is not None:
+        service.row_listeners.append(traces.on_row)
+        desk.decision_listeners.append(traces.on_decision)
+        hopper.hop_listeners.append(traces.on_hop)
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend,
+                   traces=traces)
 
 
 def build_app(control: Control) -> web.Application:
@@ -156,6 +166,7 @@ def build_app(control: Control) -> web.Application:
     app[SERVICE] = service
     app[DESK] = control.desk
     app[FLEET] = control.fleet_view
+    app[TRACES] = control.traces
     admin_http.add_routes(app, control.admin,
                           service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
     fleet_http.add_routes(app)
@@ -163,6 +174,7 @@ def build_app(control: Control) -> web.Application:
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
+    traces_http.add_routes(app)
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
     app.cleanup_ctx.append(control.budgets.background)
@@ -244,6 +256,8 @@ async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
 
 async def serve(control: Control) -> None:
     settings, service = control.settings, control.service
+    if control.traces is not None:
+        control.traces.start()  # the SDK is imported here, only when export is on
     if control.fleet is None:
         await service.restore()
     else:
@@ -285,6 +299,8 @@ async def serve(control: Control) -> None:
         await control.fleet_spend.stop()  # the last rows' spend published
     if control.fleet is not None:
         await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
+    if control.traces is not None:  # the last spans, waiting for the collector 2 s at most
+        await asyncio.to_thread(control.traces.shutdown)
     service.ledger.close()
     service.keys.close()
     try:
@@ -304,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leasehold-control: {exc}", file=sys.stderr)
         return 2
     credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
+    collector_keys = [value for _, value in settings.traces.headers] if settings.traces else []
     configure_logging("leasehold-control", settings.log_level,
                       secrets=[settings.control_token, settings.mint_token, settings.read_token,
-                               *credential_values])
+                               *credential_values, *collector_keys])
     for name in unknown_variables(os.environ):
         if name not in {a.credential_env for a in registry.accounts}:
             log.warning("setting_unknown", variable=name)

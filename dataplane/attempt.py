@@ -29,9 +29,10 @@ log = get_logger("dataplane")
 class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
-                 "task", "stopping", "response", "http_status", "sse_plain", "row")
+                 "task", "stopping", "response", "http_status", "sse_plain", "row", "trace")
 
-    def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str) -> None:
+    def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str,
+                 trace: tuple[str | None, str | None] = (None, None)) -> None:
         self.link = link
         self.lease = lease
         self.wire = wire
@@ -51,6 +52,7 @@ class Attempt:
         self.http_status: int | None = None            # the status the worker was sent
         self.sse_plain = False                         # relaying uncompressed SSE
         self.row: AttemptRow | None = None             # as announced; finished by replacing
+        self.trace = trace                             # (traceparent, tracestate), SPEC §21
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""
@@ -65,6 +67,7 @@ class Attempt:
             overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, served_model=None,
             finished_at=None, status=None, http_status=None, condition=None,
             refusal_reason=None, usage=None, cost_usd=None, cost_reason=None,
+            traceparent=self.trace[0], tracestate=self.trace[1],
         )
 
     def announce(self) -> None:

@@ -111,6 +111,10 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_s: float | None = None
     bytes_out: int = 0
     duration_ms: float | None = None
+    # SPEC §21: the request's W3C trace context, copied only when valid (shared/tracecontext.py);
+    # control parents the attempt's span under it.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 # ---- messages ------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
 SPEND_BOOK = web.AppKey("spend_book", SpendBook)
 SPEND_POLICY = web.AppKey("spend_policy", PolicyStore)
 FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else Redis (SPEC §16)
+TRACES = web.AppKey("traces", object)  # a `controlplane.traces.Traces`, or None: export off (SPEC §21)
 
 __all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
-           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET"]
+           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET", "TRACES"]

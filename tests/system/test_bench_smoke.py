@@ -59,7 +59,9 @@ def test_control_rows_measures_the_per_attempt_path() -> None:
     import asyncio
 
     from bench import control_rows
-    assert asyncio.run(control_rows.measure(50, rounds=1)) > 0  # asserts inside: every row acked
+    assert asyncio.run(control_rows.measure(50, rounds=1))[0] > 0  # asserts inside: every row acked
+    loop_us, cpu_us = asyncio.run(control_rows.measure(50, rounds=1, traces=True))  # and no span dropped
+    assert loop_us > 0 and cpu_us > 0
 
 
 def test_ab_runs_every_column_in_both_layouts(capsys) -> None:
