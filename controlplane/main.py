@@ -27,6 +27,7 @@ from controlplane.fleet.host import FleetHost, FleetUnreachable
 from controlplane.fleet.spend import FleetSpend
 from controlplane.fleet.view import EmbeddedFleet, FleetSource
 from controlplane.fleet.wiring import backends_for
+from controlplane.headroom import HeadroomBook, policy_floors
 from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
@@ -42,7 +43,7 @@ from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
-from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
@@ -79,6 +80,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     spend: SpendBook
     budgets: BudgetGuard
     fleet_view: FleetSource
+    headroom: HeadroomBook
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
 
@@ -120,6 +122,12 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
+    headroom = HeadroomBook(frozenset(account_ids), events, policy_floors(policy))  # SPEC §22
+    headroom.refresh_floors()
+    service.row_listeners.append(headroom.on_row)
+    policy.write_listeners.append(headroom.refresh_floors)
+    desk.headroom = headroom
+    metrics.registry.register(headroom.gauges())  # type: ignore[arg-type]
     fleet_spend = None
     if shared.fleet is not None:  # SPEC §18: views and budgets read the fleet's spend
         fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
@@ -131,7 +139,8 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, headroom=headroom, fleet=fleet,
+                   fleet_spend=fleet_spend)
 
 
 def build_app(control: Control) -> web.Application:
@@ -143,6 +152,7 @@ def build_app(control: Control) -> web.Application:
     app[SERVICE] = service
     app[DESK] = control.desk
     app[FLEET] = control.fleet_view
+    app[HEADROOM] = control.headroom
     admin_http.add_routes(app, control.admin,
                           service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
     fleet_http.add_routes(app)
@@ -153,6 +163,7 @@ def build_app(control: Control) -> web.Application:
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
     app.cleanup_ctx.append(control.budgets.background)
+    app.cleanup_ctx.append(control.headroom.background)
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)
