@@ -23,6 +23,7 @@ from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
 from controlplane.fleet.gauges import FleetGauges
+from controlplane.fleet.headroom import FleetHeadroom
 from controlplane.fleet.host import FleetHost, FleetUnreachable
 from controlplane.fleet.spend import FleetSpend
 from controlplane.fleet.view import EmbeddedFleet, FleetSource
@@ -83,6 +84,7 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     headroom: HeadroomBook
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
+    fleet_headroom: FleetHeadroom | None = None   # fleet mode (SPEC §22): observations shared
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -133,6 +135,10 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
         fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
         service.row_listeners.append(fleet_spend.note)
         fleet_spend.listeners.append(budgets.on_fleet_spend)
+    fleet_headroom = None
+    if shared.fleet is not None:  # SPEC §22: the newest observation fleet-wide
+        fleet_headroom = FleetHeadroom(shared.fleet.client, shared.fleet.keys, settings.host_id, headroom)
+        headroom.observed_listeners.append(fleet_headroom.note)
     fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,
                                                         admin=admin, policy=policy, events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
@@ -140,7 +146,7 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     metrics.watch(FleetGauges(fleet_view))
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
                    spend=spend, budgets=budgets, fleet_view=fleet_view, headroom=headroom, fleet=fleet,
-                   fleet_spend=fleet_spend)
+                   fleet_spend=fleet_spend, fleet_headroom=fleet_headroom)
 
 
 def build_app(control: Control) -> web.Application:
@@ -244,6 +250,8 @@ async def serve(control: Control) -> None:
         await _join_fleet(control.fleet, settings)
         if control.fleet_spend is not None:
             await control.fleet_spend.start()
+        if control.fleet_headroom is not None:
+            await control.fleet_headroom.start()
     listener = RpcListener(settings, service)
     try:
         await listener.start()
@@ -277,6 +285,8 @@ async def serve(control: Control) -> None:
     await service.settle()  # every row recorded is written before the ledger closes
     if control.fleet_spend is not None:
         await control.fleet_spend.stop()  # the last rows' spend published
+    if control.fleet_headroom is not None:
+        await control.fleet_headroom.stop()
     if control.fleet is not None:
         await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
     service.ledger.close()
