@@ -18,6 +18,7 @@ from typing import Any
 
 from tests.support.harness import Gateway, credential_like, http
 from tests.support.waits import wait_until
+from tests.system.test_ctl import ctl
 from tests.system.test_events import Feed
 from tests.system.test_policy_routing import call, mint, pool, put_level
 
@@ -143,6 +144,10 @@ def test_openai_429_headers_are_kept_and_hold_the_only_candidate(make_gateway, c
     assert abs((reset - observed).total_seconds() - 30) < 0.01      # the duration, from the arrival
     assert 'leasehold_account_ratelimit_remaining{account_id="legacy-openai",kind="requests"} 0.0' \
         in metric_lines(gw, "leasehold_account_ratelimit_remaining")
+    table = ctl(gw, "accounts").stdout.splitlines()
+    assert table[0].rstrip().endswith("HEADROOM")
+    openai_line = next(line for line in table if line.startswith("legacy-openai"))
+    assert f"0% requests, resets {view['requests']['reset_at'][11:19]}Z" in openai_line
 
     assert put_level(gw, "repo:acme/pay", {"min_headroom_percent": 5}, 0)[0] == 200
     assert explain_codes(gw, "gpt-5") == {"legacy-openai": LOW}
