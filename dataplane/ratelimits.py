@@ -7,7 +7,9 @@ from the answer's arrival. The headers still pass to the worker unchanged; this 
 
 Cost on the hot path: a kind is looked at only when its `remaining` header is present (four
 absent-key lookups on the Anthropic wire, two on the OpenAI wire, for an answer without any:
-`python -m bench.ratelimit_parse` measures it), and the clock is read only then.
+`python -m bench.ratelimit_parse` measures it), and the clock is read only then. Where they are
+present, the parsing of a reset text and the formatting of a second are memoized (an account's
+answers repeat the same reset texts and seconds for a whole window), in bounded dicts.
 
 Every value is hostile until parsed: a count that is not plain ASCII digits, or above
 `MAX_COUNT`; a reset that does not parse, names no offset, or lies outside `MAX_RESET_MS` of
@@ -18,9 +20,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 
-from shared.clock import iso_ms
 from shared.codes import Wire
 from shared.wire import RateLimit, RateLimits
 
@@ -39,6 +40,9 @@ ANTHROPIC: Names = tuple(
 OPENAI: Names = tuple(
     (kind, f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
     for kind in ("requests", "tokens"))
+
+_ANTHROPIC = str(Wire.ANTHROPIC)   # a plain str: compared on every answer
+MEMO_MAX = 512                     # entries per memo; cleared when full
 
 _UNIT_MS = {"h": 3_600_000.0, "m": 60_000.0, "s": 1000.0, "ms": 1.0,
             "us": 0.001, "µs": 0.001, "μs": 0.001, "ns": 0.000001}
@@ -82,14 +86,41 @@ def parse_rfc3339_ms(text: str) -> int | None:
         return None
 
 
+_parsed: dict[tuple[bool, str], int | float | None] = {}   # (anthropic?, text) → ms or None
+_seconds: dict[int, str] = {}                               # epoch second → its ISO text
+
+
+def _parse_reset(anthropic: bool, text: str) -> int | float | None:
+    key = (anthropic, text)
+    try:
+        return _parsed[key]
+    except KeyError:
+        pass
+    if len(_parsed) >= MEMO_MAX:
+        _parsed.clear()
+    value = _parsed[key] = parse_rfc3339_ms(text) if anthropic else parse_duration_ms(text)
+    return value
+
+
+def iso_ms(ms: int) -> str:
+    """ISO 8601 UTC with milliseconds and a `Z`, as `shared.clock.iso_ms` (the second memoized)."""
+    second, milli = divmod(ms, 1000)
+    prefix = _seconds.get(second)
+    if prefix is None:
+        if len(_seconds) >= MEMO_MAX:
+            _seconds.clear()
+        prefix = _seconds[second] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{prefix}{milli:03d}Z"
+
+
 def reset_at_ms(text: str | None, wire: str, arrival_ms: int) -> int | None:
     """The reset as an absolute time, within `MAX_RESET_MS` of the arrival; else None."""
     if text is None:
         return None
-    if wire == Wire.ANTHROPIC:
-        at = parse_rfc3339_ms(text)
+    if wire == _ANTHROPIC:
+        at = _parse_reset(True, text)
     else:
-        after = parse_duration_ms(text)
+        after = _parse_reset(False, text)
         at = None if after is None else arrival_ms + round(after)
     if at is None or abs(at - arrival_ms) > MAX_RESET_MS:
         return None
@@ -99,7 +130,7 @@ def reset_at_ms(text: str | None, wire: str, arrival_ms: int) -> int | None:
 def rate_limits_of(headers: Mapping[str, str], wire: str, clock: Callable[[], int]) -> RateLimits | None:
     """The answer's rate limits, or None when it carried no usable `remaining` header.
     `clock()` (epoch ms: the answer's arrival) is read only when one is present."""
-    names = ANTHROPIC if wire == Wire.ANTHROPIC else OPENAI
+    names = ANTHROPIC if wire == _ANTHROPIC else OPENAI
     get = headers.get
     found: dict[str, RateLimit] | None = None
     arrival_ms = 0
