@@ -134,6 +134,7 @@ def rate_limits_of(headers: Mapping[str, str], wire: str, clock: Callable[[], in
     get = headers.get
     found: dict[str, RateLimit] | None = None
     arrival_ms = 0
+    resets: dict[str | None, str | None] = {}   # this answer's reset texts (kinds often share one)
     for kind, limit_name, remaining_name, reset_name in names:
         raw = get(remaining_name)
         if raw is None:
@@ -143,9 +144,13 @@ def rate_limits_of(headers: Mapping[str, str], wire: str, clock: Callable[[], in
             continue
         if found is None:
             found, arrival_ms = {}, clock()
-        reset = reset_at_ms(get(reset_name), wire, arrival_ms)
-        found[kind] = RateLimit(limit=parse_count(get(limit_name)), remaining=remaining,
-                                reset_at=None if reset is None else iso_ms(reset))
+        text = get(reset_name)
+        if text in resets:
+            reset_at = resets[text]
+        else:
+            reset = reset_at_ms(text, wire, arrival_ms)
+            reset_at = resets[text] = None if reset is None else iso_ms(reset)
+        found[kind] = RateLimit(limit=parse_count(get(limit_name)), remaining=remaining, reset_at=reset_at)
     if found is None:
         return None
     return RateLimits(observed_at=iso_ms(arrival_ms), **found)

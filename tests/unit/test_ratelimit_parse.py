@@ -144,3 +144,19 @@ def test_the_clock_is_read_only_when_a_header_is_present() -> None:
         raise AssertionError("read the clock for an answer without rate-limit headers")
     assert rate_limits_of(headers({"content-type": "application/json"}), "anthropic", clock) is None
     assert rate_limits_of(headers({"x-ratelimit-limit-tokens": "9"}), "openai", clock) is None
+
+
+@pytest.mark.parametrize("ms", [0, 999, 1_000, ARRIVAL, ARRIVAL + 123, ARRIVAL + 86_400_999])
+def test_the_memoized_iso_is_the_shared_one(ms: int) -> None:
+    from dataplane.ratelimits import iso_ms as memoized
+    assert memoized(ms) == iso_ms(ms) == memoized(ms)
+
+
+def test_kinds_sharing_a_reset_text_and_kinds_with_their_own() -> None:
+    pairs = {"x-ratelimit-remaining-requests": "1", "x-ratelimit-reset-requests": "1s",
+             "x-ratelimit-remaining-tokens": "2", "x-ratelimit-reset-tokens": "1s"}
+    parsed = rate_limits_of(headers(pairs), "openai", lambda: ARRIVAL)
+    assert parsed is not None and parsed.requests.reset_at == parsed.tokens.reset_at == at(1000)
+    pairs["x-ratelimit-reset-tokens"] = "2s"
+    parsed = rate_limits_of(headers(pairs), "openai", lambda: ARRIVAL + 5)
+    assert parsed is not None and (parsed.requests.reset_at, parsed.tokens.reset_at) == (at(1005), at(2005))
