@@ -100,8 +100,10 @@ def test_anthropic_headers_steer_new_mints_until_the_reset(make_gateway, tmp_pat
         assert 'leasehold_account_ratelimit_limit{account_id="legacy-anthropic",kind="requests"} 50.0' \
             in metric_lines(gw, "leasehold_account_ratelimit_limit")
 
-        # floor off: nothing is skipped
+        # floor off: nothing is skipped; a v2 dispatch starts on the account
         assert explain_codes(gw)["legacy-anthropic"] is None
+        status, running = mint(gw, dispatch_id="d-running")
+        assert (status, running["account_id"]) == (201, "legacy-anthropic"), running
         assert put_level(gw, "platform", {"min_headroom_percent": 10}, 0)[0] == 200
         assert explain_codes(gw) == {"legacy-anthropic": LOW, "anthropic-b": None}
         status, steered = mint(gw, dispatch_id="d-steer")
@@ -112,8 +114,13 @@ def test_anthropic_headers_steer_new_mints_until_the_reset(make_gateway, tmp_pat
         assert (event["account_id"], event["floor_percent"], event["state"], event["kinds"]) == \
             ("legacy-anthropic", 10, "below", ["tokens"])
 
-        # the running dispatch stays where it is (headroom never moves it): its lease still serves
+        # running dispatches stay where they are (headroom never moves one): leases still serve,
+        # and a renewal keeps its account
         assert call(gw, lease["token"]) == 200
+        assert call(gw, running["token"]) == 200
+        status, _, renewed = gw.api("POST", f"/control/v2/keys/{running['key_id']}/renew", {})
+        assert (status, renewed["account_id"]) == (201, "legacy-anthropic"), renewed
+        assert gw.revoke(running["key_id"])
 
         # at the reset the skip lifts by itself, and the recovery is announced
         wait_until(lambda: explain_codes(gw)["legacy-anthropic"] is None, 30, "the skip lifted at the reset")
