@@ -210,7 +210,8 @@ class MintDesk(DispatchKeys):
             cited=None if cited_id is None else await self._cited(cited_id, candidates),
             dispatch_live=bool(live_keys), fallback_on=policy.fallback_on,
             max_hops=min(policy.max_fallback_hops, self.settings.max_fallback_hops),
-            live=await self.live_facts(candidates, floor=policy.min_headroom_percent) if admin_ok and candidates else {},
+            live=(await self.live_facts(candidates, floor=policy.min_headroom_percent)
+                  if admin_ok and candidates else {}),
             exhausted=exhausted, unpriced_model=unpriced)
         return Gathered(facts=facts, policy=policy)
 

@@ -58,7 +58,8 @@ def headroom_text(rate_limits: dict[str, Any] | None) -> str:
     """The account's lowest current provider headroom (SPEC §22): `4% tokens, resets 10:05:00Z`;
     `-` when no kind the provider reported can be judged now (none, or its reset passed)."""
     judged = [(kind, limit) for kind, limit in (rate_limits or {}).items()
-              if isinstance(limit, dict) and limit.get("current") and limit.get("headroom_percent") is not None]
+              if isinstance(limit, dict) and limit.get("current")
+              and limit.get("headroom_percent") is not None]
     if not judged:
         return "-"
     kind, lowest = min(judged, key=lambda item: item[1]["headroom_percent"])

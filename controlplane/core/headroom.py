@@ -119,4 +119,5 @@ def floors_of(values: Iterable[int | None]) -> tuple[int, ...]:
 
 def crossings(was_low: frozenset[int], is_low_now: frozenset[int]) -> tuple[tuple[int, bool], ...]:
     """(floor, below) for every floor the account crossed: below it now, or recovered."""
-    return tuple(sorted([(f, True) for f in is_low_now - was_low] + [(f, False) for f in was_low - is_low_now]))
+    below = [(f, True) for f in is_low_now - was_low]
+    return tuple(sorted(below + [(f, False) for f in was_low - is_low_now]))

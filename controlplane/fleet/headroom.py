@@ -91,12 +91,14 @@ def unseal(raw: bytes) -> bytes | None:
 
 
 def encode_value(observation: Observation, host_id: str) -> bytes:
-    entry = Entry(limit=observation.limit, remaining=observation.remaining, reset_at_ms=observation.reset_at_ms,
-                  observed_at_ms=observation.observed_at_ms, host_id=host_id)
+    entry = Entry(limit=observation.limit, remaining=observation.remaining,
+                  reset_at_ms=observation.reset_at_ms, observed_at_ms=observation.observed_at_ms,
+                  host_id=host_id)
     return str(observation.observed_at_ms).encode() + b":" + seal(_encode(entry))
 
 
-def decode_entry(field: bytes, value: bytes, accounts: frozenset[str], now: int) -> tuple[str, str, Observation] | None:
+def decode_entry(field: bytes, value: bytes, accounts: frozenset[str],
+                 now: int) -> tuple[str, str, Observation] | None:
     """A field and its value → (account, kind, observation), or None when anything is off."""
     try:
         account_id, slash, kind = field.decode().partition("/")
@@ -148,7 +150,8 @@ class FleetHeadroom:
             return
         args: list[Any] = [HEADROOM_TTL_S * 1000]
         for (account_id, kind), observation in owed.items():
-            args += [f"{account_id}/{kind}", observation.observed_at_ms, encode_value(observation, self.host_id)]
+            args += [f"{account_id}/{kind}", observation.observed_at_ms,
+                     encode_value(observation, self.host_id)]
         try:
             with guard("headroom publish"):
                 await self._script(keys=[self.key], args=args)
