@@ -184,3 +184,31 @@ def test_hostile_header_values_are_ignored_and_still_pass(make_gateway, clean_st
     view = wait_until(lambda: account(gw, "legacy-anthropic")["rate_limits"] or None, 10, "the observation")
     assert view == {"requests": {"limit": None, "remaining": 7, "reset_at": None, "observed_at": view["requests"]
                                  ["observed_at"], "headroom_percent": None, "current": False}}
+
+
+def test_an_anthropic_429_and_an_openai_stream_report_theirs_too(make_gateway, clean_stub) -> None:
+    gw = make_gateway().start()
+    anthropic_lease, openai_lease = gw.mint(), gw.mint("openai")
+    sent = {**anthropic_headers(0, time.time() + 40), "retry-after": "40"}
+    status, got, _ = http("POST", gw.dataplane_url + "/v1/messages",
+                          {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+                          {"x-api-key": anthropic_lease["token"], "x-stub-step": step(sent, 429)})
+    assert status == 429 and {k: got[k] for k in sent} == sent
+    streamed = {"x-ratelimit-limit-tokens": "30000", "x-ratelimit-remaining-tokens": "12000",
+                "x-ratelimit-reset-tokens": "1m30s"}
+    status, got, body = http("POST", gw.dataplane_url + "/v1/chat/completions",
+                             {"model": "gpt-5", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+                             {"Authorization": f"Bearer {openai_lease['token']}", "x-stub-step": step(streamed)})
+    assert status == 200 and "[DONE]" in body and {k: got[k] for k in streamed} == streamed
+
+    def both() -> tuple[dict, dict] | None:
+        views = {a["id"]: a["rate_limits"] for a in gw.api("GET", "/control/v2/accounts")[2]["accounts"]}
+        found = (views["legacy-anthropic"], views["legacy-openai"])
+        return found if all(found) else None
+    anthropic_view, openai_view = wait_until(both, 10, "both observations")
+    assert anthropic_view["tokens"]["remaining"] == 0 and anthropic_view["tokens"]["headroom_percent"] == 0.0
+    assert (openai_view["tokens"]["remaining"], openai_view["tokens"]["headroom_percent"]) == (12000, 40.0)
+    assert set(openai_view) == {"tokens"}
+    rows = {r["account_id"]: r for r in gw.recent()["routes"]}
+    assert rows["legacy-anthropic"]["http_status"] == 429 and rows["legacy-anthropic"]["rate_limits"]["requests"]
+    assert rows["legacy-openai"]["rate_limits"]["tokens"]["remaining"] == 12000
