@@ -24,6 +24,7 @@ from controlplane.evidence import EvidenceBook
 from controlplane.fleet import backends
 from controlplane.fleet.gauges import FleetGauges
 from controlplane.fleet.snapshot import EmbeddedFleet, FleetSource
+from controlplane.headroom import HeadroomBook, policy_floors
 from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
@@ -40,7 +41,7 @@ from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
-from controlplane.http.appkeys import DESK, FLEET, SERVICE, TRACES
+from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE, TRACES
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
@@ -59,6 +60,7 @@ from shared.rpc import start_unix_server
 from shared.settings import Settings, SettingsError, load_settings, unknown_variables
 
 if TYPE_CHECKING:  # fleet mode's modules (and the Redis client) load only in fleet mode: `backends_for`
+    from controlplane.fleet.headroom import FleetHeadroom
     from controlplane.fleet.host import FleetHost
     from controlplane.fleet.spend import FleetSpend
 
@@ -81,9 +83,11 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     spend: SpendBook
     budgets: BudgetGuard
     fleet_view: FleetSource
+    headroom: HeadroomBook
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
     traces: Traces | None = None        # SPEC §21: set when an OTLP endpoint is
+    fleet_headroom: FleetHeadroom | None = None   # fleet mode (SPEC §22): observations shared
 
 
 def backends_for(settings: Settings, keys: KeyTable) -> backends.Backends:
@@ -133,14 +137,24 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
-    fleet_spend = fleet = None
+    headroom = HeadroomBook(frozenset(account_ids), events, policy_floors(policy))  # SPEC §22
+    headroom.refresh_floors()
+    service.row_listeners.append(headroom.on_row)
+    policy.write_listeners.append(headroom.refresh_floors)
+    desk.headroom = headroom
+    metrics.registry.register(headroom.gauges())  # type: ignore[arg-type]
+    fleet_spend = fleet = fleet_headroom = None
     if shared.fleet is not None:
+        from controlplane.fleet.headroom import FleetHeadroom
         from controlplane.fleet.host import FleetHost
         from controlplane.fleet.spend import FleetSpend
         # SPEC §18: views and budgets read the fleet's spend
         fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
         service.row_listeners.append(fleet_spend.note)
         fleet_spend.listeners.append(budgets.on_fleet_spend)
+        # SPEC §22: the newest observation fleet-wide
+        fleet_headroom = FleetHeadroom(shared.fleet.client, shared.fleet.keys, settings.host_id, headroom)
+        headroom.observed_listeners.append(fleet_headroom.note)
         fleet = FleetHost(shared.fleet, settings=settings, service=service, admin=admin, policy=policy,
                           events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
@@ -153,8 +167,8 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
         desk.decision_listeners.append(traces.on_decision)
         hopper.hop_listeners.append(traces.on_hop)
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend,
-                   traces=traces)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, headroom=headroom, fleet=fleet,
+                   fleet_spend=fleet_spend, fleet_headroom=fleet_headroom, traces=traces)
 
 
 def build_app(control: Control) -> web.Application:
@@ -167,6 +181,7 @@ def build_app(control: Control) -> web.Application:
     app[DESK] = control.desk
     app[FLEET] = control.fleet_view
     app[TRACES] = control.traces
+    app[HEADROOM] = control.headroom
     admin_http.add_routes(app, control.admin,
                           service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
     fleet_http.add_routes(app)
@@ -178,6 +193,7 @@ def build_app(control: Control) -> web.Application:
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
     app.cleanup_ctx.append(control.budgets.background)
+    app.cleanup_ctx.append(control.headroom.background)
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)
@@ -264,6 +280,8 @@ async def serve(control: Control) -> None:
         await _join_fleet(control.fleet, settings)
         if control.fleet_spend is not None:
             await control.fleet_spend.start()
+        if control.fleet_headroom is not None:
+            await control.fleet_headroom.start()
     listener = RpcListener(settings, service)
     try:
         await listener.start()
@@ -297,6 +315,8 @@ async def serve(control: Control) -> None:
     await service.settle()  # every row recorded is written before the ledger closes
     if control.fleet_spend is not None:
         await control.fleet_spend.stop()  # the last rows' spend published
+    if control.fleet_headroom is not None:
+        await control.fleet_headroom.stop()
     if control.fleet is not None:
         await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
     if control.traces is not None:  # the last spans, waiting for the collector 2 s at most

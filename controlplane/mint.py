@@ -29,7 +29,7 @@ from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
 from controlplane.dispatchkeys import DispatchKeys, hop_on as lease_hop_on
-from controlplane.overlays import AdminOverlay, BudgetFacts, NoBudgets, PolicySource
+from controlplane.overlays import AdminOverlay, BudgetFacts, HeadroomFacts, NoBudgets, NoHeadroom, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
 from shared.bounds import TtlSeconds, retry_after_ms
@@ -123,6 +123,7 @@ class MintDesk(DispatchKeys):
         self.configured = configured
         self.decision_listeners: list[Callable[[Decision], None]] = []
         self.budgets: BudgetFacts = NoBudgets()   # SPEC §18 (`BudgetGuard`, set by `wire`)
+        self.headroom: HeadroomFacts = NoHeadroom()   # SPEC §22 (`HeadroomBook`, set by `wire`)
 
     # ---- entry points -------------------------------------------------------------------
 
@@ -205,7 +206,8 @@ class MintDesk(DispatchKeys):
         live_keys, cited, live = await asyncio.gather(
             self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
             _none() if cited_id is None else self._cited(cited_id, candidates),
-            self.live_facts(candidates) if admin_ok and candidates else _empty())
+            self.live_facts(candidates, floor=policy.min_headroom_percent) if admin_ok and candidates
+            else _empty())
         exhausted, unpriced = self._budget_facts(policy.budgets, policy.revision, candidates)
         facts = MintFacts(
             admin_available=admin_ok, policy_available=True, lineage=lineage, candidates=candidates,
@@ -241,9 +243,12 @@ class MintDesk(DispatchKeys):
                              terminal_conditions=await self.decisions.evidence(decision_id),
                              position_now=position_now)
 
-    async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None) -> dict[str, LiveFacts]:
+    async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None,
+                         floor: int = 0) -> dict[str, LiveFacts]:
         """What is true of each candidate's account now. Every read at once (fleet: one round of
-        concurrent Redis commands instead of two per candidate in turn)."""
+        concurrent Redis commands instead of two per candidate in turn). `floor`: the resolved
+        policy's `min_headroom_percent` (a renewal passes none: a running dispatch is never moved
+        by headroom alone, SPEC §22)."""
         now = now_ms()
         accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
         assert all(account is not None for account in accounts)
@@ -261,7 +266,9 @@ class MintDesk(DispatchKeys):
                 configured=self.configured(account),
                 administrative_state=self.admin.state_of(account.id),
                 circuit_admits=circuit_admits,
-                lease_room=ceiling is None or (count is not None and count < ceiling))
+                lease_room=ceiling is None or (count is not None and count < ceiling),
+                headroom_low=self.headroom.low(account.id, floor, now),
+                headroom_lifts_at_ms=self.headroom.lifts_at(account.id, floor, now) if floor else None)
         return facts
 
     async def _count_if_ceilinged(self, account: AccountSpec) -> int | None:
@@ -275,7 +282,8 @@ class MintDesk(DispatchKeys):
         base = msgspec.structs.replace(base, skipped=verdict.skipped)
         if verdict.chosen is None:
             assert verdict.refusal is not None
-            return await self._refuse(base, verdict.outcome, verdict.refusal, verdict.retry_after_s)
+            return await self._refuse(base, verdict.outcome, verdict.refusal, verdict.retry_after_s,
+                                      live=facts.live if facts is not None else {})
         chosen = verdict.chosen
         account = self.registry.get(chosen.account_id)
         assert account is not None
@@ -364,7 +372,7 @@ class MintDesk(DispatchKeys):
         await self.circuits.on_lease_ended(account_id, key_id, now_ms())
 
     async def _refuse(self, base: Decision, outcome: Outcome, refusal: Refusal,
-                      wait_s: int | None = None) -> MintAnswer:
+                      wait_s: int | None = None, live: dict[str, LiveFacts] | None = None) -> MintAnswer:
         decision = msgspec.structs.replace(base, outcome=outcome, refusal_reason=refusal)
         await self.decisions.record(decision)
         self._log(decision)
@@ -373,7 +381,8 @@ class MintDesk(DispatchKeys):
                 "policy_revision": decision.policy_revision}
         if outcome == Outcome.REJECTED:   # 409, or 403 `model-unpriced`, which no retry changes
             return MintAnswer(HTTP_STATUS[refusal], body, no_retry=refusal == Refusal.MODEL_UNPRICED)
-        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s))
+        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s,
+                                                                           live or {}))
 
     def _unavailable(self, base: Decision, exc: StateUnavailable) -> MintAnswer:
         """SPEC §16: the fleet's shared state did not answer: held, in the held shape."""
@@ -396,7 +405,7 @@ class MintDesk(DispatchKeys):
                  dispatch_id=decision.lineage.dispatch_id, repo_slug=decision.lineage.repo_slug)
 
     async def _retry_after(self, refusal: Refusal, skipped: tuple[Skipped, ...],
-                           wait_s: int | None = None) -> int:
+                           wait_s: int | None = None, live: dict[str, LiveFacts] | None = None) -> int:
         """Whole seconds: the decision's own wait when it knows one (`budget-exhausted`: until
         the last exhausted window resets), else the earliest a skipped candidate may return."""
         if wait_s is not None:
@@ -414,6 +423,9 @@ class MintDesk(DispatchKeys):
                         waits.append(1)
                 elif skip.code == Skip.LEASE_CAPACITY_EXHAUSTED:
                     waits.append(1)
+                elif skip.code == Skip.RATE_LIMIT_HEADROOM_LOW:   # until its low kinds reset (§22)
+                    lifts = (live or {}).get(skip.account_id, LiveFacts(configured=True)).headroom_lifts_at_ms
+                    waits.append(1 if lifts is None or lifts <= now else retry_after_ms(lifts - now))
             if waits:
                 wait = min(waits)
         return retry_after_ms(int(wait) * 1000)

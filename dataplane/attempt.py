@@ -21,7 +21,7 @@ from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
 from shared.logging import get_logger
-from shared.wire import AttemptRow, Lease, Usage
+from shared.wire import AttemptRow, Lease, RateLimits, Usage
 
 log = get_logger("dataplane")
 
@@ -29,7 +29,8 @@ log = get_logger("dataplane")
 class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
-                 "task", "stopping", "response", "http_status", "sse_plain", "row", "trace")
+                 "task", "stopping", "response", "http_status", "sse_plain", "row", "trace",
+                 "rate_limits")
 
     def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str,
                  trace: tuple[str | None, str | None] = (None, None)) -> None:
@@ -53,6 +54,7 @@ class Attempt:
         self.sse_plain = False                         # relaying uncompressed SSE
         self.row: AttemptRow | None = None             # as announced; finished by replacing
         self.trace = trace                             # (traceparent, tracestate), SPEC §21
+        self.rate_limits: RateLimits | None = None     # the upstream answer's (SPEC §22)
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""
@@ -104,7 +106,7 @@ class Attempt:
             condition=None if condition is None else str(condition),
             refusal_reason=None if refusal is None else str(refusal), usage=usage,
             retry_after_s=retry_after_s, duration_ms=duration_ms,
-            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out,
+            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, rate_limits=self.rate_limits,
         )
         if self.lease.hop_on:  # a dispatch key: stop admitting on it before control has the row
             self.link.replica.hop_pending(self.lease, row.condition, row.refusal_reason)
