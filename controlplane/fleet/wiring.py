@@ -1,9 +1,9 @@
 """The fleet set: every Redis backend one control daemon uses, built in one place (SPEC §16).
 
 `controlplane.main.wire` asks `backends_for(settings, keys)` for the state it shares: without
-`GATEWAY_FLEET_REDIS_URL`, the in-process tables exactly as before (`embedded`); with it, the
-Redis ones behind the same interfaces (`fleet`): the lease table (fenced by this host's
-incarnation, its releases owed while Redis is away), circuits, decisions, and the admin and
+`GATEWAY_FLEET_REDIS_URL`, the in-process tables (`embedded`; the live leases' decisions journalled
+as in fleet mode, SPEC §5); with it, the Redis ones behind the same interfaces (`fleet`): the
+lease table (fenced by this host's incarnation, its releases owed while Redis is away), circuits, decisions, and the admin and
 policy chains with Redis their authority and the state dir's files their witness. One asyncio
 client serves the event-loop backends and one blocking client the chains (`HashChain` calls its
 storage from worker threads); readers on the loop take a chain validated within
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import msgspec
 
 from controlplane.circuits import CircuitRegistry, CircuitView, LocalCircuits
-from controlplane.decisions import DecisionStore, LocalDecisions
+from controlplane.decisions import DecisionStore
 from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
@@ -29,6 +29,7 @@ from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, O
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
+from controlplane.stores.decisions import JournalledDecisions
 from controlplane.stores.keys import KeyTable
 from shared.capacity import CapacityStore, LocalCapacity
 from shared.chainfile import ChainStorage, FileChainStorage
@@ -97,9 +98,14 @@ class Backends(msgspec.Struct, frozen=True, kw_only=True):
     fleet: FleetBackends | None = None
 
 
-def embedded() -> Backends:
-    """Today's in-process tables: one host, nothing shared."""
-    return Backends(lease_capacity=LocalCapacity(), decisions=LocalDecisions(),
+def embedded(settings: Settings, keys: KeyTable) -> Backends:
+    """The in-process tables: one host, nothing shared. The decision table keeps its live leases'
+    decisions in the same journal as fleet mode (SPEC §5), replayed here for the leases the key
+    table restored (it is loaded before `wire`)."""
+    journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
+    decisions = JournalledDecisions(LeaseDecisions(journal, keys.get))
+    decisions.restore(keys.all())
+    return Backends(lease_capacity=LocalCapacity(), decisions=decisions,
                     circuits=lambda cooldown_s, on_transition: CircuitRegistry(LocalCircuits(), cooldown_s,
                                                                                on_transition=on_transition))
 
@@ -115,4 +121,4 @@ def fleet(settings: Settings, keys: KeyTable) -> Backends:
 
 
 def backends_for(settings: Settings, keys: KeyTable) -> Backends:
-    return fleet(settings, keys) if settings.fleet_redis_url else embedded()
+    return fleet(settings, keys) if settings.fleet_redis_url else embedded(settings, keys)
