@@ -186,6 +186,7 @@ class CostReason(StrEnum):
     PRICED = "priced"
     UNPRICED = "unpriced"
     NO_USAGE = "no-usage"
+    NOT_BILLED = "not-billed"      # count_tokens, /v1/models: $0, never unpriced (SPEC §19)
 
 
 class Scope(StrEnum):

@@ -69,6 +69,7 @@ class LedgerRow(msgspec.Struct, kw_only=True):
     requested_model: str | None = None
     principal_id: str = ""
     cost_usd: float | None = None
+    cost_reason: str | None = None
     usage: Usage | None = None
 
 
