@@ -57,6 +57,7 @@ from controlplane.stores.policy import PolicyStore
 from shared.clock import now_ms
 from shared.fleet.membership import HostIdTaken
 from shared.logging import configure_logging, get_logger
+from shared.private import private_dir
 from shared.rpc import start_unix_server
 from shared.settings import Settings, SettingsError, load_settings, unknown_variables
 
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in unknown_variables(os.environ):
         if name not in {a.credential_env for a in registry.accounts}:
             log.warning("setting_unknown", variable=name)
-    os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
+    private_dir(settings.state_dir)   # 0700, even when it already existed (SPEC §19)
     keys = KeyTable(os.path.join(settings.state_dir, "keys.jsonl"))
     keys.load(now_ms())
     ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"), retention_days=settings.ledger_retention_days)

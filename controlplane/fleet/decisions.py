@@ -41,6 +41,7 @@ from shared.codes import Condition, Outcome
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import guard
 from shared.logging import get_logger
+from shared.private import create_private, open_append
 from shared.wire import Lease
 
 log = get_logger("fleet")
@@ -339,14 +340,13 @@ class LeaseDecisions:
         self.close()
         tmp = self.path + ".tmp"
         try:
-            with open(tmp, "wb") as handle:
+            with create_private(tmp) as handle:   # 0600 from its creation (SPEC §19)
                 for decision in self._by_key.values():
                     handle.write(_encode_line(decision) + b"\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.chmod(tmp, 0o600)
             os.replace(tmp, self.path)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._fd = open_append(self.path)
             self._lines = len(self._by_key)
         except OSError as exc:  # tried again at the next add
             log.error("lease_decision_journal_write_failed", error=str(exc))
