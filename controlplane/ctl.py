@@ -13,18 +13,26 @@ import sys
 from collections.abc import Sequence
 
 from controlplane.cli import admin, execute, fleet, keys, policy, spend, trace, views
-from controlplane.cli.client import Client
+from controlplane.cli.client import REFUSED_TOKEN_FLAG, Client
 from controlplane.cli.exits import EXIT_HELP, CtlError, Exit
 from controlplane.cli.output import warn
 
 GROUPS = (keys, views, execute, admin, policy, spend, fleet, trace)
-TOKEN_HELP = "bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)"
+TOKEN_FILE_HELP = ("a file holding the bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, "
+                   "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)")
+
+
+def add_token_options(parser: argparse.ArgumentParser) -> None:
+    """`--token-file`; `--token` is declared only to be refused (SPEC §19: a token on the command
+    line is in the process listing), and so argparse never takes it for `--token-file`."""
+    parser.add_argument("--token-file", metavar="PATH", help=TOKEN_FILE_HELP)
+    parser.add_argument("--token", help=argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the control daemon's raw answer")
-    common.add_argument("--token", help=TOKEN_HELP)
+    add_token_options(common)
     parser = argparse.ArgumentParser(
         prog="leaseholdctl", description="Operate a Leasehold gateway through its control API.",
         epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,8 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # --help (0) or a usage error (2), already printed by argparse
         return int(exc.code or 0) if not isinstance(exc.code, str) else Exit.USAGE
+    if args.token is not None:
+        warn(REFUSED_TOKEN_FLAG)
+        return Exit.USAGE
     try:
-        client = Client.from_env(os.environ, args.token)
+        client = Client.from_env(os.environ, args.token_file)
         return int(args.run(args, client))
     except CtlError as exc:
         warn(exc.message)

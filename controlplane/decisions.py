@@ -8,6 +8,8 @@ of a decision the table no longer holds (evicted, or from before a restart) is
 In fleet mode the table is Redis's (`controlplane/fleet/decisions.py`), and each host also keeps
 the decisions of its own live leases (`LeaseDecisions` there), to re-register them when Redis
 lost its data; `lease_decisions` and `live_groups` below are what that re-registration decides.
+Embedded mode keeps the same journal (`controlplane/stores/decisions.py`, `JournalledDecisions`),
+so the decisions of live leases outlive a control restart there too (SPEC §5).
 """
 
 from __future__ import annotations
@@ -147,6 +149,9 @@ class LocalDecisions:
         self._dispatch_of_key: dict[str, tuple[str, str]] = {}
 
     async def record(self, decision: Decision) -> None:
+        self.keep(decision)
+
+    def keep(self, decision: Decision) -> None:
         """Keep what a later citation, renewal or evidence row needs. The skip list was
         answered and logged with the decision and is not needed again, so it is not kept."""
         if decision.key_id is None:

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import msgspec
 
+from controlplane.answers import MintAnswer
 from controlplane.core.hop import FallbackDriver, hop_conditions
 from controlplane.core.mint import decide_mint
 from controlplane.decisions import Decision
 from shared.capacity import StateUnavailable
-from shared.clock import now_ms
-from shared.codes import Condition, ErrorCode, Outcome, Refusal
+from shared.clock import iso_ms, now_ms
+from shared.codes import HTTP_STATUS, Condition, ErrorCode, Outcome, Refusal
 from shared.errors import GatewayError
+from shared.logging import get_logger
 from shared.tokens import new_ulid
 from shared.wire import Lease
+
+log = get_logger("control")
 
 
 class Hop(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,18 +47,30 @@ def hop_on(driver: FallbackDriver, fallback_on: frozenset[Condition], hop: int, 
 
 class DispatchKeys:
     """Mixed into `MintDesk`: reads its `keys`, `decisions`, `registry`, `settings`,
-    `lease_capacity` and `granter`, and calls its `gather`, `_claim` and `_log`."""
+    `lease_capacity` and `granter`, and calls its `gather`, `keep_facts`, `_claim`, `_log` and
+    `_retry_after`."""
 
-    async def extend(self, key_id: str, ttl_seconds: int | None) -> Lease:
+    async def extend(self, key_id: str, ttl_seconds: int | None) -> MintAnswer:
         """SPEC §17: a dispatch key's expiry moved to `ttl_seconds` from now (bounded as §2),
-        keeping its account, position and decision."""
+        keeping its account, position and decision — through `decide_mint`'s holds, as a renewal
+        (SPEC §19): a refused extension leaves the expiry as it was and records no decision."""
+        try:
+            return await self._extend(key_id, ttl_seconds)
+        except StateUnavailable:
+            return await self._not_kept(key_id, Outcome.HELD, Refusal.FLEET_STATE_UNAVAILABLE)
+
+    async def _extend(self, key_id: str, ttl_seconds: int | None) -> MintAnswer:
         lease = self.keys.get(key_id)
         decision = None if lease is None else await self.decisions.for_key(key_id)
-        if lease is None or decision is None:
+        if lease is None or decision is None or decision.account_id is None:
             raise GatewayError(ErrorCode.DECISION_UNKNOWN, "no live v2 lease with this key_id")
         if decision.driver != FallbackDriver.GATEWAY:
             raise GatewayError(ErrorCode.NOT_A_DISPATCH_KEY,
                                "only a dispatch key (fallback_driver \"gateway\") is extended; renew this one")
+        verdict = decide_mint(await self.keep_facts(lease, decision))
+        if verdict.chosen is None:
+            assert verdict.refusal is not None
+            return await self._not_kept(key_id, verdict.outcome, verdict.refusal, verdict.retry_after_s)
         ttl_s = ttl_seconds or self.settings.key_ttl_seconds
         extended = msgspec.structs.replace(lease, expires_at_ms=now_ms() + ttl_s * 1000)
         await self.granter.rebind(extended)
@@ -63,7 +79,19 @@ class DispatchKeys:
             await self.decisions.note_live(key_id, decision.lineage.repo_slug, decision.lineage.dispatch_id)
         except StateUnavailable:
             pass  # Redis away: the next extend (or re-registration after a loss) refreshes them
-        return extended
+        return MintAnswer(200, {"key_id": extended.key_id, "account_id": extended.account_id,
+                                "mint_decision_id": extended.mint_decision_id,
+                                "expires_at": iso_ms(extended.expires_at_ms)})
+
+    async def _not_kept(self, key_id: str, outcome: Outcome, refusal: Refusal,
+                        wait_s: int | None = None) -> MintAnswer:
+        """An extension refused: `{outcome, refusal_reason}` with the mint's status for it (409
+        rejected, 503 held with `Retry-After`)."""
+        log.info("extend_refused", key_id=key_id, outcome=str(outcome), refusal_reason=str(refusal))
+        body = {"outcome": str(outcome), "refusal_reason": str(refusal), "key_id": key_id}
+        if outcome == Outcome.REJECTED:
+            return MintAnswer(HTTP_STATUS[refusal], body, no_retry=refusal == Refusal.MODEL_UNPRICED)
+        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, (), wait_s))
 
     async def hop(self, lease: Lease, condition: Condition) -> Hop | None:
         """SPEC §17: move a dispatch key to the next eligible sibling, as a retry citing its

@@ -56,6 +56,7 @@ from controlplane.stores.policy import PolicyStore
 from controlplane.traces import TraceCollector, Traces
 from shared.clock import now_ms
 from shared.logging import configure_logging, get_logger
+from shared.private import private_dir
 from shared.rpc import start_unix_server
 from shared.settings import Settings, SettingsError, load_settings, unknown_variables
 
@@ -95,7 +96,7 @@ def backends_for(settings: Settings, keys: KeyTable) -> backends.Backends:
     only when `GATEWAY_FLEET_REDIS_URL` is set: an embedded daemon never loads the Redis client
     (~9 MiB of RSS and ~130 modules at start; tests/unit/test_lazy_imports.py keeps it so)."""
     if not settings.fleet_redis_url:
-        return backends.embedded()
+        return backends.embedded(settings, keys)
     from controlplane.fleet.wiring import fleet
     return fleet(settings, keys)
 
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in unknown_variables(os.environ):
         if name not in {a.credential_env for a in registry.accounts}:
             log.warning("setting_unknown", variable=name)
-    os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
+    private_dir(settings.state_dir)   # 0700, even when it already existed (SPEC §19)
     keys = KeyTable(os.path.join(settings.state_dir, "keys.jsonl"))
     keys.load(now_ms())
     ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"), retention_days=settings.ledger_retention_days)

@@ -19,6 +19,7 @@ from typing import Annotated, Protocol
 
 import msgspec
 
+from controlplane.answers import MintAnswer
 from controlplane.circuits import CircuitRegistry
 from controlplane.core.budgets import Exhausted, LevelBudget
 from controlplane.core.candidates import build_candidates
@@ -72,13 +73,6 @@ class MintV2(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     retry_of_mint_decision_id: Name | None = None
     supersedes_mint_decision_id: Name | None = None
     fallback_driver: FallbackDriver = FallbackDriver.CALLER
-
-
-class MintAnswer(msgspec.Struct, frozen=True):
-    status: int
-    body: dict
-    retry_after_s: int | None = None
-    no_retry: bool = False                        # `x-should-retry: false` (model-unpriced)
 
 
 class Granter(Protocol):
@@ -159,7 +153,6 @@ class MintDesk(DispatchKeys):
                                               lineage=Lineage("", "", ""), at_ms=now_ms()), exc)
 
     async def _renew(self, key_id: str, ttl_seconds: int | None) -> MintAnswer:
-        await self.admin.refresh()
         prior = await self.decisions.for_key(key_id)
         lease = self.keys.get(key_id)
         if prior is None or lease is None or prior.account_id is None:
@@ -167,24 +160,15 @@ class MintDesk(DispatchKeys):
         base = msgspec.structs.replace(prior, mint_decision_id="md_" + new_ulid(), at_ms=now_ms(),
                                        outcome=Outcome.HELD, key_id=None, skipped=(), retry_of=None,
                                        supersedes=None, renewal_of=prior.mint_decision_id)
-        account = self.registry.get(prior.account_id)
-        assert account is not None
-        candidate = Candidate(account_id=account.id, position=prior.fallback_position or 0,
-                              provider_binding=str(account.provider_binding),
-                              effective_model=prior.effective_model or "")
-        exhausted, unpriced = self._budget_facts(self.budgets.on_chain(lease.repo_slug, lease.worker_role),
-                                                 None, (candidate,))
-        facts = MintFacts(admin_available=not self.admin.is_unavailable(), policy_available=True,
-                          lineage=prior.lineage, candidates=(candidate,),
-                          live=await self.live_facts((candidate,), renewing=key_id),
-                          exhausted=exhausted, unpriced_model=unpriced)
+        facts = await self.keep_facts(lease, prior)
         verdict = decide_mint(facts)
         if verdict.chosen is not None:  # the successor keeps the predecessor's position
             verdict = msgspec.structs.replace(verdict, hop=prior.hop)
         body = MintV2(dispatch_id=prior.lineage.dispatch_id, repo_slug=lease.repo_slug,
                       principal_kind=lease.principal_kind, principal_id=lease.principal_id,
                       worker_role=lease.worker_role, model=prior.effective_model, ttl_seconds=ttl_seconds)
-        return await self._conclude(base, body, verdict, predecessor=key_id, hop_on=lease.hop_on)
+        return await self._conclude(base, body, verdict, predecessor=key_id, hop_on=lease.hop_on,
+                                    holding=facts.holding)
 
     # ---- the facts ----------------------------------------------------------------------
 
@@ -215,6 +199,30 @@ class MintDesk(DispatchKeys):
             max_hops=min(policy.max_fallback_hops, self.settings.max_fallback_hops),
             live=live, exhausted=exhausted, unpriced_model=unpriced)
         return Gathered(facts=facts, policy=policy)
+
+    async def keep_facts(self, lease: Lease, prior: Decision) -> MintFacts:
+        """SPEC §19: what `decide_mint` reads to keep a key on its account (a renewal, a dispatch
+        key's extension): the chains as they are now, the chain's budgets and the model's price,
+        the account's operator state, and whether the key still holds its slot — asked of the
+        lease table (fleet: of Redis, so one that cannot answer holds it `fleet-state-unavailable`);
+        a key that lost its slot is judged by every live filter, as a mint."""
+        assert prior.account_id is not None
+        await asyncio.gather(self.admin.refresh(), self.policy.refresh())
+        account = self.registry.get(prior.account_id)
+        assert account is not None
+        candidate = Candidate(account_id=account.id, position=prior.fallback_position or 0,
+                              provider_binding=str(account.provider_binding),
+                              effective_model=prior.effective_model or "")
+        holding = await self.lease_capacity.holds(lease.key_id)
+        policy_ok = not self.policy.is_unavailable()
+        exhausted, unpriced = (self._budget_facts(self.budgets.on_chain(lease.repo_slug, lease.worker_role),
+                                                  None, (candidate,)) if policy_ok else ((), None))
+        live = ({account.id: LiveFacts(configured=self.configured(account),
+                                       administrative_state=self.admin.state_of(account.id))} if holding
+                else await self.live_facts((candidate,), renewing=lease.key_id))
+        return MintFacts(admin_available=not self.admin.is_unavailable(), policy_available=policy_ok,
+                         lineage=prior.lineage, candidates=(candidate,), live=live, exhausted=exhausted,
+                         unpriced_model=unpriced, holding=holding)
 
     def _budget_facts(self, budgets: tuple[LevelBudget, ...], revision: int | None,
                       candidates: tuple[Candidate, ...]) -> tuple[tuple[Exhausted, ...], str | None]:
@@ -278,7 +286,7 @@ class MintDesk(DispatchKeys):
 
     async def _conclude(self, base: Decision, body: MintV2, verdict: MintVerdict,
                         predecessor: str | None, facts: MintFacts | None = None,
-                        hop_on: tuple[str, ...] = ()) -> MintAnswer:
+                        hop_on: tuple[str, ...] = (), holding: bool = False) -> MintAnswer:
         base = msgspec.structs.replace(base, skipped=verdict.skipped)
         if verdict.chosen is None:
             assert verdict.refusal is not None
@@ -291,7 +299,7 @@ class MintDesk(DispatchKeys):
         if ceiling is not None and predecessor is not None and await self.lease_capacity.holds(predecessor):
             ceiling += 1
         token, key_id, digest = new_token()
-        refusal = await self._claim(account, key_id, ceiling, base.lineage, predecessor)
+        refusal = await self._claim(account, key_id, ceiling, base.lineage, predecessor, probe=not holding)
         if refusal is not None:
             code, skip = refusal
             skipped = base.skipped if skip is None else base.skipped + (
@@ -332,32 +340,35 @@ class MintDesk(DispatchKeys):
         })
 
     async def _claim(self, account: AccountSpec, key_id: str, ceiling: int | None, lineage: Lineage,
-                     predecessor: str | None) -> tuple[Refusal, Skip | None] | None:
+                     predecessor: str | None, *, probe: bool = True) -> tuple[Refusal, Skip | None] | None:
         """Take what the decision only read: the lease slot, the dispatch's one live lease and
-        (half-open) the circuit's one probe, each atomically; undo the taken ones on a refusal,
+        (half-open) the circuit's one probe, each atomically (no probe for the successor of a key
+        that holds its slot: the circuit does not apply to it, SPEC §19); undo the taken ones on a refusal,
         so no key outlives a refused claim. A claim that timed out is undone too: a hung Redis
         runs it when it resumes (fleet: the undo is owed until then).
 
         The three are independent atomic claims, taken at once (fleet: one round of Redis
         commands instead of three in turn; issue 27) and every one waited for before any undo,
         so an undo never overtakes the claim it undoes. The refusal named is the first in the
-        order they were once taken: the slot, the dispatch, the probe."""
+        order they were once taken: the slot, the dispatch, the probe. A key that already holds
+        its slot (`probe=False`: a renewal, SPEC §19) takes no circuit probe."""
         taken = await asyncio.gather(
             self.lease_capacity.reserve(account.id, key_id, ceiling),
             self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id, allowing=predecessor),
-            self.circuits.claim_probe(account.id, key_id, now_ms()), return_exceptions=True)
+            self.circuits.claim_probe(account.id, key_id, now_ms()) if probe else _true(),
+            return_exceptions=True)
         failed = next((t for t in taken if isinstance(t, BaseException)), None)
         if failed is not None:
             if isinstance(failed, StateUnavailable):
                 await self._unclaim(account.id, key_id)
             raise failed
-        reserved, live, probe = taken
-        if reserved and live and probe:
+        reserved, live, probed = taken
+        if reserved and live and probed:
             return None
         await asyncio.gather(
             self.lease_capacity.release(key_id) if reserved else _none(),
             self.decisions.end_key(key_id) if live else _none(),
-            self.circuits.on_lease_ended(account.id, key_id, now_ms()) if probe else _none())
+            self.circuits.on_lease_ended(account.id, key_id, now_ms()) if probe and probed else _none())
         if not reserved:
             return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
         if not live:
@@ -444,3 +455,7 @@ async def _false() -> bool:
 
 async def _empty() -> dict[str, LiveFacts]:
     return {}
+
+
+async def _true() -> bool:
+    return True

@@ -84,7 +84,7 @@ def legacy_accounts(settings: Settings) -> list[AccountSpec]:
         AccountSpec(id="legacy-openai", display_name="OpenAI (legacy)",
                     provider_binding=Binding.OPENAI, base_url=settings.openai_base_url,
                     auth_style=AuthStyle.BEARER, credential_env="GATEWAY_OPENAI_API_KEY",
-                    models=("gpt-*", "o[0-9]*", "codex-*")),
+                    models=("gpt-*", "o[0-9]*", "codex-*", "text-embedding-*")),
     ]
 
 

@@ -206,7 +206,8 @@ class ControlService:
         schedule the settle that writes it and folds it into the circuits and the decisions
         (`settle` awaits that)."""
         if not self.ledger.has(row.attempt_id):
-            cost, reason = cost_of(self._price_of, row.served_model or row.requested_model, row.usage)
+            cost, reason = cost_of(self._price_of, row.served_model or row.requested_model, row.usage,
+                                   row.path, row.http_status)
             row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
             self.ledger.stage(row)
             self.routes.finished(row)

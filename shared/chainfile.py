@@ -22,6 +22,7 @@ from shared.chain import (
 )
 from shared.capacity import StateUnavailable
 from shared.logging import get_logger
+from shared.private import FILE_MODE, create_private, open_append
 
 log = get_logger("chain")
 
@@ -146,7 +147,7 @@ class FileChainStorage:
     def writer(self) -> Iterator[None]:
         import filelock  # at the first write, not at start: ~2 MiB of RSS a reader never needs
 
-        lock = filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=0o600)
+        lock = filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=FILE_MODE)
         try:
             lock.acquire()
         except filelock.Timeout:
@@ -157,7 +158,7 @@ class FileChainStorage:
             lock.release()
 
     def append(self, line: bytes, expected_size: int) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_append(self.path)   # 0600 from its creation (SPEC §19)
         try:
             size = os.fstat(fd).st_size
             if size != expected_size:
@@ -180,12 +181,10 @@ class FileChainStorage:
         """Temp file, fsync, rename over the anchor, fsync the directory (only the writer,
         under the lock, writes it, so one fixed temp name is enough)."""
         tmp = self.anchor_path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with create_private(tmp) as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, self.anchor_path)
         _fsync_dir(self.anchor_path)
 

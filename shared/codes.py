@@ -67,6 +67,9 @@ class Refusal(StrEnum):
     FALLBACK_NOT_AUTHORISED = "fallback-not-authorised"
     FALLBACK_BUDGET_EXHAUSTED = "fallback-budget-exhausted"
     MODEL_NOT_SERVED = "model-not-served"
+    # renewal and extend of a key whose account the operator disabled or is draining (SPEC §19)
+    ADMINISTRATIVE_DISABLED = "administrative-disabled"
+    ADMINISTRATIVE_DRAINING = "administrative-draining"
     # dispatch keys (SPEC §17)
     FALLBACK_PENDING = "fallback-pending"
     # fleet mode (SPEC §16): the fleet's Redis cannot be reached or answers an error
@@ -119,6 +122,8 @@ HTTP_STATUS: dict[Refusal | ErrorCode, int] = {
     Refusal.FALLBACK_NOT_AUTHORISED: 503,
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 503,
     Refusal.MODEL_NOT_SERVED: 409,
+    Refusal.ADMINISTRATIVE_DISABLED: 409,
+    Refusal.ADMINISTRATIVE_DRAINING: 409,
     Refusal.FALLBACK_PENDING: 503,
     Refusal.FLEET_STATE_UNAVAILABLE: 503,
     ErrorCode.UPSTREAM_TIMEOUT: 504,
@@ -182,6 +187,7 @@ class CostReason(StrEnum):
     PRICED = "priced"
     UNPRICED = "unpriced"
     NO_USAGE = "no-usage"
+    NOT_BILLED = "not-billed"      # count_tokens, /v1/models: $0, never unpriced (SPEC §19)
 
 
 class Scope(StrEnum):

@@ -2,7 +2,8 @@
 
 Where to go (SPEC §1): `GATEWAY_CONTROL_URL`, else `http://$GATEWAY_CONTROL_LISTEN` (the
 daemon's own listen address, so an operator who sourced `gateway.env` needs nothing more; an
-every-interface bind is reached on loopback), else `http://127.0.0.1:8789`. Which bearer: `--token`,
+every-interface bind is reached on loopback), else `http://127.0.0.1:8789`. Which bearer (SPEC
+§19: never from the command line, where the process listing shows it): `--token-file`'s file,
 else the first of `LEASEHOLD_TOKEN`, `GATEWAY_CONTROL_TOKEN`, `GATEWAY_MINT_TOKEN`,
 `GATEWAY_READ_TOKEN` that is set. The token's *source* (never its value) is remembered so a
 401/403 can name the variable to fix. Proxy variables are ignored on purpose: the bearer token
@@ -32,7 +33,11 @@ DEFAULT_URL = "http://127.0.0.1:8789"
 URL_VAR = "GATEWAY_CONTROL_URL"
 LISTEN_VAR = "GATEWAY_CONTROL_LISTEN"
 TOKEN_VARS = ("LEASEHOLD_TOKEN", "GATEWAY_CONTROL_TOKEN", "GATEWAY_MINT_TOKEN", "GATEWAY_READ_TOKEN")
-TOKEN_FLAG = "--token"
+TOKEN_FILE_FLAG = "--token-file"
+TOKEN_FILE_CAP = 4096  # a bearer token is a line; a bigger file is not one
+REFUSED_TOKEN_FLAG = ("--token is refused: a token on the command line is visible in the process "
+                      "listing; use --token-file PATH or set GATEWAY_CONTROL_TOKEN (or LEASEHOLD_TOKEN, "
+                      "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)")
 TIMEOUT_S = 60.0  # a mint waits for the data plane's acknowledgement; revoke-leases may be slow
 
 # The token variable that carries each scope, for "use X instead" hints.
@@ -45,7 +50,7 @@ VAR_FOR_SCOPE: dict[Scope, str] = {
 
 class TokenChoice(msgspec.Struct, frozen=True):
     value: str | None
-    source: str  # "--token", an env var name, or "" when none was found
+    source: str  # "--token-file", an env var name, or "" when none was found
 
 
 class Reply(msgspec.Struct, frozen=True):
@@ -54,9 +59,23 @@ class Reply(msgspec.Struct, frozen=True):
     body: Any
 
 
-def choose_token(flag: str | None, env: Mapping[str, str]) -> TokenChoice:
-    if flag:
-        return TokenChoice(flag, TOKEN_FLAG)
+def read_token_file(path: str) -> str:
+    """The token in `path`: its first line, surrounding whitespace stripped."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(TOKEN_FILE_CAP + 1)
+    except OSError as exc:
+        raise CtlError(Exit.AUTH, f"cannot read {TOKEN_FILE_FLAG} {path}: {exc.strerror}") from None
+    lines = raw.decode("utf-8", "replace").strip().splitlines()
+    if len(raw) > TOKEN_FILE_CAP or len(lines) != 1 or not lines[0].strip():
+        raise CtlError(Exit.AUTH, f"{TOKEN_FILE_FLAG} {path} must hold one token on one line")
+    return lines[0].strip()
+
+
+def choose_token(from_file: str | None, env: Mapping[str, str]) -> TokenChoice:
+    """`from_file`: the token `--token-file` read (it wins), or None."""
+    if from_file:
+        return TokenChoice(from_file, TOKEN_FILE_FLAG)
     for name in TOKEN_VARS:
         value = env.get(name, "").strip()
         if value:
@@ -126,8 +145,8 @@ class Client:
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], token_flag: str | None) -> Client:
-        return cls(control_url(env), choose_token(token_flag, env))
+    def from_env(cls, env: Mapping[str, str], token_file: str | None) -> Client:
+        return cls(control_url(env), choose_token(None if token_file is None else read_token_file(token_file), env))
 
     # ---- one exchange -------------------------------------------------------------------
 
@@ -180,7 +199,7 @@ class Client:
     def _request(self, method: str, path: str, query: Mapping[str, Any] | None,
                  body: Any) -> urllib.request.Request:
         if self.token.value is None:
-            raise CtlError(Exit.AUTH, "no control token: pass --token or set " + ", ".join(TOKEN_VARS[:-1])
+            raise CtlError(Exit.AUTH, "no control token: pass --token-file or set " + ", ".join(TOKEN_VARS[:-1])
                                       + " or " + TOKEN_VARS[-1])
         url = self.url + path
         if query:

@@ -230,7 +230,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                                    "CMD exits and return CMD's exit status.",
                        epilog=SIGNALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     del common  # exec prints its command's output, not a control answer: no --json
-    p.add_argument("--token", help="bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
+    p.add_argument("--token-file", metavar="PATH",
+                   help="a file holding the bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
+    p.add_argument("--token", help=argparse.SUPPRESS)   # refused by main (SPEC §19)
     p.add_argument("--repo", required=True, help="repo_slug")
     p.add_argument("--principal", required=True, help="principal_id")
     p.add_argument("--principal-kind", default="worker", help="principal_kind (default worker)")

@@ -37,7 +37,7 @@ exit codes:
 environment:
   GATEWAY_CONTROL_URL   control daemon, else http://$GATEWAY_CONTROL_LISTEN (as in
                         gateway.env), else http://127.0.0.1:8789
-  token                 --token, else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN,
+  token                 --token-file, else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN,
                         GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN (first one set)
 """
 

@@ -15,7 +15,11 @@ first refusal:
 6. no budget of the chain is exhausted, else held `budget-exhausted`, with `retry_after_s` until
    the *last* of the exhausted windows resets (a mint can proceed only once all of them have);
 7. `authorise_fallback`'s holds;
-8. the first candidate no live filter rules out (`select_account`).
+8. the first candidate no live filter rules out (`select_account`) — or, for a key that already
+   holds its slot (`holding`: a renewal or a dispatch key's extension, SPEC §19), its own account
+   unless it is disabled or draining (rejected `administrative-disabled` /
+   `administrative-draining`): the circuit and capacity filters do not apply to a slot already
+   held.
 
 Why this order: the chains first, because without them no other fact can be believed; then
 every rejection before every hold, since a rejection is final and a hold says "come back", and
@@ -23,8 +27,9 @@ telling a worker to come back only to reject it then wastes its wait; among the 
 budget's first, because its wait (until a window resets) is the longest and binds every other
 — a worker told "retry in 1 s" by a fallback hold would only be held again.
 
-The mint, renewal and `GET /control/v2/policy/explain` all call this, so what explain says a
-mint would do is what the mint does. The verdict is advisory about capacity: the shell's
+The mint, renewal, a dispatch key's `extend` and `GET /control/v2/policy/explain` all call this,
+so what explain says a mint would do is what the mint does, and a key's life never outlasts a
+hold the mint would apply (SPEC §19). The verdict is advisory about capacity: the shell's
 reservation (and the circuit's probe claim) still decides, after it.
 """
 
@@ -35,7 +40,7 @@ import msgspec
 from controlplane.core.budgets import Exhausted, retry_after_s
 from controlplane.core.fallback import CitationKind, CitedDecision, Lineage, authorise_fallback
 from controlplane.core.selection import Candidate, LiveFacts, Skipped, select_account
-from shared.codes import Condition, Outcome, Refusal
+from shared.codes import AdminState, Condition, Outcome, Refusal
 
 
 class MintFacts(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,6 +56,7 @@ class MintFacts(msgspec.Struct, frozen=True, kw_only=True):
     live: dict[str, LiveFacts] = {}
     exhausted: tuple[Exhausted, ...] = ()         # budgets of the chain exhausted now (§18)
     unpriced_model: str | None = None             # a candidate's model without a price, in a budgeted chain
+    holding: bool = False                         # renewal / extend of a key holding its slot (one candidate)
 
 
 class MintVerdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,6 +90,8 @@ def decide_mint(facts: MintFacts) -> MintVerdict:
                            retry_after_s=retry_after_s(facts.exhausted))
     if verdict.refusal is not None:
         return _refused(verdict.outcome, verdict.refusal)
+    if facts.holding:
+        return _kept(facts.candidates[0], facts.live.get(facts.candidates[0].account_id))
     selection = select_account(facts.candidates, facts.live, verdict.start_position)
     if selection.chosen is None:
         refusal = selection.refusal or Refusal.NO_ELIGIBLE_ACCOUNT
@@ -91,3 +99,18 @@ def decide_mint(facts: MintFacts) -> MintVerdict:
         return _refused(outcome, refusal, selection.skipped)
     return MintVerdict(outcome=Outcome.SELECTED, chosen=selection.chosen, skipped=selection.skipped,
                        hop=verdict.hop)
+
+
+# SPEC §19: what still refuses a key that holds its slot (renewal, extend): the operator's word.
+KEEP_REFUSALS: dict[AdminState, Refusal] = {
+    AdminState.DISABLED: Refusal.ADMINISTRATIVE_DISABLED,
+    AdminState.DRAINING: Refusal.ADMINISTRATIVE_DRAINING,
+}
+
+
+def _kept(candidate: Candidate, live: LiveFacts | None) -> MintVerdict:
+    """The held key's own account, unless the operator disabled or is draining it."""
+    refusal = None if live is None else KEEP_REFUSALS.get(live.administrative_state)
+    if refusal is not None:
+        return _refused(Outcome.REJECTED, refusal)
+    return MintVerdict(outcome=Outcome.SELECTED, chosen=candidate)

@@ -1,6 +1,8 @@
 """Cost of an attempt from its usage and a price table. Pure: the table is an argument.
 
-An unknown model is `unpriced` (cost null, never 0); an attempt with no usage is `no-usage`.
+An unknown model is `unpriced` (cost null, never 0), and so is a served (2xx) answer of a
+generating path that carries no usage; any other attempt with no usage is `no-usage`;
+`count_tokens` and `/v1/models` are `not-billed` ($0).
 `check_price_entries` validates the `[[price]]` entries of a prices file (SPEC §18) as TOML
 decoded them, naming file, entry and field for every problem at once; `with_overrides` puts a
 file's entries before the shipped ones, so the first match — the file's — wins.
@@ -128,11 +130,23 @@ class PriceLookup:
             return price
 
 
-def cost_of(price_of: Callable[[str], Price | None], model: str | None,
-            usage: Usage | None) -> tuple[float | None, CostReason]:
-    """`price_of` is a `PriceLookup` (or any model → price function)."""
+# SPEC §19: the paths whose answer is billed by its usage, and those the provider never bills.
+GENERATING_PATHS = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"})
+NOT_BILLED_PATHS = frozenset({"/v1/messages/count_tokens", "/v1/models"})
+
+
+def cost_of(price_of: Callable[[str], Price | None], model: str | None, usage: Usage | None,
+            path: str | None = None, http_status: int | None = None) -> tuple[float | None, CostReason]:
+    """`price_of` is a `PriceLookup` (or any model → price function). SPEC §19: `count_tokens`
+    and `/v1/models` cost $0 (`not-billed`), never unpriced; a 2xx answer of a generating path
+    that carries no usage (a stream asked without `include_usage`, a body the observer could not
+    read) was served and billed by the provider, so it is `unpriced` (cost null, counted in
+    `unpriced_attempts`), never $0 in silence; any other row without usage cost nothing."""
+    if path in NOT_BILLED_PATHS:
+        return 0.0, CostReason.NOT_BILLED
     if usage is None:
-        return None, CostReason.NO_USAGE
+        served = http_status is not None and 200 <= http_status < 300
+        return None, CostReason.UNPRICED if served and path in GENERATING_PATHS else CostReason.NO_USAGE
     price = price_of(model) if model else None
     if price is None:
         return None, CostReason.UNPRICED

@@ -1,9 +1,10 @@
 """Spend accounting (SPEC §18): a fold over terminal attempt rows, per UTC window, per dimension.
 
 Pure: no I/O, no clock; windows come from each row's `finished_at` (`core.windows`). Spend is
-the sum of `cost_usd`; a row whose cost is null *because its model has no price* (it has usage:
-`cost_reason` `unpriced`) is counted in `unpriced_attempts`, never as 0 spend; a row without
-usage (a refusal, a failure before any token) is an attempt that cost nothing. Token sums add
+the sum of `cost_usd`; a row whose cost is null *because its model has no price* (it has usage)
+or *because a served answer carried no usage* (`cost_reason` `unpriced`, SPEC §19) is counted in
+`unpriced_attempts`, never as 0 spend; any other row without usage (a refusal, a failure before
+any token) is an attempt that cost nothing. Token sums add
 the row's `usage`.
 
 What the fold keeps, per window key (`core.windows`): cells for the platform, each repo, each
@@ -75,7 +76,11 @@ class SpendRow(Protocol):
     requested_model: str | None
     principal_id: str
     cost_usd: float | None
+    cost_reason: str | None
     usage: Usage | None
+
+
+UNPRICED_REASON = "unpriced"   # `CostReason.UNPRICED` as the row spells it
 
 
 def combo_of(row: SpendRow) -> Combo:
@@ -163,7 +168,7 @@ class SpendFold:
         usage, cost = row.usage, row.cost_usd
         if cost is not None:
             cell[0] += cost
-        elif usage is not None:
+        elif usage is not None or row.cost_reason == UNPRICED_REASON:
             cell[2] += 1
         if usage is not None:
             cell[3] += usage.input_tokens
@@ -185,7 +190,7 @@ class SpendFold:
         usage = row.usage
         if row.cost_usd is not None:
             cell[COST] += row.cost_usd
-        elif usage is not None:
+        elif usage is not None or row.cost_reason == UNPRICED_REASON:
             cell[UNPRICED] += 1
         if usage is not None:
             cell[INPUT] += usage.input_tokens

@@ -8,15 +8,22 @@ only when `GATEWAY_FLEET_REDIS_URL` is set: an embedded daemon never imports the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from controlplane.circuits import CircuitRegistry, CircuitView, LocalCircuits
-from controlplane.decisions import DecisionStore, LocalDecisions
+from controlplane.decisions import DecisionStore
+from controlplane.stores.decisions import JournalledDecisions
+from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from shared.capacity import CapacityStore, LocalCapacity
 from shared.chainfile import ChainStorage
+
+if TYPE_CHECKING:
+    from controlplane.stores.keys import KeyTable
+    from shared.settings import Settings
 
 OnTransition = Callable[[CircuitView], None]
 
@@ -34,8 +41,13 @@ class Backends(msgspec.Struct, frozen=True, kw_only=True):
     fleet: Any = None
 
 
-def embedded() -> Backends:
-    """Today's in-process tables: one host, nothing shared."""
-    return Backends(lease_capacity=LocalCapacity(), decisions=LocalDecisions(),
+def embedded(settings: Settings, keys: KeyTable) -> Backends:
+    """The in-process tables: one host, nothing shared. The decision table keeps its live leases'
+    decisions in the same journal as fleet mode (SPEC §5), replayed here for the leases the key
+    table restored (it is loaded before `wire`)."""
+    journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
+    decisions = JournalledDecisions(LeaseDecisions(journal, keys.get))
+    decisions.restore(keys.all())
+    return Backends(lease_capacity=LocalCapacity(), decisions=decisions,
                     circuits=lambda cooldown_s, on_transition: CircuitRegistry(LocalCircuits(), cooldown_s,
                                                                                on_transition=on_transition))

@@ -1,9 +1,9 @@
 """The fleet set: every Redis backend one control daemon uses, built in one place (SPEC §16).
 
 `controlplane.main.wire` asks `backends_for(settings, keys)` for the state it shares: without
-`GATEWAY_FLEET_REDIS_URL`, the in-process tables exactly as before (`backends.embedded`, which
-never imports this module nor Redis); with it, the Redis ones behind the same interfaces
-(`fleet`): the lease table (fenced by this host's
+`GATEWAY_FLEET_REDIS_URL`, the in-process tables (`backends.embedded`, which never imports this
+module nor Redis; the live leases' decisions journalled as in fleet mode, SPEC §5); with it, the
+Redis ones behind the same interfaces (`fleet`): the lease table (fenced by this host's
 incarnation, its releases owed while Redis is away), circuits, decisions, and the admin and
 policy chains with Redis their authority and the state dir's files their witness. One asyncio
 client serves the event-loop backends and one blocking client the chains (`HashChain` calls its
@@ -21,7 +21,7 @@ import os
 from controlplane.circuits import CircuitRegistry
 from controlplane.fleet.backends import Backends, OnTransition
 from controlplane.fleet.circuits import RedisCircuits
-from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions
+from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
 from controlplane.fleet.view import InFlightBoard

@@ -6,10 +6,10 @@ import msgspec
 from aiohttp import web
 
 from controlplane.http.common import json_response, read_json, requires
-from controlplane.mint import MintAnswer, MintV2
+from controlplane.answers import MintAnswer
+from controlplane.mint import MintV2
 from controlplane.http.appkeys import DESK
 from shared.bounds import TtlSeconds
-from shared.clock import iso_ms
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
@@ -53,10 +53,7 @@ async def extend(request: web.Request) -> web.Response:
     if not KEY_ID_RE.match(key_id):
         raise GatewayError(ErrorCode.INVALID_REQUEST, "key_id must be a ULID")
     body = await read_json(request, Extend) if request.can_read_body else Extend()
-    lease = await request.app[DESK].extend(key_id, body.ttl_seconds)
-    return json_response({"key_id": lease.key_id, "account_id": lease.account_id,
-                          "mint_decision_id": lease.mint_decision_id,
-                          "expires_at": iso_ms(lease.expires_at_ms)})
+    return _answer(await request.app[DESK].extend(key_id, body.ttl_seconds))
 
 
 def add_routes(app: web.Application) -> None:

@@ -14,6 +14,7 @@ import msgspec
 
 from controlplane.stores.journal import replay
 from shared.logging import get_logger
+from shared.private import create_private, open_append
 from shared.wire import Lease
 
 log = get_logger("keys")
@@ -46,14 +47,13 @@ class KeyTable:
                 self._leases.pop(entry.key_id, None)
         self._leases = {k: v for k, v in self._leases.items() if v.expires_at_ms > now_ms}
         tmp = self.path + ".tmp"
-        with open(tmp, "wb") as handle:
+        with create_private(tmp) as handle:   # 0600 from its creation (SPEC §19)
             for lease in self._leases.values():
                 handle.write(_encode(_Entry(op="add", lease=lease)) + b"\n")
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, self.path)
-        os.chmod(self.path, 0o600)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._fd = open_append(self.path)
 
     def _journal(self, entry: _Entry) -> None:
         if self._fd is not None:

@@ -30,6 +30,7 @@ import msgspec
 from controlplane.stores import segments
 from shared.clock import now_ms
 from shared.logging import get_logger
+from shared.private import open_append
 from shared.wire import AttemptRow
 
 log = get_logger("ledger")
@@ -88,7 +89,7 @@ class Ledger:
 
     def _reopen(self) -> None:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._fd = open_append(self.path)   # 0600 from its creation (SPEC §19)
 
     def _live_stat(self) -> os.stat_result | None:
         try:

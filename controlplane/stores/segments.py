@@ -35,6 +35,7 @@ import msgspec
 
 from controlplane.core.spend import SpendFold
 from shared.logging import get_logger
+from shared.private import create_private
 from shared.wire import Usage
 
 log = get_logger("ledger")
@@ -69,6 +70,7 @@ class LedgerRow(msgspec.Struct, kw_only=True):
     requested_model: str | None = None
     principal_id: str = ""
     cost_usd: float | None = None
+    cost_reason: str | None = None
     usage: Usage | None = None
 
 
@@ -216,7 +218,7 @@ def fold_lines(lines: Iterable[bytes], start: int, folding: Folding) -> int:
 def write_atomically(path: str, data: bytes, on_step: OnStep = _no_step, step: str = "") -> None:
     """`path.tmp`, fsynced, renamed over `path`; `on_step(step)` runs between the two."""
     tmp = path + ".tmp"
-    with open(tmp, "wb") as handle:
+    with create_private(tmp) as handle:   # 0600 from its creation (SPEC §19)
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
@@ -259,7 +261,7 @@ def finish_rotation(state_dir: str, name: str, on_step: OnStep = _no_step) -> Su
     """Steps 2..6 of a rotation whose `.part` exists (see the module's docstring)."""
     part, gz = part_path(state_dir, name), gz_path(state_dir, name)
     folding = Folding()
-    with open(part, "rb") as source, open(gz + ".tmp", "wb") as raw:
+    with open(part, "rb") as source, create_private(gz + ".tmp") as raw:
         with gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as out:
             batch: list[bytes] = []
             size = 0

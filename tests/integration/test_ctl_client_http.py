@@ -58,7 +58,7 @@ def test_client_sends_bearer_and_json_and_ignores_proxy_variables(recorder: str,
 def test_unreachable_is_one_line_naming_url_and_variable() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(CtlError) as caught:
-        Client(url, TokenChoice(SECRET, "--token")).call("GET", "/control/v2/accounts")
+        Client(url, TokenChoice(SECRET, "--token-file")).call("GET", "/control/v2/accounts")
     assert caught.value.code == Exit.UNREACHABLE
     message = caught.value.message
     assert url in message and "GATEWAY_CONTROL_URL" in message and "leasehold-control running" in message

@@ -282,5 +282,5 @@ async def test_extend_keeps_a_dispatch_keys_decision_and_live_set_in_redis_as_lo
              keys.live("acme/app", "d-ext")]
     for name in names:
         admin.pexpire(name, 5_000)   # as if the key had outlived Redis's copy (25 h)
-    await h1.desk.extend(key_id, 600)
+    assert (await h1.desk.extend(key_id, 600)).status == 200
     assert all(admin.pttl(name) > 3_600_000 for name in names), [admin.pttl(n) for n in names]

@@ -75,7 +75,7 @@ def recount(rows: list[dict], window: Window, at_ms: int, by: str) -> dict[Any, 
         cell, usage = groups[group], r["usage"] or {}
         cell[0] += r["cost_usd"] or 0.0
         cell[1] += 1
-        cell[2] += r["cost_usd"] is None and r["usage"] is not None
+        cell[2] += r["cost_reason"] == "unpriced"   # no price, or a served answer without usage (SPEC §19)
         for i, kind in enumerate(("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens"), 3):
             cell[i] += usage.get(kind, 0)
     return {k: tuple(v) for k, v in groups.items()}

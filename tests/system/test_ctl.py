@@ -189,14 +189,37 @@ def test_an_operator_who_sourced_gateway_env_needs_no_url(gw: Gateway) -> None:
     assert wins.returncode == 5 and elsewhere in wins.stderr
 
 
-def test_wrong_token_names_its_variable_and_never_prints_it(gw: Gateway) -> None:
+def test_wrong_token_names_its_variable_and_never_prints_it(gw: Gateway, tmp_path: Path) -> None:
     wrong = credential_like("wrong_")
-    by_flag = ctl(gw, "accounts", "--token", wrong)
-    assert by_flag.returncode == 6 and "token from --token" in by_flag.stderr and "401" in by_flag.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text(wrong + "\n")
+    by_flag = ctl(gw, "accounts", "--token-file", str(token_file))
+    assert by_flag.returncode == 6 and "token from --token-file" in by_flag.stderr and "401" in by_flag.stderr
     env = ctl_env(gw, LEASEHOLD_TOKEN=wrong)
     by_env = ctl(gw, "accounts", env=env)
     assert by_env.returncode == 6 and "LEASEHOLD_TOKEN" in by_env.stderr
     assert wrong not in by_flag.stderr + by_env.stderr
+
+
+def test_a_token_file_is_read_and_a_token_on_the_command_line_is_refused(gw: Gateway, tmp_path: Path) -> None:
+    """SPEC §19: leaseholdctl reads its token from GATEWAY_CONTROL_TOKEN or --token-file, never
+    from its command line (the process listing shows it to every local user)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(gw.control_token + "\n")
+    env = base_env()
+    env["GATEWAY_CONTROL_URL"] = gw.control_url
+    done = ctl(gw, "accounts", "--json", "--token-file", str(token_file), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "legacy-openai" in [a["id"] for a in json.loads(done.stdout)["accounts"]]
+    exec_argv = ("exec", "--token", gw.control_token, "--repo", "r", "--principal", "p", "--model", MODEL,
+                 "--", "true")
+    for argv in (("accounts", "--token", gw.control_token), exec_argv):
+        refused = ctl(gw, *argv, env=env)
+        assert refused.returncode == 2, refused.stderr
+        assert "--token-file" in refused.stderr and "GATEWAY_CONTROL_TOKEN" in refused.stderr
+        assert gw.control_token not in refused.stderr + refused.stdout
+    missing = ctl(gw, "accounts", "--token-file", str(tmp_path / "absent"), env=env)
+    assert missing.returncode == 6 and "--token-file" in missing.stderr
 
 
 def test_token_outside_its_scope_names_the_scope_needed(gw: Gateway) -> None:

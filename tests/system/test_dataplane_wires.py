@@ -104,7 +104,7 @@ def test_anthropic_count_tokens_and_models(gateway: Gateway, clean_stub: Stub) -
     rows = settled(gateway, minted["key_id"], 2)
     assert [r["path"] for r in rows] == ["/v1/messages/count_tokens", "/v1/models"]
     assert all(r["status"] == "completed" and r["usage"] is None for r in rows)
-    assert all(r["cost_usd"] is None and r["cost_reason"] == "no-usage" for r in rows)
+    assert all(r["cost_usd"] == 0.0 and r["cost_reason"] == "not-billed" for r in rows)   # SPEC §19
 
 
 def test_zai_harness_binding_uses_bearer_on_the_anthropic_wire(gateway: Gateway, clean_stub: Stub) -> None:
@@ -155,7 +155,8 @@ def test_openai_chat_stream_takes_usage_from_the_final_chunk(gateway: Gateway, c
     assert [r["stream"] for r in rows] == [True, True]
     assert rows[0]["status"] == rows[1]["status"] == "completed"
     assert rows[0]["usage"] == O_USAGE
-    assert rows[1]["usage"] is None and rows[1]["cost_reason"] == "no-usage"
+    # served without usage: unpriced, never $0 in silence (SPEC §19)
+    assert rows[1]["usage"] is None and (rows[1]["cost_usd"], rows[1]["cost_reason"]) == (None, "unpriced")
 
 
 def test_openai_responses_json_and_stream(gateway: Gateway, clean_stub: Stub) -> None:
@@ -189,7 +190,8 @@ models = ["text-embedding-*"]
 
 
 def test_openai_embeddings_and_models(make_gateway, tmp_path, clean_stub: Stub) -> None:
-    """Embedding models are not among legacy-openai's globs (SPEC §4): an account declares them."""
+    """Embedding models are among legacy-openai's globs (SPEC §4: `text-embedding-*`), which comes
+    first; a declared account serving them too is its sibling."""
     accounts = tmp_path / "accounts.toml"
     accounts.write_text(EMBEDDINGS_ACCOUNT.format(url=clean_stub.url))
     gateway = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts),
@@ -197,7 +199,7 @@ def test_openai_embeddings_and_models(make_gateway, tmp_path, clean_stub: Stub) 
     status, _, minted = gateway.api("POST", "/control/v2/mint", {
         "dispatch_id": "d-embed", "repo_slug": "acme/app", "principal_kind": "worker",
         "principal_id": "w-1", "model": "text-embedding-3-small"})
-    assert (status, minted["account_id"]) == (201, "openai-embeddings"), minted
+    assert (status, minted["account_id"]) == (201, "legacy-openai"), minted
     sdk = openai_sdk(gateway, minted["token"])
     embedded = sdk.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
     assert len(embedded.data) == 2

@@ -238,12 +238,14 @@ def test_extend_period(ttl_s: int, every_s: float) -> None:
 
 def test_a_key_whose_decision_was_forgotten_stays_put_instead_of_pending(
         make_gateway, tmp_path, clean_stub, second_stub) -> None:
-    """Embedded mode keeps decisions in memory: after a control restart a dispatch key's 429
-    cannot hop (no decision to cite), and the key must serve on where it is, never stay
+    """A key whose decision is lost (its journal, `lease-decisions.jsonl`, removed while control
+    was down: SPEC §5 keeps it otherwise, `tests/system/test_decisions_restart.py`): a 429 cannot
+    hop (no decision to cite), and the key must serve on where it is, never stay
     `fallback-pending`."""
     gw = pool(make_gateway, tmp_path, second_stub)
     minted = mint(gw)
     gw.control.stop()
+    (gw.state_dir / "lease-decisions.jsonl").unlink()
     gw.start_control()
     gw.wait_synchronised()
     clean_stub.script({"status": 429, "headers": {"retry-after": "1"}})

@@ -150,6 +150,18 @@ def test_a_v1_lease_reaches_only_its_legacy_accounts_models(gw: Gateway, clean_s
         assert gw.revoke(lease["key_id"])
 
 
+def test_legacy_openai_serves_embedding_models(gw: Gateway, clean_stub: Stub) -> None:
+    """SPEC §4: `legacy-openai`'s globs include `text-embedding-*`, so a v1 openai lease embeds."""
+    lease = gw.mint("openai")
+    embedded = openai_sdk(gw, lease["token"]).embeddings.create(model="text-embedding-3-small", input=["a", "b"])
+    assert len(embedded.data) == 2
+    assert [r["path"] for r in clean_stub.requests()] == ["/v1/embeddings"]
+    row = settled(gw, lease["key_id"])[0]
+    assert (row["status"], row["refusal_reason"], row["requested_model"]) == (
+        "completed", None, "text-embedding-3-small")
+    assert gw.revoke(lease["key_id"])
+
+
 # ---- the OpenAI wire ------------------------------------------------------------------------
 
 

@@ -26,7 +26,7 @@ class TokenCase:
 
 
 TOKEN_CASES = [
-    TokenCase("flag wins", "f", {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"}, TokenChoice("f", "--token")),
+    TokenCase("token file wins", "f", {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"}, TokenChoice("f", "--token-file")),
     TokenCase("leasehold before gateway", None, {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"},
               TokenChoice("l", "LEASEHOLD_TOKEN")),
     TokenCase("control before mint", None, {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_CONTROL_TOKEN": "c"},
@@ -109,17 +109,17 @@ FAILURES = [
     FailureCase("403 names scope and the variable to use", Reply(403, {}, _error("forbidden-scope", "needs admin")),
                 Scope.ADMIN, "GATEWAY_MINT_TOKEN", Exit.AUTH, ("GATEWAY_MINT_TOKEN", "scope admin", "GATEWAY_CONTROL_TOKEN")),
     FailureCase("422 prints the server's message", Reply(422, {}, _error("invalid-request", "ttl_seconds >= 60")),
-                Scope.MINT, "--token", Exit.FAILED, ("422", "ttl_seconds >= 60")),
+                Scope.MINT, "--token-file", Exit.FAILED, ("422", "ttl_seconds >= 60")),
     FailureCase("409 revision conflict names the current revision",
                 Reply(409, {}, _error("invalid-request", "m", current_revision=7, expected_revision=3)),
-                Scope.ADMIN, "--token", Exit.REJECTED, ("current revision is 7", "not 3")),
-    FailureCase("409 other", Reply(409, {}, _error("fallback-lineage-mismatch", "no")), Scope.MINT, "--token",
+                Scope.ADMIN, "--token-file", Exit.REJECTED, ("current revision is 7", "not 3")),
+    FailureCase("409 other", Reply(409, {}, _error("fallback-lineage-mismatch", "no")), Scope.MINT, "--token-file",
                 Exit.REJECTED, ("fallback-lineage-mismatch",)),
-    FailureCase("plain 404 is a missing route", Reply(404, {}, "404: Not Found"), Scope.READ, "--token",
+    FailureCase("plain 404 is a missing route", Reply(404, {}, "404: Not Found"), Scope.READ, "--token-file",
                 Exit.FAILED, ("does not serve /p",)),
     FailureCase("coded 404 is the server's word", Reply(404, {}, _error("decision-unknown", "no live v2 lease")),
-                Scope.MINT, "--token", Exit.FAILED, ("decision-unknown", "no live v2 lease")),
-    FailureCase("500", Reply(500, {}, "boom"), Scope.READ, "--token", Exit.FAILED, ("500", "boom")),
+                Scope.MINT, "--token-file", Exit.FAILED, ("decision-unknown", "no live v2 lease")),
+    FailureCase("500", Reply(500, {}, "boom"), Scope.READ, "--token-file", Exit.FAILED, ("500", "boom")),
 ]
 
 

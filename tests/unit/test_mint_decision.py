@@ -83,3 +83,48 @@ def test_a_rejected_citation_is_said_before_an_exhausted_budget() -> None:
                           lease_released=True, terminal_conditions=(), position_now=0)
     verdict = decide_mint(facts(citation=CitationKind.RETRY, cited=other, exhausted=(DAY,)))
     assert (verdict.outcome, verdict.refusal) == (Outcome.REJECTED, Refusal.FALLBACK_LINEAGE_MISMATCH)
+
+
+# ---- a key that holds its slot: renewal and extend (SPEC §19) ------------------------------
+
+HOLDING = facts(holding=True)
+
+
+def live(**changes: Any) -> dict[str, LiveFacts]:
+    return {"a": LiveFacts(configured=True, **changes)}
+
+
+KEEP_CASES = [
+    Case("kept on its account", HOLDING, (Outcome.SELECTED, None, None)),
+    Case("disabled: rejected administrative-disabled",
+         facts(holding=True, live=live(administrative_state=AdminState.DISABLED)),
+         (Outcome.REJECTED, Refusal.ADMINISTRATIVE_DISABLED, None)),
+    Case("draining: rejected administrative-draining",
+         facts(holding=True, live=live(administrative_state=AdminState.DRAINING)),
+         (Outcome.REJECTED, Refusal.ADMINISTRATIVE_DRAINING, None)),
+    Case("an exhausted budget holds", facts(holding=True, exhausted=(DAY,)),
+         (Outcome.HELD, Refusal.BUDGET_EXHAUSTED, 3_600)),
+    Case("the budget before the operator's word", facts(holding=True, exhausted=(DAY,),
+                                                        live=live(administrative_state=AdminState.DISABLED)),
+         (Outcome.HELD, Refusal.BUDGET_EXHAUSTED, 3_600)),
+    Case("a corrupt policy chain holds", facts(holding=True, policy_available=False),
+         (Outcome.HELD, Refusal.POLICY_UNAVAILABLE, None)),
+    Case("a corrupt admin chain holds", facts(holding=True, admin_available=False),
+         (Outcome.HELD, Refusal.ACCOUNT_STATE_UNAVAILABLE, None)),
+    Case("an open circuit does not apply to a held slot", facts(holding=True, live=live(circuit_admits=False)),
+         (Outcome.SELECTED, None, None)),
+    Case("a full account does not apply to a held slot", facts(holding=True, live=live(lease_room=False)),
+         (Outcome.SELECTED, None, None)),
+    Case("a key that lost its slot is judged as a mint", facts(live=live(circuit_admits=False)),
+         (Outcome.HELD, Refusal.NO_ELIGIBLE_ACCOUNT, None)),
+    Case("a disabled account for a mint is a skip, not a rejection",
+         facts(live=live(administrative_state=AdminState.DISABLED)),
+         (Outcome.HELD, Refusal.NO_ELIGIBLE_ACCOUNT, None)),
+]
+
+
+@pytest.mark.parametrize("case", KEEP_CASES, ids=[c.name for c in KEEP_CASES])
+def test_decide_mint_for_a_key_that_holds_its_slot(case: Case) -> None:
+    verdict = decide_mint(case.given)
+    assert (verdict.outcome, verdict.refusal, verdict.retry_after_s) == case.expect
+    assert (verdict.chosen is not None) == (case.expect[0] == Outcome.SELECTED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.pricing import Price, PriceLookup, PriceTable, cost_of, price_for
+from shared.codes import CostReason
 from shared.wire import Usage
 
 
@@ -29,3 +30,24 @@ def test_price_lookup_memo_is_bounded() -> None:
         lookup(f"model-{n}")
         assert len(lookup._memo) <= PriceLookup.MEMO_MAX
     assert lookup("claude-sonnet-4-5") is PRICES.price[0]
+
+
+# SPEC §19: what a row costs by its path and status when its usage is missing.
+COST_CASES = [
+    ("/v1/messages", 200, None, (None, CostReason.UNPRICED)),
+    ("/v1/chat/completions", 200, None, (None, CostReason.UNPRICED)),
+    ("/v1/responses", 201, None, (None, CostReason.UNPRICED)),
+    ("/v1/embeddings", 200, None, (None, CostReason.UNPRICED)),
+    ("/v1/messages", 429, None, (None, CostReason.NO_USAGE)),
+    ("/v1/messages", 400, None, (None, CostReason.NO_USAGE)),       # a refusal
+    ("/v1/chat/completions", None, None, (None, CostReason.NO_USAGE)),   # no answer at all
+    ("/v1/messages/count_tokens", 200, None, (0.0, CostReason.NOT_BILLED)),
+    ("/v1/messages/count_tokens", 200, Usage(input_tokens=1000), (0.0, CostReason.NOT_BILLED)),
+    ("/v1/models", 200, None, (0.0, CostReason.NOT_BILLED)),
+    ("/v1/messages", 200, Usage(input_tokens=1_000_000), (3.0, CostReason.PRICED)),
+]
+
+
+@pytest.mark.parametrize(("path", "status", "usage", "expect"), COST_CASES)
+def test_cost_by_path_and_status(path: str, status: int | None, usage: Usage | None, expect: tuple) -> None:
+    assert cost_of(PriceLookup(PRICES), "claude-sonnet-4-5", usage, path, status) == expect

@@ -41,7 +41,7 @@ def test_legacy_accounts_always_present_in_order() -> None:
     assert [a.id for a in registry.accounts] == ["legacy-anthropic", "legacy-zai-harness", "legacy-openai"]
     assert [a.id for a in registry.candidates_for_model("claude-sonnet-4-6")] == ["legacy-anthropic"]
     assert [a.id for a in registry.candidates_for_model("glm-4.6")] == ["legacy-zai-harness"]
-    for model in ("gpt-5", "o3-mini", "o4", "codex-mini"):
+    for model in ("gpt-5", "o3-mini", "o4", "codex-mini", "text-embedding-3-small"):
         assert [a.id for a in registry.candidates_for_model(model)] == ["legacy-openai"], model
     assert registry.candidates_for_model("llama-3") == ()
 

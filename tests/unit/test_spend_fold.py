@@ -11,6 +11,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+import msgspec
 import pytest
 
 from controlplane.core.budgets import LevelBudget, budget_status, exhausted_budgets, retry_after_s
@@ -89,6 +90,16 @@ CASES = [
     Case("a row without usage is an attempt that cost nothing",
          [row("2026-11-30T10:00:00.000Z", cost=None, usage=None, status="refused")],
          {("2026-11-30", "platform"): (0.0, 1, 0)}),
+    Case("a served row without usage is unpriced (SPEC §19), never 0 spend in silence",
+         [msgspec.structs.replace(row("2026-11-30T10:00:00.000Z", cost=None, usage=None), cost_reason="unpriced"),
+          msgspec.structs.replace(row("2026-11-30T10:00:01.000Z", cost=None, usage=None), cost_reason="unpriced",
+                                  finished_at="2026-11-30T10:00:01.000Z"),
+          row("2026-11-30T10:01:00.000Z", cost=0.25)],
+         {("2026-11-30T10", "repo:acme/pay"): (0.25, 3, 2), ("2026-11", "platform"): (0.25, 3, 2)}),
+    Case("a late served row without usage is unpriced too",
+         [row("2026-11-30T11:00:00.000Z", cost=1.0),
+          msgspec.structs.replace(row("2026-11-30T10:00:00.000Z", cost=None, usage=None), cost_reason="unpriced")],
+         {("2026-11-30T10", "platform"): (0.0, 1, 1), ("2026-11-30", "platform"): (1.0, 2, 1)}),
     Case("a late row lands in its own (already rolled) hour",
          [row("2026-11-30T10:59:00.000Z", cost=1.0), row("2026-11-30T11:00:01.000Z", cost=2.0),
           row("2026-11-30T10:59:59.000Z", cost=4.0), row("2026-11-30T11:30:00.000Z", cost=8.0)],
