@@ -29,7 +29,8 @@ log = get_logger("dataplane")
 class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
-                 "task", "stopping", "response", "http_status", "sse_plain", "row")
+                 "task", "stopping", "response", "http_status", "sse_plain", "row",
+                 "asked_usage")
 
     def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str) -> None:
         self.link = link
@@ -51,6 +52,7 @@ class Attempt:
         self.http_status: int | None = None            # the status the worker was sent
         self.sse_plain = False                         # relaying uncompressed SSE
         self.row: AttemptRow | None = None             # as announced; finished by replacing
+        self.asked_usage = False                       # include_usage set by the gateway (§19)
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""
