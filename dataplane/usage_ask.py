@@ -77,6 +77,9 @@ def with_usage(body: bytes, peek: BodyPeek) -> bytes | None:
     if span is None:
         return None
     start, end = span
+    value_bytes = body[start:end]
+    start += len(value_bytes) - len(value_bytes.lstrip())  # the whitespace around it stays
+    end -= len(value_bytes) - len(value_bytes.rstrip())
     value = json.loads(body[start:end], object_pairs_hook=dict)
     if value is None:
         value = {}

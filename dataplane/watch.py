@@ -61,6 +61,10 @@ class ExchangeWatch:
         `on_stall`, the worker's)."""
         self.content = content
         self.on_stall = on_stall
+        if on_stall is not None and self.handle is not None:  # checks at the stall's pace now
+            self.handle.cancel()
+            self.handle = self.loop.call_at(self.loop.time() + min(self.stall_s, self.idle_s),
+                                            self._check)
 
     def timed_out(self) -> bool:
         """After a CancelledError in the headers phase: was it this watch's? (then uncancelled)"""
@@ -82,15 +86,20 @@ class ExchangeWatch:
             self.handle = None
             content.set_exception(IdleTimeout())
             return
-        if since is None and self.on_stall is not None and self.writing_since is not None:
-            if now - self.writing_since >= self.stall_s - self.SLACK_S:
+        if self.on_stall is None:
+            self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
+            return
+        writing = self.writing_since
+        if since is None and writing is not None:
+            if now - writing >= self.stall_s - self.SLACK_S:
                 self.handle = None
                 self.on_stall()
                 return
-            self.handle = self.loop.call_at(self.writing_since + min(self.stall_s, self.idle_s),
-                                            self._check)
+            self.handle = self.loop.call_at(writing + self.stall_s, self._check)
             return
-        self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
+        # reading: the idle deadline, or sooner, to see a write that starts and stalls
+        self.handle = self.loop.call_at(min(now + self.stall_s, (since or now) + self.idle_s),
+                                        self._check)
 
     def stop(self) -> None:
         if self.handle is not None:
