@@ -15,9 +15,9 @@ must occur twice as those seven bytes, unless it is written with `\\u00XX` escap
 letters (which no encoder emits). Only a body that fails this cheap test is parsed a second
 time, by Python's `json` with a hook that sees every object's members in order.
 
-`decode_body` inflates a `content-encoding` of gzip or zlib deflate incrementally: at most
-`STEP_OUT` bytes per step, yielding the event loop between steps, and never past the body
-limit (413 `body-too-large`, the decoding stopped there). Any other coding is 415.
+`decode_body` inflates a `content-encoding` of gzip or zlib deflate incrementally (at most
+`STEP_OUT` bytes per step) in one of `INFLATERS` worker threads, off the event loop, and never
+past the body limit (413 `body-too-large`, the decoding stopped there). Any other coding is 415.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
-import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import msgspec
@@ -36,8 +36,8 @@ from shared.codes import Refusal
 # Each inflation step produces at most this much and reads at most `STEP_IN` of input.
 STEP_OUT = 256 * 1024
 STEP_IN = 64 * 1024
-# A decoding yields the loop once it has run this long (seconds).
-YIELD_AFTER_S = 0.002
+# How many request bodies inflate at once (worker threads; the others queue).
+INFLATERS = 1
 # A body at least this large is checked off the event loop (in a worker thread).
 OFF_LOOP_BYTES = 1024 * 1024
 # UTF-8 is validated in pieces of this size (a thread lets the loop run between pieces).
@@ -46,6 +46,7 @@ UTF8_PIECE = 1024 * 1024
 WATCHED = ("model", "stream", "stream_options")
 _ESCAPED_ASCII = (b"\\u005", b"\\u006", b"\\u007")
 _GZIP = frozenset({"gzip", "x-gzip"})
+_inflaters = ThreadPoolExecutor(max_workers=INFLATERS, thread_name_prefix="inflate")
 
 
 class BodyRefused(Exception):
@@ -174,16 +175,23 @@ def coding_of(values: list[str]) -> str:
 async def decode_body(body: bytes, coding: str, limit: int) -> bytes:
     """`body` decoded from `coding` (as `coding_of` returns it), at most `limit` bytes.
 
-    Incremental: each step reads at most `STEP_IN` and writes at most `STEP_OUT`, and the loop
-    is yielded every `YIELD_AFTER_S`. A gzip body may hold several members (RFC 1952).
+    Off the event loop: zlib releases the GIL while it inflates, so the loop (`/healthz`, other
+    workers' streams) keeps its latency while bombs arrive; at most `INFLATERS` bodies inflate
+    at once, the others wait their turn without holding anything but their (bounded) body.
     """
     if not coding:
         return body
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_inflaters, _inflate, body, coding, limit)
+
+
+def _inflate(body: bytes, coding: str, limit: int) -> bytes:
+    """Inflate step by step: each step reads at most `STEP_IN` and writes at most `STEP_OUT`, so
+    the limit stops a bomb at `limit` bytes. A gzip body may hold several members (RFC 1952)."""
     wbits = 16 + zlib.MAX_WBITS if coding in _GZIP else zlib.MAX_WBITS
     out: list[bytes] = []
     size = 0
     data = memoryview(body)
-    since = time.perf_counter()
     while True:
         inflate = zlib.decompressobj(wbits)
         pos = 0
@@ -203,9 +211,6 @@ async def decode_body(body: bytes, coding: str, limit: int) -> bytes:
             out.append(piece)
             if inflate.eof or (not pending and pos >= len(data) and len(piece) < STEP_OUT):
                 break
-            if time.perf_counter() - since > YIELD_AFTER_S:
-                await asyncio.sleep(0)
-                since = time.perf_counter()
         if not inflate.eof:
             raise _invalid(f"the request body is a truncated {coding} stream")
         rest = inflate.unused_data + bytes(data[pos:])
