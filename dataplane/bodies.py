@@ -10,10 +10,12 @@ refused 400 `invalid-request-body`:
   in `stream_options` (msgspec, like most parsers, keeps the last one silently; another parser
   may keep the first), and `model` a string.
 
-Duplicates are found without a second parse in the common case: a key spelled `"model"` twice
-must occur twice as those seven bytes, unless it is written with `\\u00XX` escapes of ASCII
-letters (which no encoder emits). Only a body that fails this cheap test is parsed a second
-time, by Python's `json` with a hook that sees every object's members in order.
+Duplicates are found in the one parse: each watched member is a type msgspec hands to a hook
+(`_once`), which sees every occurrence, escaped spellings of the key included. `stream_options`
+is a Struct (object or null, else refused), so a second one is found another way: only a body
+whose bytes may hold it twice (`"stream_options"` twice, or `\\u00XX` escapes of ASCII letters,
+which no encoder emits) is parsed a second time, by Python's `json` with a hook that sees every
+object's members in order.
 
 `decode_body` inflates a `content-encoding` of gzip or zlib deflate incrementally (at most
 `STEP_OUT` bytes per step) in one of `INFLATERS` worker threads, off the event loop, and never
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -42,8 +45,6 @@ INFLATERS = 1
 OFF_LOOP_BYTES = 1024 * 1024
 # UTF-8 is validated in pieces of this size (a thread lets the loop run between pieces).
 UTF8_PIECE = 1024 * 1024
-# The members whose duplicates matter: what the gateway and the upstream both read.
-WATCHED = ("model", "stream", "stream_options")
 _ESCAPED_ASCII = (b"\\u005", b"\\u006", b"\\u007")
 _GZIP = frozenset({"gzip", "x-gzip"})
 _inflaters = ThreadPoolExecutor(max_workers=INFLATERS, thread_name_prefix="inflate")
@@ -65,17 +66,52 @@ class BodyPeek(NamedTuple):
     stream_options: bool       # a top-level `stream_options` member is present
 
 
+class _Member:
+    """A watched member's value, as the decoder read it; `_seen` counts it (see `_once`)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _Model(_Member):
+    __slots__ = ()
+
+
+class _Stream(_Member):
+    __slots__ = ()
+
+
+class _Usage(_Member):
+    __slots__ = ()
+
+
 class _Options(msgspec.Struct):
-    include_usage: Any = None
+    include_usage: _Usage | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Peek(msgspec.Struct):
-    model: Any = msgspec.UNSET
-    stream: Any = None
-    stream_options: Any = msgspec.UNSET
+    model: _Model | msgspec.UnsetType = msgspec.UNSET
+    stream: _Stream | msgspec.UnsetType = msgspec.UNSET
+    stream_options: _Options | None | msgspec.UnsetType = msgspec.UNSET
 
 
-_decode = msgspec.json.Decoder(_Peek).decode
+_seen = threading.local()  # the watched members one decode has met (a decode runs in one thread)
+
+
+def _once(kind: type, value: Any) -> Any:
+    """msgspec's hook for each watched member it meets: a second one is a repeated member."""
+    seen: set[type] = _seen.kinds
+    if kind in seen:
+        raise _invalid(f"the request body has more than one {_NAMES[kind]}")
+    seen.add(kind)
+    return kind(value)
+
+
+_NAMES = {_Model: "top-level 'model'", _Stream: "top-level 'stream'",
+          _Usage: "stream_options.include_usage"}
+_decode = msgspec.json.Decoder(_Peek, dec_hook=_once).decode
 
 
 def _invalid(message: str) -> BodyRefused:
@@ -94,12 +130,10 @@ def _check_utf8(body: bytes) -> None:
         raise _invalid("the request body is not valid UTF-8") from None
 
 
-def _may_repeat(body: bytes) -> bool:
-    """False when no watched member can occur twice (the cheap test, see the module doc)."""
-    if any(escaped in body for escaped in _ESCAPED_ASCII):
-        return True
-    return (body.count(b'"model"') > 1 or body.count(b'"stream') > 1
-            or body.count(b'"include_usage"') > 1)
+def _repeats_options(body: bytes) -> bool:
+    """Is `stream_options` a top-level member twice? (msgspec keeps the last Struct silently;
+    the cheap test: the key's bytes occur twice, or it may be written with escapes)"""
+    return body.count(b'"stream_options"') > 1 or any(e in body for e in _ESCAPED_ASCII)
 
 
 class _Members(dict):  # type: ignore[type-arg]
@@ -120,33 +154,33 @@ def _check_repeats(body: bytes) -> None:
     """The slow path: Python's json, with a hook that sees each object's members in order."""
     top = json.loads(body, object_pairs_hook=_members, parse_int=lambda _: 0,
                      parse_float=lambda _: 0.0)
-    repeated = top.repeated & set(WATCHED)
-    if repeated:
-        raise _invalid(f"the request body has more than one top-level {sorted(repeated)[0]!r}")
-    options = top.get("stream_options")
-    if isinstance(options, _Members) and "include_usage" in options.repeated:
-        raise _invalid("the request body has more than one stream_options.include_usage")
+    if "stream_options" in top.repeated:
+        raise _invalid("the request body has more than one top-level 'stream_options'")
 
 
 def strict_peek(body: bytes) -> BodyPeek:
     """What the upstream will read from `body`, or BodyRefused(invalid-request-body)."""
     _check_utf8(body)
+    _seen.kinds = set()
     try:
         peek = _decode(body)
-    except msgspec.ValidationError:
-        raise _invalid("the request body is not a JSON object") from None
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"the request body is not a JSON object with an object or null "
+                       f"stream_options ({str(exc)[:96]})") from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise _invalid(f"the request body is not strict JSON ({str(exc)[:96]})") from None
-    if _may_repeat(body):
-        _check_repeats(body)
-    model = peek.model
-    if model is msgspec.UNSET:
-        model = None
-    elif not isinstance(model, str):
-        raise _invalid("the request body's model is not a string")
     options = peek.stream_options
-    include = isinstance(options, dict) and options.get("include_usage") is True
-    return BodyPeek(model, peek.stream is True, include, options is not msgspec.UNSET)
+    if options is not msgspec.UNSET and _repeats_options(body):
+        _check_repeats(body)
+    model = None
+    if peek.model is not msgspec.UNSET:
+        model = peek.model.value
+        if not isinstance(model, str):
+            raise _invalid("the request body's model is not a string")
+    stream = peek.stream is not msgspec.UNSET and peek.stream.value is True
+    include = (isinstance(options, _Options) and options.include_usage is not msgspec.UNSET
+               and options.include_usage.value is True)
+    return BodyPeek(model, stream, include, options is not msgspec.UNSET)
 
 
 def strict_model(body: bytes) -> str | None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dataplane.bodies import strict_peek
+from dataplane.bodies import BodyPeek, BodyRefused, strict_peek
 from dataplane.usage_ask import UsageStrip, asks_usage, with_usage
 from tests.hostile.test_usage_asked import EVENTS, UPSTREAM, WITHOUT_USAGE_CHUNK
 
@@ -32,9 +32,11 @@ def test_with_usage(body: str, expect: str) -> None:
         k: v for k, v in json.loads(body).items() if k != "stream_options"}
 
 
-def test_a_stream_options_that_is_not_an_object_is_left_alone() -> None:
+def test_a_stream_options_that_is_not_an_object_is_refused_or_left_alone() -> None:
     body = b'{"stream":true,"stream_options":"yes"}'
-    assert with_usage(body, strict_peek(body)) is None
+    with pytest.raises(BodyRefused):
+        strict_peek(body)
+    assert with_usage(body, BodyPeek(None, True, False, True)) is None
 
 
 @pytest.mark.parametrize("path,body,asks", [
