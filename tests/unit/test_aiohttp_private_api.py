@@ -155,7 +155,7 @@ async def request_handler_has_what_the_connection_bounds_use() -> None:
     """dataplane/main.py's `_Handler` (SPEC §19's head timer and connection cap) reads these."""
     from aiohttp.web_protocol import RequestHandler
 
-    slots = set(RequestHandler.__slots__)
+    slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
     assert {"_request_in_progress", "_messages", "_manager", "_force_close", "_loop"} <= slots
     params = list(inspect.signature(RequestHandler._handle_request).parameters)
     assert params == ["self", "request", "start_time", "request_handler"]
