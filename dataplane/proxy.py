@@ -181,13 +181,9 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
         if attempt.path in MODEL_PATHS and (body or request.method == "POST"):
-            try:
-                body = await self._read_strictly(request, attempt, body)
-            except BodyRefused as refused:  # SPEC §19: no upstream call, never evidence
-                return refuse(attempt, refused.code, refused.message)
-            if reach(attempt.requested_model, True, account.models).refused:  # SPEC §12
-                return refuse(attempt, Refusal.MODEL_NOT_PERMITTED,
-                              _not_permitted(account, attempt.requested_model))
+            body = await self._read_strictly(request, attempt, account, body)
+            if isinstance(body, web.Response):  # refused: no upstream call, never evidence
+                return body
         if attempt.lease.hop_on and self.replica.is_moving(attempt.lease):
             # SPEC §17: the gateway is moving this dispatch key. Checked with no await before the
             # announce, so every attempt control counts in flight was announced before the hop.
@@ -221,15 +217,21 @@ class Proxy:
         path_qs = upstream_path_qs(request.rel_url, presented)
         return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
 
-    async def _read_strictly(self, request: web.Request, attempt: Attempt, body: bytes) -> bytes:
-        """The body's model as the upstream reads it (SPEC §19); the body to send upstream: as it
-        came, or decoded with `include_usage` set on a chat stream that did not ask for usage."""
-        limit = self.settings.max_body_bytes
-        decoded = await decode_body(body, coding_of(request.headers.getall("Content-Encoding", [])),
-                                    limit)
-        peek = await peek_body(decoded)
+    async def _read_strictly(self, request: web.Request, attempt: Attempt, account: AccountRoute,
+                             body: bytes) -> bytes | web.Response:
+        """The body's model as the upstream reads it (SPEC §19), held to the lease's account
+        (§12); the body to send upstream: as it came, or decoded with `include_usage` set on a
+        chat stream that did not ask for usage; or the refusal."""
+        try:
+            decoded = await decode_body(body, coding_of(request.headers.getall("Content-Encoding", [])),
+                                        self.settings.max_body_bytes)
+            peek = await peek_body(decoded)
+        except BodyRefused as refused:
+            return refuse(attempt, refused.code, refused.message)
         attempt.requested_model = peek.model
         attempt.stream = peek.stream
+        if reach(peek.model, True, account.models).refused:
+            return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, peek.model))
         if not asks_usage(attempt.path, peek):
             return body
         if peek.stream_options and len(decoded) >= OFF_LOOP_BYTES:  # a scan of the top level
