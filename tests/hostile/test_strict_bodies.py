@@ -259,3 +259,17 @@ def test_the_model_checked_is_the_model_a_strict_parser_reads(body: bytes) -> No
         assert refused.code == INVALID
         return
     assert checked == reference_model(body)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bodies(), st.sampled_from(["", "identity", "gzip", "deflate", "gzip-twice", "br"]))
+def test_through_its_coding_too(body: bytes, coding: str) -> None:
+    """The same invariant for the body as sent: decoded from its coding first, as the gateway does."""
+    sent = {"gzip": gzip.compress, "deflate": zlib.compress,
+            "gzip-twice": lambda b: gzip.compress(gzip.compress(b))}.get(coding, lambda b: b)(body)
+    header = "gzip" if coding == "gzip-twice" else coding
+    try:
+        checked = strict_model(asyncio.run(decode_body(sent, coding_of([header]), 1 << 20)))
+    except BodyRefused:
+        return
+    assert checked == reference_model(body)
