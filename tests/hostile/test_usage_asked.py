@@ -19,6 +19,7 @@ import json
 from tests.hostile.conftest import MINI, mint_v2, post_raw
 from tests.support.attempts import settled, step
 from tests.support.harness import Gateway, Stub
+from tests.support.waits import wait_until
 
 HEAD = '{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt-5-mini"'
 EVENTS = [
@@ -97,3 +98,27 @@ def test_a_non_streaming_body_is_untouched(hgw: Gateway, clean_stub: Stub) -> No
         "authorization": f"Bearer {minted['token']}", "content-type": "application/json"})
     assert status == 200 and json.loads(received)["usage"]["completion_tokens"] == 3
     assert clean_stub.requests()[0]["body"] == body
+
+
+def test_a_budget_holds_against_streams_that_never_asked_for_usage(hgw: Gateway, clean_stub: Stub) -> None:
+    """The issue's break: 20 such streams passed a budget of $0.00001 (each row $0, usage null).
+    Now each one is priced, and once they exhaust it the budget refuses 429 `budget-exhausted`."""
+    revision = hgw.api("GET", "/control/v2/policy")[2]["revision"]
+    status, _, body = hgw.api("PUT", "/control/v2/policy/level", {
+        "name": "repo:acme/usage-budget", "expected_revision": revision, "reason": "issue 21",
+        "document": {"budgets": [{"window": "day", "usd": 0.00001}]}})
+    assert status == 200, body
+    status, _, minted = hgw.api("POST", "/control/v2/mint", {
+        "dispatch_id": "d-usage-budget", "repo_slug": "acme/usage-budget", "principal_kind": "worker",
+        "principal_id": "w-1", "model": MINI})
+    assert status == 201, minted
+    plain = b'{"model":"gpt-5-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    headers = {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"}
+    assert post_raw(hgw, "/v1/chat/completions", plain, headers)[0] == 200
+    first = settled(hgw, minted["key_id"])[0]
+    assert first["usage"] is not None and first["cost_usd"] > 0  # $0.0000081: two exhaust the budget
+    answers = iter(range(20))
+    refused = wait_until(lambda: next(answers) is not None and (
+        (answer := post_raw(hgw, "/v1/chat/completions", plain, headers))[0] == 429 and answer), 15,
+        "a request refused by the exhausted budget")
+    assert json.loads(refused[2])["error"]["code"] == "budget-exhausted"
