@@ -47,6 +47,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     start_trials: int = 3
     rpc_s: float = 1.0
     rpc_sequential: int = 500
+    hostile_s: float = 4.0  # the hostile phase's /healthz window under bombs (0: no hostile phase)
 
 
 class Context(msgspec.Struct, kw_only=True):

@@ -135,6 +135,7 @@ def render(results: dict[str, Any]) -> str:
                          f"peak {fmt(_kib_mib(fig['peak_rss_kib']))} MiB, "
                          f"{fmt(fig['kib_per_stream'])} KiB/stream")
     lines += _control_lines(results)
+    lines += _hostile_lines(results.get("hostile"))
     for peer, info in (results.get("peers") or {}).items():
         if "unavailable" in info:
             lines.append(f"  {peer + ' (peer)':<40}unavailable: {info['unavailable'][:200]}")
@@ -167,6 +168,25 @@ def _control_lines(results: dict[str, Any]) -> list[str]:
         f"  {'RPC, messages/s (one process)':<40}one-way {fmt(rpc.get('one_way_msgs_per_s'))}, "
         f"acked round trips {fmt(rpc.get('round_trips_per_s'))} ({fmt(rpc.get('in_flight'))} in flight), "
         f"one acked row p50 {fmt(_get(rpc, 'sequential_round_trip_ms', 'p50'), 3)} ms",
+    ]
+
+
+def _hostile_lines(h: dict[str, Any] | None) -> list[str]:
+    """The hostile phase (issue 21), when it ran."""
+    if not h:
+        return []
+    alone, bombs, rss = h["healthz_alone"], h["healthz_under_bombs"], h["idle_rss"]
+    return [
+        "Hostile workers (SPEC §19)",
+        f"  {'/healthz p99, alone / 8 gzip bombs, ms':<40}{fmt(alone['p99_ms'])} / {fmt(bombs['p99_ms'])} "
+        f"(p50 {fmt(alone['p50_ms'])} / {fmt(bombs['p50_ms'])}; {bombs['bombs_answered']} bombs answered)",
+        f"  {'RSS per idle connection, KiB':<40}{fmt(rss['kib_per_idle_connection'])} "
+        f"({rss['connections']} connections; 24 GiB holds {rss['cap_24_gib_holds']})",
+        f"  {'connection cap held':<40}{h['cap']['refused_503']} of {h['cap']['opened']} refused 503 "
+        f"(cap {h['cap']['cap']})",
+        f"  {'stalled client slot freed after, s':<40}{fmt(h['stalled_slot']['slot_freed_after_s'])} "
+        f"(stall bound {h['stalled_slot']['stall_bound_s']} s; waited up to "
+        f"{h['stalled_slot']['waited_up_to_s']} s)",
     ]
 
 

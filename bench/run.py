@@ -27,7 +27,7 @@ import aiohttp
 import msgspec
 import uvloop
 
-from bench import control_ops, phases, rpc_rate
+from bench import control_ops, hostile, phases, rpc_rate
 from bench.phases import Context, Plan
 from bench.procs import Layout, Servers, pin_self
 from bench.report import aims, derive, generator_check, render
@@ -45,7 +45,7 @@ PLANS = {
                   saturate_s=0.2, rate=50, rate_warmup_s=0.05, rate_s=0.2, stream_rate=20,
                   stream_rate_s=0.2, streams=3, stream_chunks=8, stream_gap_s=0.0, held_streams=3,
                   hold_stall_s=30.0, mint_warmup=1, mint_iterations=3, start_trials=1, rpc_s=0.05,
-                  rpc_sequential=5),
+                  rpc_sequential=5, hostile_s=0.0),
 }
 
 
@@ -178,6 +178,9 @@ def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir
         say("mint + revoke ...")
         results["mint_revoke"] = control_ops.mint_revoke(servers.gateway, layout, plan.mint_warmup,
                                                          plan.mint_iterations)
+        if plan.hostile_s > 0:  # issue 21: bombs, idle connections, the cap, a stalled reader
+            results["hostile"] = hostile.measure(servers.stub, workdir / "hostile", seconds=plan.hostile_s,
+                                                 say=say)
     finally:
         servers.close()
 

@@ -30,7 +30,7 @@ class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
                  "task", "stopping", "response", "http_status", "sse_plain", "row", "trace",
-                 "rate_limits")
+                 "rate_limits", "asked_usage")
 
     def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str,
                  trace: tuple[str | None, str | None] = (None, None)) -> None:
@@ -55,6 +55,7 @@ class Attempt:
         self.row: AttemptRow | None = None             # as announced; finished by replacing
         self.trace = trace                             # (traceparent, tracestate), SPEC §21
         self.rate_limits: RateLimits | None = None     # the upstream answer's (SPEC §22)
+        self.asked_usage = False                       # include_usage set by the gateway (§19)
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""

@@ -19,7 +19,8 @@ from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal, Wire
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 # Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
-NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED, Refusal.MODEL_UNPRICED, Refusal.BUDGET_EXHAUSTED})
+NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED, Refusal.MODEL_UNPRICED, Refusal.BUDGET_EXHAUSTED,
+                         Refusal.INVALID_REQUEST_BODY, Refusal.UNSUPPORTED_CONTENT_ENCODING})
 _ANTHROPIC_ONLY = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
-import msgspec
 from aiohttp import web
 
 from dataplane.attempt import Attempt
+from dataplane.bodies import OFF_LOOP_BYTES, BodyRefused, coding_of, decode_body, peek_body
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import guess_wire, refusal_response, refuse
@@ -31,6 +30,7 @@ from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
 from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
+from dataplane.usage_ask import asks_usage, with_usage
 from dataplane.wires import anthropic, openai
 from shared.capacity import CapacityTable, StateUnavailable
 from shared.clock import now_ms
@@ -46,51 +46,14 @@ if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
 
 log = get_logger("dataplane")
 
-# A compressed request body is inflated (into a copy, for the peek only) up to this size.
-PEEK_INFLATE_CAP = 64 * 1024 * 1024
+# The paths whose body names a model: read strictly, or refused (SPEC §19).
+MODEL_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions",
+                         "/v1/responses", "/v1/embeddings"})
 
 
-class _Peek(msgspec.Struct):
-    model: Any = None
-    stream: Any = None
-
-
-_peek = msgspec.json.Decoder(_Peek).decode
-
-
-class RequestPeek(NamedTuple):
-    model: str | None   # the body's `model` when it is a string
-    stream: bool        # `"stream": true`
-    readable: bool      # False: a Content-Encoding the gateway could not inflate
-
-
-def peek_request(body: bytes, encoding: str) -> RequestPeek:
-    """`(model, stream, readable)` from the request body; the body itself is forwarded untouched.
-
-    Streaming is decided by `"stream": true` in the body, never by `Accept` (SPEC §15). A
-    body that is not a JSON object is readable and names nothing (the upstream refuses it).
-    """
-    encoding = encoding.strip().lower()
-    if encoding and encoding != "identity":
-        wbits = 16 + zlib.MAX_WBITS if "gzip" in encoding else zlib.MAX_WBITS
-        try:
-            body = zlib.decompressobj(wbits).decompress(body, PEEK_INFLATE_CAP)
-        except zlib.error:
-            return RequestPeek(None, False, False)
-    try:
-        peek = _peek(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return RequestPeek(None, False, True)
-    return RequestPeek(peek.model if isinstance(peek.model, str) else None, peek.stream is True, True)
-
-
-def _not_permitted(account: AccountRoute, model: str | None, request: web.Request) -> str:
-    if model is None:
-        encoding = request.headers.get("Content-Encoding", "")[:32]
-        return (f"the gateway cannot read the model of a body in Content-Encoding {encoding!r}; "
-                f"send it uncompressed or gzip")
+def _not_permitted(account: AccountRoute, model: str | None) -> str:
     served = ", ".join(account.models or ())
-    return f"model {model[:128]!r} is not served by account {account.id} (its models: {served})"
+    return f"model {str(model)[:128]!r} is not served by account {account.id} (its models: {served})"
 
 
 class Proxy:
@@ -218,11 +181,10 @@ class Proxy:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
-        if body:
-            model, attempt.stream, readable = peek_request(body, request.headers.get("Content-Encoding", ""))
-            attempt.requested_model = model
-            if reach(model, readable, account.models).refused:  # SPEC §12: no upstream call
-                return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, model, request))
+        if attempt.path in MODEL_PATHS and (body or request.method == "POST"):
+            body = await self._read_strictly(request, attempt, account, body)
+            if isinstance(body, web.Response):  # refused: no upstream call, never evidence
+                return body
         if attempt.lease.hop_on and self.replica.is_moving(attempt.lease):
             # SPEC §17: the gateway is moving this dispatch key. Checked with no await before the
             # announce, so every attempt control counts in flight was announced before the hop.
@@ -255,6 +217,32 @@ class Proxy:
                           f"account {account.id} is at its request capacity", retry_after_s=1)
         path_qs = upstream_path_qs(request.rel_url, presented)
         return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+
+    async def _read_strictly(self, request: web.Request, attempt: Attempt, account: AccountRoute,
+                             body: bytes) -> bytes | web.Response:
+        """The body's model as the upstream reads it (SPEC §19), held to the lease's account
+        (§12); the body to send upstream: as it came, or decoded with `include_usage` set on a
+        chat stream that did not ask for usage; or the refusal."""
+        try:
+            decoded = await decode_body(body, coding_of(request.headers.getall("Content-Encoding", [])),
+                                        self.settings.max_body_bytes)
+            peek = await peek_body(decoded)
+        except BodyRefused as refused:
+            return refuse(attempt, refused.code, refused.message)
+        attempt.requested_model = peek.model
+        attempt.stream = peek.stream
+        if reach(peek.model, True, account.models).refused:
+            return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, peek.model))
+        if not asks_usage(attempt.path, peek):
+            return body
+        if peek.stream_options and len(decoded) >= OFF_LOOP_BYTES:  # a scan of the top level
+            asked = await asyncio.to_thread(with_usage, decoded, peek)
+        else:
+            asked = with_usage(decoded, peek)
+        if asked is None:
+            return body
+        attempt.asked_usage = True
+        return asked
 
     # ---- graceful shutdown --------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 from aiohttp import HttpVersion11, web
@@ -25,6 +26,7 @@ from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
 from dataplane.ratelimits import rate_limits_of
 from dataplane.upstream_client import UpstreamClient, UpstreamResponse
+from dataplane.usage_ask import UsageStrip
 from dataplane.upstreams import (
     PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
 )
@@ -90,10 +92,13 @@ class Relay:
                     credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
         url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
+        if attempt.asked_usage:  # SPEC §19: the body goes decoded, and the answer must be readable
+            headers.popall("Content-Encoding", None)
+            headers["Accept-Encoding"] = "identity"
         client = self.pools.client_for(account.id)
         sent_at = time.perf_counter()
         watch = ExchangeWatch(asyncio.get_running_loop(), self.settings.upstream_headers_timeout,
-                              self.settings.upstream_idle_timeout)
+                              self.settings.upstream_idle_timeout, self.settings.client_stall_seconds)
         try:
             return await self._exchange(request, attempt, account, client, url, headers, body,
                                         sent_at, watch)
@@ -121,7 +126,7 @@ class Relay:
             log.warning("upstream_unreachable", account_id=account.id, error=type(exc).__name__)
             return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
                                       "the upstream could not be reached")
-        watch.body(upstream.content)
+        watch.body(upstream.content, lambda: _stalled(request, attempt))
         upstream_wait = time.perf_counter() - sent_at
         attempt.rate_limits = rate_limits_of(upstream.headers, attempt.wire, now_ms)  # SPEC §22
         ended_clean = False
@@ -188,7 +193,13 @@ class Relay:
         await response.prepare(request)
         attempt.response = response
         attempt.sse_plain = is_sse and observer.decompress.plain
-        ending = await self._pump(upstream, response, attempt, observer, watch)
+        strip = UsageStrip() if attempt.asked_usage and attempt.sse_plain else None
+        ending = await self._pump(upstream, response, attempt, observer, watch, strip)
+        if strip is not None and strip.held and ending != Ending.CLIENT_GONE:
+            try:
+                await response.write(strip.flush())
+            except ConnectionError:
+                ending = Ending.CLIENT_GONE
         complete = False
         if ending == Ending.EOF:
             observer.finish()
@@ -204,12 +215,13 @@ class Relay:
         attempt.finish(result.status, upstream.status, refusal=result.refusal)
         return response
 
-    async def _pump(self, upstream: Upstream, response: web.StreamResponse,
-                    attempt: Attempt, observer: Observer, watch: ExchangeWatch) -> Ending:
-        """Relay chunks as they arrive, no buffering, no per-chunk logging or timer."""
+    async def _pump(self, upstream: Upstream, response: web.StreamResponse, attempt: Attempt,
+                    observer: Observer, watch: ExchangeWatch, strip: UsageStrip | None) -> Ending:
+        """Relay chunks as they arrive, no buffering, no per-chunk logging or timer (a `strip`
+        holds back only a partial SSE event)."""
         loop = asyncio.get_running_loop()
         read = upstream.content.readany
-        write = response.write
+        write = response.write if strip is None else _stripping(response.write, strip)
         observe = observer.feed
         while True:
             watch.reading_since = loop.time()
@@ -220,6 +232,7 @@ class Relay:
             except (aiohttp.ClientError, OSError):
                 return Ending.UPSTREAM_FAILED
             watch.reading_since = None
+            watch.writing_since = loop.time()
             if not chunk:
                 return Ending.EOF
             observe(chunk)
@@ -229,6 +242,24 @@ class Relay:
                 return Ending.CLIENT_GONE
             attempt.bytes_out += len(chunk)
 
+
+
+def _stalled(request: web.Request, attempt: Attempt) -> None:
+    """The worker accepted no byte for GATEWAY_CLIENT_STALL_SECONDS (SPEC §19): its connection is
+    aborted, so the handler is cancelled (client-aborted) and the upstream request with it."""
+    log.warning("client_stalled", attempt_id=attempt.attempt_id)
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+def _stripping(write: Callable[[bytes], Awaitable[None]],
+               strip: UsageStrip) -> Callable[[bytes], Awaitable[None]]:
+    async def stripped(chunk: bytes) -> None:
+        kept = strip.feed(chunk)
+        if kept:
+            await write(kept)
+    return stripped
 
 
 async def cut(request: web.Request, attempt: Attempt, message: str) -> None:

@@ -12,11 +12,16 @@ such moment. A short exchange costs one `call_at` and one cancel.
 - Body phase (`body(content)`): the pump notes when its current read began (`reading_since`,
   None while it writes to the worker); a read idle for the timeout fails the upstream stream
   with `IdleTimeout`, which the pending read raises.
+- The worker's side (`GATEWAY_CLIENT_STALL_SECONDS`, SPEC §19): the pump notes when its
+  current write began (`writing_since`); a write the worker has not accepted (the transport
+  stays paused) for the stall bound calls `on_stall`, which aborts the worker's connection:
+  the attempt ends `client-aborted`, the upstream request is cancelled, the slot released.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiohttp
 
@@ -27,12 +32,13 @@ class IdleTimeout(Exception):
 
 class ExchangeWatch:
     __slots__ = ("loop", "task", "cancelling", "headers_deadline", "idle_s", "content",
-                 "reading_since", "handle", "expired")
+                 "reading_since", "handle", "expired", "stall_s", "writing_since", "on_stall")
 
     # A timer may fire this much before its deadline (the loop's clock granularity).
     SLACK_S = 0.002
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, headers_s: float, idle_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, headers_s: float, idle_s: float,
+                 stall_s: float = float("inf")) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.loop = loop
@@ -43,13 +49,22 @@ class ExchangeWatch:
         self.idle_s = idle_s
         self.content: aiohttp.StreamReader | None = None  # set when the headers are in
         self.reading_since: float | None = None
+        self.stall_s = stall_s
+        self.writing_since: float | None = None
+        self.on_stall: Callable[[], None] | None = None
         self.expired = False
         self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s),
                                                                self._check)
 
-    def body(self, content: aiohttp.StreamReader) -> None:
-        """The headers are in: from now on the watch guards the body's silences."""
+    def body(self, content: aiohttp.StreamReader, on_stall: Callable[[], None] | None = None) -> None:
+        """The headers are in: from now on the watch guards the body's silences (and, with
+        `on_stall`, the worker's)."""
         self.content = content
+        self.on_stall = on_stall
+        if on_stall is not None and self.handle is not None:  # checks at the stall's pace now
+            self.handle.cancel()
+            self.handle = self.loop.call_at(self.loop.time() + min(self.stall_s, self.idle_s),
+                                            self._check)
 
     def timed_out(self) -> bool:
         """After a CancelledError in the headers phase: was it this watch's? (then uncancelled)"""
@@ -71,7 +86,20 @@ class ExchangeWatch:
             self.handle = None
             content.set_exception(IdleTimeout())
             return
-        self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
+        if self.on_stall is None:
+            self.handle = self.loop.call_at((now if since is None else since) + self.idle_s, self._check)
+            return
+        writing = self.writing_since
+        if since is None and writing is not None:
+            if now - writing >= self.stall_s - self.SLACK_S:
+                self.handle = None
+                self.on_stall()
+                return
+            self.handle = self.loop.call_at(writing + self.stall_s, self._check)
+            return
+        # reading: the idle deadline, or sooner, to see a write that starts and stalls
+        self.handle = self.loop.call_at(min(now + self.stall_s, (since or now) + self.idle_s),
+                                        self._check)
 
     def stop(self) -> None:
         if self.handle is not None:

@@ -96,6 +96,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     host_id: str = "localhost"
     fleet_host_ttl_seconds: int = 10
     traces: TraceSettings | None = None   # SPEC §21: None unless an OTLP endpoint is set
+    # the data plane's connection bounds (SPEC §19)
+    header_timeout_seconds: float = 10
+    keepalive_seconds: float = 75
+    max_connections: int = 4096
+    client_stall_seconds: float = 60
 
 
 # Variables this module understands; anything else under GATEWAY_ is a credential name the
@@ -110,7 +115,8 @@ KNOWN = frozenset(
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
         "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
         "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS "
-        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS"
+        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS "
+        "HEADER_TIMEOUT_SECONDS KEEPALIVE_SECONDS MAX_CONNECTIONS CLIENT_STALL_SECONDS"
     ).split()
 )
 
@@ -266,6 +272,10 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
                              HOST_ID_RE),
         fleet_host_ttl_seconds=int(r.number("FLEET_HOST_TTL_SECONDS", 10, 3, 120, integer=True)),
         traces=traces_of(r.env, r.problems),
+        header_timeout_seconds=r.number("HEADER_TIMEOUT_SECONDS", 10, 1, 3600, integer=False),
+        keepalive_seconds=r.number("KEEPALIVE_SECONDS", 75, 1, 3600, integer=False),
+        max_connections=int(r.number("MAX_CONNECTIONS", 4096, 16, 1_000_000, integer=True)),
+        client_stall_seconds=r.number("CLIENT_STALL_SECONDS", 60, 1, 3600, integer=False),
     )
     if settings.log_level not in ("debug", "info", "warning", "error"):
         r.problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")

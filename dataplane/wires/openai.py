@@ -13,7 +13,7 @@ REQUEST_ID_HEADER = "x-request-id"
 _ERROR_TYPE = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
     404: "not_found_error", 413: "invalid_request_error", 422: "invalid_request_error",
-    426: "invalid_request_error", 429: "rate_limit_error",
+    415: "invalid_request_error", 426: "invalid_request_error", 429: "rate_limit_error",
 }
 
 

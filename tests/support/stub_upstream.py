@@ -33,7 +33,7 @@ Script steps (JSON objects, all fields optional), from the ``x-stub-step`` reque
   raw_response (write this string to the socket as the
   whole answer, e.g. a malformed status line ``HTTP/1.1 999 Nope``, then close).
 
-Each recorded request also says how it ended (``outcome``: ``completed``, ``cut``, ``reset``,
+Each recorded request keeps its body (``body``, as text, when at most BODY_RECORD_CAP bytes) and says how it ended (``outcome``: ``completed``, ``cut``, ``reset``,
 ``raw`` or ``client-gone`` when the caller went away first: the gateway cancelled it), how
 many events were sent and when (``first_sent_at`` / ``last_sent_at``, epoch seconds).
 
@@ -67,6 +67,7 @@ STUB_OPENAI_CACHED_TOKENS = 4  # OpenAI: part of input/prompt tokens, as in the 
 STUB_DEFAULT_DELTAS = 3
 STUB_EMBEDDING_DIM = 8
 RECORD_LIMIT = 10_000  # most recent requests kept by /_stub/requests
+BODY_RECORD_CAP = 4096  # a request body up to this size is recorded (as text) with its request
 ANTHROPIC_MODELS = ("claude-sonnet-4-6", "claude-haiku-4-5", "claude-opus-4-7")
 OPENAI_MODELS = ("gpt-5", "gpt-5-mini", "gpt-4.1", "text-embedding-3-small")
 
@@ -419,6 +420,7 @@ def _route(wire: str | None, kind: str):
         stream = data_ok and data.get("stream") is True and _ANSWERS.get(kind, (0, None))[1] is not None
         entry.update({"method": request.method, "path": request.path_qs, "headers": headers_in,
                       "body_len": len(raw), "model": model, "stream": stream, "wire": w,
+                      "body": raw.decode("utf-8", "replace") if len(raw) <= BODY_RECORD_CAP else None,
                       "time": time.time(), "status": None, "outcome": None, "events_sent": 0,
                       "first_sent_at": None, "last_sent_at": None})
         state.requests.append(entry)

@@ -149,14 +149,15 @@ def test_openai_chat_stream_takes_usage_from_the_final_chunk(gateway: Gateway, c
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == stub_text()
     assert chunks[-1].usage is not None and chunks[-1].choices == []
     without = list(sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES, stream=True))
-    assert all(c.usage is None for c in without)
+    assert all(c.usage is None and c.choices for c in without)  # no usage chunk it did not ask for
+    assert "".join(c.choices[0].delta.content or "" for c in without) == stub_text()
 
     rows = settled(gateway, minted["key_id"], 2)
     assert [r["stream"] for r in rows] == [True, True]
     assert rows[0]["status"] == rows[1]["status"] == "completed"
     assert rows[0]["usage"] == O_USAGE
-    # served without usage: unpriced, never $0 in silence (SPEC §19)
-    assert rows[1]["usage"] is None and (rows[1]["cost_usd"], rows[1]["cost_reason"]) == (None, "unpriced")
+    # SPEC §19: the gateway asked for the usage the worker did not (the openai SDK's default)
+    assert rows[1]["usage"] == O_USAGE and rows[1]["cost_reason"] == "priced"
 
 
 def test_openai_responses_json_and_stream(gateway: Gateway, clean_stub: Stub) -> None:

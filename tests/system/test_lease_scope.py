@@ -123,13 +123,15 @@ def test_a_compressed_body_is_checked_and_an_unreadable_one_refused(gw: Gateway,
     body = json.dumps({"model": OPUS, "max_tokens": 8, "messages": MESSAGES}).encode()
     status, got, answer = http("POST", url, gzip.compress(body), {**headers, "Content-Encoding": "gzip"})
     assert (status, answer["error"]["code"], got["x-should-retry"]) == (400, "model-not-permitted", "false")
-    status, _, answer = http("POST", url, body, {**headers, "Content-Encoding": "br"})
-    assert (status, answer["error"]["code"]) == (400, "model-not-permitted")
-    assert "Content-Encoding" in answer["error"]["message"]
+    status, got, answer = http("POST", url, body, {**headers, "Content-Encoding": "br"})  # SPEC §19
+    assert (status, answer["error"]["code"], got["x-should-retry"]) == (415, "unsupported-content-encoding",
+                                                                        "false")
+    assert "content-encoding" in answer["error"]["message"]
     assert clean_stub.requests() == []
     rows = settled(gw, minted["key_id"], 2)
     assert_refused_row(rows[0], OPUS)
-    assert_refused_row(rows[1], None)
+    assert (rows[1]["status"], rows[1]["http_status"], rows[1]["refusal_reason"], rows[1]["condition"]) == (
+        "refused", 415, "unsupported-content-encoding", None)
     assert gw.revoke(minted["key_id"])
 
 

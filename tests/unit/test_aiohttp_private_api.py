@@ -151,6 +151,17 @@ async def helpers_are_as_the_client_uses_them() -> None:
     assert parse_content_type("application/json; charset=utf-8")[0] == "application/json"
 
 
+async def request_handler_has_what_the_connection_bounds_use() -> None:
+    """dataplane/main.py's `_Handler` (SPEC §19's head timer and connection cap) reads these."""
+    from aiohttp.web_protocol import RequestHandler
+
+    slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
+    assert {"_request_in_progress", "_messages", "_manager", "_force_close", "_loop"} <= slots
+    params = list(inspect.signature(RequestHandler._handle_request).parameters)
+    assert params == ["self", "request", "start_time", "request_handler"]
+    assert "keepalive_timeout" in inspect.signature(RequestHandler.__init__).parameters
+
+
 class Case(NamedTuple):
     name: str
     given: Callable[[], Awaitable[None]]
@@ -162,7 +173,8 @@ CASES = [Case(check.__name__.replace("_", " "), check) for check in (
     response_handler_reads_1xx_then_the_answer, response_handler_marks_a_closing_answer,
     response_handler_skips_the_payload_when_told,
     response_handler_raises_http_processing_error_on_a_malformed_answer,
-    response_handler_raises_server_disconnected_on_a_lost_connection, helpers_are_as_the_client_uses_them)]
+    response_handler_raises_server_disconnected_on_a_lost_connection, helpers_are_as_the_client_uses_them,
+    request_handler_has_what_the_connection_bounds_use)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)

@@ -100,3 +100,32 @@ async def test_a_short_exchange_leaves_no_timer() -> None:
     watch.body(stream())
     watch.stop()
     assert watch.handle is None
+
+
+async def test_a_write_the_worker_does_not_accept_for_the_stall_bound_calls_on_stall() -> None:
+    """SPEC §19: a worker that accepts no byte for GATEWAY_CLIENT_STALL_SECONDS is cut."""
+    loop = asyncio.get_running_loop()
+    stalled = loop.create_future()
+    watch = ExchangeWatch(loop, headers_s=10, idle_s=10, stall_s=0.05)
+    content = stream()
+    watch.body(content, lambda: stalled.set_result(loop.time()))
+    watch.reading_since = None
+    watch.writing_since = started = loop.time()  # a write that never completes
+    at = await asyncio.wait_for(stalled, 5)
+    assert 0.04 <= at - started < 2 and content.exception() is None
+    watch.stop()
+
+
+async def test_a_read_as_long_as_the_stall_bound_is_no_stall() -> None:
+    loop = asyncio.get_running_loop()
+    watch = ExchangeWatch(loop, headers_s=10, idle_s=10, stall_s=0.05)
+    content = stream()
+    stalls: list[float] = []
+    watch.body(content, lambda: stalls.append(loop.time()))
+    watch.writing_since = loop.time()
+    watch.reading_since = loop.time()  # waiting on the upstream, not on the worker
+    done = loop.create_future()
+    loop.call_later(0.2, done.set_result, None)
+    await done
+    assert stalls == [] and content.exception() is None
+    watch.stop()

@@ -59,6 +59,11 @@ CASES = [
          Expect(413, None, None, types("request_too_large", "invalid_request_error"))),
     Case("account-not-configured", (Refusal.ACCOUNT_NOT_CONFIGURED, None, None), Expect(422, None, None, INVALID)),
     Case("model-not-permitted", (Refusal.MODEL_NOT_PERMITTED, None, None), Expect(400, "false", None, INVALID)),
+    # hostile input (SPEC §19)
+    Case("invalid-request-body", (Refusal.INVALID_REQUEST_BODY, None, None), Expect(400, "false", None, INVALID)),
+    Case("unsupported-content-encoding", (Refusal.UNSUPPORTED_CONTENT_ENCODING, None, None),
+         Expect(415, "false", None, INVALID)),
+    Case("connection-limit", (Refusal.CONNECTION_LIMIT, None, 1), Expect(503, None, "1", SERVER)),
     Case("fallback-pending (a dispatch key being moved)", (Refusal.FALLBACK_PENDING, None, 1.0),
          Expect(503, None, "1", SERVER)),
     Case("fleet-state-unavailable (a fleet-wide ceiling that cannot be checked)",

@@ -1,4 +1,4 @@
-"""Pure wire rules by table: completeness and verdicts, usage extraction, error shapes, peeks."""
+"""Pure wire rules by table: completeness and verdicts, usage extraction, error shapes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from dataplane.endings import VERDICTS, Ending, is_complete, verdict
 from dataplane.errors import guess_wire
-from dataplane.proxy import peek_request
 from dataplane.wires import anthropic, openai
 from shared.codes import AttemptStatus, Condition, Refusal, Wire
 from shared.evidence import condition_for_terminal
@@ -206,26 +205,3 @@ def test_guess_wire_before_a_lease(path: str, headers: dict, wire: Wire) -> None
     from multidict import CIMultiDict, CIMultiDictProxy
 
     assert guess_wire(path, CIMultiDictProxy(CIMultiDict(headers))) == wire
-
-
-# ---- request peek ---------------------------------------------------------------------------
-
-
-PEEK_CASES = [
-    Case("stream true", (b'{"model":"m","stream":true}', ""), ("m", True, True)),
-    Case("stream false", (b'{"model":"m","stream":false}', ""), ("m", False, True)),
-    Case("stream as a string is not streaming", (b'{"model":"m","stream":"true"}', ""), ("m", False, True)),
-    Case("model not a string", (b'{"model":7,"stream":true}', ""), (None, True, True)),
-    Case("the last of two models, as the upstream reads it", (b'{"model":"a","model":"b"}', ""),
-         ("b", False, True)),
-    Case("not json names nothing", (b"\x00\x01", ""), (None, False, True)),
-    Case("identity encoding", (b'{"model":"m"}', "identity"), ("m", False, True)),
-    Case("gzip body", (gzip.compress(b'{"model":"m","stream":true}'), "gzip"), ("m", True, True)),
-    Case("broken gzip is unreadable", (b"nope", "gzip"), (None, False, False)),
-    Case("unknown encoding is unreadable", (b'{"model":"m"}', "br"), (None, False, False)),
-]
-
-
-@pytest.mark.parametrize("case", PEEK_CASES, ids=lambda c: c.name)
-def test_peek_request(case: Case) -> None:
-    assert peek_request(*case.given) == case.expect
