@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run fleet-demo test venv redis-server bench bench-peers soak soak-fleet clean
+.PHONY: run fleet-demo test check venv redis-server bench bench-peers soak soak-fleet clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -37,6 +37,17 @@ redis-server:
 
 test: $(STAMP) redis-server
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# `make check`: lint (ruff), format (ruff format --check), types (mypy --strict on the shared
+# contract and the pure cores, plain mypy on the daemons) and shape (tests/test_shape.py: no
+# module over 400 lines, no function over 60; tests/unit/test_architecture.py: the rooms'
+# imports). Configured in pyproject.toml; the tool versions are pinned in setup.cfg's test extra.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy --strict shared controlplane/core
+	$(BIN)/mypy controlplane dataplane
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_shape.py tests/unit/test_architecture.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -9,16 +9,16 @@ import asyncio
 import ctypes
 import ctypes.util
 import os
-from collections.abc import Callable
 import signal
 import sys
+from collections.abc import Callable
 
+import msgspec
 import uvloop
 from aiohttp import web
 
-import msgspec
-
 from controlplane.budgetguard import BudgetGuard
+from controlplane.core.policy import Ceiling
 from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
@@ -39,11 +39,10 @@ from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
 from controlplane.http import spend as spend_http
 from controlplane.http import views as views_http
-from controlplane.metrics import GatewayMetrics
-from controlplane.mint import MintDesk
-from controlplane.core.policy import Ceiling
 from controlplane.http.appkeys import DESK, FLEET, SERVICE
 from controlplane.http.common import TokenRing, auth_middleware
+from controlplane.metrics import GatewayMetrics
+from controlplane.mint import MintDesk
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.replication import DataPlaneLink

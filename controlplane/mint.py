@@ -28,7 +28,8 @@ from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
 from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
-from controlplane.dispatchkeys import DispatchKeys, hop_on as lease_hop_on
+from controlplane.dispatchkeys import DispatchKeys
+from controlplane.dispatchkeys import hop_on as lease_hop_on
 from controlplane.overlays import AdminOverlay, BudgetFacts, NoBudgets, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 from aiohttp import HttpVersion11, hdrs, web

@@ -21,11 +21,15 @@ from yarl import URL
 
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
-from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
+from dataplane.errors import OVERHEAD_HEADER, refusal_response, refuse
 from dataplane.observer import Observer
 from dataplane.upstream_client import UpstreamClient, UpstreamResponse
 from dataplane.upstreams import (
-    PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
+    PoolTimeout,
+    UpstreamPools,
+    downstream_headers,
+    downstream_pairs,
+    upstream_headers,
 )
 from dataplane.watch import ExchangeWatch, IdleTimeout
 from dataplane.wires import anthropic, openai

@@ -33,6 +33,7 @@ from typing import Any
 import aiohappyeyeballs
 import aiohttp
 from aiohttp.client_exceptions import ClientOSError, ServerDisconnectedError
+
 # aiohttp internals (ResponseHandler, helpers, _serialize_headers): the aiohttp minors they are
 # known to hold on are pinned in setup.cfg; tests/unit/test_aiohttp_private_api.py checks them.
 from aiohttp.client_proto import ResponseHandler

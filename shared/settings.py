@@ -240,14 +240,21 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
                              HOST_ID_RE),
         fleet_host_ttl_seconds=int(r.number("FLEET_HOST_TTL_SECONDS", 10, 3, 120, integer=True)),
     )
-    if settings.log_level not in ("debug", "info", "warning", "error"):
-        r.problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")
-    tokens = [t for t in (settings.control_token, settings.mint_token, settings.read_token) if t]
-    if len(set(tokens)) != len(tokens):
-        r.problems.append(f"{PREFIX}CONTROL_TOKEN, {PREFIX}MINT_TOKEN and {PREFIX}READ_TOKEN must differ")
+    r.problems += _cross_checks(settings)
     if r.problems:
         raise SettingsError(r.problems)
     return settings
+
+
+def _cross_checks(settings: Settings) -> list[str]:
+    """What no one variable's parse can see: the log level's vocabulary, three distinct tokens."""
+    problems = []
+    if settings.log_level not in ("debug", "info", "warning", "error"):
+        problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")
+    tokens = [t for t in (settings.control_token, settings.mint_token, settings.read_token) if t]
+    if len(set(tokens)) != len(tokens):
+        problems.append(f"{PREFIX}CONTROL_TOKEN, {PREFIX}MINT_TOKEN and {PREFIX}READ_TOKEN must differ")
+    return problems
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:

@@ -27,8 +27,8 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.cli.client import Client
@@ -215,7 +215,7 @@ def _ttl_s(minted: dict[str, Any], ttl: int | None) -> int:
     if ttl is not None:
         return ttl
     expires = datetime.fromisoformat(minted["expires_at"].replace("Z", "+00:00"))
-    return max(TTL_MIN_S, min(TTL_MAX_S, round((expires - datetime.now(timezone.utc)).total_seconds())))
+    return max(TTL_MIN_S, min(TTL_MAX_S, round((expires - datetime.now(UTC)).total_seconds())))
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

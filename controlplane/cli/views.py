@@ -75,9 +75,10 @@ def _tokens(usage: dict[str, Any] | None) -> str:
 def routes_table(view: dict[str, Any], *, finished: bool) -> str:
     routes = view.get("routes", [])
     if finished:
-        headers = ("STARTED", "ATTEMPT", "ACCOUNT", "REPO", "PATH", "MODEL", "STATUS", "HTTP", "CODE",
+        headers: tuple[str, ...] = ("STARTED", "ATTEMPT", "ACCOUNT", "REPO", "PATH", "MODEL", "STATUS", "HTTP", "CODE",
                    "TOKENS IN/OUT", "COST USD", "OVERHEAD MS")
-        rows = [(hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("repo_slug"),
+        rows: list[tuple[Any, ...]] = [(hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"),
+                 r.get("repo_slug"),
                  r.get("path"), r.get("served_model") or r.get("requested_model"), r.get("status"),
                  r.get("http_status"), r.get("condition") or r.get("refusal_reason"), _tokens(r.get("usage")),
                  r.get("cost_usd") if r.get("cost_usd") is not None else r.get("cost_reason"),

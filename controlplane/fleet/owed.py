@@ -165,7 +165,7 @@ class OwedCircuits(CircuitRegistry):
     is folded at the time it was recorded (the circuit opens when the failures happened)."""
 
     def __init__(self, store: CircuitStore, cooldown_s: int, owed: OwedWrites,
-                 on_transition: Callable[[CircuitView], None] | None = None) -> None:
+                 on_transition: Callable[[CircuitView], object] | None = None) -> None:
         super().__init__(store, cooldown_s, on_transition)
         self.owed = owed
 

@@ -31,7 +31,7 @@ from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
 from controlplane.stores.keys import KeyTable
 from shared.capacity import CapacityStore, LocalCapacity
-from shared.chainfile import ChainStorage, FileChainStorage
+from shared.chainstorage import ChainStorage, FileChainStorage
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.hosts import HostRegistry
@@ -49,7 +49,7 @@ SUPERSEDED = "-superseded"
 # Redis stopped answering: the reader is then told `StateUnavailable`.
 CHAIN_RECENT_S = 2.0
 
-OnTransition = Callable[[CircuitView], None]
+OnTransition = Callable[[CircuitView], object]
 
 
 class FleetBackends:

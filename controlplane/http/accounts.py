@@ -13,6 +13,7 @@ own and the circuit and administrative state the last ones read; embedded mode i
 
 from __future__ import annotations
 
+from typing import cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -20,10 +21,13 @@ from aiohttp import web
 
 from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
-from controlplane.http.common import int_query, json_response, requires
+from controlplane.core.overlay import Overlay
 from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from controlplane.http.common import int_query, json_response, requires
+from controlplane.stores.admin import AccountAdminStore
 from shared.capacity import StateUnavailable
 from shared.chain import Verdict
+from shared.chainfile import ChainView
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, Scope
 
@@ -84,9 +88,10 @@ def origin_of(url: str) -> str:
 
 async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     service = request.app[SERVICE]
-    admin = request.app[DESK].admin
+    admin = cast(AccountAdminStore, request.app[DESK].admin)  # reads its chain, not just the overlay
     now = now_ms()
     fleet = await request.app[FLEET].snapshot(now)
+    chain: ChainView[Overlay] | None
     try:
         chain = admin.read()
     except StateUnavailable:  # fleet mode, Redis away: the last overlay read (fleet.state says so)

@@ -161,11 +161,11 @@ class RedisCapacity:
                 self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()])
         if taken == -1:
             raise StateLost(f"{self.table} capacity: the fleet state was lost; re-register first")
-        return taken == 1
+        return bool(taken == 1)
 
     async def release(self, holder: str) -> bool:
         with guard(f"{self.table} capacity release"):
-            return await self._release(keys=[self.keys.cap_owner(self.table)], args=[self._cap, holder]) == 1
+            return bool(await self._release(keys=[self.keys.cap_owner(self.table)], args=[self._cap, holder]) == 1)
 
     async def holds(self, holder: str) -> bool:
         with guard(f"{self.table} capacity holds"):

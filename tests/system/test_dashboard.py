@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import struct
 
 import anthropic
 import openai
