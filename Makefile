@@ -4,13 +4,16 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run fleet-demo test check venv redis-server bench bench-peers soak soak-fleet clean
+.PHONY: run fleet-demo test check lock venv redis-server bench bench-peers soak soak-fleet clean
 
-$(STAMP): setup.cfg pyproject.toml
+# The venv installs the exact releases of requirements-test.txt (the lock; `make lock` rewrites it
+# from setup.cfg), then the project itself without resolving anything again.
+$(STAMP): setup.cfg pyproject.toml requirements-test.txt
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -r requirements-test.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -48,6 +51,12 @@ check: $(STAMP)
 	$(BIN)/mypy --strict shared controlplane/core
 	$(BIN)/mypy controlplane dataplane
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_shape.py tests/unit/test_architecture.py
+
+# Re-resolve the lock from setup.cfg's ranges (after editing them), with pip-tools.
+lock: $(STAMP)
+	$(BIN)/python -m pip install --quiet pip-tools
+	$(BIN)/pip-compile --quiet --extra test --strip-extras --no-emit-index-url --no-emit-find-links \
+	  --no-emit-trusted-host -o requirements-test.txt setup.cfg
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
