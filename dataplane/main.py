@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 from aiohttp import HttpVersion11, hdrs, web
-from aiohttp.web_protocol import RequestHandler
 
+from dataplane.aiohttp_private import server_class
 from dataplane.errors import guess_wire, refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
@@ -70,7 +70,7 @@ def build_server(settings: Settings, proxy: Proxy) -> web.Server:
             return wire_error(request, 417, f"unknown expectation: Expect: {request.headers[EXPECT][:64]}")
         return await proxy.handle(request)  # type: ignore[arg-type]
 
-    return _Server(handle, request_factory=request_factory, handler_cancellation=True,
+    return server_class(_Handler)(handle, request_factory=request_factory, handler_cancellation=True,
                    access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
                    max_line_size=MAX_HEADER_BYTES)
 
@@ -95,7 +95,7 @@ def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Respo
                             "req_" + new_ulid(), 0.0, status=status)
 
 
-class _Handler(RequestHandler):
+class _Handler(web.RequestHandler):
     """aiohttp's connection handler, with its error answers (a request it cannot parse — a
     header line over `MAX_HEADER_BYTES`, bad syntax — or a failure outside the proxy) in the
     wire's error shape instead of aiohttp's plain text. aiohttp still logs them (redacted, as
@@ -110,11 +110,6 @@ class _Handler(RequestHandler):
         response = wire_error(request, status, text)
         response.force_close()
         return response
-
-
-class _Server(web.Server):
-    def __call__(self) -> RequestHandler:
-        return _Handler(self, loop=self._loop, **self._kwargs)
 
 
 async def serve(settings: Settings) -> None:
