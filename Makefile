@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run fleet-demo test check lock venv redis-server bench bench-peers soak soak-fleet clean
+.PHONY: run fleet-demo test check lock venv redis-server chromium test-clients bench bench-peers soak soak-fleet clean
 
 # The venv installs the exact releases of requirements-test.txt (the lock; `make lock` rewrites it
 # from setup.cfg), then the project itself without resolving anything again.
@@ -38,8 +38,39 @@ redis-server:
 	    echo "redis-server is missing, so the fleet tests will fail; install it with: apt-get install -y redis-server" >&2; \
 	  fi; }
 
-test: $(STAMP) redis-server
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+# The dashboard tests drive Debian's chromium (Playwright never downloads a browser of its own).
+# On a fresh machine, as root, install it; otherwise say the one command that does (those tests
+# then skip saying it too, and fail under CI).
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
+	      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	  else \
+	    echo "chromium is missing, so the dashboard tests will skip (fail under CI); install it with: apt-get install -y chromium" >&2; \
+	  fi; }
+
+# The real-client tests run Claude Code and Codex CLI, unchanged, from npm, installed into
+# TEST_CLIENTS (the tests read it as LEASEHOLD_TEST_CLIENTS). As root on a fresh machine, Node
+# and npm come from apt-get first; without npm, say the commands (the tests skip, or fail under CI).
+TEST_CLIENTS ?= $(HOME)/.cache/leasehold-test-clients
+CLIENT_PACKAGES := @anthropic-ai/claude-code @openai/codex
+test-clients:
+	@test -x $(TEST_CLIENTS)/node_modules/.bin/claude -a -x $(TEST_CLIENTS)/node_modules/.bin/codex || { \
+	  command -v npm >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null || \
+	      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null; }; \
+	  if command -v npm >/dev/null 2>&1; then \
+	    echo "installing $(CLIENT_PACKAGES) into $(TEST_CLIENTS)" >&2; \
+	    npm install --prefix $(TEST_CLIENTS) --no-audit --no-fund --loglevel=error $(CLIENT_PACKAGES) >/dev/null; \
+	  else \
+	    echo "npm is missing, so the real-client tests will skip (fail under CI); install them with: apt-get install -y nodejs npm && npm install --prefix $(TEST_CLIENTS) $(CLIENT_PACKAGES)" >&2; \
+	  fi; }
+
+# Everything the suite needs is prepared above, before pytest starts; no test installs anything.
+test: $(STAMP) redis-server chromium test-clients
+	LEASEHOLD_TEST_CLIENTS=$(TEST_CLIENTS) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # `make check`: lint (ruff), format (ruff format --check), types (mypy --strict on the shared
 # contract and the pure cores, plain mypy on the daemons) and shape (tests/test_shape.py: no
