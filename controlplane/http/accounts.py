@@ -86,16 +86,21 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
+def admin_chain(request: web.Request) -> ChainView[Overlay] | None:
+    """The admin chain's view; in fleet mode with Redis away, the last one validated (the
+    view's `fleet.state` says so)."""
+    admin = cast(AccountAdminStore, request.app[DESK].admin)  # reads its chain, not just the overlay
+    try:
+        return admin.read()
+    except StateUnavailable:
+        return admin.chain.last_validated()
+
+
 async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     service = request.app[SERVICE]
-    admin = cast(AccountAdminStore, request.app[DESK].admin)  # reads its chain, not just the overlay
     now = now_ms()
     fleet = await request.app[FLEET].snapshot(now)
-    chain: ChainView[Overlay] | None
-    try:
-        chain = admin.read()
-    except StateUnavailable:  # fleet mode, Redis away: the last overlay read (fleet.state says so)
-        chain = admin.chain.last_validated()
+    chain = admin_chain(request)
     overlay = None if chain is None else chain.state
     truncated_any = False
     views = []
