@@ -79,11 +79,11 @@ test: $(STAMP) redis-server chromium test-clients
 # internals behind one module. Configured in pyproject.toml; tool versions pinned in setup.cfg.
 check: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict shared controlplane/core
 	$(BIN)/mypy controlplane dataplane
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_shape.py tests/test_docs_names.py \
 	  tests/unit/test_architecture.py tests/unit/test_declared_dependencies.py tests/unit/test_aiohttp_private_api.py
+	$(BIN)/ruff format --check .
 
 # Re-resolve the lock from setup.cfg's ranges (after editing them), with pip-tools.
 lock: $(STAMP)
