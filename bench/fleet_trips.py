@@ -44,7 +44,7 @@ def monitor(port: int, lines: list[tuple[float, str]], stop: threading.Event) ->
         while not stop.is_set():
             try:
                 data = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 return
@@ -89,6 +89,7 @@ def main() -> int:
             watcher.start()
             time.sleep(0.3)  # a measurement's quiet gap, not synchronisation
             windows = []
+            minted: dict = {}
             for name, op in (("mint (v2)", lambda: mint(gw, "trip", repo_slug="bench/trips")[2]),
                              ("two ceilinged requests",
                               lambda: [_timed(conn, token, "capped-1") for _ in range(2)]),

@@ -182,7 +182,7 @@ class FleetSoak(FleetOps, FleetFaults):
         except aiohttp.ClientPayloadError:
             if kind != "reset":
                 self.surprise(f"{kind} on {host.name}: stream broken")
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientConnectionError) as exc:
             if host.up:
                 self.surprise(f"{kind} on {host.name}: {exc!r}")
         finally:
@@ -269,7 +269,7 @@ class FleetSoak(FleetOps, FleetFaults):
                 except ValueError:
                     payload = None
                 return r.status, payload, {k.lower(): v for k, v in r.headers.items()}
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             if counted and host.up:
                 self.surprise(f"{method} {path} on {host.name}: {exc!r}")
             return 0, None, {}

@@ -230,7 +230,7 @@ async def fleet_views(soak: FleetSoak) -> Result:
 
 async def chains(soak: FleetSoak) -> list[Result]:
     out = []
-    for name, view_path, audit_path, what in (
+    for name, _view_path, audit_path, what in (
             ("admin", "/control/v2/accounts/admin", "/control/v2/accounts/audit", "admin writes"),
             ("policy", "/control/v2/policy", "/control/v2/policy/audit", "policy writes")):
         seen = []

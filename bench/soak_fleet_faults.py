@@ -103,7 +103,7 @@ class FleetFaults:
                 if r.status != 200:
                     return {}
                 text = await r.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return {}
         return {account: int(float(n)) for account, n in LEASES_GAUGE.findall(text)}
 
@@ -259,7 +259,7 @@ class FleetFaults:
                 host.lost += 1
                 await r.read()
                 self.surprise(f"a kill stream on {host.name} ended cleanly")
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             if not cut:
                 self.surprise(f"a kill stream on {host.name} failed before it started")
                 started.append(False)

@@ -27,17 +27,17 @@ from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 
-from controlplane.upkeep import while_app_runs
 from controlplane.core.budgets import Exhausted, LevelBudget, all_budgets
 from controlplane.core.budgetwatch import NO_CHANGE, BudgetWatch, Change, Crossing
 from controlplane.core.pricing import PriceLookup, PriceTable
-from controlplane.core.spend import TenancyMap
+from controlplane.core.spendscopes import TenancyMap
 from controlplane.core.windows import iso
 from controlplane.events import EventHub, EventKind
 from controlplane.replication import DataPlaneLink
 from controlplane.spend import SpendBook
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.policy import PolicyStore
+from controlplane.upkeep import while_app_runs
 from shared.capacity import StateUnavailable
 from shared.logging import get_logger
 from shared.wire import AttemptRow, Lease, LeaseGate

@@ -83,7 +83,7 @@ class LocalCircuits:
 
 class CircuitRegistry:
     def __init__(self, store: CircuitStore, cooldown_s: int,
-                 on_transition: Callable[[CircuitView], None] | None = None) -> None:
+                 on_transition: Callable[[CircuitView], object] | None = None) -> None:
         self.store = store
         self.cooldown_s = cooldown_s
         self.on_transition = on_transition
@@ -137,7 +137,8 @@ class CircuitRegistry:
             if row.refusal_reason is None:  # gateway-authored rows are not evidence
                 by_account.setdefault(row.account_id, []).append(row)
         for account_id, evidence in by_account.items():
-            await self._update(account_id, lambda s, e=evidence: self._fold(s, e, now_ms), now_ms)
+            await self._update(account_id, lambda s, e=evidence: self._fold(s, e, now_ms),  # type: ignore[misc]
+                               now_ms)
 
     def _fold(self, state: rules.Circuit, rows: list[AttemptRow], now_ms: int) -> rules.Circuit:
         for row in rows:

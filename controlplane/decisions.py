@@ -159,10 +159,11 @@ class LocalDecisions:
             while len(self._refused) > self._refused_cap:
                 self._refused.popitem(last=False)
             return
+        key_id = decision.key_id
         if decision.skipped:
             decision = msgspec.structs.replace(decision, skipped=())
         self._decisions[decision.mint_decision_id] = decision
-        self._by_key[decision.key_id] = decision.mint_decision_id
+        self._by_key[key_id] = decision.mint_decision_id
         while len(self._decisions) > self._cap:
             _, old = self._decisions.popitem(last=False)
             self._evidence.pop(old.mint_decision_id, None)

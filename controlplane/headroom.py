@@ -25,7 +25,14 @@ import msgspec
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from controlplane.core.headroom import (
-    Observation, crossings, current, floors_of, headroom_percent, lifts_at, low_kinds, newer,
+    Observation,
+    crossings,
+    current,
+    floors_of,
+    headroom_percent,
+    lifts_at,
+    low_kinds,
+    newer,
     observations_of,
 )
 from controlplane.events import EventHub, EventKind

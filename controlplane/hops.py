@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from controlplane.core.hop import hop_may_proceed, starts_hop
-from controlplane.events import DispatchHop, EventHub, EventKind
 from controlplane.dispatchkeys import Hop
+from controlplane.events import DispatchHop, EventHub, EventKind
 from controlplane.mint import MintDesk
 from controlplane.routebook import RouteBook
 from controlplane.stores.keys import KeyTable

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
 import signal
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 import uvloop
 from aiohttp import web
 
-import msgspec
-
 from controlplane.budgetguard import BudgetGuard
+from controlplane.core.policy import Ceiling
 from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
@@ -38,11 +38,10 @@ from controlplane.http import policy as policy_http
 from controlplane.http import spend as spend_http
 from controlplane.http import traces as traces_http
 from controlplane.http import views as views_http
-from controlplane.metrics import GatewayMetrics
-from controlplane.mint import MintDesk
-from controlplane.core.policy import Ceiling
 from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE, TRACES
 from controlplane.http.common import TokenRing, auth_middleware
+from controlplane.metrics import GatewayMetrics
+from controlplane.mint import MintDesk
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
 from controlplane.replication import DataPlaneLink
@@ -143,21 +142,11 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.row_listeners.append(headroom.on_row)
     policy.write_listeners.append(headroom.refresh_floors)
     desk.headroom = headroom
-    metrics.registry.register(headroom.gauges())  # type: ignore[arg-type]
-    fleet_spend = fleet = fleet_headroom = None
+    metrics.registry.register(headroom.gauges())
+    fleet = fleet_spend = fleet_headroom = None
     if shared.fleet is not None:
-        from controlplane.fleet.headroom import FleetHeadroom
-        from controlplane.fleet.host import FleetHost
-        from controlplane.fleet.spend import FleetSpend
-        # SPEC §18: views and budgets read the fleet's spend
-        fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
-        service.row_listeners.append(fleet_spend.note)
-        fleet_spend.listeners.append(budgets.on_fleet_spend)
-        # SPEC §22: the newest observation fleet-wide
-        fleet_headroom = FleetHeadroom(shared.fleet.client, shared.fleet.keys, settings.host_id, headroom)
-        headroom.observed_listeners.append(fleet_headroom.note)
-        fleet = FleetHost(shared.fleet, settings=settings, service=service, admin=admin, policy=policy,
-                          events=events)
+        fleet, fleet_spend, fleet_headroom = _wire_fleet(shared.fleet, settings, service, admin, policy, events,
+                                                         spend, budgets, headroom)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
@@ -170,6 +159,24 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
                    spend=spend, budgets=budgets, fleet_view=fleet_view, headroom=headroom, fleet=fleet,
                    fleet_spend=fleet_spend, fleet_headroom=fleet_headroom, traces=traces)
+
+
+def _wire_fleet(shared: Any, settings: Settings, service: ControlService, admin: AccountAdminStore,
+                policy: PolicyStore, events: EventHub, spend: SpendBook, budgets: BudgetGuard,
+                headroom: HeadroomBook) -> tuple[FleetHost, FleetSpend, FleetHeadroom]:
+    """Fleet mode's own collaborators (imported only here, in fleet mode): the fleet's spend that
+    views and budgets read (SPEC §18), the newest rate-limit observation fleet-wide (SPEC §22),
+    and this host's membership and loops (SPEC §16)."""
+    from controlplane.fleet.headroom import FleetHeadroom
+    from controlplane.fleet.host import FleetHost
+    from controlplane.fleet.spend import FleetSpend
+    fleet_spend = FleetSpend(shared.client, shared.keys, settings.host_id, spend)
+    service.row_listeners.append(fleet_spend.note)
+    fleet_spend.listeners.append(budgets.on_fleet_spend)
+    fleet_headroom = FleetHeadroom(shared.client, shared.keys, settings.host_id, headroom)
+    headroom.observed_listeners.append(fleet_headroom.note)
+    fleet = FleetHost(shared, settings=settings, service=service, admin=admin, policy=policy, events=events)
+    return fleet, fleet_spend, fleet_headroom
 
 
 def build_app(control: Control) -> web.Application:

@@ -172,8 +172,8 @@ class _RowCounts:
                                          labels=["wire"])
         for wire, counts in self.overhead.items():
             cumulative, buckets = 0.0, []
-            for bound, count in zip(_BUCKET_NAMES, counts):
-                cumulative += count
+            for bound, in_bucket in zip(_BUCKET_NAMES, counts):
+                cumulative += in_bucket
                 buckets.append((bound, cumulative))
             overhead.add_metric([wire], buckets, counts[-1])
         yield from (attempts, refusals, tokens, cost, unpriced, overhead)
@@ -218,7 +218,7 @@ class GatewayMetrics:
 
     def watch(self, collector: Refreshed) -> None:
         """Add a collector whose `refresh` is awaited before each scrape (the fleet's gauges)."""
-        self.registry.register(collector)  # type: ignore[arg-type]
+        self.registry.register(collector)
         self._watched.append(collector)
 
     def on_hop(self, hop: DispatchHop) -> None:
@@ -311,8 +311,8 @@ class _LiveCollector:
             for state in CircuitPhase:
                 g_circuit.add_metric([account.id, str(state)], 1 if state == phase else 0)
             current = self._admin_state(account.id)
-            for state in AdminState if current is not None else ():
-                g_admin.add_metric([account.id, str(state)], 1 if state == current else 0)
+            for admin_state in AdminState if current is not None else ():
+                g_admin.add_metric([account.id, str(admin_state)], 1 if admin_state == current else 0)
         yield from (g_flight, g_leased, g_conf, g_circuit, g_admin)
         yield from self._daemon(service)
 

@@ -21,15 +21,14 @@ import msgspec
 
 from controlplane.answers import MintAnswer
 from controlplane.circuits import CircuitRegistry
-from controlplane.core.budgets import Exhausted, LevelBudget
-from controlplane.core.candidates import build_candidates
-from controlplane.core.fallback import CitationKind, CitedDecision, Lineage
+from controlplane.core.fallback import Lineage
 from controlplane.core.hop import FallbackDriver
 from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
-from controlplane.core.policy import ResolvedPolicy
-from controlplane.core.selection import Candidate, LiveFacts, Skipped
+from controlplane.core.selection import LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
-from controlplane.dispatchkeys import DispatchKeys, hop_on as lease_hop_on
+from controlplane.dispatchkeys import DispatchKeys
+from controlplane.dispatchkeys import hop_on as lease_hop_on
+from controlplane.mintfacts import FactDesk, _none, _true
 from controlplane.overlays import AdminOverlay, BudgetFacts, HeadroomFacts, NoBudgets, NoHeadroom, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
@@ -83,13 +82,6 @@ class Granter(Protocol):
     async def rebind(self, lease: Lease) -> None: ...
 
 
-class Gathered(msgspec.Struct, frozen=True, kw_only=True):
-    """The facts of one mint (or explain), and the resolved policy they came from."""
-
-    facts: MintFacts
-    policy: ResolvedPolicy | None
-
-
 def lineage_of(dispatch_id: str, repo_slug: str, model: str | None, model_class: str | None) -> Lineage:
     return Lineage(dispatch_id, repo_slug, model if model is not None else "class:" + str(model_class))
 
@@ -98,7 +90,7 @@ def skips_view(skipped: tuple[Skipped, ...]) -> list[dict]:
     return [{"account_id": s.account_id, "position": s.position, "code": str(s.code)} for s in skipped]
 
 
-class MintDesk(DispatchKeys):
+class MintDesk(DispatchKeys, FactDesk):
     """The v2 mint and renewal; the dispatch keys' extension and hop are `DispatchKeys`'s."""
 
     def __init__(self, *, settings: Settings, registry: Registry, keys: KeyTable,
@@ -171,116 +163,6 @@ class MintDesk(DispatchKeys):
                                     holding=facts.holding)
 
     # ---- the facts ----------------------------------------------------------------------
-
-    async def gather(self, lineage: Lineage, worker_role: str | None, model: str | None,
-                     model_class: str | None, *, retry_of: str | None = None,
-                     supersedes: str | None = None) -> Gathered:
-        """Everything `decide_mint` reads, for a mint or for explain's dry run of one."""
-        await asyncio.gather(self.admin.refresh(), self.policy.refresh())  # fleet: the chains as they are now
-        admin_ok = not self.admin.is_unavailable()
-        policy_ok = not self.policy.is_unavailable()
-        if not policy_ok:
-            return Gathered(facts=MintFacts(admin_available=admin_ok, policy_available=False,
-                                            lineage=lineage), policy=None)
-        policy = self.policy.resolve(lineage.repo_slug, worker_role)
-        candidates = build_candidates(self.registry.accounts, policy, model, model_class)
-        citation = (CitationKind.RETRY if retry_of else CitationKind.SUPERSEDE if supersedes else None)
-        cited_id = retry_of or supersedes
-        # One round (fleet: the reads go to Redis at once, not one after another; issue 27).
-        live_keys, cited, live = await asyncio.gather(
-            self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
-            _none() if cited_id is None else self._cited(cited_id, candidates),
-            self.live_facts(candidates, floor=policy.min_headroom_percent) if admin_ok and candidates
-            else _empty())
-        exhausted, unpriced = self._budget_facts(policy.budgets, policy.revision, candidates)
-        facts = MintFacts(
-            admin_available=admin_ok, policy_available=True, lineage=lineage, candidates=candidates,
-            citation=citation, cited=cited, dispatch_live=bool(live_keys), fallback_on=policy.fallback_on,
-            max_hops=min(policy.max_fallback_hops, self.settings.max_fallback_hops),
-            live=live, exhausted=exhausted, unpriced_model=unpriced)
-        return Gathered(facts=facts, policy=policy)
-
-    async def keep_facts(self, lease: Lease, prior: Decision) -> MintFacts:
-        """SPEC §19: what `decide_mint` reads to keep a key on its account (a renewal, a dispatch
-        key's extension): the chains as they are now, the chain's budgets and the model's price,
-        the account's operator state, and whether the key still holds its slot — asked of the
-        lease table (fleet: of Redis, so one that cannot answer holds it `fleet-state-unavailable`);
-        a key that lost its slot is judged by every live filter, as a mint."""
-        assert prior.account_id is not None
-        await asyncio.gather(self.admin.refresh(), self.policy.refresh())
-        account = self.registry.get(prior.account_id)
-        assert account is not None
-        candidate = Candidate(account_id=account.id, position=prior.fallback_position or 0,
-                              provider_binding=str(account.provider_binding),
-                              effective_model=prior.effective_model or "")
-        holding = await self.lease_capacity.holds(lease.key_id)
-        policy_ok = not self.policy.is_unavailable()
-        exhausted, unpriced = (self._budget_facts(self.budgets.on_chain(lease.repo_slug, lease.worker_role),
-                                                  None, (candidate,)) if policy_ok else ((), None))
-        live = ({account.id: LiveFacts(configured=self.configured(account),
-                                       administrative_state=self.admin.state_of(account.id))} if holding
-                else await self.live_facts((candidate,), renewing=lease.key_id))
-        return MintFacts(admin_available=not self.admin.is_unavailable(), policy_available=policy_ok,
-                         lineage=prior.lineage, candidates=(candidate,), live=live, exhausted=exhausted,
-                         unpriced_model=unpriced, holding=holding)
-
-    def _budget_facts(self, budgets: tuple[LevelBudget, ...], revision: int | None,
-                      candidates: tuple[Candidate, ...]) -> tuple[tuple[Exhausted, ...], str | None]:
-        """A chain's exhausted budgets, and a candidate's model with no price (SPEC §18: only
-        where the chain holds a budget)."""
-        if not budgets:
-            return (), None
-        unpriced = next((c.effective_model for c in candidates if not self.budgets.is_priced(c.effective_model)),
-                        None)
-        return self.budgets.exhausted(budgets, revision), unpriced
-
-    async def _cited(self, decision_id: str, candidates: tuple[Candidate, ...]) -> CitedDecision | None:
-        cited = await self.decisions.get(decision_id)
-        if cited is None:
-            refused = await self.decisions.refused_outcome(decision_id)
-            if refused is None:
-                return None
-            # Only the outcome of a refused decision is kept; it alone decides the verdict
-            # (`fallback-cited-decision-not-selected` is checked before the rest).
-            return CitedDecision(outcome=refused, lineage=Lineage("", "", ""), hop=0, lease_released=True,
-                                 terminal_conditions=(), position_now=None)
-        position_now = next((c.position for c in candidates if c.account_id == cited.account_id), None)
-        released = cited.key_id is None or not await self.lease_capacity.holds(cited.key_id)
-        return CitedDecision(outcome=cited.outcome, lineage=cited.lineage, hop=cited.hop,
-                             lease_released=released,
-                             terminal_conditions=await self.decisions.evidence(decision_id),
-                             position_now=position_now)
-
-    async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None,
-                         floor: int = 0) -> dict[str, LiveFacts]:
-        """What is true of each candidate's account now. Every read at once (fleet: one round of
-        concurrent Redis commands instead of two per candidate in turn). `floor`: the resolved
-        policy's `min_headroom_percent` (a renewal passes none: a running dispatch is never moved
-        by headroom alone, SPEC §22)."""
-        now = now_ms()
-        accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
-        assert all(account is not None for account in accounts)
-        renewing_holds, admits, counts = await asyncio.gather(
-            _false() if renewing is None else self.lease_capacity.holds(renewing),
-            asyncio.gather(*(self.circuits.admits(a.id, now) for a in accounts if a is not None)),
-            asyncio.gather(*(self._count_if_ceilinged(a) for a in accounts if a is not None)))
-        facts: dict[str, LiveFacts] = {}
-        for account, circuit_admits, count in zip(accounts, admits, counts, strict=True):
-            assert account is not None
-            ceiling = account.lease_capacity
-            if ceiling is not None and renewing_holds:
-                ceiling += 1  # the predecessor's slot is about to be returned
-            facts[account.id] = LiveFacts(
-                configured=self.configured(account),
-                administrative_state=self.admin.state_of(account.id),
-                circuit_admits=circuit_admits,
-                lease_room=ceiling is None or (count is not None and count < ceiling),
-                headroom_low=self.headroom.low(account.id, floor, now),
-                headroom_lifts_at_ms=self.headroom.lifts_at(account.id, floor, now) if floor else None)
-        return facts
-
-    async def _count_if_ceilinged(self, account: AccountSpec) -> int | None:
-        return None if account.lease_capacity is None else await self.lease_capacity.count(account.id)
 
     # ---- the shell around the decision --------------------------------------------------
 
@@ -443,19 +325,3 @@ class MintDesk(DispatchKeys):
 
 
 assert all(HTTP_STATUS[r] == 503 for r in HOLD_RETRY_S)
-
-
-async def _none() -> None:
-    return None
-
-
-async def _false() -> bool:
-    return False
-
-
-async def _empty() -> dict[str, LiveFacts]:
-    return {}
-
-
-async def _true() -> bool:
-    return True

@@ -101,7 +101,8 @@ def load_accounts_file(path: str) -> list[AccountSpec]:
     specs: list[AccountSpec] = []
     seen: set[str] = set()
     for index, entry in enumerate(raw.get("account", [])):
-        where = f"{path}: account[{index}]" + (f" ({entry.get('id')})" if isinstance(entry, dict) and entry.get("id") else "")
+        named = isinstance(entry, dict) and entry.get("id")
+        where = f"{path}: account[{index}]" + (f" ({entry.get('id')})" if named else "")
         try:
             item = msgspec.convert(entry, _FileAccount)
         except msgspec.ValidationError as exc:

@@ -16,8 +16,19 @@ from collections.abc import Awaitable, Callable
 from shared.logging import get_logger
 from shared.rpc import Connection, FrameError, peer_uid
 from shared.wire import (
-    PROTOCOL_VERSION, AccountRoute, Hello, Lease, LeaseAdded, LeaseGate, LeaseGates, LeaseRemoved,
-    Message, Refused, Snapshot, StorageState, Welcome,
+    PROTOCOL_VERSION,
+    AccountRoute,
+    Hello,
+    Lease,
+    LeaseAdded,
+    LeaseGate,
+    LeaseGates,
+    LeaseRemoved,
+    Message,
+    Refused,
+    Snapshot,
+    StorageState,
+    Welcome,
 )
 
 log = get_logger("replication")
@@ -59,7 +70,7 @@ class DataPlaneLink:
             return
         try:
             hello = await asyncio.wait_for(conn.read_message(), HANDSHAKE_TIMEOUT_S)
-        except (FrameError, asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        except (TimeoutError, FrameError, asyncio.IncompleteReadError, ConnectionError) as exc:
             log.warning("rpc_handshake_failed", reason=getattr(exc, "reason", type(exc).__name__))
             conn.close()
             return
@@ -86,7 +97,7 @@ class DataPlaneLink:
             self.ready.set()
             log.info("dataplane_synchronised", leases=len(leases), pid=hello.pid)  # type: ignore[union-attr]
             await runner
-        except (ConnectionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ConnectionError) as exc:
             log.warning("dataplane_sync_failed", reason=type(exc).__name__)
         finally:
             conn.close()
@@ -115,7 +126,7 @@ class DataPlaneLink:
         try:
             await conn.request(build, ACK_TIMEOUT_S)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.error("dataplane_ack_timeout", action="closing link; dataplane will resync")
             conn.close()
         except ConnectionError:

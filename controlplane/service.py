@@ -34,7 +34,14 @@ from shared.rpc import Connection
 from shared.settings import Settings
 from shared.tokens import new_token
 from shared.wire import (
-    Ack, AccountRoute, AttemptFinished, AttemptRow, AttemptStarted, Lease, Message, Ping,
+    AccountRoute,
+    Ack,
+    AttemptFinished,
+    AttemptRow,
+    AttemptStarted,
+    Lease,
+    Message,
+    Ping,
 )
 
 log = get_logger("control")

@@ -30,12 +30,14 @@ from typing import Any
 
 import msgspec
 
-from controlplane.upkeep import while_app_runs
 from controlplane.core.budgets import BudgetStatus, Exhausted, LevelBudget, budget_status, exhausted_budgets
-from controlplane.core.spend import By, FleetCells, SpendCells, SpendEntry, SpendFold, TenancyMap, spend_entries
+from controlplane.core.fleetcells import FleetCells
+from controlplane.core.spend import By, SpendFold
+from controlplane.core.spendscopes import SpendCells, SpendEntry, TenancyMap, spend_entries
 from controlplane.core.windows import Window, key_at, window_at
 from controlplane.stores import segments
 from controlplane.stores.ledger import Ledger
+from controlplane.upkeep import while_app_runs
 from shared.logging import get_logger
 from shared.wire import AttemptRow
 

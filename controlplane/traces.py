@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from urllib.parse import urlsplit
 from collections import OrderedDict
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+from urllib.parse import urlsplit
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
@@ -84,9 +84,10 @@ class Traces:
         """A recorded terminal row → its span, queued for export."""
         if not self.started:
             return
-        note = self.notes.get(row.mint_decision_id) if row.mint_decision_id else None
-        if note is not None and note.events:
-            self.notes[row.mint_decision_id] = DecisionNote(hop=note.hop)  # announced once  # type: ignore[index]
+        decision_id = row.mint_decision_id
+        note = self.notes.get(decision_id) if decision_id else None
+        if note is not None and note.events and decision_id:
+            self.notes[decision_id] = DecisionNote(hop=note.hop)  # announced once
         self.emit(span_of(row, self._account(row.account_id), note))
 
     def _account(self, account_id: str) -> Account | None:

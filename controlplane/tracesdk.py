@@ -84,7 +84,7 @@ class CountingProcessor(BatchSpanProcessor):
             self.counter.lost(1, "queue-full")  # the SDK pushes the oldest span out for this one
         super().on_end(span)
 
-    def shutdown(self, timeout_millis: int = 30000) -> None:  # type: ignore[override]
+    def shutdown(self, timeout_millis: int = 30000) -> None:
         self.closed = True
         self._batch_processor.shutdown(timeout_millis=timeout_millis)
         left = len(self._batch_processor._queue)  # the collector did not take them in time

@@ -15,8 +15,8 @@ import msgspec
 from aiohttp import web
 
 from dataplane.rpc_client import ControlLink
-from dataplane.wires.sse import Observation
 from dataplane.stamps import iso_ms, new_ulid
+from dataplane.wires.sse import Observation
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal

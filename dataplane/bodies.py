@@ -100,9 +100,9 @@ class _Peek(msgspec.Struct):
 _seen = threading.local()  # the watched members one decode has met (a decode runs in one thread)
 
 
-def _once(kind: type, value: Any) -> Any:
+def _once(kind: Any, value: Any) -> Any:
     """msgspec's hook for each watched member it meets: a second one is a repeated member."""
-    seen: set[type] = _seen.kinds
+    seen: set[Any] = _seen.kinds
     if kind in seen:
         raise _invalid(f"the request body has more than one {_NAMES[kind]}")
     seen.add(kind)
@@ -136,7 +136,7 @@ def _repeats_options(body: bytes) -> bool:
     return body.count(b'"stream_options"') > 1 or any(e in body for e in _ESCAPED_ASCII)
 
 
-class _Members(dict):  # type: ignore[type-arg]
+class _Members(dict[str, Any]):
     """An object as Python's json read it, with the keys it held more than once."""
 
     repeated: frozenset[str] = frozenset()

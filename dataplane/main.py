@@ -10,14 +10,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 from aiohttp import HttpVersion11, hdrs, web
-from aiohttp.web_protocol import RequestHandler
 
+from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
 from dataplane.errors import guess_wire, refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
@@ -73,10 +71,11 @@ def build_server(settings: Settings, proxy: Proxy) -> web.Server:
             return wire_error(request, 417, f"unknown expectation: Expect: {request.headers[EXPECT][:64]}")
         return await proxy.handle(request)  # type: ignore[arg-type]
 
-    server = _Server(handle, request_factory=request_factory, handler_cancellation=True,
-                     access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
-                     max_line_size=MAX_HEADER_BYTES, keepalive_timeout=settings.keepalive_seconds)
-    server.bounds = ConnectionBounds(settings.header_timeout_seconds, settings.max_connections)
+    server = server_class(_Handler)(handle, request_factory=request_factory, handler_cancellation=True,
+                                    access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
+                                    max_line_size=MAX_HEADER_BYTES, keepalive_timeout=settings.keepalive_seconds)
+    server.bounds = ConnectionBounds(settings.header_timeout_seconds, settings.max_connections,  # type: ignore[attr-defined]
+                                     connection_limit_answer)
     return server
 
 
@@ -100,20 +99,6 @@ def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Respo
                             "req_" + new_ulid(), 0.0, status=status)
 
 
-class ConnectionBounds:
-    """SPEC §19's connection bounds aiohttp has no knob for: the request head's deadline and the
-    cap on open connections (the keep-alive bound is aiohttp's `keepalive_timeout`)."""
-
-    __slots__ = ("header_timeout_s", "max_connections", "open", "refused", "head_timeouts")
-
-    def __init__(self, header_timeout_s: float, max_connections: int) -> None:
-        self.header_timeout_s = header_timeout_s
-        self.max_connections = max_connections
-        self.open = 0
-        self.refused = 0        # connections answered 503 connection-limit
-        self.head_timeouts = 0  # connections closed for a request head not complete in time
-
-
 def connection_limit_answer() -> bytes:
     """The whole answer to a connection over the cap: 503 `connection-limit`, closed after."""
     request_id = "req_" + new_ulid()
@@ -125,7 +110,7 @@ def connection_limit_answer() -> bytes:
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-class _Handler(RequestHandler):
+class _Handler(BoundedRequestHandler):
     """aiohttp's connection handler, with its error answers (a request it cannot parse — a
     header line over `MAX_HEADER_BYTES`, bad syntax — or a failure outside the proxy) in the
     wire's error shape instead of aiohttp's plain text. aiohttp still logs them (redacted, as
@@ -137,59 +122,6 @@ class _Handler(RequestHandler):
     later head, closes the connection (slowloris). The head timer is disarmed when aiohttp
     starts handling the request (`_handle_request`)."""
 
-    _bounds: ConnectionBounds | None = None
-    _head_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        bounds: ConnectionBounds | None = getattr(self._manager, "bounds", None)
-        if bounds is not None and bounds.open >= bounds.max_connections:
-            bounds.refused += 1
-            self._manager = None  # never counted, never parsed: connection_lost does nothing
-            self._force_close = True
-            transport.write(connection_limit_answer())  # type: ignore[attr-defined]
-            transport.close()
-            return
-        super().connection_made(transport)
-        if bounds is not None:
-            bounds.open += 1
-            self._bounds = bounds
-            self._arm_head()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._bounds is not None:
-            self._bounds.open -= 1
-            self._bounds = None
-        self._disarm_head()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and not self._request_in_progress and self._bounds is not None:
-            self._arm_head()  # the first byte of a new request head
-        super().data_received(data)
-
-    async def _handle_request(self, request: web.BaseRequest, start_time: float | None,
-                              request_handler: Any) -> Any:
-        self._disarm_head()
-        return await super()._handle_request(request, start_time, request_handler)
-
-    def _arm_head(self) -> None:
-        assert self._bounds is not None
-        self._head_timer = self._loop.call_later(self._bounds.header_timeout_s, self._head_expired)
-
-    def _disarm_head(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_expired(self) -> None:
-        self._head_timer = None
-        if self._request_in_progress or self._messages or self.transport is None:
-            return
-        if self._bounds is not None:
-            self._bounds.head_timeouts += 1
-        self.force_close()
-        self.transport.close()
-
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if an answer began
@@ -199,13 +131,6 @@ class _Handler(RequestHandler):
         response = wire_error(request, status, text)
         response.force_close()
         return response
-
-
-class _Server(web.Server):
-    bounds: ConnectionBounds | None = None
-
-    def __call__(self) -> RequestHandler:
-        return _Handler(self, loop=self._loop, **self._kwargs)
 
 
 async def serve(settings: Settings) -> None:

@@ -182,9 +182,10 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
         if attempt.path in MODEL_PATHS and (body or request.method == "POST"):
-            body = await self._read_strictly(request, attempt, account, body)
-            if isinstance(body, web.Response):  # refused: no upstream call, never evidence
-                return body
+            strict = await self._read_strictly(request, attempt, account, body)
+            if isinstance(strict, web.Response):  # refused: no upstream call, never evidence
+                return strict
+            body = strict
         if attempt.lease.hop_on and self.replica.is_moving(attempt.lease):
             # SPEC §17: the gateway is moving this dispatch key. Checked with no await before the
             # announce, so every attempt control counts in flight was announced before the hop.

@@ -121,10 +121,10 @@ def reset_at_ms(text: str | None, wire: str, arrival_ms: int) -> int | None:
         at = _parse_reset(True, text)
     else:
         after = _parse_reset(False, text)
-        at = None if after is None else arrival_ms + round(after)
+        at = None if after is None else int(arrival_ms + round(after))
     if at is None or abs(at - arrival_ms) > MAX_RESET_MS:
         return None
-    return at
+    return int(at)
 
 
 def rate_limits_of(headers: Mapping[str, str], wire: str, clock: Callable[[], int]) -> RateLimits | None:

@@ -20,16 +20,21 @@ from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from dataplane.aiohttp_private import HeadersWithBody
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
-from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
+from dataplane.errors import OVERHEAD_HEADER, refusal_response, refuse
 from dataplane.observer import Observer
 from dataplane.ratelimits import rate_limits_of
 from dataplane.upstream_client import UpstreamClient, UpstreamResponse
-from dataplane.usage_ask import UsageStrip
 from dataplane.upstreams import (
-    PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
+    PoolTimeout,
+    UpstreamPools,
+    downstream_headers,
+    downstream_pairs,
+    upstream_headers,
 )
+from dataplane.usage_ask import UsageStrip
 from dataplane.watch import ExchangeWatch, IdleTimeout
 from dataplane.wires import anthropic, openai
 from shared.clock import now_ms
@@ -60,14 +65,6 @@ def cut_event(attempt: Attempt, message: str) -> bytes:
     if attempt.wire == Wire.ANTHROPIC:
         return anthropic.cut_event(message)
     return openai.cut_event(attempt.path, message)
-
-
-class _HeadersWithBody(web.StreamResponse):
-    """A length-delimited answer whose headers leave with its first body chunk: a JSON answer
-    that arrives whole goes to the worker in one write (aiohttp's `Response` does the same),
-    instead of headers first and body after. Streams (SSE, chunked) keep headers-at-once."""
-
-    _send_headers_immediately = False
 
 
 class Relay:
@@ -178,7 +175,7 @@ class Relay:
         encoding = upstream.headers.get("Content-Encoding", "")
         length = upstream.headers.get("Content-Length")
         sized = length is not None and not is_sse and length.isdigit()
-        response = (_HeadersWithBody if sized else web.StreamResponse)(status=upstream.status,
+        response = (HeadersWithBody if sized else web.StreamResponse)(status=upstream.status,
                                                                        reason=upstream.reason)
         headers = response.headers
         headers.extend(downstream_pairs(upstream.headers))

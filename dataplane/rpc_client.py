@@ -20,8 +20,20 @@ from dataplane.leases import LeaseReplica
 from shared.logging import get_logger
 from shared.rpc import Connection, FrameError
 from shared.wire import (
-    PROTOCOL_VERSION, Ack, AttemptFinished, AttemptRow, AttemptStarted, Hello, LeaseAdded,
-    LeaseGates, LeaseRemoved, Message, Refused, Snapshot, StorageState, Welcome,
+    PROTOCOL_VERSION,
+    Ack,
+    AttemptFinished,
+    AttemptRow,
+    AttemptStarted,
+    Hello,
+    LeaseAdded,
+    LeaseGates,
+    LeaseRemoved,
+    Message,
+    Refused,
+    Snapshot,
+    StorageState,
+    Welcome,
 )
 
 log = get_logger("dataplane.rpc")
@@ -81,7 +93,7 @@ class ControlLink:
         try:
             await conn.send(Hello(version=PROTOCOL_VERSION, role="dataplane", pid=os.getpid()))
             answer = await asyncio.wait_for(conn.read_message(), 5.0)
-        except (FrameError, asyncio.TimeoutError, asyncio.IncompleteReadError, OSError) as exc:
+        except (TimeoutError, FrameError, asyncio.IncompleteReadError, OSError) as exc:
             log.warning("control_handshake_failed", reason=getattr(exc, "reason", type(exc).__name__))
             return
         if isinstance(answer, Refused) or not isinstance(answer, Welcome):

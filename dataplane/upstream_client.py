@@ -32,15 +32,17 @@ from typing import Any
 
 import aiohappyeyeballs
 import aiohttp
-from aiohttp.client_exceptions import ClientOSError, ServerDisconnectedError
-# aiohttp internals (ResponseHandler, helpers, _serialize_headers): the aiohttp minors they are
-# known to hold on are pinned in setup.cfg; tests/unit/test_aiohttp_private_api.py checks them.
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.helpers import EMPTY_BODY_METHODS, parse_content_type
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_writer import _serialize_headers
+from aiohttp import ClientOSError, ServerDisconnectedError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
+
+from dataplane.aiohttp_private import (
+    EMPTY_BODY_METHODS,
+    HttpProcessingError,
+    ResponseHandler,
+    parse_content_type,
+    serialize_headers,
+)
 
 KEEPALIVE_S = 30.0
 DNS_TTL_S = 60.0
@@ -87,7 +89,7 @@ def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes |
             out["Content-Length"] = str(len(body))
         elif method not in _BODYLESS:
             out["Content-Length"] = "0"
-    return _serialize_headers(f"{method} {url.raw_path_qs} HTTP/1.1", out)
+    return serialize_headers(f"{method} {url.raw_path_qs} HTTP/1.1", out)
 
 
 class UpstreamResponse:

@@ -124,8 +124,8 @@ class UsageStrip:
     def feed(self, chunk: bytes) -> bytes:
         data = self.held + chunk if self.held else chunk
         last = None
-        for last in _EVENT_END.finditer(data):
-            pass
+        for match in _EVENT_END.finditer(data):
+            last = match
         if last is None:
             if len(data) > HOLD_CAP:
                 self.held = b""

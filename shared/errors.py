@@ -3,6 +3,8 @@ it into the surface's error shape (control JSON, or the Anthropic / OpenAI wire)
 
 from __future__ import annotations
 
+from typing import Any
+
 from shared.codes import HTTP_STATUS, ErrorCode, Refusal
 
 
@@ -11,7 +13,7 @@ class GatewayError(Exception):
     thing, a lost race, the upstream's failure)."""
 
     def __init__(self, code: Refusal | ErrorCode, detail: str, *, status: int | None = None,
-                 retry_after_s: float | None = None, extra: dict | None = None) -> None:
+                 retry_after_s: float | None = None, extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail

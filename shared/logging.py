@@ -20,7 +20,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,7 +114,7 @@ def _redact_str(text: str) -> str:
     return found
 
 
-def _redactor(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redactor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key, value in event.items():
         kind = type(value)
         if kind is str:
@@ -150,12 +150,12 @@ class _Stamper:
         return f"{self.prefix}{micro:06d}Z"
 
 
-def _renderer(service: str) -> Callable[[Any, str, dict[str, Any]], bytes]:
+def _renderer(service: str) -> Callable[[Any, str, MutableMapping[str, Any]], bytes]:
     """The one processor: exception text, redaction, service/level/time, msgspec JSON."""
     stamp = _Stamper()
     levels = {"warn": "warning", "exception": "error"}
 
-    def render(logger: Any, name: str, event: dict[str, Any]) -> bytes:
+    def render(logger: Any, name: str, event: MutableMapping[str, Any]) -> bytes:
         if "exc_info" in event:
             event = structlog.processors.format_exc_info(logger, name, event)
         event = _redactor(logger, name, event)

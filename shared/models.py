@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-
 # Answers kept per (model, globs): the data plane asks on every request, for a handful of
 # models. Bounded: past this many pairs (a worker inventing model names) it starts over.
 MEMO_MAX = 4096

@@ -61,6 +61,7 @@ def check_length(header: bytes) -> int:
 
 def check_length_at(buffer: bytes | bytearray, offset: int) -> int:
     """The body length announced by the header at `offset`, refused if empty or over the cap."""
+    length: int
     (length,) = _HEADER.unpack_from(buffer, offset)
     if length == 0:
         raise FrameError("empty-frame")
@@ -69,7 +70,7 @@ def check_length_at(buffer: bytes | bytearray, offset: int) -> int:
     return length
 
 
-def decode_body(body: bytes) -> Message:
+def decode_body(body: bytes | bytearray) -> Message:
     try:
         return _decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -273,11 +274,14 @@ def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     if sock is None:
         return None
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    uid: int
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid
 
 
-async def start_unix_server(socket_path: str, on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> asyncio.AbstractServer:
+async def start_unix_server(socket_path: str,
+                            on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+                            ) -> asyncio.AbstractServer:
     """Bind `socket_path` as 0600 inside a 0700 directory (no window where it is wider)."""
     prepare_socket_dir(socket_path)
     try:

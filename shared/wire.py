@@ -9,8 +9,6 @@ the *variable* that holds their credential.
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 # 2: `LeaseGates` (budgets, SPEC §18), which a version-1 data plane could not decode.
@@ -146,21 +144,21 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
 # ---- messages ------------------------------------------------------------------------------
 
 
-class Hello(_Msg, tag="hello"):
+class Hello(_Msg, tag="hello", frozen=True):
     version: int
     role: str
     pid: int
 
 
-class Welcome(_Msg, tag="welcome"):
+class Welcome(_Msg, tag="welcome", frozen=True):
     version: int
 
 
-class Refused(_Msg, tag="refused"):
+class Refused(_Msg, tag="refused", frozen=True):
     reason: str
 
 
-class Snapshot(_Msg, tag="snapshot"):
+class Snapshot(_Msg, tag="snapshot", frozen=True):
     req_id: int
     leases: list[Lease]
     accounts: list[AccountRoute]
@@ -170,17 +168,17 @@ class Snapshot(_Msg, tag="snapshot"):
     priced: list[str] | None = None
 
 
-class LeaseAdded(_Msg, tag="lease_added"):
+class LeaseAdded(_Msg, tag="lease_added", frozen=True):
     req_id: int
     lease: Lease
 
 
-class LeaseRemoved(_Msg, tag="lease_removed"):
+class LeaseRemoved(_Msg, tag="lease_removed", frozen=True):
     req_id: int
     key_ids: list[str]
 
 
-class LeaseGates(_Msg, tag="lease_gates"):
+class LeaseGates(_Msg, tag="lease_gates", frozen=True):
     """New budget states of live leases; a key the data plane does not hold is ignored (a
     gate never adds a lease)."""
 
@@ -188,29 +186,29 @@ class LeaseGates(_Msg, tag="lease_gates"):
     gates: list[LeaseGate]
 
 
-class StorageState(_Msg, tag="storage_state"):
+class StorageState(_Msg, tag="storage_state", frozen=True):
     ok: bool
 
 
-class AttemptStarted(_Msg, tag="attempt_started"):
+class AttemptStarted(_Msg, tag="attempt_started", frozen=True):
     row: AttemptRow
 
 
-class AttemptFinished(_Msg, tag="attempt_finished"):
+class AttemptFinished(_Msg, tag="attempt_finished", frozen=True):
     req_id: int
     row: AttemptRow
 
 
-class Ack(_Msg, tag="ack"):
+class Ack(_Msg, tag="ack", frozen=True):
     req_id: int
     ok: bool = True
 
 
-class Ping(_Msg, tag="ping"):
+class Ping(_Msg, tag="ping", frozen=True):
     req_id: int
 
 
-Message = Union[
-    Hello, Welcome, Refused, Snapshot, LeaseAdded, LeaseRemoved, StorageState,
-    AttemptStarted, AttemptFinished, Ack, Ping, LeaseGates,
-]
+Message = (
+    Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
+    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates
+)

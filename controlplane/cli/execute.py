@@ -28,8 +28,8 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.cli.client import Client
@@ -40,8 +40,8 @@ from controlplane.cli.supervise import Extender, HopWatcher
 from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import WIRE_OF_BINDING, Binding, Scope, Wire
 from shared.envscrub import scrub_spawn_env
-from shared.tracecontext import worker_traceparent
 from shared.tokens import new_ulid
+from shared.tracecontext import worker_traceparent
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 WIRE_ENV: dict[Wire, tuple[str, str]] = {
@@ -219,7 +219,7 @@ def _ttl_s(minted: dict[str, Any], ttl: int | None) -> int:
     if ttl is not None:
         return ttl
     expires = datetime.fromisoformat(minted["expires_at"].replace("Z", "+00:00"))
-    return max(TTL_MIN_S, min(TTL_MAX_S, round((expires - datetime.now(timezone.utc)).total_seconds())))
+    return max(TTL_MIN_S, min(TTL_MAX_S, round((expires - datetime.now(UTC)).total_seconds())))
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -231,7 +231,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        epilog=SIGNALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     del common  # exec prints its command's output, not a control answer: no --json
     p.add_argument("--token-file", metavar="PATH",
-                   help="a file holding the bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
+                   help="a file holding the bearer token "
+                        "(else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
     p.add_argument("--token", help=argparse.SUPPRESS)   # refused by main (SPEC §19)
     p.add_argument("--repo", required=True, help="repo_slug")
     p.add_argument("--principal", required=True, help="principal_id")

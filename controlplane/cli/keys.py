@@ -86,7 +86,7 @@ def _revision(value: Any) -> str | None:
 
 def v2_exit(reply: Reply) -> Exit | None:
     """The exit code of a v2 outcome, or None when the answer is not a mint outcome at all."""
-    outcome = reply.body.get("outcome") if isinstance(reply.body, dict) else None
+    outcome: Any = reply.body.get("outcome") if isinstance(reply.body, dict) else None
     return {Outcome.SELECTED: Exit.OK, Outcome.HELD: Exit.HELD, Outcome.REJECTED: Exit.REJECTED}.get(outcome)
 
 

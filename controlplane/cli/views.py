@@ -84,27 +84,36 @@ def _tokens(usage: dict[str, Any] | None) -> str:
     return f"{usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}"
 
 
+FINISHED_HEADERS: tuple[str, ...] = ("STARTED", "ATTEMPT", "ACCOUNT", "REPO", "PATH", "MODEL", "STATUS", "HTTP",
+                                    "CODE", "TOKENS IN/OUT", "COST USD", "OVERHEAD MS")
+ACTIVE_HEADERS: tuple[str, ...] = ("STARTED", "ATTEMPT", "ACCOUNT", "KEY", "REPO", "PRINCIPAL", "PATH", "MODEL",
+                                  "STREAM")
+
+
+def _finished_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("repo_slug"),
+            r.get("path"), r.get("served_model") or r.get("requested_model"), r.get("status"),
+            r.get("http_status"), r.get("condition") or r.get("refusal_reason"), _tokens(r.get("usage")),
+            r.get("cost_usd") if r.get("cost_usd") is not None else r.get("cost_reason"),
+            r.get("overhead_ms"))
+
+
+def _active_row(r: dict[str, Any]) -> tuple[Any, ...]:
+    return (hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("key_id"),
+            r.get("repo_slug"), r.get("principal_id"), r.get("path"), r.get("requested_model"),
+            r.get("stream"))
+
+
 def routes_table(view: dict[str, Any], *, finished: bool) -> str:
     routes = view.get("routes", [])
     if finished:
-        headers = ("STARTED", "ATTEMPT", "ACCOUNT", "REPO", "PATH", "MODEL", "STATUS", "HTTP", "CODE",
-                   "TOKENS IN/OUT", "COST USD", "OVERHEAD MS")
-        rows = [(hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("repo_slug"),
-                 r.get("path"), r.get("served_model") or r.get("requested_model"), r.get("status"),
-                 r.get("http_status"), r.get("condition") or r.get("refusal_reason"), _tokens(r.get("usage")),
-                 r.get("cost_usd") if r.get("cost_usd") is not None else r.get("cost_reason"),
-                 r.get("overhead_ms"))
-                for r in routes]
+        headers, rows = FINISHED_HEADERS, [_finished_row(r) for r in routes]
         footer = (f"{len(routes)} shown of {cell(view.get('retained'))} retained, "
                   f"evidence since {cell(view.get('evidence_since'))}")
         if view.get("truncated"):
             footer += " (truncated: older routes exist; raise --limit up to 200)"
     else:
-        headers = ("STARTED", "ATTEMPT", "ACCOUNT", "KEY", "REPO", "PRINCIPAL", "PATH", "MODEL", "STREAM")
-        rows = [(hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("key_id"),
-                 r.get("repo_slug"), r.get("principal_id"), r.get("path"), r.get("requested_model"),
-                 r.get("stream"))
-                for r in routes]
+        headers, rows = ACTIVE_HEADERS, [_active_row(r) for r in routes]
         footer = f"{len(routes)} active"
         if view.get("dataplane_connected") is False:
             footer += " (the data plane is NOT connected: nothing can be in flight)"

@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from controlplane.core.spend import COST, UNPRICED, SpendCells, TenancyMap, scope_cell, usd
+from controlplane.core.spend import COST, UNPRICED
+from controlplane.core.spendscopes import SpendCells, TenancyMap, scope_cell, usd
 from controlplane.core.windows import Window, iso, window_at
-
 
 WINDOWS = tuple(str(w) for w in Window)
 LEVEL_RANK = {"platform": 0, "org": 1, "team": 2, "repo": 3, "binding": 4}   # least → most specific

@@ -21,11 +21,13 @@ What it answers:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgspec
 
 from controlplane.core.budgets import Exhausted, LevelBudget
-from controlplane.core.spend import COST, SpendCells, SpendRow, TenancyMap, chain_of, scope_cell, usd
+from controlplane.core.spend import COST, SpendRow
+from controlplane.core.spendscopes import SpendCells, TenancyMap, chain_of, scope_cell, usd
 from controlplane.core.windows import Window, bounds_ms, hour_key, key_at, window_at
 from shared.bounds import retry_after_ms
 
@@ -68,8 +70,8 @@ class BudgetWatch:
         self._keys: dict[Window, str] = {}
         # Per budget a `Slot` [window key, spend, 80 % of usd, budget], by level for the row path
         # (`_plan`: no enum is hashed there) and by (level, window) for everything else.
-        self._plan: dict[str, tuple[list, ...]] = {}
-        self._slots: dict[tuple[str, Window], list] = {}
+        self._plan: dict[str, tuple[list[Any], ...]] = {}
+        self._slots: dict[tuple[str, Window], list[Any]] = {}
         self._crossed: set[tuple[str, Window, str, float, int]] = set()
         self._exhausted: dict[tuple[str, Window], int] = {}  # → when its window resets
         self._retry_at: dict[str, int] = {}                  # level → latest reset among its exhausted
@@ -99,7 +101,7 @@ class BudgetWatch:
         before = dict(self._retry_at)
         self._slots, self._exhausted, self._retry_at = {}, {}, {}
         self._crossed = {mark for mark in self._crossed if self._keys[mark[1]] == mark[2]}
-        plan: dict[str, list[list]] = {}
+        plan: dict[str, list[list[Any]]] = {}
         crossings: list[Crossing] = []
         for budget in self.budgets:
             key = self._keys[budget.window]

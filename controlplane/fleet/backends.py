@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from controlplane.stores.keys import KeyTable
     from shared.settings import Settings
 
-OnTransition = Callable[[CircuitView], None]
+OnTransition = Callable[[CircuitView], object]
 
 
 class Backends(msgspec.Struct, frozen=True, kw_only=True):

@@ -130,11 +130,12 @@ class RedisDecisions:
                 await self.client.set(k.refused(decision.mint_decision_id), str(decision.outcome),
                                       px=self.refused_ttl_ms)
                 return
+            key_id = decision.key_id
             if decision.skipped:  # answered and logged with the decision; not needed again
                 decision = msgspec.structs.replace(decision, skipped=())
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.set(k.decision(decision.mint_decision_id), _encode(decision), px=self.ttl_ms)
-                pipe.set(k.decision_of_key(decision.key_id), decision.mint_decision_id, px=self.ttl_ms)
+                pipe.set(k.decision_of_key(key_id), decision.mint_decision_id, px=self.ttl_ms)
                 await pipe.execute()
 
     async def get(self, mint_decision_id: str) -> Decision | None:

@@ -40,7 +40,13 @@ from typing import Any
 import msgspec
 
 from controlplane.core.fleet import (
-    END_REASONS, MissedRevocation, Repair, RestoredLease, may_admit, missed_revocations, repair_for,
+    END_REASONS,
+    MissedRevocation,
+    Repair,
+    RestoredLease,
+    may_admit,
+    missed_revocations,
+    repair_for,
     reregistration_order,
 )
 from controlplane.decisions import lease_decisions, live_groups
@@ -144,7 +150,7 @@ class FleetHost:
             self._spawn(loop)
         try:  # the other hosts' events reach this host's feed from the moment it serves
             await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("fleet_events_not_subscribed", host_id=self.host_id, waited_s=SUBSCRIBE_WAIT_S)
 
     async def stop(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -118,10 +118,11 @@ class OwedCapacity(RedisCapacity):
         self.owed = owed
         self.admitting = True
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None,
+                      releasing: Sequence[str] = ()) -> bool:
         if not self.admitting:
             raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
-        return await RedisCapacity.reserve(self, account_id, holder, ceiling)
+        return await RedisCapacity.reserve(self, account_id, holder, ceiling, releasing)
 
     async def release(self, holder: str) -> bool:
         done = await self.owed.write(Owed("release", lambda: RedisCapacity.release(self, holder),
@@ -165,7 +166,7 @@ class OwedCircuits(CircuitRegistry):
     is folded at the time it was recorded (the circuit opens when the failures happened)."""
 
     def __init__(self, store: CircuitStore, cooldown_s: int, owed: OwedWrites,
-                 on_transition: Callable[[CircuitView], None] | None = None) -> None:
+                 on_transition: Callable[[CircuitView], object] | None = None) -> None:
         super().__init__(store, cooldown_s, on_transition)
         self.owed = owed
 

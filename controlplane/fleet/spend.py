@@ -3,7 +3,7 @@
 Rule: each host publishes **its own totals**, never increments. Its ledger is the authority for
 what it served; the fold `SpendBook` rebuilds from that ledger is published window by window
 into the host's hash (`{f}:spend:host:<host>`, window key → the window's cells), and every
-other host reads those hashes into `core.spend.FleetCells`, which views and budgets read. A
+other host reads those hashes into `core.fleetcells.FleetCells`, which views and budgets read. A
 republish replaces what was there, so a retry, a restart or a re-seed never counts a row twice,
 and no counter can drift (LiteLLM's increment/decrement leaks have nothing to leak here).
 
@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aredis
 
-from controlplane.core.spend import FleetCells, window_of, window_triples
+from controlplane.core.fleetcells import FleetCells, window_of, window_triples
 from controlplane.core.windows import Window, hour_key, key_at
 from controlplane.fleet.events import subscribe
 from controlplane.spend import SpendBook
@@ -142,7 +142,7 @@ class FleetSpend:
         if self._dirty or self._whole:
             try:
                 await asyncio.wait_for(self.publish(), 2.0)
-            except (StateUnavailable, asyncio.TimeoutError):
+            except (TimeoutError, StateUnavailable):
                 pass   # the next start publishes whole
 
     # ---- out ------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ class FleetSpend:
         while True:
             try:
                 await asyncio.wait_for(self._told.wait(), PULL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._told.clear()
             raise_if_cancelled()

@@ -21,14 +21,14 @@ import os
 from controlplane.circuits import CircuitRegistry
 from controlplane.fleet.backends import Backends, OnTransition
 from controlplane.fleet.circuits import RedisCircuits
-from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
 from controlplane.stores.keys import KeyTable
-from shared.chainfile import ChainStorage, FileChainStorage
+from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions
+from shared.chainstorage import ChainStorage, FileChainStorage
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.hosts import HostRegistry

@@ -18,6 +18,7 @@ says anything about now). It is its own fact: `health` stays evidence-based.
 
 from __future__ import annotations
 
+from typing import cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -25,11 +26,14 @@ from aiohttp import web
 
 from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
-from controlplane.http.common import int_query, json_response, requires
+from controlplane.core.overlay import Overlay
 from controlplane.headroom import KindView
 from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE
+from controlplane.http.common import int_query, json_response, requires
+from controlplane.stores.admin import AccountAdminStore
 from shared.capacity import StateUnavailable
 from shared.chain import Verdict
+from shared.chainfile import ChainView
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, Scope
 
@@ -89,16 +93,22 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
+def admin_chain(request: web.Request) -> ChainView[Overlay] | None:
+    """The admin chain's view; in fleet mode with Redis away, the last one validated (the
+    view's `fleet.state` says so)."""
+    admin = cast(AccountAdminStore, request.app[DESK].admin)  # reads its chain, not just the overlay
+    try:
+        return admin.read()
+    except StateUnavailable:
+        return admin.chain.last_validated()
+
+
 async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     service = request.app[SERVICE]
-    admin = request.app[DESK].admin
     headroom = request.app[HEADROOM]
     now = now_ms()
     fleet = await request.app[FLEET].snapshot(now)
-    try:
-        chain = admin.read()
-    except StateUnavailable:  # fleet mode, Redis away: the last overlay read (fleet.state says so)
-        chain = admin.chain.last_validated()
+    chain = admin_chain(request)
     overlay = None if chain is None else chain.state
     truncated_any = False
     views = []

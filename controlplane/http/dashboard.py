@@ -13,8 +13,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from controlplane.http.common import requires
 from controlplane.http.appkeys import ASSETS
+from controlplane.http.common import requires
 
 FILES = {  # file in controlplane/static → content type
     "dashboard.html": "text/html; charset=utf-8",

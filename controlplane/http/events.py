@@ -21,8 +21,8 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse
 
 from controlplane.events import CloseReason, Event, EventHub, Subscriber
-from controlplane.http.common import requires
 from controlplane.http.appkeys import HEARTBEAT, HUB
+from controlplane.http.common import requires
 from shared.codes import Scope
 from shared.logging import get_logger
 
@@ -68,7 +68,7 @@ async def _relay(request: web.Request, response: EventSourceResponse, subscriber
     while subscriber.closed is None:
         try:
             batch = await asyncio.wait_for(subscriber.next_batch(), LIVENESS_CHECK_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if request.transport is None or request.transport.is_closing():
                 return
             continue

@@ -7,14 +7,13 @@ from typing import Annotated
 import msgspec
 from aiohttp import web
 
-from controlplane.http.common import json_response, read_json, requires
 from controlplane.http.appkeys import SERVICE
-from shared.clock import iso_ms
+from controlplane.http.common import json_response, read_json, requires
 from shared.bounds import TtlSeconds
+from shared.clock import iso_ms
 from shared.codes import Binding, ErrorCode, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
-
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 

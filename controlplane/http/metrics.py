@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from controlplane.http.appkeys import METRICS
 from controlplane.http.common import requires
 from controlplane.metrics import GatewayMetrics
-from controlplane.http.appkeys import METRICS
 from shared.codes import Scope
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import msgspec
 from aiohttp import web
 
-from controlplane.http.common import json_response, read_json, requires
 from controlplane.answers import MintAnswer
-from controlplane.mint import MintV2
 from controlplane.http.appkeys import DESK
+from controlplane.http.common import json_response, read_json, requires
+from controlplane.mint import MintV2
 from shared.bounds import TtlSeconds
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
 from shared.tokens import KEY_ID_RE
-
 
 
 class Renew(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

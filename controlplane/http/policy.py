@@ -21,18 +21,17 @@ import msgspec
 from aiohttp import web
 
 from controlplane.core.mint import MintVerdict, decide_mint
+from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, live_filters, rule_out
 from controlplane.events import EventKind
+from controlplane.http.appkeys import DESK, POLICY_STORE, SERVICE
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
-from controlplane.core.policy import ResolvedPolicy
 from controlplane.http.spend import budgets_on_chain
 from controlplane.mint import lineage_of, skips_view
 from controlplane.stores.policy import PolicyStore, Resolution
-from controlplane.http.appkeys import DESK, POLICY_STORE, SERVICE
 from shared.clock import iso_ms, now_ms
 from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
-
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Actor = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

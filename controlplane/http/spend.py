@@ -24,7 +24,8 @@ from typing import Any
 from aiohttp import web
 
 from controlplane.core.budgets import all_budgets
-from controlplane.core.spend import By, TenancyMap
+from controlplane.core.spend import By
+from controlplane.core.spendscopes import TenancyMap
 from controlplane.core.windows import Window, iso
 from controlplane.http.appkeys import SPEND_BOOK, SPEND_POLICY
 from controlplane.http.common import int_query, json_response, requires
@@ -43,7 +44,7 @@ def _choice(request: web.Request, name: str, kind: type[StrEnum], default: StrEn
     try:
         return kind(raw)
     except ValueError:
-        allowed = [str(member) for member in kind]  # type: ignore[attr-defined]
+        allowed = [str(member) for member in kind]
         raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name} must be one of {', '.join(allowed)}",
                            extra={"param": name, "allowed": allowed}) from None
 
@@ -55,6 +56,7 @@ async def _tenancy(request: web.Request) -> tuple[TenancyMap, Any]:
         raise GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain cannot be believed",
                            extra={"chain_verdict": str(view.check.verdict)})
     state = view.state
+    assert state is not None  # a believable view is a folded one
     return TenancyMap(team_of=state.team_of, org_of=state.org_of), view
 
 

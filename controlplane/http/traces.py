@@ -9,6 +9,8 @@ and are already announced, so they are not shown here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import msgspec
 from aiohttp import web
 
@@ -17,6 +19,9 @@ from controlplane.http.common import json_response, requires
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
 from shared.spans import DecisionNote, account_of, span_of
+
+if TYPE_CHECKING:
+    from controlplane.traces import Traces
 
 
 @requires(Scope.READ)
@@ -27,7 +32,7 @@ async def trace_of_attempt(request: web.Request) -> web.Response:
     if row is None:
         raise GatewayError(ErrorCode.NOT_FOUND, f"attempt {attempt_id[:64]!r} is not among the recent routes "
                            f"(the last {service.routes.recent.maxlen} finished attempts)")
-    traces = request.app[TRACES]
+    traces = cast("Traces | None", request.app[TRACES])
     spec = service.registry.get(row.account_id)
     account = None if spec is None else account_of(str(spec.provider_binding), spec.base_url)
     note = traces.notes.get(row.mint_decision_id) if traces is not None and row.mint_decision_id else None

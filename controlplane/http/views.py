@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane.http.common import int_query, json_response, requires
 from controlplane.http.appkeys import SERVICE
+from controlplane.http.common import int_query, json_response, requires
 from controlplane.routebook import view_of
 from shared.clock import iso_ms, now_ms
 from shared.codes import Scope

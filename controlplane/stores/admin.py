@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -38,10 +38,8 @@ import msgspec
 from controlplane.core.overlay import AdminAction, Overlay, fold_overlay
 from shared.capacity import StateUnavailable
 from shared.chain import ChainCheck, Verdict
-from shared.chainfile import (
-    ChainBusy, ChainCorrupt, ChainError, ChainStorage, ChainUnwritable, ChainView, Committed, HashChain,
-    RevisionConflict,
-)
+from shared.chainfile import ChainCorrupt, ChainUnwritable, ChainView, Committed, HashChain
+from shared.chainstorage import ChainBusy, ChainError, ChainStorage, RevisionConflict
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, ErrorCode, Refusal
 from shared.errors import GatewayError
@@ -64,7 +62,7 @@ class Revocation(msgspec.Struct, frozen=True, kw_only=True):
     unacknowledged_hosts: tuple[str, ...] = ()
 
 
-Revoker = Callable[[str], Awaitable[int | Revocation]]
+Revoker = Callable[[str], Coroutine[Any, Any, int | Revocation]]
 
 
 class AdminMutation(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,7 +81,7 @@ class RevocationFailed(Exception):
 class AccountAdminStore:
     def __init__(self, state_dir: str, account_ids: Sequence[str], *,
                  clock: Callable[[], int] = now_ms,
-                 on_commit: Callable[[dict[str, Any]], None] | None = None,
+                 on_commit: Callable[[dict[str, Any]], object] | None = None,
                  storage: ChainStorage | None = None, recent_s: float | None = None) -> None:
         """`storage`: where the chain's bytes live (the state dir's files by default; fleet
         mode: Redis, mirrored into those files). `recent_s`: see `HashChain.read_recent`."""

@@ -229,7 +229,7 @@ class Ledger:
         except OSError as exc:
             log.error("ledger_sweep_failed", error=str(exc))
 
-    def submit(self, work: Callable[..., None], *args: object) -> Future:
+    def submit(self, work: Callable[..., object], *args: object) -> Future:
         """Run `work` on the ledger's one worker thread, after the work queued before it."""
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger")

@@ -26,14 +26,20 @@ from typing import Any
 import msgspec
 
 from controlplane.core.policy import (
-    Ceiling, Finding, Level, LevelDocument, PolicyState, Problem, Tenancy, check_document,
-    fold_records, layers_for, fold_policy, parse_level, tenancy_conflicts, tenancy_of,
+    Ceiling,
+    PolicyState,
+    ResolvedPolicy,
+    Tenancy,
+    fold_policy,
+    fold_records,
+    layers_for,
+    tenancy_conflicts,
+    tenancy_of,
 )
-from controlplane.core.policy import ResolvedPolicy
+from controlplane.core.policydocs import Finding, Level, LevelDocument, Problem, check_document, parse_level
 from shared.chain import ChainCheck, Verdict
-from shared.chainfile import (
-    ChainBusy, ChainCorrupt, ChainError, ChainStorage, ChainView, HashChain, RevisionConflict,
-)
+from shared.chainfile import ChainCorrupt, ChainView, HashChain
+from shared.chainstorage import ChainBusy, ChainError, ChainStorage, RevisionConflict
 from shared.clock import iso_ms, now_ms
 from shared.codes import ErrorCode, Refusal
 from shared.errors import GatewayError

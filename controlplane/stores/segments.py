@@ -189,7 +189,7 @@ class Folding:
         windows = {key: [(str(dim), k, *cell) for dim, cells in window.items() for k, cell in cells.items()]
                    for key, window in self.fold.summary().items()}
         return Summary(segment=segment, rows=self.rows, windows=windows,  # type: ignore[arg-type]
-                       tail_ids=list(self.tail), **identity)
+                       tail_ids=list(self.tail), **identity)  # type: ignore[arg-type]
 
 
 def fold_file(path: str, start: int = 0, folding: Folding | None = None) -> tuple[Folding, int]:

@@ -203,11 +203,11 @@ class RedisCapacity:
                 taken = await self._reserve(keys=[self.keys.incarnation], args=args)
         if taken == -1:
             raise StateLost(f"{self.table} capacity: the fleet state was lost; re-register first")
-        return taken == 1
+        return bool(taken == 1)
 
     async def release(self, holder: str) -> bool:
         with guard(f"{self.table} capacity release"):
-            return await self._release(keys=[self.keys.cap_owner(self.table)], args=[self._cap, holder]) == 1
+            return bool(await self._release(keys=[self.keys.cap_owner(self.table)], args=[self._cap, holder]) == 1)
 
     async def release_all(self, holders: Sequence[str]) -> int:
         """Release every one of `holders` in one script; answers how many were held."""

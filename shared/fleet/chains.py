@@ -28,8 +28,8 @@ from typing import Any
 
 import redis
 
-import shared.chainfile as chainfile
-from shared.chainfile import ChainBusy, ChainBytes, RevisionConflict
+import shared.chainstorage as chainstorage
+from shared.chainstorage import ChainBusy, ChainBytes, RevisionConflict
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard
 
@@ -131,7 +131,7 @@ class RedisChainStorage:
 
     def tail(self) -> bytes:
         with guard(f"chain {self.name} tail"):
-            return self.client.getrange(self.records_key, -chainfile.TAIL_BYTES, -1) or b""
+            return self.client.getrange(self.records_key, -chainstorage.TAIL_BYTES, -1) or b""
 
     def size(self) -> int:
         with guard(f"chain {self.name} size"):
@@ -140,7 +140,7 @@ class RedisChainStorage:
     @contextmanager
     def writer(self) -> Iterator[None]:
         owner = "lock-" + secrets.token_hex(8)
-        timeout_s = chainfile.LOCK_TIMEOUT_S
+        timeout_s = chainstorage.LOCK_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
         while True:
             with guard(f"chain {self.name} lock"):
@@ -182,12 +182,12 @@ class RedisChainStorage:
         """Write a whole verified chain into a chain Redis lost entirely; False if it is not
         empty any more (another host seeded first, or a writer appended)."""
         with guard(f"chain {self.name} seed"):
-            return self._seed(keys=self._seed_keys(), args=[data, anchor]) == 1
+            return bool(self._seed(keys=self._seed_keys(), args=[data, anchor]) == 1)
 
     def extend_seed(self, suffix: bytes, expected_size: int, anchor: bytes) -> bool:
         """Extend a re-seeded chain nobody has written to since, from a longer verified mirror."""
         with guard(f"chain {self.name} extend seed"):
-            return self._extend_seed(keys=self._seed_keys(), args=[suffix, expected_size, anchor]) == 1
+            return bool(self._extend_seed(keys=self._seed_keys(), args=[suffix, expected_size, anchor]) == 1)
 
     def is_seeded(self) -> bool:
         with guard(f"chain {self.name} seeded"):

@@ -189,7 +189,7 @@ class HostRegistry:
         """A clean stop lets go of the id (a restart claims it at once); the heartbeat is kept,
         so the host's holders are reaped only if no instance comes back within the TTL."""
         with guard("host release"):
-            return await self._release(keys=[self.keys.hosts_instance], args=[host_id, instance_id]) == 1
+            return bool(await self._release(keys=[self.keys.hosts_instance], args=[host_id, instance_id]) == 1)
 
     async def live_hosts(self) -> dict[str, int]:
         """host id → its last heartbeat (ms since the epoch, Redis's clock), for every live host."""

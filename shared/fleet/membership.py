@@ -18,8 +18,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from shared.capacity import StateUnavailable
+from shared.codes import Standing
 from shared.fleet.capacity import Incarnation
-from shared.fleet.hosts import Beat, HostClaim, HostRegistry, Reaped, Standing, new_instance_id
+from shared.fleet.hosts import Beat, HostClaim, HostRegistry, Reaped, new_instance_id
 from shared.fleet.redis_client import raise_if_cancelled
 from shared.logging import get_logger
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from shared.chain import ChainCheck, Verdict, encode_anchor, split_lines, verify_chain_between
-from shared.chainfile import ChainBytes, FileChainStorage
+from shared.chainstorage import ChainBytes, FileChainStorage
 from shared.fleet.chains import RedisChainStorage
 from shared.logging import get_logger
 

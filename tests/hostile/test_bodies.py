@@ -128,8 +128,8 @@ def test_a_body_with_no_model_is_forwarded(hgw: Gateway, clean_stub: Stub) -> No
 def test_the_body_goes_upstream_as_it_came(hgw: Gateway, clean_stub: Stub) -> None:
     """Strictly read, never rewritten: a gzip body with escapes reaches the upstream compressed."""
     minted = mint_v2(hgw, HAIKU, "d-body-same")
-    body = ('{"model":"claude-haiku-\\u0034-5", "max_tokens":8, "messages":[{"role":"user",'
-            '"content":"h\\u00e9 \\ud83d\\ude00 1e999"}]}').encode()
+    body = (b'{"model":"claude-haiku-\\u0034-5", "max_tokens":8, "messages":[{"role":"user",'
+            b'"content":"h\\u00e9 \\ud83d\\ude00 1e999"}]}')
     status, _, _ = post_raw(hgw, "/v1/messages", gzip.compress(body),
                             {**A_HEADERS, "x-api-key": minted["token"], "Content-Encoding": "gzip"})
     assert status == 200

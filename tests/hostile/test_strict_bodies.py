@@ -14,10 +14,17 @@ import zlib
 from typing import Any, NamedTuple
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dataplane.bodies import (
-    STEP_OUT, BodyRefused, coding_of, decode_body, peek_body, strict_model, strict_peek,
+    STEP_OUT,
+    BodyRefused,
+    coding_of,
+    decode_body,
+    peek_body,
+    strict_model,
+    strict_peek,
 )
 from shared.codes import Refusal
 

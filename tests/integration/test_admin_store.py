@@ -316,7 +316,7 @@ async def test_the_lock_is_held_while_the_revocation_runs(tmp_path: Path) -> Non
     with pytest.raises(GatewayError) as conflict:
         await racing
     assert done.revision == 1 and conflict.value.status == 409
-    assert [json.loads(l)["action"] for l in chain_lines(tmp_path)] == ["revoke-leases"]
+    assert [json.loads(line)["action"] for line in chain_lines(tmp_path)] == ["revoke-leases"]
 
 
 async def test_a_failed_revocation_records_nothing(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from controlplane.decisions import Decision, DecisionStore, LocalDecisions
 from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import RedisDecisions
 from shared.capacity import CapacityStore, LocalCapacity
-from shared.chainfile import ChainBusy, ChainStorage, FileChainStorage, RevisionConflict
+from shared.chainstorage import ChainBusy, ChainStorage, FileChainStorage, RevisionConflict
 from shared.codes import CircuitPhase, Condition, Outcome, Refusal
 from shared.fleet.capacity import RedisCapacity
 from shared.fleet.chains import RedisChainStorage
@@ -329,8 +329,8 @@ def test_chain_storage_anchor_replaces_and_the_version_moves(chain: ChainStorage
 
 
 def test_chain_storage_writer_is_exclusive(chain: ChainStorage, monkeypatch: pytest.MonkeyPatch) -> None:
-    import shared.chainfile as chainfile
-    monkeypatch.setattr(chainfile, "LOCK_TIMEOUT_S", 0.2)
+    import shared.chainstorage as chainstorage
+    monkeypatch.setattr(chainstorage, "LOCK_TIMEOUT_S", 0.2)
     entered, release = threading.Event(), threading.Event()
 
     def hold() -> None:

@@ -14,8 +14,8 @@ from controlplane.main import Control
 from controlplane.routebook import RouteView
 from controlplane.service import ControlService
 from shared.codes import CostReason
-from tests.support.control import make_control
 from shared.wire import Ack, AttemptFinished, AttemptRow, AttemptStarted, Usage
+from tests.support.control import make_control
 
 
 def _control(tmp: Path) -> Control:

@@ -19,7 +19,7 @@ from tests.unit.test_ctl_client import SECRET
 class _Recorder(BaseHTTPRequestHandler):
     seen: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)})
         payload = json.dumps({"ok": True}).encode()

@@ -35,7 +35,7 @@ class FeedServer(ThreadingHTTPServer):
 class FeedHandler(BaseHTTPRequestHandler):
     server: FeedServer
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             return self._json(401, {"error": {"code": "unauthenticated", "message": "a valid bearer token is required"}})
         if self.server.status != 200:

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-from aiohttp import web
 import pytest
+from aiohttp import web
 from structlog.testing import capture_logs
 
 from dataplane import relay as relay_module

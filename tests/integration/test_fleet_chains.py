@@ -15,7 +15,8 @@ import pytest
 
 import shared.fleet.chains as chains
 from shared.chain import Fault, Verdict, encode_anchor
-from shared.chainfile import ChainCorrupt, ChainUnwritable, FileChainStorage, HashChain, RevisionConflict
+from shared.chainfile import ChainCorrupt, ChainUnwritable, HashChain
+from shared.chainstorage import FileChainStorage, RevisionConflict
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.mirror import MirroredChainStorage
 from tests.support.fleet import Fleet

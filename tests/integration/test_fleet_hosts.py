@@ -17,8 +17,8 @@ from shared.fleet.hosts import HostClaim, HostRegistry, Reaped, Standing, new_in
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import HostIdTaken, Membership
 from tests.support.fleet import Fleet
-from tests.support.waits import until as wait_until_async
 from tests.support.redis_server import RedisServer
+from tests.support.waits import until as wait_until_async
 
 TTL_S = 1.0
 

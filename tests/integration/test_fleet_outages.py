@@ -26,8 +26,8 @@ from shared.fleet.chains import RedisChainStorage
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling
 from tests.support.fleet import Fleet
-from tests.support.waits import until as wait_until_async
 from tests.support.redis_server import RedisServer
+from tests.support.waits import until as wait_until_async
 
 TIMEOUT_S = 0.5
 # A hung server is noticed within one reply timeout; a fresh connection's own handshake can

@@ -24,7 +24,8 @@ from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import RedisDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.stores.admin import AccountAdminStore
-from shared.chainfile import FileChainStorage, HashChain
+from shared.chainfile import HashChain
+from shared.chainstorage import FileChainStorage
 from shared.codes import AdminState, Condition, Outcome
 from shared.fleet.capacity import RedisCapacity
 from shared.fleet.chains import RedisChainStorage

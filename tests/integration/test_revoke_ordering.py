@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import msgspec
-
 from controlplane.service import ControlService
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink

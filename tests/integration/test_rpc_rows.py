@@ -14,7 +14,7 @@ from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import LAZY_FLUSH_S, Connection, start_unix_server
-from shared.wire import Ack, AccountRoute, AttemptFinished, AttemptRow, AttemptStarted, Message
+from shared.wire import AccountRoute, Ack, AttemptFinished, AttemptRow, AttemptStarted, Message
 from tests.support.waits import until
 
 ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",

@@ -15,7 +15,7 @@ from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import Connection, start_unix_server
-from shared.wire import PROTOCOL_VERSION, Ack, AccountRoute, Hello, Lease, Refused, Welcome
+from shared.wire import PROTOCOL_VERSION, AccountRoute, Ack, Hello, Lease, Refused, Welcome
 from tests.support.waits import until
 
 ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",

@@ -20,9 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.waits import ProcessExited, wait_until  # also imported from here by bench/
-
 from tests.support.ledgerfiles import rows_on_disk
+from tests.support.waits import ProcessExited, wait_until  # also imported from here by bench/
 
 REPO = Path(__file__).resolve().parents[2]
 

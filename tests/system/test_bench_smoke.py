@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from bench import rpc_rate
-from bench.run import PLANS, measure, write
 from bench.report import render
+from bench.run import PLANS, measure, write
 from bench.stats import AIMS
 
 

@@ -10,6 +10,7 @@ import pytest
 from tests.support.harness import Gateway, Stub
 from tests.system.test_ctl import MODEL, WHO, call, ctl, pairs
 
+
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
     gateway = Gateway(tmp_path_factory.mktemp("ctl-admin"), stub).start()

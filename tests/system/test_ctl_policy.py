@@ -11,6 +11,7 @@ import pytest
 from tests.support.harness import Gateway, Stub
 from tests.system.test_ctl import MODEL, ctl
 
+
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
     gateway = Gateway(tmp_path_factory.mktemp("ctl-policy"), stub).start()

@@ -1,67 +1,43 @@
 """`GET /dashboard` in a real headless Chromium against real daemons (SPEC §11, seed 002).
 
-Chromium is Debian's package, installed here when missing (root and apt-get needed; otherwise the
-tests skip saying so). Playwright drives it through `executable_path` and never downloads a
-browser of its own. Screenshots land in `tests/artifacts/`.
+Chromium is Debian's package, which `make test` installs before pytest starts (`make chromium`);
+when it is missing the tests skip saying so, and fail under CI (`tests/support/prerequisites.py`).
+Playwright drives it through `executable_path` and never downloads a browser of its own.
+Screenshots land in `tests/artifacts/`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import struct
 
 import anthropic
 import openai
 import pytest
 
 from tests.support.harness import Gateway, Stub, credential_like, http
+from tests.support.prerequisites import CHROMIUM, CHROMIUM_INSTALL, missing
 
-CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 MODEL = "claude-sonnet-4-6"
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
 WAIT_MS = 15_000
-# The first test may install chromium with apt-get (a minute or two on a fresh machine).
-pytestmark = pytest.mark.timeout(600)
-
-
-def ensure_chromium() -> str:
-    if os.path.exists(CHROMIUM):
-        return CHROMIUM
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip(f"{CHROMIUM} is missing and cannot be installed here (needs root and apt-get): "
-                    "apt-get install chromium")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    output = ""
-    for commands in ([["apt-get", "install", "-y", "-q", "chromium"]],
-                     [["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]]):
-        for argv in commands:
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-            output = done.stdout[-1500:] + done.stderr[-1500:]
-        if os.path.exists(CHROMIUM):
-            return CHROMIUM
-    message = f"apt-get could not install chromium:\n{output}"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright is not installed: pip install -e '.[test]'")
-    executable = ensure_chromium()
+    from playwright import sync_api  # in the test extra, so always installed with the suite
+
+    if not os.access(CHROMIUM, os.X_OK):
+        missing(CHROMIUM, CHROMIUM_INSTALL)
     with sync_api.sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        launched = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield launched
         launched.close()
 

@@ -16,7 +16,7 @@ from tests.system.test_headroom import MODEL, anthropic_headers
 pytestmark = pytest.mark.timeout(600)   # the first Chromium test may install it (test_dashboard.py)
 
 
-def test_each_kind_is_a_bar_with_its_share_and_reset(page: Any, make_gateway, clean_stub) -> None:  # noqa: F811
+def test_each_kind_is_a_bar_with_its_share_and_reset(page: Any, make_gateway, clean_stub) -> None:
     read_token = credential_like("read_")
     gw = make_gateway({"GATEWAY_READ_TOKEN": read_token}).start()
     open_dashboard(page, gw, read_token)

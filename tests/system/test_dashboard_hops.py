@@ -7,11 +7,11 @@ from typing import Any
 
 from tests.support.harness import credential_like, http
 from tests.system.test_dashboard import ARTIFACTS, WAIT_MS, browser, open_dashboard, page  # noqa: F401 (fixtures)
-from tests.system.test_dispatch_keys import A, B, MODEL, mint, pool, second_stub  # noqa: F401 (fixture)
+from tests.system.test_dispatch_keys import MODEL, A, B, mint, pool, second_stub  # noqa: F401 (fixture)
 
 
 def test_a_hop_appears_with_its_accounts_condition_and_decision(
-        page: Any, make_gateway, tmp_path: Path, clean_stub, second_stub) -> None:  # noqa: F811
+        page: Any, make_gateway, tmp_path: Path, clean_stub, second_stub) -> None:
     read_token = credential_like("read_")
     gw = pool(make_gateway, tmp_path, second_stub, {"GATEWAY_READ_TOKEN": read_token})
     open_dashboard(page, gw, read_token)

@@ -13,13 +13,25 @@ import anthropic
 import pytest
 
 from tests.support.attempts import (
-    A_BODY, A_HEADERS, A_MODEL, MESSAGES, anthropic_sdk, one_row, read_until, send_raw, settled, step,
+    A_BODY,
+    A_HEADERS,
+    A_MODEL,
+    MESSAGES,
+    anthropic_sdk,
+    one_row,
+    read_until,
+    send_raw,
+    settled,
+    step,
     stub_entry,
 )
 from tests.support.harness import Gateway, Stub, free_port
 from tests.support.harness import http as call
 from tests.support.stub_upstream import (
-    STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS, stub_text,
+    STUB_CACHE_CREATION_INPUT_TOKENS,
+    STUB_CACHE_READ_INPUT_TOKENS,
+    STUB_INPUT_TOKENS,
+    stub_text,
 )
 from tests.support.waits import wait_until
 

@@ -10,7 +10,9 @@ import time
 from tests.support.attempts import A_BODY, read_until, rows_for, send_raw, step, stub_entry
 from tests.support.harness import Stub
 from tests.support.stub_upstream import (
-    STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS,
+    STUB_CACHE_CREATION_INPUT_TOKENS,
+    STUB_CACHE_READ_INPUT_TOKENS,
+    STUB_INPUT_TOKENS,
 )
 from tests.support.waits import wait_until
 

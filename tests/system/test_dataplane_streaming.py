@@ -13,12 +13,24 @@ import openai
 import pytest
 
 from tests.support.attempts import (
-    A_BODY, A_HEADERS, A_MODEL, MESSAGES, O_MODEL, anthropic_sdk, one_row, openai_sdk, settled,
-    step, stub_entry,
+    A_BODY,
+    A_HEADERS,
+    A_MODEL,
+    MESSAGES,
+    O_MODEL,
+    anthropic_sdk,
+    one_row,
+    openai_sdk,
+    settled,
+    step,
+    stub_entry,
 )
 from tests.support.harness import Gateway, Stub
 from tests.support.stub_upstream import (
-    STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS, stub_text,
+    STUB_CACHE_CREATION_INPUT_TOKENS,
+    STUB_CACHE_READ_INPUT_TOKENS,
+    STUB_INPUT_TOKENS,
+    stub_text,
 )
 
 # What message_start reports before any output: the billing of a stream cut after it.

@@ -17,14 +17,29 @@ import openai
 import pytest
 
 from tests.support.attempts import (
-    A_BODY, A_HEADERS, A_MODEL, MESSAGES, O_MODEL, anthropic_sdk, assert_swapped, one_row,
-    openai_sdk, settled, step, stub_entry,
+    A_BODY,
+    A_HEADERS,
+    A_MODEL,
+    MESSAGES,
+    O_MODEL,
+    anthropic_sdk,
+    assert_swapped,
+    one_row,
+    openai_sdk,
+    settled,
+    step,
+    stub_entry,
 )
 from tests.support.harness import Gateway, Stub
 from tests.support.harness import http as call
 from tests.support.stub_upstream import (
-    ANTHROPIC_MODELS, OPENAI_MODELS, STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS,
-    STUB_INPUT_TOKENS, STUB_OPENAI_CACHED_TOKENS, stub_text,
+    ANTHROPIC_MODELS,
+    OPENAI_MODELS,
+    STUB_CACHE_CREATION_INPUT_TOKENS,
+    STUB_CACHE_READ_INPUT_TOKENS,
+    STUB_INPUT_TOKENS,
+    STUB_OPENAI_CACHED_TOKENS,
+    stub_text,
 )
 
 A_USAGE = {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 3,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 from tests.support.harness import Gateway, http
-from tests.system.test_mint_v2_scenario import pool_gateway, second_stub  # noqa: F401 (fixture)
 from tests.support.waits import wait_until
+from tests.system.test_mint_v2_scenario import pool_gateway, second_stub  # noqa: F401 (fixture)
 
 MODEL = "claude-sonnet-4-6"
 A, B = "legacy-anthropic", "anthropic-team-b"

@@ -12,8 +12,8 @@ import anthropic
 import pytest
 
 from tests.support.harness import Gateway, Stub, base_env, http
-from tests.system.test_mint_v2_scenario import pool_gateway, second_stub  # noqa: F401 (fixture)
 from tests.support.waits import wait_until
+from tests.system.test_mint_v2_scenario import pool_gateway, second_stub  # noqa: F401 (fixture)
 
 MODEL = "claude-sonnet-4-6"
 A, B = "legacy-anthropic", "anthropic-team-b"

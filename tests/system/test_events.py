@@ -53,7 +53,7 @@ class Feed:
                 elif not line.startswith(":"):
                     field, _, value = line.partition(": ")
                     block[field] = value
-        except Exception:  # noqa: BLE001 — closed under the reader by `close()` or by the server
+        except Exception:
             pass
         self.ended = True
 
@@ -226,7 +226,7 @@ def test_a_reader_that_never_reads_is_dropped_with_bounded_queues(feed_gateway: 
         assert metric(gw, "leasehold_event_queue_depth_max") == 0
         assert metric(gw, "leasehold_event_queue_high_water") == limit  # filled to the bound, no further
         wait_until(lambda: '"event_subscriber_dropped"' in gw.control.output(), 5, "the drop to be logged")
-        line = next(l for l in gw.control.output().splitlines() if '"event_subscriber_dropped"' in l)
+        line = next(x for x in gw.control.output().splitlines() if '"event_subscriber_dropped"' in x)
         assert json.loads(line)["reason"] == "queue-full"
     finally:
         stalled.close()

@@ -20,7 +20,14 @@ import pytest
 import redis
 
 from tests.support.fleetpairs import (
-    MODEL, FleetPairs, account, accounts, accounts_toml, call, fleet_of, mint,
+    MODEL,
+    FleetPairs,
+    account,
+    accounts,
+    accounts_toml,
+    call,
+    fleet_of,
+    mint,
 )
 from tests.support.harness import Gateway, Stub, base_env, http
 from tests.support.redis_server import RedisServer
@@ -193,7 +200,7 @@ def test_a_circuit_opened_on_one_host_keeps_the_others_mints_off_and_admits_one_
     feed = Feed(b, circuit_fleet.control_token)
     try:
         minted = mint(a, "circ-1")[2]
-        for n in range(3):   # the third opens it for 2 s (the upstream's Retry-After beats the 1 s cooldown)
+        for _ in range(3):   # the third opens it for 2 s (the upstream's Retry-After beats the 1 s cooldown)
             assert call(a, minted["token"], '{"status": 529, "headers": {"retry-after": "2"}}')[0] == 529
         status, _, body = mint(b, "circ-2")
         assert body["account_id"] == "team-b" and body["skipped"][0]["code"] == "circuit-open", body

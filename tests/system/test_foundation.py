@@ -10,7 +10,10 @@ import pytest
 
 from tests.support.harness import Gateway, Stub, http
 from tests.support.stub_upstream import (
-    STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS, stub_text,
+    STUB_CACHE_CREATION_INPUT_TOKENS,
+    STUB_CACHE_READ_INPUT_TOKENS,
+    STUB_INPUT_TOKENS,
+    stub_text,
 )
 from tests.support.waits import wait_until
 

@@ -11,7 +11,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.harness import Gateway, Stub, http as call
+from tests.support.harness import Gateway, Stub
+from tests.support.harness import http as call
 from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"

@@ -8,7 +8,9 @@ from pathlib import Path
 from tests.support.attempts import A_HEADERS, MESSAGES, one_row
 from tests.support.harness import Stub, http
 from tests.support.stub_upstream import (
-    STUB_CACHE_CREATION_INPUT_TOKENS, STUB_CACHE_READ_INPUT_TOKENS, STUB_INPUT_TOKENS,
+    STUB_CACHE_CREATION_INPUT_TOKENS,
+    STUB_CACHE_READ_INPUT_TOKENS,
+    STUB_INPUT_TOKENS,
 )
 
 PRICES = """

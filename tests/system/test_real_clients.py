@@ -1,8 +1,9 @@
 """Claude Code and Codex CLI, the real binaries from npm, through the gateway against the stub.
 
-The clients are installed once into a cache directory (`LEASEHOLD_TEST_CLIENTS`, default
-`~/.cache/leasehold-test-clients`); the tests are skipped, saying why, only when they are
-missing and the npm registry cannot be reached. Each client runs with a temporary home, its
+The clients live in a cache directory (`LEASEHOLD_TEST_CLIENTS`, default
+`~/.cache/leasehold-test-clients`) that `make test` fills before pytest starts (`make
+test-clients`); when they are missing the tests skip saying so, and fail under CI
+(`tests/support/prerequisites.py`). Each client runs with a temporary home, its
 non-essential traffic turned off (CLIENTS.md §4) and every proxy variable pointing at a closed
 local port, so nothing but the gateway on 127.0.0.1 is reachable. Each run is bounded.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,39 +23,23 @@ import pytest
 
 from tests.support.attempts import settled
 from tests.support.harness import Gateway, Stub
+from tests.support.prerequisites import CLIENTS_INSTALL, missing
 from tests.support.stub_upstream import stub_text
 
 CACHE = Path(os.environ.get("LEASEHOLD_TEST_CLIENTS", "~/.cache/leasehold-test-clients")).expanduser()
 PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
 RUN_TIMEOUT_S = 120
-INSTALL_TIMEOUT_S = 900
 # One more text delta than the stub's default: a client that accepted the cut stream would
 # report this longer text instead of the retried answer.
 CUT_DELTAS = 4
 
 
-def _npm_install(missing: list[str]) -> None:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed, so Claude Code and Codex CLI cannot be installed")
-    ping = subprocess.run([npm, "ping"], capture_output=True, text=True, timeout=60)
-    if ping.returncode != 0:
-        pytest.skip(f"the npm registry cannot be reached to install {', '.join(missing)}: "
-                    f"{(ping.stderr or ping.stdout).strip()[-300:]}")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", *missing],
-                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
 @pytest.fixture(scope="module")
 def bins() -> dict[str, Path]:
     found = {name: CACHE / "node_modules" / ".bin" / name for name in PACKAGES}
-    missing = [PACKAGES[name] for name, path in found.items() if not path.exists()]
-    if missing:
-        _npm_install(missing)
-    for name, path in found.items():
-        assert path.exists(), f"{name} is not at {path} after the install"
+    absent = [PACKAGES[name] for name, path in found.items() if not os.access(path, os.X_OK)]
+    if absent:
+        missing(" and ".join(absent) + f" (in {CACHE})", CLIENTS_INSTALL.format(cache=CACHE))
     return found
 
 

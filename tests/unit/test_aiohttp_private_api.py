@@ -1,23 +1,37 @@
-"""aiohttp's private parts `dataplane/upstream_client.py` is built on are still there and still
-behave as it relies on; a failure names the installed aiohttp version.
+"""aiohttp's private parts the data plane is built on are still there and still behave as it
+relies on, and only `dataplane/aiohttp_private.py` (the guard module) touches them; a failure
+names the installed aiohttp version.
 
-The client writes its request head with `aiohttp.http_writer._serialize_headers` and reads the
-answer with `aiohttp.client_proto.ResponseHandler` (plus `aiohttp.helpers`' `EMPTY_BODY_METHODS`
-and `parse_content_type`). None of them is public API, so setup.cfg pins the aiohttp minors the
-byte-identity tests (`tests/integration/test_upstream_client.py`) passed on; this file is the
-first thing to fail when a new aiohttp moves them. Each check drives the part the way the client
-does, over a transport that only records (no socket)."""
+The upstream client writes its request head with `aiohttp.http_writer._serialize_headers` and
+reads the answer with `aiohttp.client_proto.ResponseHandler` (plus `aiohttp.helpers`'
+`EMPTY_BODY_METHODS` and `parse_content_type`); the server builds its connection handler from
+`web.Server._loop` / `._kwargs`; `HeadersWithBody` turns `StreamResponse._send_headers_immediately`
+off. None of them is public API, so setup.cfg pins the aiohttp minors the byte-identity tests
+(`tests/integration/test_upstream_client.py`) passed on; this file is the first thing to fail when
+a new aiohttp moves them. Each check drives the part the way the data plane does, over a
+transport that only records (no socket), or a server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
+
+from dataplane.aiohttp_private import HeadersWithBody, server_class
+
+REPO = Path(__file__).resolve().parents[2]
+GUARD = REPO / "dataplane" / "aiohttp_private.py"
+# aiohttp's public surface: the package and its `web` module (each one's `__all__`).
+PUBLIC_MODULES = {"aiohttp", "aiohttp.web"}
 
 # The keyword arguments `UpstreamClient.request` passes to `ResponseHandler.set_response_params`.
 RESPONSE_PARAMS = dict(skip_payload=False, read_until_eof=True, auto_decompress=False, read_bufsize=64 * 1024,
@@ -152,7 +166,7 @@ async def helpers_are_as_the_client_uses_them() -> None:
 
 
 async def request_handler_has_what_the_connection_bounds_use() -> None:
-    """dataplane/main.py's `_Handler` (SPEC §19's head timer and connection cap) reads these."""
+    """dataplane/aiohttp_private.py's `BoundedRequestHandler` (SPEC §19's head timer and connection cap) reads these."""
     from aiohttp.web_protocol import RequestHandler
 
     slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
@@ -160,6 +174,43 @@ async def request_handler_has_what_the_connection_bounds_use() -> None:
     params = list(inspect.signature(RequestHandler._handle_request).parameters)
     assert params == ["self", "request", "start_time", "request_handler"]
     assert "keepalive_timeout" in inspect.signature(RequestHandler.__init__).parameters
+
+
+async def server_class_serves_with_the_given_handler() -> None:
+    """`server_class(handler)` answers through `handler`, built with aiohttp's own arguments."""
+    built: list[web.RequestHandler] = []
+
+    class Counted(web.RequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    async def handle(_request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    server = server_class(Counted)(handle, handler_cancellation=True, max_field_size=8190)
+    assert server._kwargs == {"max_field_size": 8190}  # what `__call__` passes on
+    runner = web.ServerRunner(server, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/") as got:
+            assert (got.status, await got.text()) == (200, "ok")
+        assert len(built) == 1 and isinstance(built[0], Counted)
+    finally:
+        await runner.cleanup()
+
+
+async def headers_with_body_holds_the_headers_for_the_first_chunk() -> None:
+    for response_class, sent_at_once in ((HeadersWithBody, False), (web.StreamResponse, True)):
+        request = make_mocked_request("POST", "/v1/messages")
+        response = response_class(status=200)
+        response.content_length = 2
+        await response.prepare(request)
+        assert request.writer.write_headers.called
+        assert request.writer.send_headers.called is sent_at_once, response_class.__name__
 
 
 class Case(NamedTuple):
@@ -174,7 +225,8 @@ CASES = [Case(check.__name__.replace("_", " "), check) for check in (
     response_handler_skips_the_payload_when_told,
     response_handler_raises_http_processing_error_on_a_malformed_answer,
     response_handler_raises_server_disconnected_on_a_lost_connection, helpers_are_as_the_client_uses_them,
-    request_handler_has_what_the_connection_bounds_use)]
+    request_handler_has_what_the_connection_bounds_use, server_class_serves_with_the_given_handler,
+    headers_with_body_holds_the_headers_for_the_first_chunk)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -183,5 +235,48 @@ async def test_aiohttp_private_api(case: Case) -> None:
         await case.given()
     except (Exception, pytest.fail.Exception) as exc:  # any change at all is the news
         pytest.fail(f"aiohttp {aiohttp.__version__}: {case.name}: no longer holds ({type(exc).__name__}: {exc}). "
-                    "dataplane/upstream_client.py relies on it; run tests/integration/test_upstream_client.py "
-                    "and adjust the client and the aiohttp pin in setup.cfg together.", pytrace=True)
+                    "dataplane/aiohttp_private.py relies on it; run tests/integration/test_upstream_client.py "
+                    "and adjust the guard module and the aiohttp pin in setup.cfg together.", pytrace=True)
+
+
+def _from_aiohttp(base: ast.expr) -> bool:
+    """`web.X` or `aiohttp.X`: a class of aiohttp's."""
+    return isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in ("web", "aiohttp")
+
+
+def _private_members(cls: ast.ClassDef) -> set[str]:
+    """The single-underscore names a class sets at class level or reaches through `self`: in a
+    subclass of an aiohttp class, each is aiohttp's private member or may collide with one."""
+    names = set()
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            names.add(node.attr)
+    for stmt in cls.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_only_the_guard_module_touches_aiohttp_internals() -> None:
+    """Outside `dataplane/aiohttp_private.py`, aiohttp is imported from its public modules only,
+    and none of the private attributes the guard uses is reached for."""
+    offenders = []
+    swept = 0
+    for package in ("shared", "controlplane", "dataplane"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            if path == GUARD:
+                continue
+            swept += 1
+            where = path.relative_to(REPO).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    offenders += [f"{where}:{node.lineno} import {a.name}" for a in node.names
+                                  if a.name.split(".")[0] == "aiohttp" and a.name not in PUBLIC_MODULES]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "aiohttp":
+                    if node.module not in PUBLIC_MODULES or any(a.name.startswith("_") for a in node.names):
+                        offenders.append(f"{where}:{node.lineno} from {node.module} import ...")
+                elif isinstance(node, ast.ClassDef) and any(_from_aiohttp(base) for base in node.bases):
+                    offenders += [f"{where}:{node.lineno} {node.name}.{name}" for name in _private_members(node)]
+    assert swept > 100
+    assert not offenders, f"aiohttp internals outside dataplane/aiohttp_private.py: {offenders}"

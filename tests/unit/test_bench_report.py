@@ -96,10 +96,14 @@ def test_layout_gives_the_generator_its_own_core() -> None:
 
 
 def _results() -> dict:
-    lat = lambda p50, p99: {"n": 100, "p50": p50, "p90": p50, "p99": p99, "max": p99, "mean": p50}  # noqa: E731
-    held = lambda name, kib: {"streams_open": 10, "errors": {}, "daemons": {  # noqa: E731
-        name: {"rss_idle_kib": 1000, "rss_held_kib": 1000 + 10 * kib, "peak_rss_kib": 2000,
-               "kib_per_stream": kib}}}
+    def lat(p50: float, p99: float) -> dict:
+        return {"n": 100, "p50": p50, "p90": p50, "p99": p99, "max": p99, "mean": p50}
+
+    def held(name: str, kib: int) -> dict:
+        return {"streams_open": 10, "errors": {}, "daemons": {
+            name: {"rss_idle_kib": 1000, "rss_held_kib": 1000 + 10 * kib, "peak_rss_kib": 2000,
+                   "kib_per_stream": kib}}}
+
     return {
         "started_at": "2026-01-01T00:00:00Z", "machine": {"cores": 2}, "layout": "pinned",
         "versions": {"python": "3.11"}, "targets": ["direct", "minimal-proxy", "leasehold"],

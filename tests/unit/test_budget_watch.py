@@ -13,7 +13,8 @@ import pytest
 
 from controlplane.core.budgets import LevelBudget, exhausted_budgets
 from controlplane.core.budgetwatch import NO_CHANGE, BudgetWatch
-from controlplane.core.spend import SpendFold, TenancyMap
+from controlplane.core.spend import SpendFold
+from controlplane.core.spendscopes import TenancyMap
 from controlplane.core.windows import Window
 from tests.support.ledgerfiles import ms, stamp_of
 from tests.support.rows import row

@@ -12,8 +12,19 @@ import msgspec
 import pytest
 
 from shared.chain import (
-    GENESIS_HASH, ChainCheck, Fault, Head, Verdict, encode_anchor, encode_record, head_of_tail,
-    record_hash, seal, split_lines, verify_chain, verify_chain_between,
+    GENESIS_HASH,
+    ChainCheck,
+    Fault,
+    Head,
+    Verdict,
+    encode_anchor,
+    encode_record,
+    head_of_tail,
+    record_hash,
+    seal,
+    split_lines,
+    verify_chain,
+    verify_chain_between,
 )
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from controlplane.cli import admin, policy
-from controlplane.cli.keys import describe_v1, describe_v2, v2_exit
 from controlplane.cli.client import Reply
 from controlplane.cli.exits import Exit
+from controlplane.cli.keys import describe_v1, describe_v2, v2_exit
 from controlplane.cli.output import cell, hhmmss, render_table, skipped_text
 from controlplane.cli.views import SseParser, accounts_table, admin_line, circuit_text, routes_table, watch_frame
 

@@ -14,7 +14,8 @@ import ast
 import re
 from pathlib import Path
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.envscrub import scrub_spawn_env
 

@@ -9,11 +9,19 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from controlplane.events import (
-    PROJECTIONS, AccountStateEvent, CloseReason, EventHub, EventKind, GapEvent, GapReason,
-    PolicyEvent, parse_event_id, resume_from,
-)
 from controlplane.circuits import CircuitView
+from controlplane.events import (
+    PROJECTIONS,
+    AccountStateEvent,
+    CloseReason,
+    EventHub,
+    EventKind,
+    GapEvent,
+    GapReason,
+    PolicyEvent,
+    parse_event_id,
+    resume_from,
+)
 from controlplane.routebook import RouteView
 from shared.wire import AttemptRow, Usage
 

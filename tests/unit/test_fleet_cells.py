@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from controlplane.core.budgets import LevelBudget, exhausted_budgets
-from controlplane.core.spend import (
-    COST, Dim, FleetCells, SpendFold, TenancyMap, scope_cell, spend_entries, window_of, window_triples, By,
-)
+from controlplane.core.fleetcells import FleetCells, window_of, window_triples
+from controlplane.core.spend import COST, By, Dim, SpendFold
+from controlplane.core.spendscopes import TenancyMap, scope_cell, spend_entries
 from controlplane.core.windows import Window
 from tests.support.rows import row
 

@@ -8,8 +8,18 @@ from typing import Any, NamedTuple
 import pytest
 
 from controlplane.core.fleet import (
-    END_REASONS, REPAIRS, HostRow, MissedRevocation, Repair, RestoredLease, fleet_state, host_rows, may_admit,
-    missed_revocations, repair_for, reregistration_order,
+    END_REASONS,
+    REPAIRS,
+    HostRow,
+    MissedRevocation,
+    Repair,
+    RestoredLease,
+    fleet_state,
+    host_rows,
+    may_admit,
+    missed_revocations,
+    repair_for,
+    reregistration_order,
 )
 from shared.codes import EndReason, FleetState, Standing
 

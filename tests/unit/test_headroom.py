@@ -8,7 +8,15 @@ from typing import NamedTuple
 import pytest
 
 from controlplane.core.headroom import (
-    Observation, crossings, floors_of, headroom_percent, is_low, lifts_at, low_kinds, newer, observations_of,
+    Observation,
+    crossings,
+    floors_of,
+    headroom_percent,
+    is_low,
+    lifts_at,
+    low_kinds,
+    newer,
+    observations_of,
 )
 from shared.clock import iso_ms
 from shared.wire import RateLimit, RateLimits

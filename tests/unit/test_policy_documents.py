@@ -6,9 +6,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from controlplane.core.policy import (
-    Level, LevelKind, Problem, check_document, fold_records, parse_level, tenancy_conflicts,
-)
+from controlplane.core.policy import fold_records, tenancy_conflicts
+from controlplane.core.policydocs import Level, LevelKind, Problem, check_document, parse_level
 
 ACCOUNTS = ("legacy-anthropic", "legacy-zai-harness", "legacy-openai", "anthropic-team-b")
 

@@ -11,9 +11,8 @@ from typing import Any, NamedTuple
 import msgspec
 import pytest
 
-from controlplane.core.policy import (
-    CEILING, DEFAULT, Ceiling, LevelDocument, PolicyField, PolicyState, fold_records, resolve,
-)
+from controlplane.core.policy import CEILING, DEFAULT, Ceiling, PolicyState, fold_records, resolve
+from controlplane.core.policydocs import LevelDocument, PolicyField
 from shared.codes import Condition
 
 ALL = frozenset(Condition)

@@ -8,7 +8,6 @@ from controlplane.core.pricing import Price, PriceLookup, PriceTable, cost_of, p
 from shared.codes import CostReason
 from shared.wire import Usage
 
-
 PRICES = PriceTable(price=(
     Price(models=("claude-sonnet-*",), input=3.0, output=15.0, cache_read=0.3, cache_creation=3.75),
     Price(models=("gpt-4o", "gpt-4o-*"), input=2.5, output=10.0, cache_read=1.25, cache_creation=0.0),

@@ -9,7 +9,12 @@ import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from dataplane.ratelimits import (
-    MAX_COUNT, parse_count, parse_duration_ms, parse_rfc3339_ms, rate_limits_of, reset_at_ms,
+    MAX_COUNT,
+    parse_count,
+    parse_duration_ms,
+    parse_rfc3339_ms,
+    rate_limits_of,
+    reset_at_ms,
 )
 from shared.clock import iso_ms
 from shared.wire import RateLimit, RateLimits

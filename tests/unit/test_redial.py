@@ -7,7 +7,11 @@ from __future__ import annotations
 import pytest
 
 from dataplane.rpc_client import (
-    BACKOFF_MAX_S, BACKOFF_MIN_S, STARTUP_FAST_S, STARTUP_POLL_S, redial_wait,
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    STARTUP_FAST_S,
+    STARTUP_POLL_S,
+    redial_wait,
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,7 +86,10 @@ def test_duplicate_id_names_the_second_entry(tmp_path: Path) -> None:
 def test_candidates_narrowed_and_ordered_by_policy(tmp_path: Path) -> None:
     path = write(tmp_path, entry(id="bb", env="B") + entry(id="cc", env="C"))
     registry = Registry.from_settings(load_settings({"GATEWAY_CONTROL_TOKEN": "x" * 16, "GATEWAY_ACCOUNTS_FILE": path}))
-    ids = lambda policy, **kw: [c.account_id for c in build_candidates(registry.accounts, policy, **kw)]
+
+    def ids(policy: ResolvedPolicy, **kw: Any) -> list[str]:
+        return [c.account_id for c in build_candidates(registry.accounts, policy, **kw)]
+
     assert ids(ResolvedPolicy(), model="claude-x", model_class=None) == ["legacy-anthropic", "bb", "cc"]
     assert ids(ResolvedPolicy(account_order=("cc", "legacy-anthropic", "nope")), model="claude-x",
                model_class=None) == ["cc", "legacy-anthropic"]

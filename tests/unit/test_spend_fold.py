@@ -15,9 +15,8 @@ import msgspec
 import pytest
 
 from controlplane.core.budgets import LevelBudget, budget_status, exhausted_budgets, retry_after_s
-from controlplane.core.spend import (
-    By, Dim, SpendFold, TenancyMap, scope_cell, scopes_of, spend_entries, totals_of,
-)
+from controlplane.core.spend import By, Dim, SpendFold
+from controlplane.core.spendscopes import TenancyMap, scope_cell, scopes_of, spend_entries, totals_of
 from controlplane.core.windows import Window
 from tests.support.rows import row
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 
 from shared.tracecontext import (
-    TraceParent, new_traceparent, parse_traceparent, trace_headers, valid_tracestate, worker_traceparent,
+    TraceParent,
+    new_traceparent,
+    parse_traceparent,
+    trace_headers,
+    valid_tracestate,
+    worker_traceparent,
 )
 
 GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

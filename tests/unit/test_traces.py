@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from controlplane.decisions import Decision
 from controlplane.core.fallback import Lineage
+from controlplane.decisions import Decision
 from controlplane.registry import Registry
 from controlplane.traces import Traces
 from shared.codes import Outcome

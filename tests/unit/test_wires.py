@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import gzip
 import json
 from pathlib import Path
 from typing import Any, NamedTuple

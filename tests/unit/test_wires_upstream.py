@@ -9,7 +9,12 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from dataplane.upstreams import (
-    PoolTimeout, _Gate, downstream_headers, upstream_headers, upstream_path_qs, upstream_url,
+    PoolTimeout,
+    _Gate,
+    downstream_headers,
+    upstream_headers,
+    upstream_path_qs,
+    upstream_url,
 )
 from shared.wire import AccountRoute
 
