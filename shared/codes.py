@@ -44,6 +44,7 @@ class Refusal(StrEnum):
     GATEWAY_SHUTDOWN = "gateway-shutdown"
     OBSERVATION_STORAGE_UNAVAILABLE = "observation-storage-unavailable"
     MODEL_NOT_PERMITTED = "model-not-permitted"  # the lease's account does not serve it (§12)
+    INVALID_REQUEST_BODY = "invalid-request-body"  # SPEC §19: not one strict JSON object
     # budgets (SPEC §18): a mint is held 503 `budget-exhausted`, a request refused 429 (the data
     # plane passes that status); a model without a price in a budgeted scope is refused 403
     BUDGET_EXHAUSTED = "budget-exhausted"
@@ -100,6 +101,7 @@ HTTP_STATUS: dict[Refusal | ErrorCode, int] = {
     Refusal.GATEWAY_SHUTDOWN: 503,
     Refusal.OBSERVATION_STORAGE_UNAVAILABLE: 503,
     Refusal.MODEL_NOT_PERMITTED: 400,
+    Refusal.INVALID_REQUEST_BODY: 400,
     Refusal.BUDGET_EXHAUSTED: 503,      # at the mint; a request on a lease is refused 429 (§18)
     Refusal.MODEL_UNPRICED: 403,
     Refusal.UNKNOWN_KEY: 401,

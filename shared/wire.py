@@ -111,6 +111,7 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_s: float | None = None
     bytes_out: int = 0
     duration_ms: float | None = None
+    transport: str = "http"  # SPEC §14, §20: "http" | "websocket"
 
 
 # ---- messages ------------------------------------------------------------------------------

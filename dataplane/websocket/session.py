@@ -1,0 +1,263 @@
+"""One proxied socket (SPEC §20): two pumps, and one attempt per `response.create`.
+
+Client → upstream: each text message is held to §19 (`events.client_message`); a
+`response.create` passes the gates (`gates.standing`, `gates.hold`, a request slot) or is
+refused with an `error` event on the socket, which stays open. Upstream → client: text frames
+go on unchanged and in order; the events of the oldest response in flight belong to it (one
+response at a time per socket, as the upstream serves them), and its terminal event ends it:
+one row, acknowledged by control before a failure is forwarded (§7). Pings, pongs and close
+codes pass through. A socket whose lease lost its rights lets its responses finish, then both
+sockets close (1008 / 1012 / 1001); an upstream that fails closes the worker's with 1011.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import TYPE_CHECKING, NamedTuple
+
+import aiohttp
+import msgspec
+from aiohttp import WSMsgType, web
+
+from dataplane.attempt import Attempt
+from dataplane.bodies import BodyRefused
+from dataplane.relay import await_ack
+from dataplane.websocket import events, gates
+from shared.clock import now_ms
+from shared.codes import AttemptStatus, Refusal
+from shared.wire import AccountRoute, AttemptRow, Lease
+
+if TYPE_CHECKING:
+    from dataplane.websocket.sockets import Sockets
+
+PATH = "/v1/responses"
+
+
+class SocketAttempt(Attempt):
+    """An attempt whose row says `transport: "websocket"` and `stream: true` (SPEC §14, §20)."""
+
+    __slots__ = ("holds_slot",)
+
+    def _started_row(self) -> AttemptRow:
+        return msgspec.structs.replace(super()._started_row(), transport="websocket", stream=True)
+
+
+class Closed(NamedTuple):
+    """How a pump ended: who closed, with which code, and what that makes the responses cut."""
+
+    by: str             # "client", "upstream" or "gateway"
+    code: int
+    cut: AttemptStatus  # what an attempt still in flight ends as
+
+
+class SocketSession:
+    def __init__(self, sockets: Sockets, lease: Lease, account: AccountRoute,
+                 client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
+        self.sockets = sockets
+        self.lease = lease
+        self.account = account
+        self.client = client
+        self.upstream = upstream
+        self.attempts: collections.deque[SocketAttempt] = collections.deque()
+        self.ending: gates.Standing | None = None   # rights lost: finish, then close
+        self.done = asyncio.Event()                 # `ending` set and nothing in flight
+        self._idle: asyncio.Timeout | None = None
+
+    # ---- lifetime -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        pumps = [asyncio.ensure_future(self._from_client()), asyncio.ensure_future(self._from_upstream()),
+                 asyncio.ensure_future(self._ended())]
+        try:
+            finished, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            closed = next(iter(finished)).result()
+        except asyncio.CancelledError:  # the worker's connection went away under the handler
+            closed = Closed("client", 1006, AttemptStatus.CLIENT_ABORTED)
+            await self._cancel(pumps)
+            await self._close(closed)
+            raise
+        await self._cancel(pumps)
+        await self._close(closed)
+
+    async def _cancel(self, pumps: list[asyncio.Future[Closed]]) -> None:
+        for pump in pumps:
+            pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _ended(self) -> Closed:
+        await self.done.wait()
+        assert self.ending is not None
+        return Closed("gateway", self.ending.close_code, AttemptStatus.CLIENT_ABORTED)
+
+    async def _close(self, closed: Closed) -> None:
+        """Cut what is in flight (rows first), then close both sockets."""
+        futures = [self._end(a, closed.cut, None, wait=closed.cut == AttemptStatus.TRANSPORT_ERROR)
+                   for a in list(self.attempts)]
+        for future in futures:
+            await await_ack(future)
+        code = closed.code
+        if closed.by == "upstream" and (futures or code in (1005, 1006)):
+            code = gates.INTERNAL_ERROR
+        for ws in (self.upstream, self.client):
+            try:
+                async with asyncio.timeout(2.0):
+                    await ws.close(code=code if code not in (1005, 1006) else 1000)
+            except (TimeoutError, ConnectionError, RuntimeError):
+                pass
+
+    def stop(self) -> None:
+        """The drain window ran out: what is in flight ends `gateway-shutdown`, then 1001."""
+        for attempt in list(self.attempts):
+            self._end(attempt, AttemptStatus.REFUSED, None, refusal=Refusal.GATEWAY_SHUTDOWN)
+        self.check(now_ms())
+
+    def check(self, now: int) -> None:
+        """Whether the lease still has its rights (the sockets' sweep and each create)."""
+        if self.ending is None:
+            self.ending = gates.standing(self.sockets.replica, self.lease, now,
+                                         self.sockets.draining)
+        if self.ending is not None and not self.attempts:
+            self.done.set()
+
+    # ---- client → upstream ----------------------------------------------------------------
+
+    async def _from_client(self) -> Closed:
+        client, upstream = self.client, self.upstream
+        while True:
+            msg = await client.receive()
+            kind = msg.type
+            try:
+                if kind == WSMsgType.TEXT:
+                    await self._message(msg.data)
+                elif kind == WSMsgType.PING:
+                    await upstream.ping(msg.data)
+                elif kind == WSMsgType.PONG:
+                    await upstream.pong(msg.data)
+                elif kind == WSMsgType.BINARY:
+                    await self._refuse(self._attempt(None), gates.refused(
+                        Refusal.INVALID_REQUEST_BODY, "binary messages are not JSON text"))
+                elif kind == WSMsgType.CLOSE:
+                    return Closed("client", msg.data, AttemptStatus.CLIENT_ABORTED)
+                else:  # CLOSING, CLOSED, ERROR: the worker's connection is gone
+                    return Closed("client", 1006, AttemptStatus.CLIENT_ABORTED)
+            except (ConnectionError, RuntimeError):  # the upstream socket is gone
+                return Closed("upstream", 1006, AttemptStatus.TRANSPORT_ERROR)
+
+    async def _message(self, text: str) -> None:
+        data = text.encode()
+        try:
+            message = events.client_message(data, self.sockets.settings.max_body_bytes)
+        except BodyRefused as exc:
+            await self._refuse(self._attempt(None), gates.refused(exc.code, str(exc)))
+            return
+        if message.type != events.CREATE:
+            await self.upstream.send_str(text)
+            return
+        attempt = self._attempt(message.model)
+        refusal = await self._admit(attempt)
+        if refusal is not None:
+            await self._refuse(attempt, refusal)
+            return
+        self.attempts.append(attempt)
+        attempt.mark_overhead(0.0)
+        idle = self._idle
+        if idle is not None and idle.when() is None:
+            idle.reschedule(asyncio.get_running_loop().time() + self.sockets.settings.upstream_idle_timeout)
+        await self.upstream.send_str(text)
+
+    def _attempt(self, model: str | None) -> SocketAttempt:
+        attempt = SocketAttempt(self.sockets.link, self.lease, self.account.wire, PATH)
+        attempt.requested_model = model
+        attempt.stream = True
+        attempt.holds_slot = False
+        return attempt
+
+    async def _admit(self, attempt: SocketAttempt) -> gates.Refused | None:
+        now = now_ms()
+        self.check(now)
+        if self.ending is not None:
+            return self.ending.refusal
+        sockets = self.sockets
+        current = sockets.replica.lookup_by_key(self.lease.key_id) or self.lease
+        found = gates.hold(sockets.replica, current, self.account, attempt.requested_model, now,
+                           sockets.fleet)
+        if found is not None:
+            return found
+        attempt.announce()
+        found = await gates.take_slot(sockets.capacity, sockets.fleet, self.account,
+                                      attempt.attempt_id)
+        attempt.holds_slot = found is None
+        return found
+
+    async def _refuse(self, attempt: SocketAttempt, refusal: gates.Refused) -> None:
+        attempt.mark_overhead(0.0)
+        attempt.finish(AttemptStatus.REFUSED, refusal.status, refusal=refusal.code,
+                       retry_after_s=refusal.retry_after_s)
+        await self.client.send_str(events.error_event(str(refusal.code), refusal.message,
+                                                      refusal.status))
+
+    # ---- upstream → client ----------------------------------------------------------------
+
+    async def _from_upstream(self) -> Closed:
+        client, upstream = self.client, self.upstream
+        loop = asyncio.get_running_loop()
+        idle_s = self.sockets.settings.upstream_idle_timeout
+        stall_s = self.sockets.stall_s
+        while True:
+            try:
+                async with asyncio.timeout_at(loop.time() + idle_s if self.attempts else None) as idle:
+                    self._idle = idle
+                    msg = await upstream.receive()
+            except TimeoutError:
+                return Closed("upstream", gates.INTERNAL_ERROR, AttemptStatus.TRANSPORT_ERROR)
+            finally:
+                self._idle = None
+            kind = msg.type
+            try:
+                async with asyncio.timeout(stall_s):
+                    if kind == WSMsgType.TEXT:
+                        await self._event(msg.data)
+                    elif kind == WSMsgType.PING:
+                        await client.ping(msg.data)
+                    elif kind == WSMsgType.PONG:
+                        await client.pong(msg.data)
+                    elif kind == WSMsgType.BINARY:
+                        await client.send_bytes(msg.data)
+                    elif kind == WSMsgType.CLOSE:
+                        return Closed("upstream", msg.data, AttemptStatus.TRANSPORT_ERROR)
+                    else:
+                        return Closed("upstream", 1006, AttemptStatus.TRANSPORT_ERROR)
+            except (TimeoutError, ConnectionError, RuntimeError):  # stalled or gone: §19
+                return Closed("client", 1006, AttemptStatus.CLIENT_ABORTED)
+
+    async def _event(self, text: str) -> None:
+        attempts = self.attempts
+        if attempts:
+            head = attempts[0]
+            head.bytes_out += len(text)
+            kind = events.event_type(text)
+            if kind in events.TERMINAL:
+                await self._terminal(head, events.terminal(kind, text))
+        await self.client.send_str(text)
+
+    async def _terminal(self, attempt: SocketAttempt, end: events.Terminal) -> None:
+        if end.kind in (events.COMPLETED, events.INCOMPLETE):
+            self._end(attempt, AttemptStatus.COMPLETED, 200, usage=end.usage,
+                      served_model=end.model)
+            return
+        # a failure: its row reaches control before the worker sees the event (SPEC §7, §20)
+        await await_ack(self._end(attempt, AttemptStatus.UPSTREAM_ERROR, end.status,
+                                  usage=end.usage, served_model=end.model, wait=True))
+
+    def _end(self, attempt: SocketAttempt, status: AttemptStatus, http_status: int | None,
+             **row: object) -> asyncio.Future[bool] | None:
+        if attempt in self.attempts:
+            self.attempts.remove(attempt)
+        if attempt.holds_slot:
+            attempt.holds_slot = False
+            gates.give_slot(self.sockets.capacity, self.sockets.fleet, attempt.attempt_id)
+        future = attempt.finish(status, http_status, **row)  # type: ignore[arg-type]
+        if attempt.lease.hop_on or self.ending is not None:
+            self.check(now_ms())
+        return future
