@@ -113,12 +113,16 @@ class SocketSession:
         self.check(now_ms())
 
     def check(self, now: int) -> None:
-        """Whether the lease still has its rights (the sockets' sweep and each create)."""
+        """Whether the lease still has its rights (the sweep, and after each event or refusal
+        went to the worker: the close never overtakes what it answers)."""
+        self._judge(now)
+        if self.ending is not None and not self.attempts:
+            self.done.set()
+
+    def _judge(self, now: int) -> None:
         if self.ending is None:
             self.ending = gates.standing(self.sockets.replica, self.lease, now,
                                          self.sockets.draining)
-        if self.ending is not None and not self.attempts:
-            self.done.set()
 
     # ---- client → upstream ----------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class SocketSession:
 
     async def _admit(self, attempt: SocketAttempt) -> gates.Refused | None:
         now = now_ms()
-        self.check(now)
+        self._judge(now)
         if self.ending is not None:
             return self.ending.refusal
         sockets = self.sockets
@@ -196,6 +200,8 @@ class SocketSession:
                        retry_after_s=refusal.retry_after_s)
         await self.client.send_str(events.error_event(str(refusal.code), refusal.message,
                                                       refusal.status))
+        if self.ending is not None:
+            self.check(now_ms())
 
     # ---- upstream → client ----------------------------------------------------------------
 
@@ -239,6 +245,9 @@ class SocketSession:
             kind = events.event_type(text)
             if kind in events.TERMINAL:
                 await self._terminal(head, events.terminal(kind, text))
+                await self.client.send_str(text)
+                self.check(now_ms())  # a hop or a lost right closes once nothing is in flight
+                return
         await self.client.send_str(text)
 
     async def _terminal(self, attempt: SocketAttempt, end: events.Terminal) -> None:
@@ -257,7 +266,4 @@ class SocketSession:
         if attempt.holds_slot:
             attempt.holds_slot = False
             gates.give_slot(self.sockets.capacity, self.sockets.fleet, attempt.attempt_id)
-        future = attempt.finish(status, http_status, **row)  # type: ignore[arg-type]
-        if attempt.lease.hop_on or self.ending is not None:
-            self.check(now_ms())
-        return future
+        return attempt.finish(status, http_status, **row)  # type: ignore[arg-type]
