@@ -15,7 +15,9 @@ recorded as a request (`method: "WS"`, the handshake's headers, `model`, `genera
   `error` event instead of the response, after `ws_error_after_events` events), ws_failed_code
   (end with `response.failed` carrying `response.error.code`), ws_cut_after_events (send N
   events, then drop the connection without a close frame), ws_close_after_events + ws_close_code
-  (send N events, then close cleanly with that code).
+  (send N events, then close cleanly with that code), ws_function_call {name, arguments} (answer
+  with one `function_call` output item: the client runs the tool and sends its output in a
+  create chained by `previous_response_id`).
 """
 
 from __future__ import annotations
@@ -102,10 +104,23 @@ async def _create(request: web.Request, ws: web.WebSocketResponse, state: Any,
         events = [{"type": "error", "status": 400, "error": {
             "type": "invalid_request_error", "code": "previous_response_not_found",
             "message": f"Previous response with id '{previous}' not found."}}]
+    elif step.get("ws_function_call") is not None:
+        events = _function_call(model, step["ws_function_call"], make)
     else:
         events = _events(model, int(step.get("deltas", 3)), make)
     events = _scripted(step, events)
     return await _send(request, ws, state, entry, step, events)
+
+
+def _function_call(model: str, call: dict[str, Any], make: Any) -> list[dict[str, Any]]:
+    """A turn that asks the client to call a tool (its output comes back in the next create)."""
+    full = _events(model, 0, make)
+    created, done = full[0], full[-1]
+    item = {"type": "function_call", "id": "fc_" + done["response"]["id"][5:], "call_id": "call_" + done["response"]["id"][5:],
+            "name": call.get("name", "shell"), "arguments": call.get("arguments", "{}"), "status": "completed"}
+    done["response"]["output"] = [item]
+    return [created, {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress"}},
+            {"type": "response.output_item.done", "output_index": 0, "item": item}, done]
 
 
 def _scripted(step: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
