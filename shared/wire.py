@@ -181,7 +181,14 @@ class Ping(_Msg, tag="ping"):
     req_id: int
 
 
+class SocketsOpen(_Msg, tag="sockets_open"):
+    """The data plane's open Responses WebSockets per account (SPEC §20), sent when they change
+    and after each resync; the accounts view's `sockets_open`."""
+
+    counts: dict[str, int]
+
+
 Message = Union[
     Hello, Welcome, Refused, Snapshot, LeaseAdded, LeaseRemoved, StorageState,
-    AttemptStarted, AttemptFinished, Ack, Ping, LeaseGates,
+    AttemptStarted, AttemptFinished, Ack, Ping, LeaseGates, SocketsOpen,
 ]

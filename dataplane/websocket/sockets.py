@@ -159,6 +159,7 @@ class Sockets:
     def _opened(self, session: SocketSession) -> None:
         self.open.add(session)
         self.by_account[session.account.id] += 1
+        self.link.sockets(self.sockets_open())
         self._empty.clear()
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
@@ -168,6 +169,7 @@ class Sockets:
         self.by_account[session.account.id] -= 1
         if self.by_account[session.account.id] <= 0:
             del self.by_account[session.account.id]
+        self.link.sockets(self.sockets_open())
         if not self.open:
             self._empty.set()
 

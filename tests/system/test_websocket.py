@@ -221,3 +221,28 @@ async def test_an_idle_socket_closes_1008_at_once_after_a_revoke(gateway: Gatewa
         assert (await turn(ws, create()))[-1]["type"] == "response.completed"
         gateway.revoke(minted["key_id"])
         assert await closed_with(ws, timeout_s=5) == 1008
+
+
+def sockets_open(gw: Gateway, account: str = "legacy-openai") -> int:
+    view = gw.api("GET", "/control/v2/accounts")[2]
+    return next(a["sockets_open"] for a in view["accounts"] if a["id"] == account)
+
+
+async def test_views_show_socket_attempts_and_open_sockets(gateway: Gateway, clean_stub: Stub) -> None:
+    minted = gateway.mint("openai")
+    before = sockets_open(gateway)
+    clean_stub.script({"hold_after_events": 2, "hold": "views-1"})
+    async with aiohttp.ClientSession() as session:
+        ws = await connect(session, gateway.dataplane_url, minted["token"])
+        other = await connect(session, gateway.dataplane_url, minted["token"])
+        await until(lambda: sockets_open(gateway) == before + 2, 10, "two sockets open in the view")
+        await ws.send_str(create())
+        active = await until(lambda: [r for r in gateway.active()["routes"] if r["key_id"] == minted["key_id"]],
+                             10, "the socket attempt in flight")
+        assert (active[0]["transport"], active[0]["stream"], active[0]["path"]) == ("websocket", True, "/v1/responses")
+        clean_stub.release("views-1")
+        assert (await until_terminal(ws))[-1]["type"] == "response.completed"
+        await ws.close()
+        await other.close()
+    await until(lambda: sockets_open(gateway) == before, 10, "the sockets closed in the view")
+    settled(gateway, minted["key_id"], 1)
