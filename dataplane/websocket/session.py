@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import aiohttp
 import msgspec
@@ -27,9 +27,6 @@ from dataplane.websocket import events, gates
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.wire import AccountRoute, AttemptRow, Lease
-
-if TYPE_CHECKING:
-    from dataplane.websocket.sockets import Sockets
 
 PATH = "/v1/responses"
 
@@ -52,7 +49,9 @@ class Closed(NamedTuple):
 
 
 class SocketSession:
-    def __init__(self, sockets: Sockets, lease: Lease, account: AccountRoute,
+    """`sockets` is the `Sockets` that opened it (settings, replica, link, slots, drain)."""
+
+    def __init__(self, sockets: Any, lease: Lease, account: AccountRoute,
                  client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
         self.sockets = sockets
         self.lease = lease

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING
+import time
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 
-from dataplane.errors import refusal_response, refuse
+from dataplane.errors import guess_wire, refusal_response, refuse
+from dataplane.leases import LeaseReplica
+from dataplane.rpc_client import ControlLink
 from dataplane.relay import await_ack
 from dataplane.upstreams import downstream_headers, upstream_path_qs
 from dataplane.websocket import gates
@@ -29,10 +32,11 @@ from dataplane.websocket.session import PATH, SocketAttempt, SocketSession
 from dataplane.websocket.upstream import HandshakeRefused, UpstreamSockets
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
+from shared.capacity import CapacityTable
 from shared.logging import get_logger
-
-if TYPE_CHECKING:
-    from dataplane.proxy import Proxy
+from shared.settings import Settings
+from shared.tokens import new_ulid
+from shared.wire import Lease
 
 log = get_logger("dataplane")
 
@@ -44,8 +48,29 @@ NO_WEBSOCKET = frozenset({404, 405, 426})
 NOT_PROXIED = "WebSocket is proxied only on GET /v1/responses of an OpenAI-wire lease; use HTTP"
 
 
+class ProxyPort(Protocol):
+    """What the socket side reads of the HTTP proxy: the same replica, link, slots and drain."""
+
+    settings: Settings
+    replica: LeaseReplica
+    link: ControlLink
+    capacity: CapacityTable
+    fleet: Any
+    draining: bool
+
+    def authenticate(self, request: web.Request) -> tuple[Lease | None, str]: ...
+
+
+def early(request: web.Request, t0: float, code: Refusal, message: str,
+          retry_after_s: float | None = None) -> web.Response:
+    """A refusal before any lease: no attempt, no row (as the HTTP proxy answers one)."""
+    return refusal_response(guess_wire(request.path, request.headers), code, message,
+                            "req_" + new_ulid(), (time.perf_counter() - t0) * 1000,
+                            retry_after_s=retry_after_s)
+
+
 class Sockets:
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: ProxyPort) -> None:
         self.proxy = proxy
         self.settings = proxy.settings
         self.replica = proxy.replica
@@ -72,17 +97,17 @@ class Sockets:
     async def upgrade(self, request: web.Request, t0: float) -> web.StreamResponse:
         proxy = self.proxy
         if not self.replica.ready:
-            return proxy._early(request, t0, Refusal.CONTROL_UNAVAILABLE, "the gateway has lost "
-                                "its control daemon; retry shortly", retry_after_s=1)
+            return early(request, t0, Refusal.CONTROL_UNAVAILABLE, "the gateway has lost "
+                         "its control daemon; retry shortly", retry_after_s=1)
         lease, presented = proxy.authenticate(request)
         if lease is None:
             log.info("key_refused", path=request.path)  # never the presented string
-            return proxy._early(request, t0, Refusal.UNKNOWN_KEY,
-                                "unknown, expired or revoked virtual key")
+            return early(request, t0, Refusal.UNKNOWN_KEY,
+                         "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
         if account is None or account.wire != Wire.OPENAI or request.path != PATH \
                 or request.method != "GET":
-            return proxy._early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED, NOT_PROXIED)
+            return early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED, NOT_PROXIED)
         attempt = SocketAttempt(self.link, lease, account.wire, PATH)
         attempt.holds_slot = False
         refusal = await self._gates(attempt, account)
