@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -26,8 +27,10 @@ from dataplane.relay import await_ack
 from dataplane.websocket import events, gates
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
+from shared.logging import get_logger
 from shared.wire import AccountRoute, AttemptRow, Lease
 
+log = get_logger("dataplane")
 PATH = "/v1/responses"
 
 
@@ -60,8 +63,12 @@ class SocketSession:
         self.upstream = upstream
         self.attempts: collections.deque[SocketAttempt] = collections.deque()
         self.ending: gates.Standing | None = None   # rights lost: finish, then close
-        self.done = asyncio.Event()                 # `ending` set and nothing in flight
-        self._idle: asyncio.Timeout | None = None
+        self.closing: Closed | None = None           # how the gateway ends the socket
+        self.done = asyncio.Event()                 # `closing` is set
+        # The bounds, read by the sweep (no timer per message): when the upstream last sent
+        # (or a create was sent to it), and since when a write to the worker has not returned.
+        self.upstream_at = time.monotonic()
+        self.writing_since: float | None = None
 
     # ---- lifetime -----------------------------------------------------------------------
 
@@ -86,8 +93,13 @@ class SocketSession:
 
     async def _ended(self) -> Closed:
         await self.done.wait()
-        assert self.ending is not None
-        return Closed("gateway", self.ending.close_code, AttemptStatus.CLIENT_ABORTED)
+        assert self.closing is not None
+        return self.closing
+
+    def _finish(self, closed: Closed) -> None:
+        if self.closing is None:
+            self.closing = closed
+            self.done.set()
 
     async def _close(self, closed: Closed) -> None:
         """Cut what is in flight (rows first), then close both sockets."""
@@ -116,7 +128,18 @@ class SocketSession:
         went to the worker: the close never overtakes what it answers)."""
         self._judge(now)
         if self.ending is not None and not self.attempts:
-            self.done.set()
+            self._finish(Closed("gateway", self.ending.close_code, AttemptStatus.CLIENT_ABORTED))
+
+    def bound(self, mono: float, idle_s: float, stall_s: float) -> None:
+        """The sweep's bounds: the upstream silent past its idle timeout while a response is in
+        flight (a transport-error, 1011), or the worker accepting nothing for the stall bound
+        (client-aborted, SPEC §19). An idle socket with nothing in flight is held."""
+        if self.attempts and mono - self.upstream_at > idle_s:
+            log.warning("upstream_socket_idle", account_id=self.account.id)
+            self._finish(Closed("upstream", gates.INTERNAL_ERROR, AttemptStatus.TRANSPORT_ERROR))
+        elif self.writing_since is not None and mono - self.writing_since > stall_s:
+            log.warning("client_socket_stalled", account_id=self.account.id)
+            self._finish(Closed("client", 1006, AttemptStatus.CLIENT_ABORTED))
 
     def _judge(self, now: int) -> None:
         if self.ending is None:
@@ -162,11 +185,10 @@ class SocketSession:
         if refusal is not None:
             await self._refuse(attempt, refusal)
             return
+        if not self.attempts:
+            self.upstream_at = time.monotonic()  # the idle bound counts from the send
         self.attempts.append(attempt)
         attempt.mark_overhead(0.0)
-        idle = self._idle
-        if idle is not None and idle.when() is None:
-            idle.reschedule(asyncio.get_running_loop().time() + self.sockets.settings.upstream_idle_timeout)
         await self.upstream.send_str(text)
 
     def _attempt(self, model: str | None) -> SocketAttempt:
@@ -205,36 +227,27 @@ class SocketSession:
     # ---- upstream → client ----------------------------------------------------------------
 
     async def _from_upstream(self) -> Closed:
-        client, upstream = self.client, self.upstream
-        loop = asyncio.get_running_loop()
-        idle_s = self.sockets.settings.upstream_idle_timeout
-        stall_s = self.sockets.stall_s
+        client, upstream, clock = self.client, self.upstream, time.monotonic
         while True:
-            try:
-                async with asyncio.timeout_at(loop.time() + idle_s if self.attempts else None) as idle:
-                    self._idle = idle
-                    msg = await upstream.receive()
-            except TimeoutError:
-                return Closed("upstream", gates.INTERNAL_ERROR, AttemptStatus.TRANSPORT_ERROR)
-            finally:
-                self._idle = None
+            msg = await upstream.receive()
             kind = msg.type
+            self.upstream_at = self.writing_since = clock()
             try:
-                async with asyncio.timeout(stall_s):
-                    if kind == WSMsgType.TEXT:
-                        await self._event(msg.data)
-                    elif kind == WSMsgType.PING:
-                        await client.ping(msg.data)
-                    elif kind == WSMsgType.PONG:
-                        await client.pong(msg.data)
-                    elif kind == WSMsgType.BINARY:
-                        await client.send_bytes(msg.data)
-                    elif kind == WSMsgType.CLOSE:
-                        return Closed("upstream", msg.data, AttemptStatus.TRANSPORT_ERROR)
-                    else:
-                        return Closed("upstream", 1006, AttemptStatus.TRANSPORT_ERROR)
-            except (TimeoutError, ConnectionError, RuntimeError):  # stalled or gone: §19
+                if kind == WSMsgType.TEXT:
+                    await self._event(msg.data)
+                elif kind == WSMsgType.PING:
+                    await client.ping(msg.data)
+                elif kind == WSMsgType.PONG:
+                    await client.pong(msg.data)
+                elif kind == WSMsgType.BINARY:
+                    await client.send_bytes(msg.data)
+                elif kind == WSMsgType.CLOSE:
+                    return Closed("upstream", msg.data, AttemptStatus.TRANSPORT_ERROR)
+                else:
+                    return Closed("upstream", 1006, AttemptStatus.TRANSPORT_ERROR)
+            except (ConnectionError, RuntimeError):  # the worker is gone
                 return Closed("client", 1006, AttemptStatus.CLIENT_ABORTED)
+            self.writing_since = None
 
     async def _event(self, text: str) -> None:
         attempts = self.attempts

@@ -200,11 +200,13 @@ class Sockets:
 
     async def _sweep(self) -> None:
         """Every open socket's rights, every `SWEEP_S`, while any is open."""
+        idle_s, stall_s = self.settings.upstream_idle_timeout, self.stall_s
         while self.open:
-            now = now_ms()
+            now, mono = now_ms(), time.monotonic()
             for session in list(self.open):
                 try:
                     session.check(now)
+                    session.bound(mono, idle_s, stall_s)
                 except Exception:  # a bug in one socket never stops the others' sweep
                     log.exception("socket_sweep_failed")
             await asyncio.sleep(SWEEP_S)

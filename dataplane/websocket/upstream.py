@@ -1,7 +1,8 @@
 """The upstream socket: the account's base URL as `ws`/`wss`, the account's credential, and the
 client's handshake headers less hop-by-hop, the worker's credentials and the handshake's own
-(`sec-websocket-*`, which aiohttp computes for its side). permessage-deflate is offered to the
-upstream on its own, whatever the worker negotiated (SPEC §20: per side).
+(`sec-websocket-*`, which aiohttp computes for its side). permessage-deflate is negotiated per
+side (SPEC §20): offered to the upstream when the worker offered it to us, each side settling
+its own parameters (so a worker that wants no compression costs no inflate per message).
 
 An upstream that refuses the handshake with a status is answered with that status, its
 headers and body, as HTTP (`HandshakeRefused`); aiohttp drops a refused handshake's body, so a
@@ -72,6 +73,10 @@ def handshake_headers(incoming: CIMultiDictProxy[str], auth_style: str,
     return out, tuple(p.strip() for p in offered.split(",") if p.strip())
 
 
+def _offers_deflate(incoming: CIMultiDictProxy[str]) -> bool:
+    return any("permessage-deflate" in v.lower() for v in incoming.getall("Sec-WebSocket-Extensions", ()))
+
+
 class UpstreamSockets:
     """One aiohttp client session for every upstream socket (each socket is its own connection)."""
 
@@ -99,7 +104,8 @@ class UpstreamSockets:
         try:
             return await self.session().ws_connect(
                 ws_url(account, path_qs), headers=headers, protocols=protocols, autoping=False,
-                autoclose=False, compress=15, max_msg_size=max_msg_size,
+                autoclose=False, compress=15 if _offers_deflate(incoming) else 0,
+                max_msg_size=max_msg_size,
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=CLOSE_TIMEOUT_S))
         except aiohttp.WSServerHandshakeError as exc:
             if exc.status == 101:  # upgraded, but not as a WebSocket: the upstream is broken
