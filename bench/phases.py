@@ -47,6 +47,12 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     start_trials: int = 3
     rpc_s: float = 1.0
     rpc_sequential: int = 500
+    # the WebSocket phase (bench/websocket.py): turns and events for latency, a burst through one
+    # socket, and how many sockets at once (throughput and RSS per open socket)
+    ws_turns: int = 5
+    ws_events: int = 200
+    ws_burst: int = 5000
+    ws_sockets: int = 200
 
 
 class Context(msgspec.Struct, kw_only=True):
