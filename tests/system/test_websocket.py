@@ -248,3 +248,25 @@ async def test_views_show_socket_attempts_and_open_sockets(gateway: Gateway, cle
         await other.close()
     await until(lambda: sockets_open(gateway) == before, 10, "the sockets closed in the view")
     settled(gateway, minted["key_id"], 1)
+
+
+async def test_no_secret_reaches_a_log_a_row_or_a_view(gateway: Gateway, clean_stub: Stub) -> None:
+    minted = gateway.mint("openai")
+    token = minted["token"]
+    clean_stub.script({"ws_handshake_status": 429}, {}, {"ws_cut_after_events": 2})
+    async with aiohttp.ClientSession() as session:
+        assert handshake_status(gateway, token) == 429
+        ws = await connect(session, gateway.dataplane_url, token)
+        assert (await turn(ws, create()))[-1]["type"] == "response.completed"
+        await ws.send_str(create())
+        assert await closed_with(ws) == 1011
+    settled(gateway, minted["key_id"], 3)
+    texts = [gateway.logs(), json.dumps(gateway.ledger()), json.dumps(gateway.active()),
+             json.dumps(gateway.recent()), json.dumps(gateway.api("GET", "/control/v2/accounts")[2])]
+    for secret in (clean_stub.openai_key, token, token.split(".", 1)[1]):
+        assert not any(secret in text for text in texts)
+    assert minted["key_id"] in texts[1]  # the search is not vacuous
+
+
+def handshake_status(gw: Gateway, token: str) -> int:
+    return call("GET", gw.dataplane_url + "/v1/responses", None, {"authorization": f"Bearer {token}", **UPGRADE})[0]

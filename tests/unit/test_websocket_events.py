@@ -116,3 +116,40 @@ def test_an_exhausted_budget_ends_a_socket_1008() -> None:
     assert (found.close_code, found.refusal.code, found.refusal.status) == (
         gates.POLICY_VIOLATION, Refusal.BUDGET_EXHAUSTED, 429)
     assert gates.standing(replica, lease, 6_000, draining=False) is None  # reset by then
+
+
+class _Fleet:
+    lapsed = True
+
+
+def test_the_handshake_and_create_gates_in_order() -> None:
+    from shared.wire import AccountRoute
+    replica = LeaseReplica(env={})
+    lease = _lease(hop_on=("rate-limited",), budgeted=True, budget_retry_at_ms=5_000)
+    replica.load([lease], [], True, priced=["gpt-*"])
+    capped = AccountRoute(id="a1", provider_binding="openai", wire="openai", base_url="http://x",
+                          auth_style="bearer", credential_env="K", models=("gpt-*",), request_capacity=2)
+
+    def code(model, now=1_000, fleet=None):
+        found = gates.hold(replica, lease, capped, model, now, fleet)
+        return None if found is None else (found.code, found.status)
+
+    assert code("claude-x") == (Refusal.MODEL_NOT_PERMITTED, 400)          # globs first
+    assert code("gpt-5") == (Refusal.BUDGET_EXHAUSTED, 429)
+    assert code(None, now=6_000) is None                                    # the handshake names no model
+    assert code("gpt-5", now=6_000, fleet=_Fleet()) == (Refusal.FLEET_STATE_UNAVAILABLE, 503)
+    replica.hop_pending(lease, "rate-limited", None)
+    assert code("gpt-5") == (Refusal.FALLBACK_PENDING, 503)                 # before the budget
+
+
+async def test_a_slot_is_taken_and_given_back() -> None:
+    from shared.capacity import CapacityTable
+    from shared.wire import AccountRoute
+    table = CapacityTable()
+    account = AccountRoute(id="a1", provider_binding="openai", wire="openai", base_url="http://x",
+                           auth_style="bearer", credential_env="K", request_capacity=1)
+    assert await gates.take_slot(table, None, account, "h1") is None
+    refused = await gates.take_slot(table, None, account, "h2")
+    assert (refused.code, refused.status, refused.retry_after_s) == (Refusal.REQUEST_CAPACITY_EXHAUSTED, 429, 1)
+    gates.give_slot(table, None, "h1")
+    assert await gates.take_slot(table, None, account, "h2") is None
