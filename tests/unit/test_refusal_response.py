@@ -59,6 +59,8 @@ CASES = [
          Expect(413, None, None, types("request_too_large", "invalid_request_error"))),
     Case("account-not-configured", (Refusal.ACCOUNT_NOT_CONFIGURED, None, None), Expect(422, None, None, INVALID)),
     Case("model-not-permitted", (Refusal.MODEL_NOT_PERMITTED, None, None), Expect(400, "false", None, INVALID)),
+    Case("invalid-request-body (SPEC §19; on a socket, an error event)", (Refusal.INVALID_REQUEST_BODY, None, None),
+         Expect(400, None, None, INVALID)),
     Case("fallback-pending (a dispatch key being moved)", (Refusal.FALLBACK_PENDING, None, 1.0),
          Expect(503, None, "1", SERVER)),
     Case("fleet-state-unavailable (a fleet-wide ceiling that cannot be checked)",
