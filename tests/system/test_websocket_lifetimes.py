@@ -92,8 +92,15 @@ async def test_a_dispatch_hop_closes_1012_and_the_reconnect_reaches_the_sibling(
             ws = await connect(session, gw.dataplane_url, minted["token"])
             assert (await turn(ws, create()))[-1]["error"]["code"] == "rate_limit_exceeded"
             assert await closed_with(ws) == 1012
-            ws = await until(lambda: handshake(gw, minted["token"])[0] != 503, 15, "the hop bound") and \
-                await connect(session, gw.dataplane_url, minted["token"])
+            seen: list[tuple[int, str]] = []
+
+            def bound() -> bool:  # meanwhile a handshake is refused 503 fallback-pending (§17)
+                status, _, body = handshake(gw, minted["token"])
+                seen.append((status, body["error"]["code"] if status == 503 else ""))
+                return status != 503
+            await until(bound, 15, "the hop bound")
+            assert {s for s in seen if s[0] == 503} <= {(503, "fallback-pending")}, seen
+            ws = await connect(session, gw.dataplane_url, minted["token"])
             assert (await turn(ws, create()))[-1]["type"] == "response.completed"
             await ws.close()
         rows = settled(gw, minted["key_id"], 2)
@@ -139,3 +146,19 @@ async def test_the_upstream_idle_bound_runs_only_while_a_response_is_in_flight(m
     clean_stub.release("idle-1")
     rows = settled(gw, minted["key_id"], 2)
     assert [(r["status"], r["condition"]) for r in rows] == [("completed", None), ("transport-error", "transport-error")]
+
+
+def test_an_upstream_that_cannot_be_reached_is_a_transport_error_before_the_upgrade(make_gateway) -> None:
+    import socket as _socket
+    closed = _socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        gw = make_gateway({"GATEWAY_OPENAI_BASE_URL": f"http://127.0.0.1:{closed.getsockname()[1]}",
+                           "GATEWAY_OPENAI_API_KEY": credential_like("sk-proj-")}, upstream=None).start()
+        minted = gw.mint("openai")
+        status, headers, body = handshake(gw, minted["token"])
+        assert (status, body["error"]["code"]) == (502, "upstream-unreachable") and headers["x-request-id"]
+        row = settled(gw, minted["key_id"], 1)[0]
+        assert (row["status"], row["condition"], row["transport"]) == ("transport-error", "transport-error", "websocket")
+    finally:
+        closed.close()
