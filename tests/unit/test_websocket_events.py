@@ -153,3 +153,36 @@ async def test_a_slot_is_taken_and_given_back() -> None:
     assert (refused.code, refused.status, refused.retry_after_s) == (Refusal.REQUEST_CAPACITY_EXHAUSTED, 429, 1)
     gates.give_slot(table, None, "h1")
     assert await gates.take_slot(table, None, account, "h2") is None
+
+
+def test_the_sweeps_bounds_end_a_socket() -> None:
+    """Idle upstream while a response is in flight → 1011 transport-error; a worker accepting
+    nothing for the stall bound → client-aborted; an idle socket with nothing in flight is held."""
+    from types import SimpleNamespace
+
+    from dataplane.websocket.session import SocketSession
+    from shared.codes import AttemptStatus
+    from shared.wire import AccountRoute
+
+    account = AccountRoute(id="a1", provider_binding="openai", wire="openai", base_url="http://x",
+                           auth_style="bearer", credential_env="K")
+
+    def session() -> SocketSession:
+        return SocketSession(SimpleNamespace(), _lease(), account, None, None)  # type: ignore[arg-type]
+
+    idle = session()
+    idle.upstream_at = 0.0
+    idle.bound(1000.0, idle_s=300, stall_s=60)
+    assert idle.closing is None                      # nothing in flight: held
+    idle.attempts.append(object())                   # type: ignore[arg-type]
+    idle.bound(299.0, idle_s=300, stall_s=60)
+    assert idle.closing is None
+    idle.bound(301.0, idle_s=300, stall_s=60)
+    assert (idle.closing.code, idle.closing.cut) == (gates.INTERNAL_ERROR, AttemptStatus.TRANSPORT_ERROR)
+    stalled = session()
+    stalled.writing_since = 10.0
+    stalled.bound(69.0, idle_s=300, stall_s=60)
+    assert stalled.closing is None
+    stalled.bound(71.0, idle_s=300, stall_s=60)
+    assert (stalled.closing.by, stalled.closing.cut) == ("client", AttemptStatus.CLIENT_ABORTED)
+    assert stalled.done.is_set()
