@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: run fleet-demo test venv redis-server bench bench-peers soak soak-fleet clean
+.PHONY: run fleet-demo test venv redis-server bench bench-ab bench-peers soak soak-fleet clean
 
 $(STAMP): setup.cfg pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -40,6 +40,12 @@ test: $(STAMP) redis-server
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+# `make bench-ab`: saturation A/B against the commit bench/BASELINE names, built in a temporary
+# worktree with its own venv (pip's cache); per-round ratios, median and range. AB_ARGS: --rounds
+# N, --seconds S, --alone, --commit REV.
+bench-ab: $(STAMP)
+	$(BIN)/python -m bench.baseline $(AB_ARGS)
 
 bench-peers: $(STAMP)
 	$(BIN)/python -m bench.run --peers $(BENCH_ARGS)

@@ -3,7 +3,9 @@
 The quick way to decide a performance change: the minimal proxy, Leasehold from this checkout
 and Leasehold from each other checkout given (`TREE`, as `bench.run --compare-tree` takes it)
 are driven at saturation in interleaved rounds against one stub, and each column's mean req/s
-and CPU µs per request per process are printed. Same servers, request and generator as
+and CPU µs per request per process are printed, then Leasehold's ratio to every other column
+round by round (each round's columns ran back to back, so the machine's drift cancels), with the
+median and range. Same servers, request and generator as
 `make bench`'s saturation phase (`bench.phases`).
 
 `--alone` changes the layout: the proxy under test (the minimal proxy, or Leasehold's data
@@ -55,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                 for target in targets:
                     os.sched_setaffinity(_proxy_pid(target), {cpus[1]})
             ctx = Context(plan=PLANS["default"], layout=layout, servers=servers, targets=targets)
-            for _ in range(args.rounds):
-                for target in targets:
+            for index in range(args.rounds):
+                # odd rounds run the columns in reverse, so no column always follows the same one
+                for target in (targets if index % 2 == 0 else targets[::-1]):
                     run = run_loadgen(_job(ctx, target, "saturate", stream=False, step=None,
                                            connections=64, warmup_s=0.5, duration_s=args.seconds))
                     if run["errors"] or not run["rps"]:
@@ -73,7 +76,21 @@ def main(argv: list[str] | None = None) -> int:
         cpu = {k: statistics.mean(c.get(k, 0.0) for _, c in runs) for k in runs[0][1]}
         print(f"  {name:28s} {statistics.mean(rps):7,.0f} req/s (rounds {', '.join(f'{r:,.0f}' for r in rps)})  "
               + "  ".join(f"{k} {v:.0f} µs" for k, v in cpu.items()))
+    rps_of = {name: [r for r, _ in runs] for name, runs in results.items()}
+    for other in [n for n in rps_of if n != "leasehold"]:
+        print(ratio_line(f"leasehold / {other}", round_ratios(rps_of["leasehold"], rps_of[other])))
     return 0
+
+
+def round_ratios(a: list[float], b: list[float]) -> list[float]:
+    """A / B round by round: both ran in the same round, so the machine's drift cancels."""
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
+def ratio_line(label: str, ratios: list[float]) -> str:
+    """`label: median (min–max) over N rounds; rounds r1 r2 ...` — every round, not only the median."""
+    return (f"  {label:40s} {statistics.median(ratios):.3f}x ({min(ratios):.3f}–{max(ratios):.3f}) "
+            f"over {len(ratios)} rounds; rounds {' '.join(f'{r:.3f}' for r in ratios)}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ for control, without the scheduler's noise. Prints µs per attempt (best of thre
 Rows finish now (the windows in progress, as live traffic does). `--budgets` first writes a
 policy with budgets on every level of the rows' chain (platform, team, repo; amounts never
 reached), so each priced row also goes through budget enforcement's check (SPEC §18).
+
+It also prints the process's CPU per attempt (best round), which a loaded machine inflates
+less than the wall time. `--traces` turns span export on (SPEC §21) towards a real OTLP/HTTP
+receiver in its own process (tests/support/otlp_receiver.py), with a queue as large as a round so
+no span is dropped; the CPU then includes the exporter thread's (each round ends by flushing the
+queue to the receiver).
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 from controlplane.core.policy import Ceiling
 from controlplane.main import wire
@@ -34,6 +43,7 @@ from shared.rpc import _HEADER, decode_body, encode_frame
 from shared.settings import load_settings
 from shared.tokens import new_ulid
 from shared.wire import AttemptFinished, AttemptRow, AttemptStarted, Usage
+from tests.support.waits import wait_until
 
 
 class _Conn:
@@ -94,24 +104,54 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
     return elapsed
 
 
-async def measure(rows: int, rounds: int = 3, per_read: int = 16, budgets: bool = False) -> float:
+def _receiver(state: str) -> tuple[subprocess.Popen[bytes], str]:
+    port_file = Path(state) / "otlp.port"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.otlp_receiver", "--port-file", str(port_file)])
+    port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20, "the OTLP receiver")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def measure(rows: int, rounds: int = 3, per_read: int = 16, budgets: bool = False,
+                  traces: bool = False) -> tuple[float, float]:
+    """µs per attempt on the event loop (best round) and the process's CPU µs per attempt (best
+    round; with `traces`, the exporter thread's included: each round ends with a flush)."""
     with tempfile.TemporaryDirectory() as state:
         if budgets:
             await _write_budgets(state)
-        settings = load_settings({"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state,
-                                  "GATEWAY_CONTROL_TOKEN": "bench-token-" + "x" * 24})
+        env = {"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state,
+               "GATEWAY_CONTROL_TOKEN": "bench-token-" + "x" * 24}
+        receiver = None
+        if traces:
+            receiver, endpoint = _receiver(state)
+            env.update({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_MAX_QUEUE_SIZE": str(rows + 1)})
+        settings = load_settings(env)
         keys = KeyTable(os.path.join(state, "keys.jsonl"))
         keys.load(0)
         ledger = Ledger(os.path.join(state, "ledger.jsonl"))
         ledger.open()
-        service = wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
-                       env={"GATEWAY_ANTHROPIC_API_KEY": "x"}).service
-        best = float("inf")
-        for _ in range(rounds):
-            best = min(best, await _round(service, _frames(rows), per_read))
+        control = wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
+                       env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
+        if control.traces is not None:
+            control.traces.start()
+        best, best_cpu = float("inf"), float("inf")
+        try:
+            for _ in range(rounds):
+                frames = _frames(rows)
+                cpu = time.process_time()
+                best = min(best, await _round(control.service, frames, per_read))
+                if control.traces is not None:
+                    control.traces.flush()
+                best_cpu = min(best_cpu, time.process_time() - cpu)
+            if control.traces is not None:
+                assert control.traces.dropped == 0, f"{control.traces.dropped} spans dropped"
+                control.traces.shutdown()
+        finally:
+            if receiver is not None:
+                receiver.terminate()
+                receiver.wait(10)
         ledger.close()
         keys.close()
-    return best / rows * 1e6
+    return best / rows * 1e6, best_cpu / rows * 1e6
 
 
 def main() -> None:
@@ -119,10 +159,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--per-read", type=int, default=16, help="frames per RPC read (a batch)")
     parser.add_argument("--budgets", action="store_true", help="budgets on every level of the rows' chain")
+    parser.add_argument("--traces", action="store_true", help="span export on, to an OTLP receiver (SPEC §21)")
     args = parser.parse_args()
-    per_attempt = asyncio.run(measure(args.rows, per_read=args.per_read, budgets=args.budgets))
+    per_attempt, cpu = asyncio.run(measure(args.rows, per_read=args.per_read, budgets=args.budgets,
+                                           traces=args.traces))
+    extras = (", budgets on the chain" if args.budgets else "") + (", span export on" if args.traces else "")
     print(f"control: {per_attempt:.1f} µs per attempt (started + finished report, {args.per_read} frames "
-          f"per read, best of 3 rounds of {args.rows:,}{', budgets on the chain' if args.budgets else ''})")
+          f"per read, best of 3 rounds of {args.rows:,}{extras})")
+    print(f"control: {cpu:.1f} µs of CPU per attempt" + (" including the exporter thread (spans flushed to "
+                                                         "the receiver each round)" if args.traces else ""))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Fleet mode's published bounds (SPEC §16), measured: three pairs and one redis-server on loopback.
 
-`python -m bench.fleet [--rounds N] [--json]` starts a stub upstream, a redis-server and three
+`python -m bench.fleet [--rounds N] [--json] [--cost-only]` starts a stub upstream, a redis-server and three
 pairs (`gw-a`, `gw-b`, `gw-c`; host TTL 3 s), and measures:
 
 - `disable_to_held_ms`: from a `PATCH .../state disabled` sent to host A until host B's mint
@@ -14,24 +14,29 @@ pairs (`gw-a`, `gw-b`, `gw-c`; host TTL 3 s), and measures:
   answers 400 (no usage, no spend), so only A's spend can exhaust the budget (SPEC §18);
 - `dead_host_slots_back_ms`: from SIGKILL of the pair holding an account's only slot until
   another host mints on it (bounded by the host TTL + one heartbeat: 3 s + 1 s here);
-- `mint_ms`: a v2 mint (+ its revoke) on one pair in embedded mode vs in fleet mode, sequential;
-  `added_ms` the difference of the medians.
-
-The data plane's side (a request on a ceilinged account) is measured with the data plane's
-request admission, not here.
+- `mint_ms`: a v2 mint (+ its revoke) on one pair in embedded mode vs on host A of the
+  three-pair fleet, sequential, through an HTTP client from outside, the two interleaved in
+  rounds; `added_ms` the difference of the medians;
+- `request_ms`: a request to an account with a request ceiling (`request_capacity`, so the data
+  plane asks the fleet's Redis for its slot), sequential on one keep-alive connection through an
+  HTTP client from outside, embedded vs host A of the fleet, interleaved; `added_ms` likewise.
+  (`bench.fleet_requests` measures the same on one fleet pair with a Redis of its own.)
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import fleet_requests
 from bench.stats import summarize_ms
 from tests.support.fleetpairs import MODEL, FleetPairs, accounts_toml, call, mint
 from tests.support.harness import Gateway, Stub, credential_like
@@ -183,15 +188,61 @@ def dead_host_slots_back(fleet: FleetPairs, rounds: int) -> list[float]:
     return samples
 
 
-def mint_cost(gw: Gateway, rounds: int) -> list[float]:
+def mint_cost(gw: Gateway, rounds: int, first: int = 0) -> list[float]:
     samples = []
-    for n in range(rounds):
+    for n in range(first, first + rounds):
         started = time.perf_counter()
         status, _, body = mint(gw, f"cost-{n}", repo_slug="bench/cost")
-        samples.append(time.perf_counter() - started)
         assert status == 201, body
         assert gw.revoke(body["key_id"])
-    return samples[rounds // 10:]   # warm-up out
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def interleaved(gateways: dict[str, Gateway], rounds: int, each: int,
+                measure: Callable[[str, Gateway, int], list[float]]) -> dict[str, list[float]]:
+    """`measure(mode, gw, n)` `each` times per mode per round, the modes in turn (the machine's
+    drift falls on every mode alike); the first round is a warm-up, dropped."""
+    samples: dict[str, list[float]] = {mode: [] for mode in gateways}
+    for index in range(rounds + 1):
+        for mode, gw in gateways.items():
+            got = measure(mode, gw, index * each)
+            if index:
+                samples[mode] += got
+    return samples
+
+
+def request_cost(gateways: dict[str, Gateway], rounds: int, each: int) -> dict[str, list[float]]:
+    """Sequential requests to the request-ceilinged account, one keep-alive connection per mode."""
+    conns = {}
+    for mode, gw in gateways.items():
+        host, port = gw.dataplane_url.removeprefix("http://").split(":")
+        conns[mode] = (fleet_requests._mint(gw, CAPPED_MODEL), http.client.HTTPConnection(host, int(port)))
+    try:
+        return interleaved(gateways, rounds, each, lambda mode, _gw, _n: [
+            fleet_requests._timed(conns[mode][1], conns[mode][0], CAPPED_MODEL) / 1000 for _ in range(each)])
+    finally:
+        for _, conn in conns.values():
+            conn.close()
+
+
+def added(samples: dict[str, list[float]]) -> dict[str, Any]:
+    out: dict[str, Any] = {mode: summarize_ms(values) for mode, values in samples.items()}
+    out["added_ms"] = round(out["fleet"]["p50"] - out["embedded"]["p50"], 3)
+    return out
+
+
+CAPPED_MODEL = "capped-1"
+CAPPED = '''
+[[account]]
+id = "capped"
+provider_binding = "anthropic"
+base_url = "{url}"
+auth_style = "x-api-key"
+credential_env = "GATEWAY_TEAM_B_KEY"
+models = ["capped-*"]
+request_capacity = 64
+'''
 
 
 EXTRA = '''
@@ -214,7 +265,7 @@ lease_capacity = 1
 '''
 
 
-def run(rounds: int, work: Path) -> dict[str, Any]:
+def run(rounds: int, work: Path, cost_only: bool = False) -> dict[str, Any]:
     stub = Stub(work / "stub", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
     redis = RedisServer(work / "redis").start()
     results: dict[str, Any] = {}
@@ -222,19 +273,26 @@ def run(rounds: int, work: Path) -> dict[str, Any]:
         embedded = Gateway(work / "embedded", stub, {
             "GATEWAY_ACCOUNTS_FILE": str(_accounts(work, stub)), "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
             "GATEWAY_TEAM_B_KEY": stub.anthropic_key or ""}).start()
+        fleet = None
         try:
-            base = mint_cost(embedded, rounds * 5)
+            extra = EXTRA.format(url=stub.url) + CAPPED.format(url=stub.url)
+            fleet = FleetPairs(work / "fleet", stub, redis, 3,
+                               accounts=accounts_toml(stub, lease_capacity=None, extra=extra),
+                               extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1",
+                                          "GATEWAY_PRICES_FILE": str(_prices(work))}).start()
+            both = {"embedded": embedded, "fleet": fleet[0]}
+            results["mint_ms"] = added(interleaved(both, 5, rounds,
+                                                   lambda _m, gw, n: mint_cost(gw, rounds, n)))
+            results["request_ms"] = added(request_cost(both, 5, rounds * 3))
+        except BaseException:
+            if fleet is not None:
+                fleet.stop()
+            raise
         finally:
             embedded.stop()
-        fleet = FleetPairs(work / "fleet", stub, redis, 3, accounts=accounts_toml(stub, lease_capacity=None,
-                                                                                  extra=EXTRA.format(url=stub.url)),
-                           extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1",
-                                      "GATEWAY_PRICES_FILE": str(_prices(work))}).start()
         try:
-            fleet_mint = mint_cost(fleet[0], rounds * 5)
-            results["mint_ms"] = {"embedded": summarize_ms(base), "fleet": summarize_ms(fleet_mint)}
-            results["mint_ms"]["added_ms"] = round(results["mint_ms"]["fleet"]["p50"] -
-                                                   results["mint_ms"]["embedded"]["p50"], 3)
+            if cost_only:
+                return results
             results["disable_to_held_ms"] = summarize_ms(disable_to_held(fleet, rounds))
             everyone, answered = revoke_to_refused(fleet, rounds)
             results["revoke_to_refused_ms"] = summarize_ms(everyone)
@@ -259,7 +317,7 @@ def _prices(work: Path) -> Path:
 def _accounts(work: Path, stub: Stub) -> Path:
     path = work / "embedded-accounts.toml"
     work.mkdir(parents=True, exist_ok=True)
-    path.write_text(accounts_toml(stub, lease_capacity=None))
+    path.write_text(accounts_toml(stub, lease_capacity=None, extra=CAPPED.format(url=stub.url)))
     return path
 
 
@@ -267,9 +325,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cost-only", action="store_true", help="mint_ms and request_ms only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-        results = run(args.rounds, Path(tmp))
+        results = run(args.rounds, Path(tmp), args.cost_only)
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -134,13 +134,20 @@ def start_minimal_proxy(workdir: Path, upstream: str) -> tuple[Proc, int]:
     return proc, int(port_file.read_text())
 
 
+def tree_python(tree: Path) -> str:
+    """The interpreter another checkout's daemons run with: its own `.venv`'s when it has one
+    (its dependencies as its `setup.cfg` pins them), else this one's."""
+    own = tree / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
+
+
 def module_argv(module: str, tree: Path | None = None) -> list[str]:
     """`python -m module`, or the same module imported from another checkout `tree`."""
     if tree is None:
         return [sys.executable, "-m", module]
     code = (f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); "
             f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
-    return [sys.executable, "-c", code]
+    return [tree_python(tree), "-c", code]
 
 
 def start_gateway(workdir: Path, stub: Stub, env: dict[str, str] | None = None,

@@ -12,12 +12,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from controlplane.cli import admin, execute, fleet, keys, policy, spend, views
+from controlplane.cli import admin, execute, fleet, keys, policy, spend, trace, views
 from controlplane.cli.client import Client
 from controlplane.cli.exits import EXIT_HELP, CtlError, Exit
 from controlplane.cli.output import warn
 
-GROUPS = (keys, views, execute, admin, policy, spend, fleet)
+GROUPS = (keys, views, execute, admin, policy, spend, fleet, trace)
 TOKEN_HELP = "bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)"
 
 

@@ -54,6 +54,7 @@ class EventKind(StrEnum):
     POLICY = "policy"
     DISPATCH_HOP = "dispatch.hop"
     BUDGET = "budget"
+    HEADROOM = "headroom"
     GAP = "gap"
 
 
@@ -115,6 +116,18 @@ class BudgetEvent(msgspec.Struct, frozen=True, kw_only=True):
     resets_at: str
 
 
+class HeadroomEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An account crossed a `min_headroom_percent` floor some policy level sets (SPEC §22):
+    `below` it (with the kinds below and when the skip lifts by itself), or `recovered`."""
+
+    account_id: str
+    floor_percent: int
+    state: str
+    kinds: list[str]
+    lifts_at: str | None
+    at: str
+
+
 class GapEvent(msgspec.Struct, frozen=True, kw_only=True):
     """Events were missed: refetch the views, then follow the feed from here."""
 
@@ -140,6 +153,7 @@ PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
     EventKind.ACCOUNT_STATE: _model(AccountStateEvent),
     EventKind.POLICY: _model(PolicyEvent),
     EventKind.BUDGET: _model(BudgetEvent),
+    EventKind.HEADROOM: _model(HeadroomEvent),
     EventKind.GAP: _model(GapEvent),
     EventKind.DISPATCH_HOP: _model(DispatchHop),
 }

@@ -6,12 +6,11 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 import uvloop
 from aiohttp import web
@@ -22,11 +21,10 @@ from controlplane.budgetguard import BudgetGuard
 from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
+from controlplane.fleet import backends
 from controlplane.fleet.gauges import FleetGauges
-from controlplane.fleet.host import FleetHost, FleetUnreachable
-from controlplane.fleet.spend import FleetSpend
-from controlplane.fleet.view import EmbeddedFleet, FleetSource
-from controlplane.fleet.wiring import backends_for
+from controlplane.fleet.snapshot import EmbeddedFleet, FleetSource
+from controlplane.headroom import HeadroomBook, policy_floors
 from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
@@ -38,11 +36,12 @@ from controlplane.http import metrics as metrics_http
 from controlplane.http import mint as mint_http
 from controlplane.http import policy as policy_http
 from controlplane.http import spend as spend_http
+from controlplane.http import traces as traces_http
 from controlplane.http import views as views_http
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.core.policy import Ceiling
-from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE, TRACES
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.prices import PricesError, load_prices
 from controlplane.registry import Registry, RegistryError
@@ -54,11 +53,16 @@ from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
+from controlplane.traces import TraceCollector, Traces
 from shared.clock import now_ms
-from shared.fleet.membership import HostIdTaken
 from shared.logging import configure_logging, get_logger
 from shared.rpc import start_unix_server
 from shared.settings import Settings, SettingsError, load_settings, unknown_variables
+
+if TYPE_CHECKING:  # fleet mode's modules (and the Redis client) load only in fleet mode: `backends_for`
+    from controlplane.fleet.headroom import FleetHeadroom
+    from controlplane.fleet.host import FleetHost
+    from controlplane.fleet.spend import FleetSpend
 
 log = get_logger("control")
 
@@ -79,8 +83,21 @@ class Control(msgspec.Struct, frozen=True, kw_only=True):
     spend: SpendBook
     budgets: BudgetGuard
     fleet_view: FleetSource
+    headroom: HeadroomBook
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
+    traces: Traces | None = None        # SPEC §21: set when an OTLP endpoint is
+    fleet_headroom: FleetHeadroom | None = None   # fleet mode (SPEC §22): observations shared
+
+
+def backends_for(settings: Settings, keys: KeyTable) -> backends.Backends:
+    """In-process tables, or the fleet's Redis (SPEC §16). Fleet mode's modules are imported here,
+    only when `GATEWAY_FLEET_REDIS_URL` is set: an embedded daemon never loads the Redis client
+    (~9 MiB of RSS and ~130 modules at start; tests/unit/test_lazy_imports.py keeps it so)."""
+    if not settings.fleet_redis_url:
+        return backends.embedded()
+    from controlplane.fleet.wiring import fleet
+    return fleet(settings, keys)
 
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
@@ -120,18 +137,38 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
     desk.budgets = budgets
     metrics.watch_spend(spend, budgets.watch)
-    fleet_spend = None
-    if shared.fleet is not None:  # SPEC §18: views and budgets read the fleet's spend
+    headroom = HeadroomBook(frozenset(account_ids), events, policy_floors(policy))  # SPEC §22
+    headroom.refresh_floors()
+    service.row_listeners.append(headroom.on_row)
+    policy.write_listeners.append(headroom.refresh_floors)
+    desk.headroom = headroom
+    metrics.registry.register(headroom.gauges())  # type: ignore[arg-type]
+    fleet_spend = fleet = fleet_headroom = None
+    if shared.fleet is not None:
+        from controlplane.fleet.headroom import FleetHeadroom
+        from controlplane.fleet.host import FleetHost
+        from controlplane.fleet.spend import FleetSpend
+        # SPEC §18: views and budgets read the fleet's spend
         fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend)
         service.row_listeners.append(fleet_spend.note)
         fleet_spend.listeners.append(budgets.on_fleet_spend)
-    fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,
-                                                        admin=admin, policy=policy, events=events)
+        # SPEC §22: the newest observation fleet-wide
+        fleet_headroom = FleetHeadroom(shared.fleet.client, shared.fleet.keys, settings.host_id, headroom)
+        headroom.observed_listeners.append(fleet_headroom.note)
+        fleet = FleetHost(shared.fleet, settings=settings, service=service, admin=admin, policy=policy,
+                          events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view))
+    traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
+    metrics.registry.register(TraceCollector(traces))
+    if traces is not None:
+        service.row_listeners.append(traces.on_row)
+        desk.decision_listeners.append(traces.on_decision)
+        hopper.hop_listeners.append(traces.on_hop)
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend)
+                   spend=spend, budgets=budgets, fleet_view=fleet_view, headroom=headroom, fleet=fleet,
+                   fleet_spend=fleet_spend, fleet_headroom=fleet_headroom, traces=traces)
 
 
 def build_app(control: Control) -> web.Application:
@@ -143,6 +180,8 @@ def build_app(control: Control) -> web.Application:
     app[SERVICE] = service
     app[DESK] = control.desk
     app[FLEET] = control.fleet_view
+    app[TRACES] = control.traces
+    app[HEADROOM] = control.headroom
     admin_http.add_routes(app, control.admin,
                           service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
     fleet_http.add_routes(app)
@@ -150,9 +189,11 @@ def build_app(control: Control) -> web.Application:
     mint_http.add_routes(app)
     accounts_http.add_routes(app)
     views_http.add_routes(app)
+    traces_http.add_routes(app)
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
     app.cleanup_ctx.append(control.budgets.background)
+    app.cleanup_ctx.append(control.headroom.background)
     events_http.add_routes(app, service.events)
     metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)
@@ -184,8 +225,10 @@ class RpcListener:
 def _heap_trimmer() -> Callable[[], None]:
     """glibc keeps freed heap pages of traffic bursts; hand them back so RSS follows the live
     set rather than the peak (a no-op where malloc_trim does not exist)."""
+    import ctypes  # here, not at start (no `ctypes.util.find_library`: it runs `ldconfig -p`)
+
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return lambda: None
     return lambda: trim(0)
@@ -215,6 +258,8 @@ class StartupError(Exception):
 async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
     """SPEC §16: claim the host id and re-register what the key journal kept, before anything
     is served (a duplicate host id never serves its data plane)."""
+    from controlplane.fleet.host import FleetUnreachable
+    from shared.fleet.membership import HostIdTaken
     try:
         await fleet.start()
     except HostIdTaken as exc:
@@ -227,12 +272,16 @@ async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
 
 async def serve(control: Control) -> None:
     settings, service = control.settings, control.service
+    if control.traces is not None:
+        control.traces.start()  # the SDK is imported here, only when export is on
     if control.fleet is None:
         await service.restore()
     else:
         await _join_fleet(control.fleet, settings)
         if control.fleet_spend is not None:
             await control.fleet_spend.start()
+        if control.fleet_headroom is not None:
+            await control.fleet_headroom.start()
     listener = RpcListener(settings, service)
     try:
         await listener.start()
@@ -266,8 +315,12 @@ async def serve(control: Control) -> None:
     await service.settle()  # every row recorded is written before the ledger closes
     if control.fleet_spend is not None:
         await control.fleet_spend.stop()  # the last rows' spend published
+    if control.fleet_headroom is not None:
+        await control.fleet_headroom.stop()
     if control.fleet is not None:
         await control.fleet.stop()  # leaves the fleet: a restart claims the host id at once
+    if control.traces is not None:  # the last spans, waiting for the collector 2 s at most
+        await asyncio.to_thread(control.traces.shutdown)
     service.ledger.close()
     service.keys.close()
     try:
@@ -287,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"leasehold-control: {exc}", file=sys.stderr)
         return 2
     credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
+    collector_keys = [value for _, value in settings.traces.headers] if settings.traces else []
     configure_logging("leasehold-control", settings.log_level,
                       secrets=[settings.control_token, settings.mint_token, settings.read_token,
-                               *credential_values])
+                               *credential_values, *collector_keys])
     for name in unknown_variables(os.environ):
         if name not in {a.credential_env for a in registry.accounts}:
             log.warning("setting_unknown", variable=name)

@@ -29,7 +29,7 @@ from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
 from controlplane.dispatchkeys import DispatchKeys, hop_on as lease_hop_on
-from controlplane.overlays import AdminOverlay, BudgetFacts, NoBudgets, PolicySource
+from controlplane.overlays import AdminOverlay, BudgetFacts, HeadroomFacts, NoBudgets, NoHeadroom, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
 from shared.bounds import TtlSeconds, retry_after_ms
@@ -123,6 +123,7 @@ class MintDesk(DispatchKeys):
         self.configured = configured
         self.decision_listeners: list[Callable[[Decision], None]] = []
         self.budgets: BudgetFacts = NoBudgets()   # SPEC §18 (`BudgetGuard`, set by `wire`)
+        self.headroom: HeadroomFacts = NoHeadroom()   # SPEC §22 (`HeadroomBook`, set by `wire`)
 
     # ---- entry points -------------------------------------------------------------------
 
@@ -201,16 +202,18 @@ class MintDesk(DispatchKeys):
         candidates = build_candidates(self.registry.accounts, policy, model, model_class)
         citation = (CitationKind.RETRY if retry_of else CitationKind.SUPERSEDE if supersedes else None)
         cited_id = retry_of or supersedes
-        live_keys = await self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id)
+        # One round (fleet: the reads go to Redis at once, not one after another; issue 27).
+        live_keys, cited, live = await asyncio.gather(
+            self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
+            _none() if cited_id is None else self._cited(cited_id, candidates),
+            self.live_facts(candidates, floor=policy.min_headroom_percent) if admin_ok and candidates
+            else _empty())
         exhausted, unpriced = self._budget_facts(policy.budgets, policy.revision, candidates)
         facts = MintFacts(
             admin_available=admin_ok, policy_available=True, lineage=lineage, candidates=candidates,
-            citation=citation,
-            cited=None if cited_id is None else await self._cited(cited_id, candidates),
-            dispatch_live=bool(live_keys), fallback_on=policy.fallback_on,
+            citation=citation, cited=cited, dispatch_live=bool(live_keys), fallback_on=policy.fallback_on,
             max_hops=min(policy.max_fallback_hops, self.settings.max_fallback_hops),
-            live=await self.live_facts(candidates) if admin_ok and candidates else {},
-            exhausted=exhausted, unpriced_model=unpriced)
+            live=live, exhausted=exhausted, unpriced_model=unpriced)
         return Gathered(facts=facts, policy=policy)
 
     def _budget_facts(self, budgets: tuple[LevelBudget, ...], revision: int | None,
@@ -240,13 +243,21 @@ class MintDesk(DispatchKeys):
                              terminal_conditions=await self.decisions.evidence(decision_id),
                              position_now=position_now)
 
-    async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None) -> dict[str, LiveFacts]:
-        """What is true of each candidate's account now."""
+    async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None,
+                         floor: int = 0) -> dict[str, LiveFacts]:
+        """What is true of each candidate's account now. Every read at once (fleet: one round of
+        concurrent Redis commands instead of two per candidate in turn). `floor`: the resolved
+        policy's `min_headroom_percent` (a renewal passes none: a running dispatch is never moved
+        by headroom alone, SPEC §22)."""
         now = now_ms()
-        renewing_holds = renewing is not None and await self.lease_capacity.holds(renewing)
+        accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
+        assert all(account is not None for account in accounts)
+        renewing_holds, admits, counts = await asyncio.gather(
+            _false() if renewing is None else self.lease_capacity.holds(renewing),
+            asyncio.gather(*(self.circuits.admits(a.id, now) for a in accounts if a is not None)),
+            asyncio.gather(*(self._count_if_ceilinged(a) for a in accounts if a is not None)))
         facts: dict[str, LiveFacts] = {}
-        for candidate in candidates:
-            account = self.registry.get(candidate.account_id)
+        for account, circuit_admits, count in zip(accounts, admits, counts, strict=True):
             assert account is not None
             ceiling = account.lease_capacity
             if ceiling is not None and renewing_holds:
@@ -254,9 +265,14 @@ class MintDesk(DispatchKeys):
             facts[account.id] = LiveFacts(
                 configured=self.configured(account),
                 administrative_state=self.admin.state_of(account.id),
-                circuit_admits=await self.circuits.admits(account.id, now),
-                lease_room=ceiling is None or await self.lease_capacity.count(account.id) < ceiling)
+                circuit_admits=circuit_admits,
+                lease_room=ceiling is None or (count is not None and count < ceiling),
+                headroom_low=self.headroom.low(account.id, floor, now),
+                headroom_lifts_at_ms=self.headroom.lifts_at(account.id, floor, now) if floor else None)
         return facts
+
+    async def _count_if_ceilinged(self, account: AccountSpec) -> int | None:
+        return None if account.lease_capacity is None else await self.lease_capacity.count(account.id)
 
     # ---- the shell around the decision --------------------------------------------------
 
@@ -266,7 +282,8 @@ class MintDesk(DispatchKeys):
         base = msgspec.structs.replace(base, skipped=verdict.skipped)
         if verdict.chosen is None:
             assert verdict.refusal is not None
-            return await self._refuse(base, verdict.outcome, verdict.refusal, verdict.retry_after_s)
+            return await self._refuse(base, verdict.outcome, verdict.refusal, verdict.retry_after_s,
+                                      live=facts.live if facts is not None else {})
         chosen = verdict.chosen
         account = self.registry.get(chosen.account_id)
         assert account is not None
@@ -319,22 +336,33 @@ class MintDesk(DispatchKeys):
         """Take what the decision only read: the lease slot, the dispatch's one live lease and
         (half-open) the circuit's one probe, each atomically; undo the taken ones on a refusal,
         so no key outlives a refused claim. A claim that timed out is undone too: a hung Redis
-        runs it when it resumes (fleet: the undo is owed until then)."""
-        try:
-            if not await self.lease_capacity.reserve(account.id, key_id, ceiling):
-                return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
-            if not await self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id,
-                                                   allowing=predecessor):
-                await self.lease_capacity.release(key_id)
-                return Refusal.FALLBACK_LEASE_STILL_HELD, None
-            if not await self.circuits.claim_probe(account.id, key_id, now_ms()):
-                await self.lease_capacity.release(key_id)
-                await self.decisions.end_key(key_id)
-                return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
-        except StateUnavailable:
-            await self._unclaim(account.id, key_id)
-            raise
-        return None
+        runs it when it resumes (fleet: the undo is owed until then).
+
+        The three are independent atomic claims, taken at once (fleet: one round of Redis
+        commands instead of three in turn; issue 27) and every one waited for before any undo,
+        so an undo never overtakes the claim it undoes. The refusal named is the first in the
+        order they were once taken: the slot, the dispatch, the probe."""
+        taken = await asyncio.gather(
+            self.lease_capacity.reserve(account.id, key_id, ceiling),
+            self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id, allowing=predecessor),
+            self.circuits.claim_probe(account.id, key_id, now_ms()), return_exceptions=True)
+        failed = next((t for t in taken if isinstance(t, BaseException)), None)
+        if failed is not None:
+            if isinstance(failed, StateUnavailable):
+                await self._unclaim(account.id, key_id)
+            raise failed
+        reserved, live, probe = taken
+        if reserved and live and probe:
+            return None
+        await asyncio.gather(
+            self.lease_capacity.release(key_id) if reserved else _none(),
+            self.decisions.end_key(key_id) if live else _none(),
+            self.circuits.on_lease_ended(account.id, key_id, now_ms()) if probe else _none())
+        if not reserved:
+            return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
+        if not live:
+            return Refusal.FALLBACK_LEASE_STILL_HELD, None
+        return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
 
     async def _unclaim(self, account_id: str, key_id: str) -> None:
         """Undo a claim the shared state failed under (fleet: each undo that cannot land now
@@ -344,7 +372,7 @@ class MintDesk(DispatchKeys):
         await self.circuits.on_lease_ended(account_id, key_id, now_ms())
 
     async def _refuse(self, base: Decision, outcome: Outcome, refusal: Refusal,
-                      wait_s: int | None = None) -> MintAnswer:
+                      wait_s: int | None = None, live: dict[str, LiveFacts] | None = None) -> MintAnswer:
         decision = msgspec.structs.replace(base, outcome=outcome, refusal_reason=refusal)
         await self.decisions.record(decision)
         self._log(decision)
@@ -353,7 +381,8 @@ class MintDesk(DispatchKeys):
                 "policy_revision": decision.policy_revision}
         if outcome == Outcome.REJECTED:   # 409, or 403 `model-unpriced`, which no retry changes
             return MintAnswer(HTTP_STATUS[refusal], body, no_retry=refusal == Refusal.MODEL_UNPRICED)
-        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s))
+        return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s,
+                                                                           live or {}))
 
     def _unavailable(self, base: Decision, exc: StateUnavailable) -> MintAnswer:
         """SPEC §16: the fleet's shared state did not answer: held, in the held shape."""
@@ -376,7 +405,7 @@ class MintDesk(DispatchKeys):
                  dispatch_id=decision.lineage.dispatch_id, repo_slug=decision.lineage.repo_slug)
 
     async def _retry_after(self, refusal: Refusal, skipped: tuple[Skipped, ...],
-                           wait_s: int | None = None) -> int:
+                           wait_s: int | None = None, live: dict[str, LiveFacts] | None = None) -> int:
         """Whole seconds: the decision's own wait when it knows one (`budget-exhausted`: until
         the last exhausted window resets), else the earliest a skipped candidate may return."""
         if wait_s is not None:
@@ -394,9 +423,24 @@ class MintDesk(DispatchKeys):
                         waits.append(1)
                 elif skip.code == Skip.LEASE_CAPACITY_EXHAUSTED:
                     waits.append(1)
+                elif skip.code == Skip.RATE_LIMIT_HEADROOM_LOW:   # until its low kinds reset (§22)
+                    lifts = (live or {}).get(skip.account_id, LiveFacts(configured=True)).headroom_lifts_at_ms
+                    waits.append(1 if lifts is None or lifts <= now else retry_after_ms(lifts - now))
             if waits:
                 wait = min(waits)
         return retry_after_ms(int(wait) * 1000)
 
 
 assert all(HTTP_STATUS[r] == 503 for r in HOLD_RETRY_S)
+
+
+async def _none() -> None:
+    return None
+
+
+async def _false() -> bool:
+    return False
+
+
+async def _empty() -> dict[str, LiveFacts]:
+    return {}

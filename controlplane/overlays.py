@@ -1,8 +1,8 @@
 """What the mint reads from the two chains — the admin overlay and the routing policy — and
-from the budgets' enforcement (SPEC §18).
+from the budgets' enforcement (SPEC §18) and the rate-limit headroom (SPEC §22).
 
 The mint depends on these small interfaces, not on the stores, so selection can be tested
-without files. `NoAdminOverlay`, `NoPolicy` and `NoBudgets` are the defaults when none exists.
+without files. `NoAdminOverlay`, `NoPolicy`, `NoBudgets` and `NoHeadroom` are the defaults when none exists.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ class BudgetFacts(Protocol):
     def exhausted(self, budgets: tuple[LevelBudget, ...], revision: int | None = None) -> tuple[Exhausted, ...]: ...
     def on_chain(self, repo_slug: str, worker_role: str | None) -> tuple[LevelBudget, ...]: ...
     def is_priced(self, model: str) -> bool: ...
+
+
+class HeadroomFacts(Protocol):
+    """`controlplane.headroom.HeadroomBook`: each account's provider rate-limit headroom (§22)."""
+
+    def low(self, account_id: str, floor_percent: int, now: int) -> bool: ...
+    def lifts_at(self, account_id: str, floor_percent: int, now: int) -> int | None: ...
 
 
 class NoAdminOverlay:
@@ -72,3 +79,13 @@ class NoBudgets:
 
     def is_priced(self, model: str) -> bool:
         return True
+
+
+class NoHeadroom:
+    """No observation anywhere: no floor ever rules an account out."""
+
+    def low(self, account_id: str, floor_percent: int, now: int) -> bool:
+        return False
+
+    def lifts_at(self, account_id: str, floor_percent: int, now: int) -> int | None:
+        return None

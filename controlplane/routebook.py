@@ -81,6 +81,7 @@ class RouteView(msgspec.Struct, frozen=True, kw_only=True):
     cost_usd: float | None
     cost_reason: str | None
     overhead_ms: float | None
+    rate_limits: dict | None = None     # the provider's headroom the answer stated (SPEC §22)
     transport: str = "http"      # SPEC §14, §20: "http" | "websocket"
 
 
@@ -90,4 +91,6 @@ _VIEW_FIELDS = RouteView.__struct_fields__
 def view_of(row: AttemptRow) -> dict:
     view = {name: getattr(row, name) for name in _VIEW_FIELDS}
     view["usage"] = msgspec.to_builtins(row.usage)
+    if row.rate_limits is not None:
+        view["rate_limits"] = msgspec.to_builtins(row.rate_limits)
     return view

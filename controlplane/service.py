@@ -148,9 +148,8 @@ class ControlService:
         """The release seam's own part: the lease slot, the dispatch's live key, the circuit's
         probe. `end_keys` adds forgetting the key and telling the data plane; a dispatch key's
         hop (SPEC §17) keeps the key and re-binds it instead."""
-        await self.lease_capacity.release(lease.key_id)
-        await self.decisions.end_key(lease.key_id)
-        await self.circuits.on_lease_ended(lease.account_id, lease.key_id, now_ms())
+        await asyncio.gather(self.lease_capacity.release(lease.key_id), self.decisions.end_key(lease.key_id),
+                             self.circuits.on_lease_ended(lease.account_id, lease.key_id, now_ms()))
 
     async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
         """The release seam: forget each key, return its lease slot, tell the data plane.
@@ -163,8 +162,8 @@ class ControlService:
         ended: list[Lease] = []
         for key_id in key_ids:
             lease = self.keys.remove(key_id)
-            await self.lease_capacity.release(key_id)
-            await self.decisions.end_key(key_id)
+            # one round, not two (fleet: both are Redis writes; issue 27)
+            await asyncio.gather(self.lease_capacity.release(key_id), self.decisions.end_key(key_id))
             if lease is not None:
                 ended.append(lease)
         if ended:

@@ -8,7 +8,10 @@ loop (rows, mints, the read plane) between the worker and its answer; directly i
 loopback round trip (~0.1 ms). Accounts without a request ceiling never reach this module: they
 pay nothing per request, in fleet mode as embedded.
 
-- **Release** happens after the answer, off the request's path: a release that cannot reach
+- **Release** happens after the answer, off the request's path, and rides along with the next
+  reserve when one comes within `RELEASE_WINDOW_S` (one script, released before the take): one
+  round trip per request instead of two; otherwise the window's releases go in one script when
+  it ends. A slot is so held at most that long after its answer. A release that cannot reach
   Redis is kept and retried (`retry_pending`, from the data plane's timer), so a slot is never
   leaked by an outage; releasing twice is harmless (holder-keyed).
 - **A restart of this data plane** releases what its previous instance held (`start`): those
@@ -43,6 +46,9 @@ from shared.logging import get_logger
 
 log = get_logger("dataplane")
 
+# How long a release waits for a reserve to carry it (the RPC's lazy reports wait as long).
+RELEASE_WINDOW_S = 0.002
+
 
 def lapse_ms(ttl_ms: int) -> int:
     """A host's place lapses half a beat (beats are a third of the TTL) before it may be reaped."""
@@ -66,6 +72,8 @@ class FleetAdmission:
         self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation)
         self.held: dict[str, tuple[str, int]] = {}   # attempt id → (account, ceiling), in flight here
         self.pending_release: set[str] = set()       # releases that could not reach Redis yet
+        self.owed: list[str] = []                    # answered; released by the next reserve or flush
+        self._flush: asyncio.TimerHandle | None = None
         self._releases: set[asyncio.Task[None]] = set()
         self.started = False  # `start` done: a previous instance's holders released
 
@@ -85,41 +93,54 @@ class FleetAdmission:
         """Take a request slot fleet-wide; `StateUnavailable` when Redis cannot say."""
         if not self.started:
             await self.start()
+        releasing, self.owed = self.owed, []
         try:
             try:
-                taken = await self.capacity.reserve(account_id, holder, ceiling)
+                taken = await self.capacity.reserve(account_id, holder, ceiling, releasing)
             except StateLost:
+                self.pending_release.update(releasing)  # fenced: the script released nothing
+                releasing = []
                 await self._reregister()
                 taken = await self.capacity.reserve(account_id, holder, ceiling)
         except StateUnavailable:
             # A timeout's outcome is unknown: a hung Redis runs the reserve once it resumes. The
             # request is refused, so the holder is released like a failed release (harmless if
-            # it never landed), never leaked.
+            # it never landed), never leaked; so are the releases it carried.
             self.pending_release.add(holder)
+            self.pending_release.update(releasing)
             raise
         if taken:
             self.held[holder] = (account_id, ceiling)
         return taken
 
     def release_soon(self, holder: str) -> None:
-        """Return the slot after the answer, off the request's path."""
+        """Return the slot after the answer, off the request's path: with the next reserve, or
+        within `RELEASE_WINDOW_S`."""
         if self.held.pop(holder, None) is None:
             return
-        task = asyncio.get_running_loop().create_task(self._release(holder))
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
+        self.owed.append(holder)
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(RELEASE_WINDOW_S, self._flush_owed)
 
-    async def _release(self, holder: str) -> None:
+    def _flush_owed(self) -> None:
+        self._flush = None
+        holders, self.owed = self.owed, []
+        if holders:
+            task = asyncio.get_running_loop().create_task(self._release(*holders))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _release(self, *holders: str) -> None:
         try:
-            await self.capacity.release(holder)
-            self.pending_release.discard(holder)
+            await self.capacity.release_all(holders)
+            self.pending_release.difference_update(holders)
         except StateUnavailable:
-            self.pending_release.add(holder)
+            self.pending_release.update(holders)
 
     async def retry_pending(self) -> None:
         """Releases that failed while Redis was away, retried (the timer's pass)."""
-        for holder in list(self.pending_release):
-            await self._release(holder)
+        if self.pending_release:
+            await self._release(*self.pending_release)
 
     async def check_standing(self) -> bool:
         """Read this host's heartbeat age; answers (and keeps in `lapsed`) whether it lapsed.
@@ -152,6 +173,9 @@ class FleetAdmission:
         log.warning("request_holders_reregistered", count=len(holders), refused=len(refused))
 
     async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+        self._flush_owed()
         for task in list(self._releases):
             await task
         await self.client.aclose()

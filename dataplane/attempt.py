@@ -21,7 +21,7 @@ from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
 from shared.logging import get_logger
-from shared.wire import AttemptRow, Lease, Usage
+from shared.wire import AttemptRow, Lease, RateLimits, Usage
 
 log = get_logger("dataplane")
 
@@ -29,9 +29,11 @@ log = get_logger("dataplane")
 class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
-                 "task", "stopping", "response", "http_status", "sse_plain", "row")
+                 "task", "stopping", "response", "http_status", "sse_plain", "row", "trace",
+                 "rate_limits")
 
-    def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str) -> None:
+    def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str,
+                 trace: tuple[str | None, str | None] = (None, None)) -> None:
         self.link = link
         self.lease = lease
         self.wire = wire
@@ -51,6 +53,8 @@ class Attempt:
         self.http_status: int | None = None            # the status the worker was sent
         self.sse_plain = False                         # relaying uncompressed SSE
         self.row: AttemptRow | None = None             # as announced; finished by replacing
+        self.trace = trace                             # (traceparent, tracestate), SPEC §21
+        self.rate_limits: RateLimits | None = None     # the upstream answer's (SPEC §22)
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""
@@ -65,6 +69,7 @@ class Attempt:
             overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, served_model=None,
             finished_at=None, status=None, http_status=None, condition=None,
             refusal_reason=None, usage=None, cost_usd=None, cost_reason=None,
+            traceparent=self.trace[0], tracestate=self.trace[1],
         )
 
     def announce(self) -> None:
@@ -101,7 +106,7 @@ class Attempt:
             condition=None if condition is None else str(condition),
             refusal_reason=None if refusal is None else str(refusal), usage=usage,
             retry_after_s=retry_after_s, duration_ms=duration_ms,
-            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out,
+            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, rate_limits=self.rate_limits,
         )
         if self.lease.hop_on:  # a dispatch key: stop admitting on it before control has the row
             self.link.replica.hop_pending(self.lease, row.condition, row.refusal_reason)

@@ -39,6 +39,7 @@ from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
+from shared.tracecontext import trace_headers
 from shared.wire import AccountRoute, Lease
 
 if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
@@ -127,7 +128,7 @@ class Proxy:
                                "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
         wire = account.wire if account is not None else guess_wire(request.path, request.headers)
-        attempt = Attempt(self.link, lease, wire, request.path)
+        attempt = Attempt(self.link, lease, wire, request.path, trace_headers(request.headers))
         self.in_flight.add(attempt)
         self._idle.clear()
         try:

@@ -23,12 +23,14 @@ from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refuse, refusal_response
 from dataplane.observer import Observer
+from dataplane.ratelimits import rate_limits_of
 from dataplane.upstream_client import UpstreamClient, UpstreamResponse
 from dataplane.upstreams import (
     PoolTimeout, UpstreamPools, downstream_headers, downstream_pairs, upstream_headers,
 )
 from dataplane.watch import ExchangeWatch, IdleTimeout
 from dataplane.wires import anthropic, openai
+from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
 from shared.logging import get_logger
 from shared.settings import Settings
@@ -121,6 +123,7 @@ class Relay:
                                       "the upstream could not be reached")
         watch.body(upstream.content)
         upstream_wait = time.perf_counter() - sent_at
+        attempt.rate_limits = rate_limits_of(upstream.headers, attempt.wire, now_ms)  # SPEC §22
         ended_clean = False
         try:
             if not 100 <= upstream.status <= 599:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
-import filelock
 import msgspec
 
 from shared.chain import (
@@ -145,6 +144,8 @@ class FileChainStorage:
 
     @contextmanager
     def writer(self) -> Iterator[None]:
+        import filelock  # at the first write, not at start: ~2 MiB of RSS a reader never needs
+
         lock = filelock.FileLock(self.lock_path, timeout=LOCK_TIMEOUT_S, mode=0o600)
         try:
             lock.acquire()

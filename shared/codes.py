@@ -144,6 +144,7 @@ class Skip(StrEnum):
     ADMINISTRATIVE_DRAINING = "administrative-draining"
     CIRCUIT_OPEN = "circuit-open"
     LEASE_CAPACITY_EXHAUSTED = "lease-capacity-exhausted"
+    RATE_LIMIT_HEADROOM_LOW = "rate-limit-headroom-low"   # only with min_headroom_percent set (§22)
 
 
 class Condition(StrEnum):

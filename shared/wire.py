@@ -81,6 +81,29 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     cache_creation_tokens: int = 0
 
 
+class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
+    """One kind of an account's provider rate limit, as one upstream answer stated it (SPEC
+    §22): `reset_at` absolute, ISO 8601 UTC. Unconstrained here (a value out of range must not
+    cost a row its decoding); control range-checks it (`controlplane/core/headroom.py`)."""
+
+    limit: int | None = None
+    remaining: int | None = None
+    reset_at: str | None = None
+
+
+class RateLimits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Every kind an answer reported (absent kinds are omitted), and when the answer arrived."""
+
+    observed_at: str
+    requests: RateLimit | None = None
+    tokens: RateLimit | None = None
+    input_tokens: RateLimit | None = None
+    output_tokens: RateLimit | None = None
+
+
+RATE_LIMIT_KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
+
+
 class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     """One attempt's terminal row: the ledger line and the routes view entry (SPEC §14)."""
 
@@ -111,6 +134,13 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_s: float | None = None
     bytes_out: int = 0
     duration_ms: float | None = None
+    # SPEC §21: the request's W3C trace context, copied only when valid (shared/tracecontext.py);
+    # control parents the attempt's span under it.
+    traceparent: str | None = None
+    tracestate: str | None = None
+    # SPEC §22: the provider's rate-limit headers of the upstream answer, parsed (null when the
+    # answer carried none, or there was no answer).
+    rate_limits: RateLimits | None = None
     transport: str = "http"  # SPEC §14, §20: "http" | "websocket"
 
 

@@ -8,7 +8,8 @@ CMD's status (128 + N after signal N).
 
 The worker's environment is `scrub_spawn_env(os.environ)` (the whole `GATEWAY_*` namespace
 gone), minus this CLI's own `LEASEHOLD_TOKEN` and every provider credential variable, plus the
-base URL and virtual key of the lease's wire. A worker holds its lease and nothing else.
+base URL and virtual key of the lease's wire, and a W3C `TRACEPARENT` (SPEC §21: the caller's
+own when valid, else a new trace). A worker holds its lease and nothing else.
 
 The child runs in its own process group, so a signal reaches it exactly once: forwarded by us,
 or — when we own the terminal — from the terminal itself, which we hand to the child's group
@@ -39,6 +40,7 @@ from controlplane.cli.supervise import Extender, HopWatcher
 from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import WIRE_OF_BINDING, Binding, Scope, Wire
 from shared.envscrub import scrub_spawn_env
+from shared.tracecontext import worker_traceparent
 from shared.tokens import new_ulid
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -69,6 +71,8 @@ def worker_env(env: Mapping[str, str], wire: Wire, base_url: str, token: str) ->
     url_var, key_var = WIRE_ENV[wire]
     clean[url_var] = base_url
     clean[key_var] = token
+    # SPEC §21: the worker's requests join one trace (the caller's, if it was started in one)
+    clean["TRACEPARENT"] = worker_traceparent(env)
     return clean
 
 
@@ -206,7 +210,7 @@ def run_exec(args: argparse.Namespace, client: Client) -> int:
         if args.verbose:
             warn(f"lease {key_id} on {minted['account_id']} ({wire} wire, decision "
                  f"{minted.get('mint_decision_id')}, fallback driven by the {args.fallback_driver}); "
-                 f"running {command[0]}")
+                 f"trace {env['TRACEPARENT'].split('-')[1]}; running {command[0]}")
         if minted.get("fallback_driver") == "gateway":
             helpers.append(Extender(client, key_id, _ttl_s(minted, args.ttl)))
             if args.verbose:

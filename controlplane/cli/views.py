@@ -33,7 +33,7 @@ RECONNECT_BACKOFF_S = (0.5, 5.0)  # first wait, ceiling
 # ---- formatting (pure) --------------------------------------------------------------------
 
 ACCOUNT_HEADERS = ("ID", "BINDING", "CONFIGURED", "ADMIN", "LEASES", "IN FLIGHT", "OBSERVED",
-                   "CIRCUIT", "HEALTH")
+                   "CIRCUIT", "HEALTH", "HEADROOM")
 
 
 def circuit_text(circuit: dict[str, Any] | None) -> str:
@@ -54,10 +54,22 @@ def observed_text(account: dict[str, Any]) -> str:
     return f"{count} ({aborted} aborted)" if aborted else str(count)
 
 
+def headroom_text(rate_limits: dict[str, Any] | None) -> str:
+    """The account's lowest current provider headroom (SPEC §22): `4% tokens, resets 10:05:00Z`;
+    `-` when no kind the provider reported can be judged now (none, or its reset passed)."""
+    judged = [(kind, limit) for kind, limit in (rate_limits or {}).items()
+              if isinstance(limit, dict) and limit.get("current")
+              and limit.get("headroom_percent") is not None]
+    if not judged:
+        return "-"
+    kind, lowest = min(judged, key=lambda item: item[1]["headroom_percent"])
+    return f"{lowest['headroom_percent']:g}% {kind}, resets {hhmmss(lowest.get('reset_at'))}"
+
+
 def accounts_table(view: dict[str, Any]) -> str:
     rows = [(a.get("id"), a.get("provider_binding"), a.get("configured"), a.get("administrative_state"),
              a.get("lease_count"), a.get("in_flight_count"), observed_text(a), circuit_text(a.get("circuit")),
-             f"{a.get('health')} ({a.get('health_reason')})")
+             f"{a.get('health')} ({a.get('health_reason')})", headroom_text(a.get("rate_limits")))
             for a in view.get("accounts", [])]
     footer = (f"window {cell(view.get('window_seconds'))}s, as of {cell(view.get('as_of'))}, "
               f"evidence since {cell(view.get('evidence_since'))}")

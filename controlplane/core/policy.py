@@ -45,6 +45,7 @@ class ResolvedPolicy(msgspec.Struct, frozen=True, kw_only=True):
     vetoed: dict[str, tuple[str, ...]] = {}         # field → more specific setters a lock overruled
     ceilinged: tuple[str, ...] = ()                 # fields whose chosen value the platform ceiling cut
     budgets: tuple[LevelBudget, ...] = ()           # every budget on the chain, each for its own level (§18)
+    min_headroom_percent: int = 0                   # 0 = off; else the rate-limit floor (§22)
 
 
 class LevelKind(StrEnum):
@@ -65,6 +66,7 @@ class PolicyField(StrEnum):
     FALLBACK_ON = "fallback_on"
     MAX_FALLBACK_HOPS = "max_fallback_hops"
     MODEL_CLASSES = "model_classes"
+    MIN_HEADROOM_PERCENT = "min_headroom_percent"
 
 
 class Problem(StrEnum):
@@ -94,6 +96,7 @@ MAX_LIST = 256
 Short = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 ShortList = Annotated[tuple[Short, ...], msgspec.Meta(max_length=MAX_LIST)]
 Hops = Annotated[int, msgspec.Meta(ge=0, le=16)]
+HeadroomPercent = Annotated[int, msgspec.Meta(ge=0, le=50)]
 ModelClasses = Annotated[dict[Short, Annotated[dict[Short, Short], msgspec.Meta(max_length=8)]],
                          msgspec.Meta(max_length=64)]
 
@@ -140,6 +143,7 @@ class LevelDocument(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     fallback_on: ShortList | None = None
     max_fallback_hops: Hops | None = None
     model_classes: ModelClasses | None = None
+    min_headroom_percent: HeadroomPercent | None = None
     locks: ShortList = ()
     teams: ShortList | None = None   # org documents only
     repos: ShortList | None = None   # team documents only
@@ -366,12 +370,14 @@ def fold_policy(layers: Sequence[Layer], ceiling: Ceiling, revision: int) -> Res
     classes, cell_provenance = _fold_model_classes(decided[PolicyField.MODEL_CLASSES].eligible)
     provenance.update(cell_provenance)
     account_order, providers = value(PolicyField.ACCOUNT_ORDER), value(PolicyField.PROVIDERS)
+    floor = value(PolicyField.MIN_HEADROOM_PERCENT)
     return ResolvedPolicy(
         revision=revision,
         account_order=None if account_order is None else tuple(account_order),
         providers=None if providers is None else tuple(providers),
         fallback_on=fallback_on, max_fallback_hops=hops, model_classes=classes,
         provenance=provenance, locked_by=locked_by, vetoed=vetoed, ceilinged=ceilinged,
+        min_headroom_percent=0 if floor is None else floor,
         budgets=budgets_of((layer.label, layer.document.budgets) for layer in layers))
 
 

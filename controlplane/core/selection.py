@@ -4,7 +4,8 @@ Pure. Candidates (the static, ordered answer for a model) are scanned from `star
 each one passed over gets the code of the FIRST filter that rules it out, in this order —
 cheapest and most permanent first, so the code names what would have to change:
 not-configured, administrative-disabled, administrative-draining, circuit-open,
-lease-capacity-exhausted.
+lease-capacity-exhausted, rate-limit-headroom-low (SPEC §22: only with `min_headroom_percent`
+set; the shell judges the account's observations against the floor, `core.headroom`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class LiveFacts(msgspec.Struct, frozen=True, kw_only=True):
     administrative_state: AdminState = AdminState.ENABLED
     circuit_admits: bool = True
     lease_room: bool = True
+    headroom_low: bool = False    # below the policy's min_headroom_percent now (SPEC §22)
+    headroom_lifts_at_ms: int | None = None   # when that skip lifts by itself (its Retry-After)
 
 
 class Skipped(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +55,7 @@ LIVE_FILTERS: tuple[tuple[Skip, Callable[[LiveFacts], bool]], ...] = (
     (Skip.ADMINISTRATIVE_DRAINING, lambda f: f.administrative_state == AdminState.DRAINING),
     (Skip.CIRCUIT_OPEN, lambda f: not f.circuit_admits),
     (Skip.LEASE_CAPACITY_EXHAUSTED, lambda f: not f.lease_room),
+    (Skip.RATE_LIMIT_HEADROOM_LOW, lambda f: f.headroom_low),
 )
 
 

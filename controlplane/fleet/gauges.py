@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from controlplane.fleet.view import FleetSnapshot, FleetSource
+from controlplane.fleet.snapshot import FleetSnapshot, FleetSource
 from shared.clock import now_ms
 from shared.codes import FleetState
 

@@ -2,7 +2,8 @@
 
 One read model, `FleetSnapshot`, for `GET /control/v2/accounts` (`hosts` per account and the
 view's `fleet`), `GET /control/v2/fleet` and the metrics' fleet gauges. Two sources:
-- `EmbeddedFleet`: this process is the whole fleet (mode `embedded`, always available, one host);
+- `EmbeddedFleet` (`controlplane/fleet/snapshot.py`, with the read model, so embedded mode never
+  imports Redis): this process is the whole fleet (mode `embedded`, always available, one host);
 - `RedisFleet`: live hosts and their last heartbeats (`HostRegistry`), each account's lease
   holders by host (the lease table's registry) and each host's in-flight counts (`InFlightBoard`:
   every host writes its own with its heartbeat). When Redis does not answer, or this host is not
@@ -14,67 +15,19 @@ Nothing here is secret: host ids, account ids and counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
-import msgspec
 import redis.asyncio as aredis
 
-from controlplane.core.fleet import HostRow, fleet_state, host_rows
+from controlplane.core.fleet import fleet_state, host_rows
+from controlplane.fleet.snapshot import FleetSnapshot, HostSeen, LocalCounts, local_snapshot
 from shared.capacity import StateUnavailable
 from shared.codes import FleetMode, FleetState, Standing
 from shared.fleet.capacity import RedisCapacity
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard
-
-
-class HostSeen(msgspec.Struct, frozen=True, kw_only=True):
-    host_id: str
-    last_seen_ms: int | None
-    live: bool
-
-
-class FleetSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    mode: FleetMode
-    state: FleetState
-    host_id: str                                   # this host
-    fleet_id: str | None
-    hosts_live: int
-    hosts: tuple[HostSeen, ...]
-    accounts: dict[str, list[HostRow]]             # account → its rows, one per host
-    writes_owed: int = 0                           # queued for Redis (`controlplane/fleet/owed.py`)
-
-
-class FleetSource(Protocol):
-    async def snapshot(self, now_ms: int) -> FleetSnapshot: ...
-
-
-LocalCounts = Callable[[], Mapping[str, int]]      # account → count, on this host now
-
-
-class EmbeddedFleet:
-    """Embedded mode: this host is the fleet."""
-
-    def __init__(self, host_id: str, account_ids: list[str], leases: LocalCounts, in_flight: LocalCounts) -> None:
-        self.host_id = host_id
-        self.account_ids = account_ids
-        self.leases = leases
-        self.in_flight = in_flight
-
-    async def snapshot(self, now_ms: int) -> FleetSnapshot:
-        return local_snapshot(FleetMode.EMBEDDED, FleetState.AVAILABLE, self.host_id, None, 1,
-                              self.account_ids, self.leases(), self.in_flight(), now_ms)
-
-
-def local_snapshot(mode: FleetMode, state: FleetState, host_id: str, fleet_id: str | None, hosts_live: int,
-                   account_ids: list[str], leases: Mapping[str, int], in_flight: Mapping[str, int],
-                   now_ms: int, writes_owed: int = 0) -> FleetSnapshot:
-    accounts = {a: [HostRow(host_id=host_id, lease_count=leases.get(a, 0), in_flight_count=in_flight.get(a, 0),
-                            last_seen_ms=now_ms)] for a in account_ids}
-    return FleetSnapshot(mode=mode, state=state, host_id=host_id, fleet_id=fleet_id, hosts_live=hosts_live,
-                         hosts=(HostSeen(host_id=host_id, last_seen_ms=now_ms, live=True),),
-                         accounts=accounts, writes_owed=writes_owed)
 
 
 class InFlightBoard:

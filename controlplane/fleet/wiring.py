@@ -1,8 +1,9 @@
 """The fleet set: every Redis backend one control daemon uses, built in one place (SPEC §16).
 
 `controlplane.main.wire` asks `backends_for(settings, keys)` for the state it shares: without
-`GATEWAY_FLEET_REDIS_URL`, the in-process tables exactly as before (`embedded`); with it, the
-Redis ones behind the same interfaces (`fleet`): the lease table (fenced by this host's
+`GATEWAY_FLEET_REDIS_URL`, the in-process tables exactly as before (`backends.embedded`, which
+never imports this module nor Redis); with it, the Redis ones behind the same interfaces
+(`fleet`): the lease table (fenced by this host's
 incarnation, its releases owed while Redis is away), circuits, decisions, and the admin and
 policy chains with Redis their authority and the state dir's files their witness. One asyncio
 client serves the event-loop backends and one blocking client the chains (`HashChain` calls its
@@ -16,12 +17,9 @@ built here too and driven by `controlplane/fleet/host.FleetHost`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
-import msgspec
-
-from controlplane.circuits import CircuitRegistry, CircuitView, LocalCircuits
-from controlplane.decisions import DecisionStore, LocalDecisions
+from controlplane.circuits import CircuitRegistry
+from controlplane.fleet.backends import Backends, OnTransition
 from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
@@ -30,7 +28,6 @@ from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
 from controlplane.stores.keys import KeyTable
-from shared.capacity import CapacityStore, LocalCapacity
 from shared.chainfile import ChainStorage, FileChainStorage
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
@@ -48,8 +45,6 @@ SUPERSEDED = "-superseded"
 # chain poll validates every 0.5 s and every mint validates first, so this is only reached when
 # Redis stopped answering: the reader is then told `StateUnavailable`.
 CHAIN_RECENT_S = 2.0
-
-OnTransition = Callable[[CircuitView], None]
 
 
 class FleetBackends:
@@ -85,25 +80,6 @@ class FleetBackends:
         self.lease_decisions.close()
 
 
-class Backends(msgspec.Struct, frozen=True, kw_only=True):
-    """What `wire` hands the service, the desk and the stores: the shared state's homes."""
-
-    lease_capacity: CapacityStore
-    decisions: DecisionStore
-    circuits: Callable[[int, OnTransition], CircuitRegistry]
-    admin_chain: ChainStorage | None = None      # None: the state dir's files
-    policy_chain: ChainStorage | None = None
-    chain_recent_s: float | None = None          # None: every loop read asks the (local) storage
-    fleet: FleetBackends | None = None
-
-
-def embedded() -> Backends:
-    """Today's in-process tables: one host, nothing shared."""
-    return Backends(lease_capacity=LocalCapacity(), decisions=LocalDecisions(),
-                    circuits=lambda cooldown_s, on_transition: CircuitRegistry(LocalCircuits(), cooldown_s,
-                                                                               on_transition=on_transition))
-
-
 def fleet(settings: Settings, keys: KeyTable) -> Backends:
     redis_side = FleetBackends(settings, keys)
     return Backends(
@@ -112,7 +88,3 @@ def fleet(settings: Settings, keys: KeyTable) -> Backends:
                                      admin_store.ANCHOR_FILE),
         policy_chain=redis_side.chain("policy", settings.state_dir, policy_store.CHAIN_FILE, policy_store.ANCHOR_FILE),
         chain_recent_s=CHAIN_RECENT_S, fleet=redis_side)
-
-
-def backends_for(settings: Settings, keys: KeyTable) -> Backends:
-    return fleet(settings, keys) if settings.fleet_redis_url else embedded()

@@ -9,6 +9,11 @@ host (`{host_id, lease_count, in_flight_count, last_seen_at}`), and the view's `
 `{mode, state, hosts_live}`. While the fleet's state is `unavailable` the counts are this host's
 own and the circuit and administrative state the last ones read; embedded mode is a fleet of one
 (`{mode: "embedded", state: "available", hosts_live: 1}`).
+
+`rate_limits` (SPEC §22) is each account's provider headroom, per kind (`requests`, `tokens`,
+`input_tokens`, `output_tokens`) its latest observation — `limit`, `remaining`, `reset_at`,
+`observed_at`, `headroom_percent`, and `current` (false once its reset passed: it no longer
+says anything about now). It is its own fact: `health` stays evidence-based.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from aiohttp import web
 from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
 from controlplane.http.common import int_query, json_response, requires
-from controlplane.http.appkeys import DESK, FLEET, SERVICE
+from controlplane.headroom import KindView
+from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE
 from shared.capacity import StateUnavailable
 from shared.chain import Verdict
 from shared.clock import iso_ms, now_ms
@@ -65,6 +71,7 @@ class AccountView(msgspec.Struct, frozen=True, kw_only=True):
     health: str
     health_reason: str
     hosts: list[HostView]
+    rate_limits: dict[str, KindView]
 
 
 class AccountsView(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +93,7 @@ def origin_of(url: str) -> str:
 async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     service = request.app[SERVICE]
     admin = request.app[DESK].admin
+    headroom = request.app[HEADROOM]
     now = now_ms()
     fleet = await request.app[FLEET].snapshot(now)
     try:
@@ -118,6 +126,7 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             health=str(health), health_reason=str(reason),
             hosts=[HostView(host_id=r.host_id, lease_count=r.lease_count, in_flight_count=r.in_flight_count,
                             last_seen_at=None if r.last_seen_ms is None else iso_ms(r.last_seen_ms)) for r in rows],
+            rate_limits=headroom.view(account.id, now),
         ))
     return AccountsView(accounts=views, window_seconds=window_s, as_of=iso_ms(now),
                         evidence_since=iso_ms(service.evidence.since_ms),

@@ -9,7 +9,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from controlplane.events import EventHub
-from controlplane.fleet.view import FleetSource
+from controlplane.fleet.snapshot import FleetSource
+from controlplane.headroom import HeadroomBook
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
 from controlplane.service import ControlService
@@ -29,6 +30,8 @@ ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
 SPEND_BOOK = web.AppKey("spend_book", SpendBook)
 SPEND_POLICY = web.AppKey("spend_policy", PolicyStore)
 FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else Redis (SPEC §16)
+TRACES = web.AppKey("traces", object)  # a `controlplane.traces.Traces`, or None: export off (SPEC §21)
+HEADROOM = web.AppKey("headroom", HeadroomBook)  # provider rate-limit headroom (SPEC §22)
 
 __all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
-           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET"]
+           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET", "TRACES", "HEADROOM"]

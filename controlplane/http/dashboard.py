@@ -23,6 +23,7 @@ FILES = {  # file in controlplane/static → content type
     "render.js": "text/javascript; charset=utf-8",      # data in, DOM out
     "charts.js": "text/javascript; charset=utf-8",      # budgets and spend, drawn as inline SVG
     "fleet.js": "text/javascript; charset=utf-8",       # the fleet section (SPEC §16)
+    "headroom.js": "text/javascript; charset=utf-8",    # the accounts' headroom bars (SPEC §22)
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {

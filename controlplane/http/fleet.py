@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from controlplane.fleet.view import FleetSnapshot
+from controlplane.fleet.snapshot import FleetSnapshot
 from controlplane.http.appkeys import FLEET
 from controlplane.http.common import json_response, requires
 from shared.clock import iso_ms, now_ms

@@ -118,7 +118,8 @@ async def audit(request: web.Request) -> web.Response:
 def _resolved_view(policy: ResolvedPolicy) -> dict[str, Any]:
     return {"account_order": policy.account_order, "providers": policy.providers,
             "fallback_on": sorted(str(c) for c in policy.fallback_on),
-            "max_fallback_hops": policy.max_fallback_hops, "model_classes": policy.model_classes}
+            "max_fallback_hops": policy.max_fallback_hops, "model_classes": policy.model_classes,
+            "min_headroom_percent": policy.min_headroom_percent}
 
 
 def _candidate_view(candidate: Candidate, facts: LiveFacts | None) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 // Rendering: data in, DOM out. Every value is written with textContent (never parsed as HTML),
 // every fact gets its own cell, and an empty table always says why it is empty.
 
+import { headroomContent } from "./headroom.js";
+
 const HEALTH_TONE = { healthy: "ok", degraded: "bad", unverified: "neutral" };  // unverified is never green
 const ADMIN_TONE = { enabled: "neutral", draining: "warn", disabled: "bad" };
 const CIRCUIT_TONE = { closed: "neutral", "half-open": "warn", open: "bad" };
@@ -10,6 +12,7 @@ const VERDICT_TONE = { verified: "ok", absent: "neutral", corrupt: "bad" };
 const TOKEN_FIELDS = ["input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens"];
 
 const $ = (id) => document.getElementById(id);
+const ACCOUNT_COLUMNS = 10;
 
 function el(tag, text, className) {
   const node = document.createElement(tag);
@@ -62,7 +65,7 @@ export function renderAccounts(view) {
     : "";
   const tbody = $("accounts").tBodies[0];
   if (!view.accounts.length) {
-    placeholder(tbody, 9, "the control daemon reported no account at all (it always has three legacy accounts: check its registry)");
+    placeholder(tbody, ACCOUNT_COLUMNS, "the control daemon reported no account at all (it always has three legacy accounts: check its registry)");
     return;
   }
   tbody.replaceChildren(...view.accounts.map(accountRow));
@@ -90,6 +93,7 @@ function accountRow(a) {
   const health = field(tr, "health", "");
   health.appendChild(badge(a.health, HEALTH_TONE[a.health] || "neutral"));
   health.appendChild(el("small", a.health_reason));
+  field(tr, "headroom", "").replaceChildren(...headroomContent(a.rate_limits));  // its own fact (SPEC §22)
   return tr;
 }
 

@@ -69,6 +69,7 @@ class SocketSession:
         # (or a create was sent to it), and since when a write to the worker has not returned.
         self.upstream_at = time.monotonic()
         self.writing_since: float | None = None
+        self.trace: tuple[str | None, str | None] = (None, None)  # the handshake's (SPEC §21)
 
     # ---- lifetime -----------------------------------------------------------------------
 
@@ -192,7 +193,7 @@ class SocketSession:
         await self.upstream.send_str(text)
 
     def _attempt(self, model: str | None) -> SocketAttempt:
-        attempt = SocketAttempt(self.sockets.link, self.lease, self.account.wire, PATH)
+        attempt = SocketAttempt(self.sockets.link, self.lease, self.account.wire, PATH, self.trace)
         attempt.requested_model = model
         attempt.stream = True
         attempt.holds_slot = False

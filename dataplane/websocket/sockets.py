@@ -36,6 +36,7 @@ from shared.capacity import CapacityTable
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
+from shared.tracecontext import trace_headers
 from shared.wire import Lease
 
 log = get_logger("dataplane")
@@ -108,7 +109,7 @@ class Sockets:
         if account is None or account.wire != Wire.OPENAI or request.path != PATH \
                 or request.method != "GET":
             return early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED, NOT_PROXIED)
-        attempt = SocketAttempt(self.link, lease, account.wire, PATH)
+        attempt = SocketAttempt(self.link, lease, account.wire, PATH, trace_headers(request.headers))
         attempt.holds_slot = False
         refusal = await self._gates(attempt, account)
         if refusal is not None:
@@ -172,6 +173,7 @@ class Sockets:
             await upstream.close()
             raise
         session = SocketSession(self, lease, account, client, upstream)  # type: ignore[arg-type]
+        session.trace = trace_headers(request.headers)
         self._opened(session)
         try:
             await session.run()

@@ -68,6 +68,40 @@ if fenced(KEYS[1], ARGV[6]) then return -1 end
 return take(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
 
+# Release one holder (the same steps as RELEASE below); 1 released, 0 it held nothing.
+_RELEASE_FN = """
+local function release(cap, holder)
+  local account = redis.call('HGET', cap .. 'owner', holder)
+  if not account then return 0 end
+  local acct = cap .. 'acct:' .. account
+  local host = redis.call('HGET', acct, holder)
+  redis.call('HDEL', cap .. 'owner', holder)
+  redis.call('HDEL', acct, holder)
+  if host then
+    local hk = cap .. 'host:' .. host
+    redis.call('HDEL', hk, holder)
+    if redis.call('EXISTS', hk) == 0 then redis.call('SREM', cap .. 'hosts', host) end
+  end
+  return 1
+end
+"""
+
+# A reserve carrying the releases owed since the last round trip (issue 27: one round trip per
+# request instead of two). KEYS: incarnation; ARGV: as RESERVE, then the holders to release
+# first. Fenced like RESERVE, before anything is released (-1: nothing done).
+RESERVE_RELEASING = _TAKE_FN + _RELEASE_FN + """
+if fenced(KEYS[1], ARGV[6]) then return -1 end
+for i = 7, #ARGV do release(ARGV[1], ARGV[i]) end
+return take(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+"""
+
+# ARGV: cap prefix, then holders. Answers how many it released.
+RELEASE_ALL = _RELEASE_FN + """
+local released = 0
+for i = 2, #ARGV do released = released + release(ARGV[1], ARGV[i]) end
+return released
+"""
+
 # KEYS: owner; ARGV: cap prefix, holder. 1 released, 0 it held nothing.
 RELEASE = """
 local account = redis.call('HGET', KEYS[1], ARGV[2])
@@ -152,13 +186,21 @@ class RedisCapacity:
         self._release_host = client.register_script(RELEASE_HOST)
         self._reregister = client.register_script(REREGISTER)
         self._retain_only = client.register_script(RETAIN_ONLY)
+        self._reserve_releasing = client.register_script(RESERVE_RELEASING)
+        self._release_all = client.register_script(RELEASE_ALL)
 
     # ---- the CapacityStore contract --------------------------------------------------------
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None,
+                      releasing: Sequence[str] = ()) -> bool:
+        """Take a slot; `releasing`: holders to release first, in the same script (one round
+        trip; nothing is released when the reserve is fenced, `StateLost`)."""
+        args = [self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()]
         with guard(f"{self.table} capacity reserve"):
-            taken = await self._reserve(keys=[self.keys.incarnation], args=[
-                self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()])
+            if releasing:
+                taken = await self._reserve_releasing(keys=[self.keys.incarnation], args=[*args, *releasing])
+            else:
+                taken = await self._reserve(keys=[self.keys.incarnation], args=args)
         if taken == -1:
             raise StateLost(f"{self.table} capacity: the fleet state was lost; re-register first")
         return taken == 1
@@ -166,6 +208,13 @@ class RedisCapacity:
     async def release(self, holder: str) -> bool:
         with guard(f"{self.table} capacity release"):
             return await self._release(keys=[self.keys.cap_owner(self.table)], args=[self._cap, holder]) == 1
+
+    async def release_all(self, holders: Sequence[str]) -> int:
+        """Release every one of `holders` in one script; answers how many were held."""
+        if not holders:
+            return 0
+        with guard(f"{self.table} capacity release"):
+            return int(await self._release_all(args=[self._cap, *holders]))
 
     async def holds(self, holder: str) -> bool:
         with guard(f"{self.table} capacity holds"):

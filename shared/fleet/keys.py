@@ -29,6 +29,7 @@ what would let the layout run on a cluster unchanged.
 | `{f}:spend:host:<host>` | hash | window key → that host's spend cells in the window, msgpack; `_` marks it whole |
 | `{f}:spend:versions` | hash | host → the version of its last spend publish |
 | `{f}:spend:moved` | channel | a host published its spend (the message is its host id) |
+| `{f}:headroom` | hash | `<account>/<kind>` → `<observed_at_ms>:<entry>`: the newest rate-limit observation (SPEC §22) |
 | `{f}:events` | channel | account.state, circuit and policy events |
 | `{f}:revoke` | stream | account-wide revoke-leases requests |
 | `{f}:revoke:acks:<request>` | hash | host → leases it ended, for each host that acknowledged one request, with a TTL |
@@ -67,6 +68,7 @@ class FleetKeys:
         self.revoke_acked = p + "revoke:acked"
         self.spend_versions = p + "spend:versions"
         self.spend_moved = p + "spend:moved"
+        self.headroom = p + "headroom"
 
     # ---- capacity ---------------------------------------------------------------------------
 

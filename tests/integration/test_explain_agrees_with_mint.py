@@ -1,7 +1,8 @@
 """`GET /control/v2/policy/explain` and `POST /control/v2/mint` agree on every row of a table of
 states: each chain absent, verified or corrupt; a candidate disabled, draining, open or full; a
 citation live, released, unknown, mismatched or budget-spent; a budget of the chain exhausted, a
-model without a price in a budgeted chain (SPEC §18).
+model without a price in a budgeted chain (SPEC §18); a candidate's provider headroom below
+the policy's floor, or its reset passed (SPEC §22).
 
 In-process over a real socket (the real control app, its real chain files). Each case arranges
 the state, asks explain, then mints with the same identity and intent, and compares what explain
@@ -22,7 +23,7 @@ from controlplane.registry import AccountSpec, Registry
 from shared.clock import iso_ms, now_ms
 from shared.codes import HTTP_STATUS, AdminState, AuthStyle, Binding, Refusal
 from shared.tokens import new_ulid
-from shared.wire import AttemptRow, Usage
+from shared.wire import AttemptRow, RateLimit, RateLimits, Usage
 from tests.support.control import TOKEN, close_control, make_control
 
 A, B = "acct-a", "acct-b"
@@ -87,6 +88,19 @@ class World:
                          usage=Usage(output_tokens=tokens), cost_usd=None, cost_reason=None, overhead_ms=None)
         self.control.service.record(row)
         await self.control.service.settle()
+
+    def headroom(self, account_id: str, remaining: int, reset_in_ms: int) -> None:
+        """A row of `account_id` whose answer stated `remaining` of 1,000 tokens (SPEC §22)."""
+        now = now_ms()
+        stated = RateLimits(observed_at=iso_ms(now - 1), tokens=RateLimit(
+            limit=1000, remaining=remaining, reset_at=iso_ms(now + reset_in_ms)))
+        row = AttemptRow(attempt_id="att_" + new_ulid(), key_id="k", account_id=account_id,
+                         mint_decision_id=None, dispatch_id=None, repo_slug="acme/app", principal_id="p",
+                         wire="anthropic", path="/v1/messages", requested_model=MODEL, served_model=MODEL,
+                         stream=False, started_at=iso_ms(now), finished_at=iso_ms(now), status="completed",
+                         http_status=200, condition=None, refusal_reason=None, usage=None, cost_usd=None,
+                         cost_reason=None, overhead_ms=None, rate_limits=stated)
+        self.control.service.record(row)
 
     async def revoke(self, minted: dict) -> None:
         assert await self.control.service.revoke(minted["key_id"])
@@ -241,6 +255,30 @@ async def model_unpriced_without_budget(world: World) -> dict[str, str]:
     return {"model": "m-2"}
 
 
+async def a_low(world: World) -> dict[str, str]:
+    await world.policy({"min_headroom_percent": 10})
+    world.headroom(A, 50, 60_000)        # 5 %
+    return {}
+
+
+async def both_low(world: World) -> dict[str, str]:
+    await world.policy({"min_headroom_percent": 10})
+    world.headroom(A, 50, 60_000)
+    world.headroom(B, 0, 60_000)
+    return {}
+
+
+async def a_low_floor_off(world: World) -> dict[str, str]:
+    world.headroom(A, 0, 60_000)
+    return {}
+
+
+async def a_low_reset_passed(world: World) -> dict[str, str]:
+    await world.policy({"min_headroom_percent": 10})
+    world.headroom(A, 0, -1)
+    return {}
+
+
 class Case(NamedTuple):
     name: str
     arrange: Arrange
@@ -274,6 +312,10 @@ CASES = [
     Case("a model without a price in a budgeted chain", model_unpriced_in_budgeted_chain, "rejected",
          "model-unpriced", None),
     Case("a model without a price, no budget anywhere", model_unpriced_without_budget, "selected", None, A),
+    Case("first candidate's headroom below the floor", a_low, "selected", None, B),
+    Case("every candidate's headroom below the floor", both_low, "held", "no-eligible-account", None),
+    Case("headroom low but no floor set", a_low_floor_off, "selected", None, A),
+    Case("headroom low but its reset passed", a_low_reset_passed, "selected", None, A),
 ]
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from dataplane.admission import FleetAdmission
 from shared.capacity import StateUnavailable
+from shared.fleet.keys import Ceiling
 from shared.fleet.redis_client import connect
 from tests.support.fleet import Fleet
 from tests.support.redis_server import RedisServer
@@ -36,6 +37,59 @@ async def test_two_data_planes_share_one_ceiling_and_release_after_the_answer(fl
     finally:
         await a.close()
         await b.close()
+
+
+async def _evalsha_calls(fleet: Fleet) -> int:
+    stats = await fleet.client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_the_next_reserve_carries_the_release_in_one_round_trip(fleet: Fleet) -> None:
+    """Issue 27: a request's release rides along with the next reserve (released first, in the
+    same script): at a ceiling of one, the next request still gets the slot, and the two
+    requests cost Redis three scripts, not four."""
+    a = plane(fleet, "host-a")
+    try:
+        assert await a.reserve(ACCOUNT, "att-0", 1)  # warm: both scripts loaded, nothing owed
+        a.release_soon("att-0")
+        assert await a.reserve(ACCOUNT, "att-00", 1)
+        assert a.held.pop("att-00") and await a.capacity.release("att-00")
+        before = await _evalsha_calls(fleet)
+        assert await a.reserve(ACCOUNT, "att-1", 1)
+        a.release_soon("att-1")
+        assert await a.reserve(ACCOUNT, "att-2", 1)  # att-1's slot, released by this very script
+        assert await a.capacity.holds("att-2") and not await a.capacity.holds("att-1")
+        assert await a.capacity.count(ACCOUNT) == 1
+        assert await _evalsha_calls(fleet) - before == 2  # two reserves; no release of its own
+        assert a.owed == []
+    finally:
+        await a.close()
+
+
+async def test_a_release_no_reserve_carries_is_sent_within_the_window(fleet: Fleet) -> None:
+    a, b = plane(fleet, "host-a"), plane(fleet, "host-b")
+    try:
+        assert await a.reserve(ACCOUNT, "att-1", 1) and await a.reserve(ACCOUNT, "att-2", 2)
+        before = await _evalsha_calls(fleet)
+        a.release_soon("att-1")
+        a.release_soon("att-2")
+
+        async def none_held() -> bool:
+            return await b.capacity.count(ACCOUNT) == 0
+
+        await until(none_held, 5, "both released when the window ended")
+        assert a.owed == [] and await _evalsha_calls(fleet) - before == 1  # in one script
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_closing_sends_the_releases_still_owed(fleet: Fleet) -> None:
+    a = plane(fleet, "host-a")
+    assert await a.reserve(ACCOUNT, "att-1", 1)
+    a.release_soon("att-1")
+    await a.close()
+    assert await fleet.client.hlen(fleet.keys.cap_account(Ceiling.REQUEST, ACCOUNT)) == 0
 
 
 async def test_a_restarted_data_plane_forgets_its_dead_instances_slots(fleet: Fleet) -> None:

@@ -80,6 +80,22 @@ async def test_reregistration_is_idempotent_and_keeps_one_slot_anywhere(fleet: F
     assert await a.count("acct") == 2 and await a.count("elsewhere") == 0
 
 
+async def test_a_reserve_releases_what_it_carries_first_and_nothing_when_fenced(fleet: Fleet) -> None:
+    """Issue 27: `reserve(..., releasing)` releases the carried holders, then takes, in one
+    script: at a ceiling of two held by k1 and k2, releasing both admits k3 (and any holder not
+    held is skipped); a fenced reserve releases nothing."""
+    a = _table(fleet, "host-a", Ceiling.REQUEST)
+    assert await a.reserve("acct", "k1", 2) and await a.reserve("acct", "k2", 2)
+    assert not await a.reserve("acct", "k3", 2)
+    assert await a.reserve("acct", "k3", 2, releasing=["k1", "never-held"])
+    assert await a.counts_by_host("acct") == {"host-a": 2} and not await a.holds("k1")
+    fenced = _table(fleet, "host-a", Ceiling.REQUEST, incarnation=Incarnation("inc-not-current"))
+    with pytest.raises(StateLost):
+        await fenced.reserve("acct", "k4", 2, releasing=["k2", "k3"])
+    assert await a.holds("k2") and await a.holds("k3") and not await a.holds("k4")
+    assert await a.release_all(["k2", "k3", "k3"]) == 2 and await a.count("acct") == 0
+
+
 async def test_hosts_reserving_at_once_never_exceed_the_ceiling(fleet: Fleet, redis_server: RedisServer) -> None:
     """Three hosts, each with its own connection pool, racing for five slots."""
     clients = [connect(redis_server.url) for _ in range(3)]

@@ -232,6 +232,45 @@ async def test_a_lease_claim_redis_ran_after_its_timeout_is_undone(world) -> Non
     assert (await mint(h1, "after")).body["account_id"] == A
 
 
+async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world) -> None:
+    """Issue 27: the slot, the dispatch's live key and the circuit's probe are claimed at once;
+    whichever is refused, what the others took is given back (and the refusal is the first in
+    the order slot, dispatch, probe)."""
+    _server, fleet = world
+    h1 = await fleet.add("h1")
+    account = h1.service.registry.get(A)
+    assert account is not None
+    capacity, decisions, circuits = h1.service.lease_capacity, h1.service.decisions, h1.service.circuits
+    held = await mint(h1, "d-live")
+    assert held.body["account_id"] == A
+
+    # the dispatch already holds a live key: the slot taken alongside is released
+    refused = await h1.desk._claim(account, "key-1", 2, Lineage("d-live", "acme/app", "m-1"), None)
+    assert refused == (Refusal.FALLBACK_LEASE_STILL_HELD, None)
+    assert await capacity.count(A) == 1 and not await capacity.holds("key-1")
+
+    # a half-open circuit whose probe is out: the slot and the live key taken alongside go back
+    now = now_ms()
+    probing = rules.Circuit(phase=CircuitPhase.HALF_OPEN, opened_at_ms=now - 60_000, retry_at_ms=now - 1,
+                            open_ms=30_000, probe_key="key-probe")
+    assert await circuits.store.swap(A, rules.CLOSED, probing)
+    refused = await h1.desk._claim(account, "key-2", 2, Lineage("d-2", "acme/app", "m-1"), None)
+    assert refused == (Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN)
+    assert await capacity.count(A) == 1 and not await capacity.holds("key-2")
+    assert await decisions.live_keys("acme/app", "d-2") == set()
+    assert (await circuits.store.load(A)).probe_key == "key-probe"
+
+    # the slots are full: the live key and the probe taken alongside are given back
+    assert await circuits.store.swap(A, probing, rules.Circuit(
+        phase=CircuitPhase.OPEN, opened_at_ms=now - 60_000, retry_at_ms=now - 1, open_ms=30_000))
+    assert await capacity.reserve(A, "key-filler", 2)
+    refused = await h1.desk._claim(account, "key-3", 2, Lineage("d-3", "acme/app", "m-1"), None)
+    assert refused == (Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED)
+    assert await decisions.live_keys("acme/app", "d-3") == set()
+    assert rules.current(await circuits.store.load(A), now_ms()).probe_key is None
+    assert await capacity.count(A) == 2
+
+
 async def test_extend_keeps_a_dispatch_keys_decision_and_live_set_in_redis_as_long_as_the_key(world) -> None:
     server, fleet = world
     h1 = await fleet.add("h1")

@@ -15,7 +15,7 @@ MODEL = "claude-sonnet-4-6"
 FIELDS = {"id", "display_name", "provider_binding", "upstream_origin", "auth_style", "credential_env",
           "configured", "administrative_state", "leased", "lease_count", "in_flight", "in_flight_count", "sockets_open",
           "observed", "observed_request_count", "observed_aborted_count", "last_observed_at", "circuit",
-          "health", "health_reason", "hosts"}
+          "health", "health_reason", "hosts", "rate_limits"}
 
 
 def accounts(gw: Gateway, query: str = "") -> dict:
@@ -67,6 +67,7 @@ models = ["claude-*"]
     assert view["legacy-anthropic"]["configured"] is True
     assert (view["legacy-anthropic"]["health"], view["legacy-anthropic"]["health_reason"]) == ("unverified", "no-evidence")
     assert view["legacy-anthropic"]["circuit"] == {"state": "closed", "opened_at": None, "retry_at": None, "opened_by": None}
+    assert view["legacy-anthropic"]["rate_limits"] == {}   # no provider answer yet: none reported (SPEC §22)
     assert body["window_seconds"] == 900 and body["evidence_truncated"] is False
     assert body["as_of"].endswith("Z") and body["evidence_since"].endswith("Z")
     # SPEC §16: embedded mode is a fleet of one host, always available

@@ -63,7 +63,9 @@ def test_control_rows_measures_the_per_attempt_path() -> None:
     import asyncio
 
     from bench import control_rows
-    assert asyncio.run(control_rows.measure(50, rounds=1)) > 0  # asserts inside: every row acked
+    assert asyncio.run(control_rows.measure(50, rounds=1))[0] > 0  # asserts inside: every row acked
+    loop_us, cpu_us = asyncio.run(control_rows.measure(50, rounds=1, traces=True))  # and no span dropped
+    assert loop_us > 0 and cpu_us > 0
 
 
 def test_ab_runs_every_column_in_both_layouts(capsys) -> None:
@@ -78,3 +80,4 @@ def test_ab_runs_every_column_in_both_layouts(capsys) -> None:
         assert ab.main(["--rounds", "1", "--seconds", "0.2", *layout]) == 0
         out = capsys.readouterr().out
         assert "minimal-proxy" in out and "leasehold" in out and "dataplane" in out
+        assert "leasehold / minimal-proxy" in out and "over 1 rounds; rounds " in out  # per-round ratios

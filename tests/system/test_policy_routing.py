@@ -180,12 +180,14 @@ def test_explain_names_the_deciding_level_for_every_field(make_gateway, tmp_path
     assert status == 200, explained
     assert explained["provenance"] == {
         "account_order": "team:payments", "providers": "platform", "fallback_on": f"binding:{PAY}#reviewer",
-        "max_fallback_hops": "org:acme", "model_classes": f"repo:{PAY}", "model_classes.top.anthropic": f"repo:{PAY}"}
+        "max_fallback_hops": "org:acme", "model_classes": f"repo:{PAY}", "model_classes.top.anthropic": f"repo:{PAY}",
+        "min_headroom_percent": "default"}
     assert explained["locked_by"] == {"providers": "platform"}
     assert explained["vetoed"] == {"providers": [f"repo:{PAY}"]}
     assert explained["ceilinged"] == ["fallback_on"]
     assert explained["resolved"]["fallback_on"] == ["rate-limited"]
     assert explained["resolved"]["max_fallback_hops"] == 2
+    assert explained["resolved"]["min_headroom_percent"] == 0   # SPEC §22: off unless a level sets it
     assert explained["tenancy"]["team"] == "payments" and explained["tenancy"]["org"] == "acme"
     assert [(c["account_id"], c["position"], c["code"]) for c in explained["candidates"]] == [
         ("anthropic-b", 0, "not-configured"), ("anthropic-c", 1, None), ("legacy-anthropic", 2, None)]

@@ -1,8 +1,10 @@
 """Zero credential disclosure, machine-checked (seed 002 D4).
 
 A gateway built with credential-shaped values serves a lease, an in-flight stream and finished
-routes; then every read payload, every state-dir file and both daemons' logs are searched for
-the provider key, the control token, the minted token and its secret half. A schema guard and
+routes; then every read payload, every state-dir file, both daemons' logs and the OTLP trace
+payloads as a collector receives them (SPEC §21) are searched for the provider key, the control
+token, the minted token and its secret half (the OTLP payloads also for the token's digest, the
+collector's own key, and the prompt's text). A schema guard and
 an AST sweep hold future read models and projection modules to the same rule; the presence of
 `key_id` keeps the sweep from being vacuous.
 """
@@ -10,6 +12,7 @@ an AST sweep hold future read models and projection modules to the same rule; th
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import pkgutil
 import re
@@ -20,7 +23,8 @@ import msgspec
 import pytest
 
 import controlplane.http
-from tests.support.harness import REPO, Gateway, Stub, http
+from tests.support.harness import REPO, Gateway, Stub, credential_like, http
+from tests.support.otlp_receiver import OtlpReceiver
 from tests.support.waits import wait_until
 
 FORBIDDEN_FIELD = re.compile(r"token|secret|api_key|digest|fingerprint")
@@ -29,7 +33,8 @@ BILLING_FIELD = re.compile(r"^(input|output|cache_read|cache_creation)_tokens$")
 PROJECTION_MODULES = ["controlplane/http/accounts.py", "controlplane/http/views.py",
                       "controlplane/http/events.py", "controlplane/http/metrics.py",
                       "controlplane/http/dashboard.py", "controlplane/http/admin.py",
-                      "controlplane/http/policy.py", "controlplane/http/fleet.py"]
+                      "controlplane/http/policy.py", "controlplane/http/fleet.py",
+                      "controlplane/http/traces.py"]
 READ_ROUTES = ["/healthz", "/control/v2/accounts", "/control/v2/routes/active",
                "/control/v2/routes/recent?limit=200", "/control/v2/accounts/admin",
                "/control/v2/accounts/audit", "/control/v2/policy", "/control/v2/policy/audit",
@@ -44,14 +49,19 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
     provider_key = "sk-ant-api03-" + secrets.token_urlsafe(72)
     control_token = secrets.token_hex(32)  # a 32-byte control token
     stub = Stub(workdir / "stub", anthropic_key=provider_key, openai_key=None)
-    gw = Gateway(workdir / "gw", stub)
+    collector = OtlpReceiver().start()
+    collector_key = credential_like("hc_")
+    prompt = "prompt-" + secrets.token_hex(16)
+    gw = Gateway(workdir / "gw", stub, {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+                                        "OTEL_BSP_SCHEDULE_DELAY": "50",
+                                        "OTEL_EXPORTER_OTLP_HEADERS": f"x-collector-key={collector_key}"})
     gw.control_token = control_token
     gw.env["GATEWAY_CONTROL_TOKEN"] = control_token
     gw.start()
     try:
         minted = gw.mint()
         token = minted["token"]
-        body = {"model": "claude-sonnet-4-6", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        body = {"model": "claude-sonnet-4-6", "max_tokens": 5, "messages": [{"role": "user", "content": prompt}]}
         assert http("POST", gw.dataplane_url + "/v1/messages", body, {"x-api-key": token})[0] == 200
         assert http("POST", gw.dataplane_url + "/v1/messages", body,
                     {"Authorization": f"Bearer {token}", "x-stub-step": '{"status": 401}'})[0] == 401
@@ -70,9 +80,12 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
                                                  "principal_kind": "worker", "principal_id": "w",
                                                  "model": "claude-sonnet-4-6"})[2]
         assert gw.revoke(v2["key_id"])
+        rows = gw.ledger()
+        wait_until(lambda: all(collector.span_of(r["attempt_id"]) for r in rows), 15, "every row's span")
     finally:
         gw.stop()
         stub.stop()
+        collector.close()
     files = {str(p): p.read_bytes().decode("utf-8", "replace") for p in gw.state_dir.rglob("*") if p.is_file()}
     return {
         "secrets": {"provider key": provider_key, "control token": control_token, "minted token": token,
@@ -82,6 +95,10 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
         "payloads": {route: f"{status} {headers} {body}" for route, (status, headers, body) in payloads.items()},
         "files": files,
         "logs": gw.logs(),
+        "otlp": {"bodies": b"".join(collector.bodies).decode("latin-1"), "spans": repr(collector.spans),
+                 "spans_count": len(collector.spans)},
+        "otlp_only": {"token digest": hashlib.sha256(token.encode()).hexdigest(),
+                      "collector key": collector_key, "prompt": prompt},
     }
 
 
@@ -102,6 +119,18 @@ def test_no_log_line_carries_a_secret(exposed) -> None:
     assert "request_done" in exposed["logs"]
     for name, value in exposed["secrets"].items():
         assert value not in exposed["logs"], f"{name} in the daemons' logs"
+
+
+def test_no_otlp_payload_carries_a_secret_or_a_prompt(exposed) -> None:
+    """SPEC §21: the spans as the collector received them (raw protobuf and decoded)."""
+    otlp = exposed["otlp"]
+    assert otlp["spans_count"] >= 3 and exposed["key_id"] in otlp["spans"]  # non-vacuity
+    forbidden = {**exposed["secrets"], **exposed["otlp_only"]}
+    for name, value in forbidden.items():
+        assert value not in otlp["bodies"] and value not in otlp["spans"], f"{name} in the OTLP payloads"
+    for name, value in exposed["otlp_only"].items():
+        if name != "token digest":  # the key journal holds digests by design (SPEC §13)
+            assert value not in exposed["logs"], f"{name} in the daemons' logs"
 
 
 def test_the_sanitized_join_key_is_published(exposed) -> None:

@@ -17,6 +17,7 @@ from controlplane.cli.keys import mint_request
 from controlplane.cli.policy import load_document
 from controlplane.ctl import build_parser, main
 from shared.codes import Wire
+from shared.tracecontext import parse_traceparent
 
 BASE = ["--principal", "w-1", "--repo", "acme/app"]
 
@@ -144,7 +145,17 @@ def test_worker_env_holds_the_lease_and_nothing_else_secret(wire: Wire, expect_a
     kept = {"PATH": "/usr/bin", "HOME": "/home/w"}
     if wire == Wire.ANTHROPIC:
         kept["OPENAI_BASE_URL"] = "https://api.openai.com/v1"  # a URL is no secret; left as it was
+    assert parse_traceparent(env.pop("TRACEPARENT")) is not None  # SPEC §21: a new trace
     assert env == {**kept, **expect_added}
+
+
+def test_worker_env_keeps_the_callers_trace_and_replaces_a_bad_one() -> None:
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert worker_env({**PARENT_ENV, "TRACEPARENT": parent}, Wire.ANTHROPIC, "u", "t")["TRACEPARENT"] == parent
+    fresh = worker_env({**PARENT_ENV, "TRACEPARENT": "nonsense"}, Wire.ANTHROPIC, "u", "t")["TRACEPARENT"]
+    assert parse_traceparent(fresh) is not None and fresh != "nonsense"
+    again = worker_env(PARENT_ENV, Wire.ANTHROPIC, "u", "t")["TRACEPARENT"]
+    assert again.split("-")[1] != fresh.split("-")[1]  # each exec starts its own trace
 
 
 def test_wire_of_account() -> None:

@@ -51,13 +51,35 @@ def test_accounts_table_keeps_each_fact_in_its_own_column() -> None:
                      health="degraded", health_reason="qualifying-failures")
     lines = accounts_table(view(account(), unconfigured, opened, truncated=True)).splitlines()
     assert lines[0].split() == ["ID", "BINDING", "CONFIGURED", "ADMIN", "LEASES", "IN", "FLIGHT", "OBSERVED",
-                                "CIRCUIT", "HEALTH"]
+                                "CIRCUIT", "HEALTH", "HEADROOM"]
     assert lines[1].split() == ["legacy-anthropic", "anthropic", "yes", "enabled", "2", "1", "5", "closed",
-                                "healthy", "(within-threshold)"]
+                                "healthy", "(within-threshold)", "-"]
     assert lines[2].split() == ["legacy-openai", "openai", "no", "draining", "0", "0", "4", "(4", "aborted)",
-                                "closed", "unverified", "(credential-missing)"]
+                                "closed", "unverified", "(credential-missing)", "-"]
     assert "open until 10:00:30Z (rate-limited)" in lines[3] and "degraded (qualifying-failures)" in lines[3]
     assert "window 900s" in lines[4] and "evidence truncated" in lines[4]
+
+
+def kind(percent: float | None, current: bool = True, reset_at: str = "2026-11-30T10:05:00.000Z") -> dict:
+    return {"limit": 100, "remaining": 1, "reset_at": reset_at, "observed_at": "2026-11-30T10:00:00.000Z",
+            "headroom_percent": percent, "current": current}
+
+
+@pytest.mark.parametrize(("rate_limits", "text"), [
+    (None, "-"), ({}, "-"),
+    ({"requests": kind(98.0), "tokens": kind(3.8, reset_at="2026-11-30T10:01:00.000Z")}, "3.8% tokens, resets 10:01:00Z"),
+    ({"tokens": kind(0.0, current=False), "requests": kind(50.0)}, "50% requests, resets 10:05:00Z"),
+    ({"tokens": kind(None)}, "-"),
+    ({"tokens": "garbage"}, "-"),
+])
+def test_headroom_text_is_the_lowest_current_kind(rate_limits: dict | None, text: str) -> None:
+    from controlplane.cli.views import headroom_text
+    assert headroom_text(rate_limits) == text
+
+
+def test_accounts_table_has_a_headroom_column() -> None:
+    lines = accounts_table(view(account(rate_limits={"tokens": kind(7.5)}))).splitlines()
+    assert lines[0].endswith("HEADROOM") and lines[1].endswith("7.5% tokens, resets 10:05:00Z")
 
 
 @pytest.mark.parametrize(("circuit", "text"), [

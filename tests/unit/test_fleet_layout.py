@@ -16,7 +16,7 @@ from shared.logging import redact_text
 
 
 def every_key(keys: FleetKeys) -> list[str]:
-    return [keys.incarnation, keys.hosts_seen, keys.hosts_instance, keys.hosts_epoch, keys.host_in_flight("h"), keys.registered, keys.events, keys.revoke,
+    return [keys.incarnation, keys.hosts_seen, keys.hosts_instance, keys.hosts_epoch, keys.host_in_flight("h"), keys.registered, keys.events, keys.revoke, keys.headroom,
             keys.revoke_acked, keys.revoke_acks("rv-1"), keys.circuit("a"), keys.decision("md_1"),
             keys.refused("md_1"), keys.decision_of_key("K"), keys.evidence("md_1"), keys.live("r", "d"),
             keys.live_of_key("K"), *(keys.chain("policy", p) for p in ("records", "anchor", "rev", "lock", "seeded")),

@@ -53,6 +53,7 @@ VALUE_OF = {
     "fallback_on": lambda label: frozenset({Condition.RATE_LIMITED}) if label in (ORG, REPO_L)
     else frozenset({Condition.OVERLOADED}),
     "max_fallback_hops": lambda label: LEVELS.index(label) % 3,
+    "min_headroom_percent": lambda label: 5 + 10 * LEVELS.index(label),   # SPEC §22
 }
 
 
@@ -121,6 +122,13 @@ CASES = SINGLE + [
     Case("team lock on hops without a value: org answers",
          setters("max_fallback_hops", ORG, BINDING, locks=locks_at(TEAM, "max_fallback_hops")),
          "max_fallback_hops", 1, ORG),
+    Case("no policy: no headroom floor", {}, "min_headroom_percent", 0, DEFAULT),
+    Case("team lock on the headroom floor vetoes the repo's",
+         setters("min_headroom_percent", TEAM, REPO_L, locks=locks_at(TEAM, "min_headroom_percent")),
+         "min_headroom_percent", 25, TEAM),
+    Case("a repo may switch the floor off with 0", {TEAM: {"min_headroom_percent": 20},
+                                                    REPO_L: {"min_headroom_percent": 0}},
+         "min_headroom_percent", 0, REPO_L),
     # tenancy: team and org apply through the store's own listings only
     Case("a repo outside the team gets no team value", {TEAM: {F: ["x"]}, "repo:other/repo": {}}, F, None, DEFAULT),
 ]

@@ -101,3 +101,18 @@ def test_an_account_route_carries_its_globs_and_an_older_one_decodes_without() -
     assert isinstance(older, Snapshot) and older.accounts[0].models is None
     current = Snapshot(req_id=2, leases=[], accounts=[AccountRoute(**route, models=("claude-haiku-*",))])
     assert split_frames(encode_frame(current)) == ([current], b"")
+
+
+def test_a_row_carries_its_trace_context_and_a_row_without_decodes() -> None:
+    """`AttemptRow.traceparent` / `tracestate` (SPEC §21) were appended with defaults: the golden
+    row above (written before them) decodes with both None; a row holding them round-trips."""
+    import msgspec
+
+    from shared.wire import AttemptFinished
+
+    traced = msgspec.structs.replace(ROW, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                                     tracestate="congo=t61rcWkgMzE")
+    message = AttemptFinished(req_id=9, row=traced)
+    assert split_frames(encode_frame(message)) == ([message], b"")
+    golden_row = split_frames(GOLDEN.read_bytes())[0][-1].row
+    assert golden_row.traceparent is None and golden_row.tracestate is None

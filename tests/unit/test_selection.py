@@ -65,3 +65,31 @@ def test_select_account(case: Case) -> None:
     assert result.refusal == case.refusal
     if result.chosen is not None:
         assert result.chosen.position >= case.start
+
+
+# ---- SPEC §22: rate-limit-headroom-low, last in the table --------------------------------------
+
+LOW = LiveFacts(configured=True, headroom_low=True)
+HEADROOM_CASES = [
+    Case("headroom low is skipped", {"a": LOW, "b": OK, "c": OK}, 0, "b",
+         [("a", Skip.RATE_LIMIT_HEADROOM_LOW)], None),
+    Case("every other filter comes first",
+         {"a": LiveFacts(configured=True, lease_room=False, headroom_low=True),
+          "b": LiveFacts(configured=True, circuit_admits=False, headroom_low=True), "c": OK}, 0, "c",
+         [("a", Skip.LEASE_CAPACITY_EXHAUSTED), ("b", Skip.CIRCUIT_OPEN)], None),
+    Case("all low is held, each skip named", {"a": LOW, "b": LOW, "c": LOW}, 0, None,
+         [(i, Skip.RATE_LIMIT_HEADROOM_LOW) for i in IDS], Refusal.NO_ELIGIBLE_ACCOUNT),
+    Case("a hop past the low one", {"a": OK, "b": LOW, "c": OK}, 1, "c", [("b", Skip.RATE_LIMIT_HEADROOM_LOW)], None),
+]
+
+
+@pytest.mark.parametrize("case", HEADROOM_CASES, ids=[c.name for c in HEADROOM_CASES])
+def test_select_account_headroom(case: Case) -> None:
+    test_select_account(case)
+
+
+def test_the_filter_table_ends_with_headroom_and_explain_reads_every_hit() -> None:
+    from controlplane.core.selection import LIVE_FILTERS, live_filters
+    assert [code for code, _ in LIVE_FILTERS] == list(Skip)
+    both = LiveFacts(configured=True, lease_room=False, headroom_low=True)
+    assert live_filters(both) == (Skip.LEASE_CAPACITY_EXHAUSTED, Skip.RATE_LIMIT_HEADROOM_LOW)

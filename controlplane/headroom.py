@@ -1,0 +1,202 @@
+"""`HeadroomBook`: each account's provider rate-limit headroom (SPEC §22), kept and published.
+
+- **In**: a row listener (`on_row`) takes the `rate_limits` the data plane parsed from each
+  upstream answer; fleet mode adds the other hosts' observations (`merge`, from
+  `controlplane/fleet/headroom.py`). Per account and kind the newest observation wins; an
+  account the registry does not know is ignored.
+- **Out**: the accounts view's `rate_limits` (`view`), the two gauges
+  (`leasehold_account_ratelimit_remaining` / `_limit{account_id,kind}`, `HeadroomGauges`:
+  observations whose reset has not passed), what the mint asks (`low`, `lifts_at`: the floor is
+  the resolved policy's, judged by `core.headroom`), and `headroom` events: when an account
+  crosses below a floor the policy sets somewhere (`floors`: every distinct
+  `min_headroom_percent` of every level) and when it recovers — by a newer observation, or by
+  its reset passing (`tick`, each `TICK_S`).
+
+Health stays evidence-based (`core.health`): headroom is its own fact, never evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import msgspec
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from controlplane.core.headroom import (
+    Observation, crossings, current, floors_of, headroom_percent, lifts_at, low_kinds, newer,
+    observations_of,
+)
+from controlplane.events import EventHub, EventKind
+from controlplane.upkeep import while_app_runs
+from shared.clock import iso_ms, now_ms
+from shared.logging import get_logger
+from shared.wire import RATE_LIMIT_KINDS, AttemptRow
+
+log = get_logger("control")
+
+TICK_S = 0.5   # a skip lifts at its reset: the recovery event is at most this late
+
+Observed = Callable[[str, str, Observation], None]   # (account, kind, observation) taken from a row
+
+
+class KindView(msgspec.Struct, frozen=True, kw_only=True):
+    """One kind of an account's headroom, as the accounts view shows it."""
+
+    limit: int | None
+    remaining: int
+    reset_at: str | None
+    observed_at: str
+    headroom_percent: float | None      # remaining / limit, capped at 100
+    current: bool                       # judged now: a limit, and the reset still ahead
+
+
+class HeadroomBook:
+    def __init__(self, accounts: frozenset[str], events: EventHub | None = None,
+                 floors: Callable[[], tuple[int, ...]] = lambda: (),
+                 clock: Callable[[], int] = now_ms) -> None:
+        self.accounts = accounts
+        self.events = events
+        self.floors = floors
+        self.clock = clock
+        self.held: dict[str, dict[str, Observation]] = {}
+        self.observed_listeners: list[Observed] = []
+        self._below: dict[str, frozenset[int]] = {}    # account → floors it is below now
+        self._floors: tuple[int, ...] = ()             # the policy's, as last read (`refresh_floors`)
+
+    # ---- in -------------------------------------------------------------------------------------
+
+    def on_row(self, row: AttemptRow) -> None:
+        """A row listener: the answer's observations, newest wins."""
+        stated = row.rate_limits
+        if stated is None or row.account_id not in self.accounts:
+            return
+        for kind, observation in observations_of(stated).items():
+            if self.merge(row.account_id, kind, observation):
+                for listener in self.observed_listeners:
+                    listener(row.account_id, kind, observation)
+        self.check(row.account_id, self.clock(), self._floors)
+
+    def merge(self, account_id: str, kind: str, observation: Observation) -> bool:
+        """Keep `observation` if it is the newest of its account and kind; True when kept."""
+        if account_id not in self.accounts or kind not in RATE_LIMIT_KINDS:
+            return False
+        kinds = self.held.setdefault(account_id, {})
+        if not newer(kinds.get(kind), observation):
+            return False
+        kinds[kind] = observation
+        return True
+
+    # ---- what the mint asks -----------------------------------------------------------------------
+
+    def low(self, account_id: str, floor_percent: int, now: int) -> bool:
+        if floor_percent <= 0:
+            return False
+        return bool(low_kinds(self.held.get(account_id, {}), floor_percent, now))
+
+    def lifts_at(self, account_id: str, floor_percent: int, now: int) -> int | None:
+        return lifts_at(self.held.get(account_id, {}), floor_percent, now)
+
+    # ---- out --------------------------------------------------------------------------------------
+
+    def view(self, account_id: str, now: int) -> dict[str, KindView]:
+        """kind → its latest observation (every kind the account's answers reported)."""
+        return {kind: KindView(limit=o.limit, remaining=o.remaining,
+                               reset_at=None if o.reset_at_ms is None else iso_ms(o.reset_at_ms),
+                               observed_at=iso_ms(o.observed_at_ms), headroom_percent=_rounded(o),
+                               current=current(o, now))
+                for kind, o in sorted(self.held.get(account_id, {}).items(),
+                                      key=lambda item: RATE_LIMIT_KINDS.index(item[0]))}
+
+    def refresh_floors(self, _written: object = None) -> None:
+        """Read the policy's floors (each tick, and after each policy write); a chain that
+        cannot be read now leaves the last ones in place."""
+        try:
+            self._floors = tuple(self.floors())
+        except Exception:   # fleet: not validated yet, Redis away; the next tick reads again
+            pass
+
+    def check(self, account_id: str, now: int, floors: tuple[int, ...]) -> None:
+        """Publish a `headroom` event for every floor the account crossed (below, or recovered)."""
+        if self.events is None:
+            return
+        held = self.held.get(account_id, {})
+        below = frozenset(f for f in floors if low_kinds(held, f, now))
+        was = self._below.get(account_id, frozenset())
+        if below == was:
+            return
+        self._below[account_id] = below
+        for floor, is_below in crossings(was, below):
+            kinds = low_kinds(held, floor, now) if is_below else ()
+            lifts = lifts_at(held, floor, now) if is_below else None
+            self.events.publish(EventKind.HEADROOM, {
+                "account_id": account_id, "floor_percent": floor,
+                "state": "below" if is_below else "recovered", "kinds": list(kinds),
+                "lifts_at": None if lifts is None else iso_ms(lifts), "at": iso_ms(now)})
+
+    def tick(self) -> None:
+        """Every account, against the policy's floors now: resets that passed, fleet merges."""
+        self.refresh_floors()
+        now = self.clock()
+        for account_id in set(self.held) | set(self._below):
+            self.check(account_id, now, self._floors)
+
+    async def maintain(self, tick_s: float = TICK_S) -> None:
+        while True:
+            await asyncio.sleep(tick_s)
+            try:
+                self.tick()
+            except Exception:  # upkeep must outlive any one bad pass
+                log.exception("headroom_upkeep_failed")
+
+    def background(self, _app: object) -> AsyncIterator[None]:
+        """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""
+        return while_app_runs(self.maintain)
+
+    def gauges(self) -> HeadroomGauges:
+        return HeadroomGauges(self)
+
+
+def _rounded(observation: Observation) -> float | None:
+    share = headroom_percent(observation)
+    return None if share is None else round(share, 1)
+
+
+class HeadroomGauges:
+    """`leasehold_account_ratelimit_{remaining,limit}{account_id,kind}`: each kind's latest
+    observation, while its reset has not passed (after it, the value no longer holds)."""
+
+    def __init__(self, book: HeadroomBook) -> None:
+        self.book = book
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.book.clock()
+        remaining = GaugeMetricFamily("leasehold_account_ratelimit_remaining",
+                                      "The provider's rate limit left, by account and kind (latest answer).",
+                                      labels=["account_id", "kind"])
+        limit = GaugeMetricFamily("leasehold_account_ratelimit_limit",
+                                  "The provider's rate limit, by account and kind (latest answer).",
+                                  labels=["account_id", "kind"])
+        for account_id in sorted(self.book.held):
+            for kind, o in sorted(self.book.held[account_id].items()):
+                if o.reset_at_ms is not None and o.reset_at_ms <= now:
+                    continue
+                remaining.add_metric([account_id, kind], o.remaining)
+                if o.limit is not None:
+                    limit.add_metric([account_id, kind], o.limit)
+        yield remaining
+        yield limit
+
+
+def policy_floors(policy: Any) -> Callable[[], tuple[int, ...]]:
+    """Every distinct `min_headroom_percent` the policy store's levels set (a `PolicyStore`)."""
+    def floors() -> tuple[int, ...]:
+        view = policy.read()
+        if not policy.believable(view):
+            return ()
+        return floors_of(document.min_headroom_percent for document in view.state.documents.values())
+    return floors

@@ -1,0 +1,34 @@
+"""`bench.ab`'s per-round ratios and `bench.baseline`'s reading of bench/BASELINE."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from bench import baseline
+from bench.ab import ratio_line, round_ratios
+
+
+def test_ratios_pair_each_round_with_its_own_round() -> None:
+    assert round_ratios([100.0, 90.0, 120.0], [50.0, 100.0, 120.0]) == [2.0, 0.9, 1.0]
+
+
+def test_ratios_refuse_rounds_of_different_counts() -> None:
+    with pytest.raises(ValueError):
+        round_ratios([1.0, 2.0], [1.0])
+
+
+def test_the_line_prints_median_range_and_every_round() -> None:
+    line = ratio_line("leasehold / base", [0.9, 1.1, 1.0])
+    assert "1.000x (0.900–1.100) over 3 rounds" in line
+    assert line.endswith("rounds 0.900 1.100 1.000")
+
+
+def test_the_baseline_names_a_commit_of_this_repository() -> None:
+    commit = baseline.baseline_commit()
+    done = subprocess.run(["git", "-C", str(baseline.REPO), "cat-file", "-t", commit],
+                          capture_output=True, text=True)
+    if done.returncode != 0 and "not a git repository" in done.stderr:
+        pytest.skip("not a git checkout")
+    assert done.stdout.strip() == "commit"
