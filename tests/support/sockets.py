@@ -19,9 +19,9 @@ def create(model: str = O_MODEL, **fields: Any) -> str:
 
 async def connect(session: aiohttp.ClientSession, url: str, token: str,
                   **kwargs: Any) -> aiohttp.ClientWebSocketResponse:
+    headers = {"Authorization": f"Bearer {token}", **WS_HEADERS, **kwargs.pop("headers", {})}
     return await session.ws_connect(url + "/v1/responses", autoping=False, autoclose=False,
-                                    headers={"Authorization": f"Bearer {token}", **WS_HEADERS},
-                                    **kwargs)
+                                    headers=headers, **kwargs)
 
 
 async def turn(ws: aiohttp.ClientWebSocketResponse, message: str,

@@ -270,3 +270,16 @@ async def test_no_secret_reaches_a_log_a_row_or_a_view(gateway: Gateway, clean_s
 
 def handshake_status(gw: Gateway, token: str) -> int:
     return call("GET", gw.dataplane_url + "/v1/responses", None, {"authorization": f"Bearer {token}", **UPGRADE})[0]
+
+
+async def test_socket_attempts_carry_the_handshakes_trace_context(gateway: Gateway, clean_stub: Stub) -> None:
+    minted = gateway.mint("openai")
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with aiohttp.ClientSession() as session:
+        ws = await connect(session, gateway.dataplane_url, minted["token"], headers={
+            "Authorization": f"Bearer {minted['token']}", "traceparent": parent})
+        for _ in range(2):
+            assert (await turn(ws, create()))[-1]["type"] == "response.completed"
+        await ws.close()
+    assert [r["traceparent"] for r in settled(gateway, minted["key_id"], 2)] == [parent, parent]
+    assert ws_entries(clean_stub)[0]["headers"]["traceparent"] == parent  # passed upstream too
