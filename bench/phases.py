@@ -48,6 +48,12 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     rpc_s: float = 1.0
     rpc_sequential: int = 500
     hostile_s: float = 4.0  # the hostile phase's /healthz window under bombs (0: no hostile phase)
+    # the WebSocket phase (bench/websocket.py): turns and events for latency, a burst through one
+    # socket, and how many sockets at once (throughput and RSS per open socket)
+    ws_turns: int = 5
+    ws_events: int = 200
+    ws_burst: int = 5000
+    ws_sockets: int = 200
 
 
 class Context(msgspec.Struct, kw_only=True):

@@ -136,6 +136,7 @@ def render(results: dict[str, Any]) -> str:
                          f"{fmt(fig['kib_per_stream'])} KiB/stream")
     lines += _control_lines(results)
     lines += _hostile_lines(results.get("hostile"))
+    lines += _websocket_lines(results)
     for peer, info in (results.get("peers") or {}).items():
         if "unavailable" in info:
             lines.append(f"  {peer + ' (peer)':<40}unavailable: {info['unavailable'][:200]}")
@@ -236,3 +237,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _websocket_lines(results: dict[str, Any]) -> list[str]:
+    """The WebSocket phase (SPEC §20): its own three columns (bench/websocket.py)."""
+    ws = results.get("websocket")
+    if not ws:
+        return []
+    n = ws["plan"]["sockets"]
+    cols = ("direct", "naive relay", "leasehold")
+    lines = ["Responses WebSocket, per message (direct / naive aiohttp relay / Leasehold)"]
+    for label, key in (("latency p50, ms", "p50_ms"), ("latency p99, ms", "p99_ms"),
+                       ("msgs/s, one socket", "msgs_per_s_one_socket"),
+                       (f"msgs/s, {n} sockets", f"msgs_per_s_{n}_sockets"),
+                       ("RSS per open socket, KiB", "rss_kib_per_open_socket")):
+        lines.append(f"  {label:<40}" + " / ".join(fmt(ws[c][key]) for c in cols))
+    d = ws["derived"]
+    lines.append(f"  {'added p50 / p99 over direct, ms':<40}naive {fmt(d['naive_added_p50_ms'])} / "
+                 f"{fmt(d['naive_added_p99_ms'])}, Leasehold {fmt(d['leasehold_added_p50_ms'])} / "
+                 f"{fmt(d['leasehold_added_p99_ms'])} (aim: ≤ naive + 0.2 ms: "
+                 f"{'met' if d['aim_met'] else 'not met'})")
+    return lines

@@ -27,7 +27,7 @@ import aiohttp
 import msgspec
 import uvloop
 
-from bench import control_ops, hostile, phases, rpc_rate
+from bench import control_ops, hostile, phases, rpc_rate, websocket
 from bench.phases import Context, Plan
 from bench.procs import Layout, Servers, pin_self
 from bench.report import aims, derive, generator_check, render
@@ -40,12 +40,13 @@ PLANS = {
     "default": Plan(),
     "quick": Plan(rounds=1, saturate_warmup_s=0.5, saturate_s=1.5, rate_warmup_s=0.5, rate_s=3.0,
                   stream_rate_s=2.0, streams=100, held_streams=300, mint_warmup=5,
-                  mint_iterations=50, start_trials=1, rpc_s=0.3, rpc_sequential=100),
+                  mint_iterations=50, start_trials=1, rpc_s=0.3, rpc_sequential=100,
+                  ws_turns=2, ws_events=100, ws_burst=2000, ws_sockets=100),
     "smoke": Plan(body_bytes=512, rounds=1, warm_requests=2, saturate_connections=2, saturate_warmup_s=0.1,
                   saturate_s=0.2, rate=50, rate_warmup_s=0.05, rate_s=0.2, stream_rate=20,
                   stream_rate_s=0.2, streams=3, stream_chunks=8, stream_gap_s=0.0, held_streams=3,
                   hold_stall_s=30.0, mint_warmup=1, mint_iterations=3, start_trials=1, rpc_s=0.05,
-                  rpc_sequential=5, hostile_s=0.0),
+                  rpc_sequential=5, hostile_s=0.0, ws_turns=1, ws_events=10, ws_burst=50, ws_sockets=3),
 }
 
 
@@ -183,6 +184,9 @@ def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir
                                                  say=say)
     finally:
         servers.close()
+    say("websocket: direct vs a naive relay vs Leasehold ...")
+    results["websocket"] = websocket.run(workdir / "ws", websocket.WsPlan(
+        turns=plan.ws_turns, events=plan.ws_events, burst=plan.ws_burst, sockets=plan.ws_sockets), say)
 
 
 def write(results: dict[str, Any], out_dir: Path) -> Path:

@@ -21,6 +21,7 @@ class RouteBook:
         self.active: dict[str, AttemptRow] = {}
         self.recent: deque[AttemptRow] = deque(maxlen=ring_size)
         self.evicted = 0
+        self.sockets_open: dict[str, int] = {}  # per account, as the data plane last said (§20)
 
     def started(self, row: AttemptRow) -> None:
         self.active[row.attempt_id] = row
@@ -81,6 +82,7 @@ class RouteView(msgspec.Struct, frozen=True, kw_only=True):
     cost_reason: str | None
     overhead_ms: float | None
     rate_limits: dict | None = None     # the provider's headroom the answer stated (SPEC §22)
+    transport: str = "http"      # SPEC §14, §20: "http" | "websocket"
 
 
 _VIEW_FIELDS = RouteView.__struct_fields__

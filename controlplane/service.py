@@ -42,6 +42,7 @@ from shared.wire import (
     Lease,
     Message,
     Ping,
+    SocketsOpen,
 )
 
 log = get_logger("control")
@@ -205,6 +206,8 @@ class ControlService:
             self._finished(conn, message)
         elif isinstance(message, Ping):
             conn.send_nowait(Ack(req_id=message.req_id))
+        elif isinstance(message, SocketsOpen):
+            self.routes.sockets_open = {k: v for k, v in message.counts.items() if v > 0}
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
@@ -296,6 +299,7 @@ class ControlService:
         """Routes in flight are forgotten now; any the data plane does not re-announce (or
         finish) within the grace period get a terminal row, so none stays streaming forever."""
         orphans = self.routes.forget_active()
+        self.routes.sockets_open = {}  # they closed with the data plane's connection
         if orphans:
             asyncio.get_running_loop().call_later(LOST_ROUTE_GRACE_S, self._close_orphans, orphans)
 

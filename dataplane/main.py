@@ -174,6 +174,7 @@ async def serve(settings: Settings) -> None:
         await fleet.retry_pending()
         await fleet.close()
     await pools.close()
+    await proxy.sockets.close()
     log.info("dataplane_stopped")
 
 
@@ -182,10 +183,12 @@ async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: 
     proxy.draining = True
     log.info("dataplane_draining", in_flight=len(proxy.in_flight), drain_seconds=settings.drain_seconds)
     await site.stop()  # no new connections; idle keep-alive ones are closed by cleanup below
+    sockets = asyncio.ensure_future(proxy.sockets.drained(settings.drain_seconds))  # SPEC §20
     if not await proxy.drained(settings.drain_seconds):
         stopped = proxy.stop_all()
         log.warning("dataplane_drain_expired", stopped=stopped)
         await proxy.drained(STOP_GRACE_S)
+    await sockets
     await runner.cleanup()
 
 

@@ -31,6 +31,7 @@ from dataplane.rpc_client import ControlLink
 from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.usage_ask import asks_usage, with_usage
+from dataplane.websocket.sockets import Sockets
 from dataplane.wires import anthropic, openai
 from shared.capacity import CapacityTable, StateUnavailable
 from shared.clock import now_ms
@@ -68,6 +69,7 @@ class Proxy:
         self.fleet = fleet  # fleet mode: ceilinged accounts' request slots are fleet-wide (Redis)
         self.draining = False
         self.in_flight: set[Attempt] = set()
+        self.sockets = Sockets(self)  # the Responses API over WebSocket (SPEC §20)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -77,9 +79,8 @@ class Proxy:
         if request.path == HEALTHZ_PATH:  # no key, never proxied, no row
             return self.healthz(request)
         t0 = time.perf_counter()
-        if request.headers.get("Upgrade", "").lower() == "websocket":
-            return self._early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED,
-                               "WebSocket is not proxied; use HTTP POST /v1/responses")
+        if request.headers.get("Upgrade", "").lower() == "websocket":  # SPEC §20, §15: 426 elsewhere
+            return await self.sockets.upgrade(request, t0)
         if not self.replica.ready:
             return self._early(request, t0, Refusal.CONTROL_UNAVAILABLE,
                                "the gateway has lost its control daemon; retry shortly", retry_after_s=1)

@@ -32,6 +32,7 @@ from shared.wire import (
     Message,
     Refused,
     Snapshot,
+    SocketsOpen,
     StorageState,
     Welcome,
 )
@@ -68,6 +69,7 @@ class ControlLink:
         self._sending: set[str] = set()  # rows sent on the live link, their Ack not yet in
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self.synced = asyncio.Event()
+        self.sockets_open: dict[str, int] = {}   # open Responses WebSockets per account (§20)
         self._stopping = False
 
     # ---- connection lifecycle -----------------------------------------------------------
@@ -152,6 +154,8 @@ class ControlLink:
         """After a resync: re-announce what is in flight and re-deliver unacknowledged rows."""
         for row in self.in_flight.values():
             conn.send_nowait(AttemptStarted(row=row))
+        if self.sockets_open:
+            conn.send_nowait(SocketsOpen(counts=dict(self.sockets_open)))
         for attempt_id in list(self.outbox):
             self._transmit(attempt_id)
 
@@ -163,6 +167,16 @@ class ControlLink:
         if conn is not None and self.synced.is_set():
             try:
                 conn.send_nowait(AttemptStarted(row=row), lazy=True)
+            except ConnectionError:
+                pass
+
+    def sockets(self, counts: dict[str, int]) -> None:
+        """The open sockets per account changed: control's accounts view hears it (lazily)."""
+        self.sockets_open = counts
+        conn = self.conn
+        if conn is not None and self.synced.is_set():
+            try:
+                conn.send_nowait(SocketsOpen(counts=dict(counts)), lazy=True)
             except ConnectionError:
                 pass
 

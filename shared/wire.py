@@ -139,6 +139,7 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     # SPEC §22: the provider's rate-limit headers of the upstream answer, parsed (null when the
     # answer carried none, or there was no answer).
     rate_limits: RateLimits | None = None
+    transport: str = "http"  # SPEC §14, §20: "http" | "websocket"
 
 
 # ---- messages ------------------------------------------------------------------------------
@@ -208,7 +209,14 @@ class Ping(_Msg, tag="ping", frozen=True):
     req_id: int
 
 
+class SocketsOpen(_Msg, tag="sockets_open", frozen=True):
+    """The data plane's open Responses WebSockets per account (SPEC §20), sent when they change
+    and after each resync; the accounts view's `sockets_open`."""
+
+    counts: dict[str, int]
+
+
 Message = (
     Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
-    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates
+    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen
 )

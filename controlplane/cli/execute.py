@@ -76,6 +76,17 @@ def worker_env(env: Mapping[str, str], wire: Wire, base_url: str, token: str) ->
     return clean
 
 
+def for_codex(command: list[str], wire: Wire, env: dict[str, str]) -> list[str]:
+    """CMD as run. Codex reads neither `OPENAI_BASE_URL` nor (in `exec`) `OPENAI_API_KEY`: its
+    built-in OpenAI provider is pointed at the gateway on its command line (`-c
+    openai_base_url=...`) and given the key as `CODEX_API_KEY`, so it opens the Responses
+    WebSocket first, its fastest path (SPEC §20), and falls back to HTTP by itself."""
+    if wire != Wire.OPENAI or os.path.basename(command[0]) != "codex":
+        return list(command)
+    env["CODEX_API_KEY"] = env["OPENAI_API_KEY"]
+    return [command[0], "-c", f'openai_base_url="{env["OPENAI_BASE_URL"]}"', *command[1:]]
+
+
 def exit_status(returncode: int) -> int:
     """A shell's convention: a child ended by signal N is 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -203,11 +214,11 @@ def run_exec(args: argparse.Namespace, client: Client) -> int:
         if minted.get("fallback_driver") == "gateway":
             helpers.append(Extender(client, key_id, _ttl_s(minted, args.ttl)))
             if args.verbose:
-                helpers.append(HopWatcher(client, key_id))
+                helpers.append(HopWatcher(client, key_id, sockets=wire == Wire.OPENAI))
         for helper in helpers:
             helper.start()
         sys.stdout.flush()
-        return run_child(command, env)
+        return run_child(for_codex(command, wire, env), env)
     finally:
         for helper in helpers:
             helper.stop()

@@ -28,10 +28,16 @@ def extend_every_s(ttl_s: int) -> float:
     return max(MIN_EXTEND_EVERY_S, ttl_s / 3)
 
 
-def hop_line(event: dict[str, Any]) -> str:
+def hop_line(event: dict[str, Any], sockets: bool = False) -> str:
+    """One hop, as `-v` prints it; `sockets` (an OpenAI-wire worker) adds what happened to its
+    Responses WebSockets: the data plane closed them 1012 after the hop (SPEC §20)."""
     data = event.get("data") or {}
-    return (f"hop {data.get('hop')}: {data.get('from_account')} -> {data.get('to_account')} "
+    line = (f"hop {data.get('hop')}: {data.get('from_account')} -> {data.get('to_account')} "
             f"({data.get('condition')}; decision {data.get('mint_decision_id')})")
+    if sockets:
+        line += (f"; its Responses WebSockets on {data.get('from_account')} closed (1012) and "
+                 f"reconnect to {data.get('to_account')}")
+    return line
 
 
 class Extender(threading.Thread):
@@ -57,9 +63,9 @@ class Extender(threading.Thread):
 
 
 class HopWatcher(threading.Thread):
-    def __init__(self, client: Client, key_id: str) -> None:
+    def __init__(self, client: Client, key_id: str, sockets: bool = False) -> None:
         super().__init__(name="leasehold-hops", daemon=True)
-        self.client, self.key_id = client, key_id
+        self.client, self.key_id, self.sockets = client, key_id, sockets
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -72,7 +78,7 @@ class HopWatcher(threading.Thread):
                         event = parser.feed(raw.decode("utf-8", "replace"))
                         if event and event["event"] == "dispatch.hop" and \
                                 (event.get("data") or {}).get("key_id") == self.key_id:
-                            warn(hop_line(event))
+                            warn(hop_line(event, self.sockets))
                         if self.stopped.is_set():
                             return
             except (CtlError, OSError, http.client.HTTPException, json.JSONDecodeError):

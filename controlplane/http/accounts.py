@@ -66,6 +66,7 @@ class AccountView(msgspec.Struct, frozen=True, kw_only=True):
     lease_count: int
     in_flight: bool
     in_flight_count: int
+    sockets_open: int            # Responses WebSockets open on this host's data plane (SPEC §20)
     observed: bool
     observed_request_count: int
     observed_aborted_count: int
@@ -127,6 +128,7 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             credential_env=account.credential_env, configured=configured,
             administrative_state=str(AdminState.DISABLED if overlay is None else overlay.state_of(account.id)),
             leased=lease_count > 0, lease_count=lease_count, in_flight=in_flight > 0, in_flight_count=in_flight,
+            sockets_open=service.routes.sockets_open.get(account.id, 0),
             observed=counts.observed > 0, observed_request_count=counts.observed,
             observed_aborted_count=counts.aborted,
             last_observed_at=None if last_ms is None else iso_ms(last_ms),

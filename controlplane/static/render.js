@@ -80,7 +80,8 @@ function accountRow(a) {
   if (!a.configured) tr.lastChild.appendChild(el("small", `set ${a.credential_env}`));
   field(tr, "administrative_state", "").appendChild(badge(a.administrative_state, ADMIN_TONE[a.administrative_state] || "bad"));
   field(tr, "leased", a.leased ? `${a.lease_count} lease${a.lease_count === 1 ? "" : "s"}` : "none");
-  field(tr, "in_flight", a.in_flight ? `${a.in_flight_count} streaming` : "none");
+  field(tr, "in_flight", a.in_flight ? `${a.in_flight_count} streaming` : "none",
+        a.sockets_open ? `${a.sockets_open} WebSocket${a.sockets_open === 1 ? "" : "s"} open` : undefined);
   field(tr, "observed", a.observed ? `${a.observed_request_count} (${a.observed_aborted_count} aborted)` : "none",
         a.last_observed_at ? `last ${time(a.last_observed_at)}` : "never since evidence began");
   const circuit = field(tr, "circuit", "");
@@ -141,7 +142,7 @@ export function renderLive(views, feedUp) {
     cell(tr, r.account_id);
     cell(tr, r.requested_model || "—");
     cell(tr, `${r.wire} ${r.path}`);
-    cell(tr, r.stream ? "stream" : "single");
+    cell(tr, r.transport === "websocket" ? "websocket" : r.stream ? "stream" : "single");
     cell(tr, r.principal_id, r.repo_slug);
     field(tr, "attempt_id", r.attempt_id);
     return tr;

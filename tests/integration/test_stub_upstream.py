@@ -159,9 +159,25 @@ async def test_openai_chat_stream_and_websocket_refusal(stub):
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["usage"]["prompt_tokens"] == STUB_INPUT_TOKENS
     assert chunks[-1]["usage"]["completion_tokens"] == STUB_DEFAULT_DELTAS
+    await s.post("/_stub/script", json={"steps": [{"ws_handshake_status": 426}]})
     ws = {**O_HEADERS, "upgrade": "websocket", "connection": "Upgrade"}
     async with s.get("/v1/responses", headers=ws) as r:
-        assert r.status == 426
+        assert r.status == 426  # scripted; unscripted, the stub speaks WebSocket mode
+
+
+async def test_openai_websocket_mode(stub):
+    _, s = stub
+    async with s.ws_connect("/v1/responses", headers=O_HEADERS) as ws:
+        await ws.send_json({"type": "response.create", "model": "gpt-5", "input": "hi"})
+        events = [json.loads((await ws.receive(timeout=5)).data) for _ in range(4 + STUB_DEFAULT_DELTAS + 4)]
+        assert events[-1]["type"] == "response.completed"
+        await ws.send_json({"type": "response.create", "model": "gpt-5", "previous_response_id": "resp_nope"})
+        error = json.loads((await ws.receive(timeout=5)).data)
+        assert error["error"]["code"] == "previous_response_not_found"
+        await ws.send_json({"type": "response.create", "model": "gpt-5",
+                            "previous_response_id": events[-1]["response"]["id"], "generate": False})
+        assert [json.loads((await ws.receive(timeout=5)).data)["type"] for _ in range(2)] == [
+            "response.created", "response.completed"]
 
 
 async def test_real_anthropic_sdk_stream_and_json(stub):

@@ -6,7 +6,7 @@ It never accepts a credential starting with ``lhgw_`` (a leaked virtual key).
 
 Routes. Anthropic: ``POST /v1/messages`` (query string allowed), ``POST /v1/messages/count_tokens``.
 OpenAI: ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST /v1/embeddings``,
-``GET /v1/responses`` (``Upgrade: websocket`` -> 426). ``GET /v1/models`` answers in the
+``GET /v1/responses`` (``Upgrade: websocket``: the WebSocket mode, ``tests/support/stub_ws.py``). ``GET /v1/models`` answers in the
 Anthropic shape when the request carries ``anthropic-version`` or ``x-api-key`` (or presents the
 Anthropic key), else in the OpenAI shape. Control (no credential): ``GET /_stub/health``,
 ``GET|POST|DELETE /_stub/script``, ``GET|DELETE /_stub/requests``, ``POST /_stub/release?name=``.
@@ -59,6 +59,8 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+
+from tests.support import stub_ws
 
 STUB_INPUT_TOKENS = 12
 STUB_CACHE_CREATION_INPUT_TOKENS = 5
@@ -378,6 +380,7 @@ class StubState:
         self.script: collections.deque[dict[str, Any]] = collections.deque()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=record_limit)
         self.holds: dict[str, asyncio.Event] = {}
+        self.responses: set[str] = set()  # ids completed on a socket (`previous_response_id`)
 
     def hold(self, name: str) -> asyncio.Event:
         return self.holds.setdefault(name, asyncio.Event())
@@ -432,6 +435,9 @@ def _route(wire: str | None, kind: str):
         if _auth_refusal(request, state.keys[w]):
             entry["status"] = 401
             return web.Response(status=401, body=error_body(w, 401, _AUTH_MSG[w], rid), headers=headers)
+        if kind == "ws" and request.headers.get("upgrade", "").lower() == "websocket":  # SPEC §20
+            refused = await stub_ws.handshake(request, state, entry, rid, error_body)
+            return refused or await stub_ws.serve(request, state, entry, response_events)
         step_header = request.headers.get("x-stub-step")
         if step_header is not None:
             try:
@@ -479,10 +485,9 @@ def _route(wire: str | None, kind: str):
                 body = make_json(model or "", n, data)
         elif kind == "models":
             body = _A_MODELS if w == ANTHROPIC else _O_MODELS
-        else:  # GET /v1/responses: a WebSocket handshake is refused, as CLIENTS.md §3.10 allows
-            upgrade = request.headers.get("upgrade", "").lower() == "websocket"
-            status = entry["status"] = 426 if upgrade else 404
-            body = error_body(w, status, "WebSocket is not supported" if upgrade else "Not found", rid)
+        else:  # GET /v1/responses: no upgrade, 404
+            status = entry["status"] = 404
+            body = error_body(w, status, "Not found", rid)
 
         if events is not None:
             at = step.get("malformed_event_at")

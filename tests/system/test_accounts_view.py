@@ -13,7 +13,7 @@ from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
 FIELDS = {"id", "display_name", "provider_binding", "upstream_origin", "auth_style", "credential_env",
-          "configured", "administrative_state", "leased", "lease_count", "in_flight", "in_flight_count",
+          "configured", "administrative_state", "leased", "lease_count", "in_flight", "in_flight_count", "sockets_open",
           "observed", "observed_request_count", "observed_aborted_count", "last_observed_at", "circuit",
           "health", "health_reason", "hosts", "rate_limits"}
 

@@ -41,6 +41,10 @@ def test_smallest_run_measures_every_phase_for_every_column(tmp_path: Path) -> N
     assert all(a["measured"] is not None for a in results["aims"])
     assert set(results["versions"]) == {"python", "aiohttp", "msgspec", "uvloop"}
     assert results["machine"]["cores"] >= 1
+    for name in ("direct", "naive relay", "leasehold"):  # the WebSocket phase (SPEC §20)
+        assert results["websocket"][name]["messages"] == PLANS["smoke"].ws_events
+        assert results["websocket"][name]["msgs_per_s_one_socket"] > 0
+    assert "aim_met" in results["websocket"]["derived"]
 
     latest = write(results, tmp_path / "results")
     assert json.loads(latest.read_text())["started_at"] == results["started_at"]

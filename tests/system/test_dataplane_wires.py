@@ -323,8 +323,8 @@ def test_path_the_wire_does_not_serve_is_404_in_its_shape(gateway: Gateway, clea
     assert clean_stub.requests() == []
 
 
-def test_websocket_upgrade_is_426(gateway: Gateway, clean_stub: Stub) -> None:
-    minted = gateway.mint("openai")
+def test_websocket_upgrade_off_the_openai_wire_is_426(gateway: Gateway, clean_stub: Stub) -> None:
+    minted = gateway.mint()  # SPEC §15: the OpenAI wire's /v1/responses is proxied (§20), not this
     status, headers, body = call("GET", gateway.dataplane_url + "/v1/responses", None, {
         "authorization": f"Bearer {minted['token']}", "Connection": "Upgrade", "Upgrade": "websocket",
         "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})

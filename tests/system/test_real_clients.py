@@ -144,3 +144,54 @@ def test_codex_completes_a_turn_and_retries_a_broken_stream(
     else:
         assert rows[0]["status"] == "transport-error" and rows[-1]["status"] == "completed"
         assert len(rows) >= 2
+
+
+# ---- Codex CLI over the Responses WebSocket (SPEC §20) ---------------------------------------------
+
+
+def codex_socket_turn(bins: dict[str, Path], gw: Gateway, token: str, tmp: Path) -> str:
+    """Codex's built-in OpenAI provider with `openai_base_url`: the socket first (CLIENTS.md)."""
+    home, codex_home = tmp / "home", tmp / "codex-home"
+    home.mkdir(exist_ok=True)
+    codex_home.mkdir(exist_ok=True)
+    (codex_home / "config.toml").write_text(
+        f'model = "gpt-5"\ncheck_for_update_on_startup = false\nopenai_base_url = "{gw.dataplane_url}/v1"\n'
+        "[analytics]\nenabled = false\n")
+    last = tmp / "last-message.txt"
+    env = client_env(home, CODEX_HOME=str(codex_home), CODEX_API_KEY=token)
+    done = run([str(bins["codex"]), "exec", "--skip-git-repo-check", "--disable", "plugins",
+                "--disable", "apps", "-o", str(last), "say hi"], home, env)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    return last.read_text()
+
+
+TOOL_CALL = {"ws_function_call": {"name": "shell", "arguments": '{"command": ["echo", "hi"]}'}}
+
+
+@pytest.mark.parametrize("fault", [None, "tool-calls", "cut"])
+def test_codex_over_the_socket_chains_turns_and_retries_a_cut(
+        bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None) -> None:
+    minted = gateway.mint("openai")
+    if fault == "tool-calls":    # two tool calls: each output comes back chained to the last response
+        clean_stub.script({}, TOOL_CALL, TOOL_CALL)
+    elif fault == "cut":         # the upstream socket dropped mid-turn: Codex reconnects and retries
+        clean_stub.script({}, {"ws_cut_after_events": 5, "deltas": CUT_DELTAS})
+    assert codex_socket_turn(bins, gateway, minted["token"], tmp_path).strip() == stub_text().strip()
+
+    seen = clean_stub.requests()
+    assert not [e for e in seen if e["method"] == "POST"]  # never fell back to HTTP
+    creates = [e for e in seen if e["method"] == "WS"]
+    assert creates[0]["generate"] is False                 # the warmup, then the turn chained to it
+    first = creates[0]["headers"]
+    assert first["authorization"] == f"Bearer {clean_stub.openai_key}" and first["openai-beta"].startswith(
+        "responses_websockets=")
+    assert all(minted["token"] not in json.dumps(e["headers"]) for e in seen)
+    rows = settled(gateway, minted["key_id"], len(creates))
+    assert {r["transport"] for r in rows} == {"websocket"}
+    if fault == "cut":
+        assert [r["status"] for r in rows] == ["completed", "transport-error", "completed"]
+        assert len([e for e in seen if e["method"] == "GET"]) == 2  # a new socket for the retry
+    else:
+        chained = [e["previous_response_id"] for e in creates[1:]]
+        assert len(creates) == (4 if fault else 2) and all(chained)
+        assert [r["status"] for r in rows] == ["completed"] * len(creates)

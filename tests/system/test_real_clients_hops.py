@@ -8,14 +8,22 @@ client's own retry reaches the sibling. Each fault is scripted on A's stub only;
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.attempts import settled
-from tests.support.harness import Gateway, Stub, credential_like
+from tests.support.harness import REPO, Gateway, Stub, credential_like
 from tests.support.stub_upstream import stub_text
-from tests.system.test_real_clients import CUT_DELTAS, bins, claude_turn, codex_turn  # noqa: F401 (fixture)
+from tests.system.test_real_clients import (  # noqa: F401 (fixture)
+    CUT_DELTAS,
+    bins,
+    claude_turn,
+    client_env,
+    codex_turn,
+    run,
+)
 
 FAULTS = {
     "429 with retry-after": {"status": 429, "headers": {"retry-after": "1"}},
@@ -93,3 +101,26 @@ def test_codex_turn_is_served_by_the_sibling_after_a_fault_on_a(
     rows = settled(pool, minted["key_id"], 1 + len(sibling.requests()))
     assert rows[0]["account_id"] == "legacy-openai" and rows[0]["condition"] is not None
     assert rows[-1]["account_id"] == "openai-b" and rows[-1]["status"] == "completed"
+
+
+def test_leaseholdctl_exec_runs_codex_on_the_socket_and_prints_the_hop(
+        bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path) -> None:
+    """`leaseholdctl exec -v -- codex exec ...`: Codex opens the Responses WebSocket (SPEC §20); a
+    rate limit on A hops the key, the socket closes 1012, Codex reconnects and B answers."""
+    home, codex_home = tmp_path / "home", tmp_path / "codex-home"
+    home.mkdir()
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text('model = "gpt-5"\ncheck_for_update_on_startup = false\n'
+                                            "[analytics]\nenabled = false\n")
+    clean_stub.script({}, {"ws_error": {"code": "rate_limit_exceeded", "message": "Rate limit reached."}})
+    env = client_env(home, CODEX_HOME=str(codex_home), PYTHONPATH=str(REPO),
+                     GATEWAY_CONTROL_URL=pool.control_url, LEASEHOLD_TOKEN=pool.control_token)
+    last = tmp_path / "last.txt"
+    done = run([sys.executable, "-m", "controlplane.ctl", "exec", "-v", "--repo", "acme/app", "--principal", "w-1",
+                "--model", "gpt-5", "--", str(bins["codex"]), "exec", "--skip-git-repo-check", "--disable",
+                "plugins", "--disable", "apps", "-o", str(last), "say hi"], home, env)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert last.read_text().strip() == stub_text().strip()
+    assert "hop 1: legacy-openai -> openai-b" in done.stderr and "closed (1012)" in done.stderr, done.stderr
+    assert not [e for e in clean_stub.requests() + sibling.requests() if e["method"] == "POST"]  # socket only
+    assert [e["method"] for e in sibling.requests()] == ["GET", "WS"]
