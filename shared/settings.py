@@ -18,6 +18,7 @@ import msgspec
 
 from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import Condition
+from shared.fleet.secret import FleetSecret, read_secret_file
 
 PREFIX = "GATEWAY_"
 # Fleet mode (SPEC §16): a fleet id is a Redis key namespace; a host id names a pair in it.
@@ -70,6 +71,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fleet_id: str = "leasehold"
     host_id: str = "localhost"
     fleet_host_ttl_seconds: int = 10
+    fleet_secret_file: str | None = None   # SPEC §19: required in fleet mode (control)
+    fleet_secret: FleetSecret | None = None  # its bytes; repr never shows them
 
 
 # Variables this module understands; anything else under GATEWAY_ is a credential name the
@@ -84,7 +87,7 @@ KNOWN = frozenset(
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
         "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
         "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS "
-        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS"
+        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS FLEET_SECRET_FILE"
     ).split()
 )
 
@@ -164,6 +167,19 @@ class _Reader:
             return None
         return raw
 
+    def secret_file(self, name: str, *, required: bool) -> tuple[str | None, FleetSecret | None]:
+        """The fleet secret file (SPEC §19): its path and its exact bytes, or a problem naming it."""
+        path = self.text(name, None)
+        if path is None:
+            if required:
+                self.problems.append(f"{PREFIX}{name} is required in fleet mode (a file of at least 32 "
+                                     "random bytes, mode 0400 or 0600, the same on every host)")
+            return None, None
+        secret, problem = read_secret_file(path, PREFIX + name)
+        if problem is not None:
+            self.problems.append(problem)
+        return path, secret
+
     def identifier(self, name: str, default: str, pattern: re.Pattern[str]) -> str:
         raw = self.text(name, default) or default
         if not pattern.match(raw):
@@ -240,6 +256,9 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
                              HOST_ID_RE),
         fleet_host_ttl_seconds=int(r.number("FLEET_HOST_TTL_SECONDS", 10, 3, 120, integer=True)),
     )
+    if settings.fleet_redis_url is not None and role != "ctl":
+        secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=role == "control")
+        settings = msgspec.structs.replace(settings, fleet_secret_file=secret_file, fleet_secret=secret)
     if settings.log_level not in ("debug", "info", "warning", "error"):
         r.problems.append(f"{PREFIX}LOG_LEVEL={settings.log_level!r} must be debug|info|warning|error")
     tokens = [t for t in (settings.control_token, settings.mint_token, settings.read_token) if t]

@@ -38,6 +38,7 @@ from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import FleetKeys
 from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.redis_client import connect, connect_sync
+from shared.fleet.secret import Keyring
 from shared.settings import Settings
 
 # Fence values no incarnation equals ("inc-<hex>"): every reserve is refused (`StateLost`, held)
@@ -57,8 +58,9 @@ class FleetBackends:
 
     def __init__(self, settings: Settings, keys: KeyTable) -> None:
         url = settings.fleet_redis_url
-        assert url is not None
+        assert url is not None and settings.fleet_secret is not None  # settings require both
         self.keys = FleetKeys(settings.fleet_id)
+        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id)  # SPEC §19: every MAC's key
         self.client = connect(url)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)

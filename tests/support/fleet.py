@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -20,6 +22,19 @@ from shared.fleet.redis_client import connect, connect_sync
 from tests.support.redis_server import RedisServer
 
 _ids = itertools.count()
+SECRET_NAME = "fleet-secret"
+
+
+def fleet_secret_file(directory: Path) -> Path:
+    """The fleet secret every host of a test fleet shares (SPEC §19): 32 random bytes, mode 0600,
+    created once in `directory` (kept when it exists: a restarted host reads the same secret)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / SECRET_NAME
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+    return path
 
 
 class Fleet:

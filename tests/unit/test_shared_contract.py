@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared.codes import HTTP_STATUS, AttemptStatus, Condition, ErrorCode, Refusal
@@ -82,15 +84,20 @@ def test_defaults_match_the_spec() -> None:
         "/etc/leasehold/prices.toml"
 
 
-def test_fleet_defaults_are_embedded_with_the_host_name() -> None:
+def test_fleet_defaults_are_embedded_with_the_host_name(tmp_path: Path) -> None:
+    secret = tmp_path / "fleet-secret"
+    secret.write_bytes(b"s" * 32)
+    secret.chmod(0o600)
     s = load_settings(BASE, hostname="worker-7")
     assert (s.fleet_redis_url, s.fleet_id, s.host_id, s.fleet_host_ttl_seconds) == (None, "leasehold", "worker-7", 10)
     fleet = load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "rediss://:pw@redis.internal:6380/2",
                            "GATEWAY_FLEET_ID": "team-b", "GATEWAY_HOST_ID": "gw-1.dc2",
-                           "GATEWAY_FLEET_HOST_TTL_SECONDS": "30"}, hostname="ignored")
+                           "GATEWAY_FLEET_HOST_TTL_SECONDS": "30", "GATEWAY_FLEET_SECRET_FILE": str(secret)},
+                          hostname="ignored")
     assert (fleet.fleet_redis_url, fleet.fleet_id, fleet.host_id, fleet.fleet_host_ttl_seconds) == (
         "rediss://:pw@redis.internal:6380/2", "team-b", "gw-1.dc2", 30)
-    assert load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "unix:///run/redis.sock?db=1"}).fleet_redis_url
+    assert load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "unix:///run/redis.sock?db=1",
+                          "GATEWAY_FLEET_SECRET_FILE": str(secret)}).fleet_redis_url
 
 
 HOST_NAMES = [("plain", "worker-7", "worker-7"), ("upper case", "Web01.Example.COM", "web01.example.com"),
