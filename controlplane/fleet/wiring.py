@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -31,7 +32,9 @@ from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
 from controlplane.stores.keys import KeyTable
 from shared.capacity import CapacityStore, LocalCapacity
+from shared.chain import ChainAuth
 from shared.chainfile import ChainStorage, FileChainStorage
+from shared.clock import iso_ms, now_ms
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.hosts import HostRegistry
@@ -61,6 +64,7 @@ class FleetBackends:
         assert url is not None and settings.fleet_secret is not None  # settings require both
         self.keys = FleetKeys(settings.fleet_id)
         self.keyring = Keyring(settings.fleet_secret, settings.fleet_id)  # SPEC §19: every MAC's key
+        self.host_id = settings.host_id
         self.client = connect(url)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)
@@ -79,7 +83,13 @@ class FleetBackends:
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
-        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror)
+        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields)
+        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror, auth)
+
+    def _seal_fields(self) -> dict[str, Any]:
+        """Who adopts a chain (SPEC §19): this host, on the fleet secret's authority."""
+        return {"at": iso_ms(now_ms()), "actor": "host:" + self.host_id, "actor_authenticated_by": "fleet-secret",
+                "reason": "adopted into fleet mode under this fleet secret"}
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -16,6 +16,13 @@ writer's alike, finds the fault and names it. No verdict is decided here:
 | empty, no anchor (Redis lost it), the mirror not | re-seeded from the mirror, then verified |
 | anything, the mirror itself not verifying | corrupt (the mirror's own fault) |
 
+Fleet mode (SPEC §19): `auth` (the chain's `ChainAuth`) is what `HashChain` checks every
+record's MAC with; the mirror is extended only with records that verify by MAC, so a record a
+Redis writer forged is never copied into it. The mirror is this host's own witness: a chain
+whose records are byte for byte the mirror's, but do not all verify by MAC (an embedded chain
+entering fleet mode, re-seeded from it; every record after a rotation of the secret), is
+`adoptable`: `HashChain.adopt` seals it, once, with an audited `seal` record.
+
 Re-seeding is one compare-and-set into an empty chain, so of two hosts noticing the loss one
 seeds; a host whose verified mirror is longer then extends the seed, while no write has been
 made since (`RedisChainStorage.extend_seed`). A new mirror (an empty file) trusts Redis and
@@ -30,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shared.chain import ChainCheck, Verdict, encode_anchor, split_lines, verify_chain_between
+from shared.chain import ChainAuth, ChainCheck, Verdict, encode_anchor, split_lines, verify_chain_between
 from shared.chainfile import ChainBytes, FileChainStorage
 from shared.fleet.chains import RedisChainStorage
 from shared.logging import get_logger
@@ -39,9 +46,10 @@ log = get_logger("chain")
 
 
 class MirroredChainStorage:
-    def __init__(self, remote: RedisChainStorage, mirror: FileChainStorage) -> None:
+    def __init__(self, remote: RedisChainStorage, mirror: FileChainStorage, auth: ChainAuth | None = None) -> None:
         self.remote = remote
         self.mirror = mirror
+        self.auth = auth
         self._lock = threading.RLock()  # one thread syncs or writes the mirror at a time
 
     def read(self) -> ChainBytes:
@@ -66,6 +74,12 @@ class MirroredChainStorage:
 
     def version(self) -> tuple[Any, ...]:
         return (self.remote.version(), self.mirror.version())
+
+    def adoptable(self, read: ChainBytes) -> bool:
+        """Are `read`'s records exactly this host's mirror (which verified them, or wrote them)?"""
+        with self._lock:
+            local = self.mirror.read()
+        return bool(read.data) and read.data == local.data
 
     def tail(self) -> bytes:
         return self.remote.tail()
@@ -108,7 +122,7 @@ class MirroredChainStorage:
 
     def _catch_up(self, remote: ChainBytes, mirror_size: int) -> None:
         """Copy what other hosts appended after the mirror's records, once the whole verifies."""
-        check = _verify(remote)
+        check = _verify(remote, self.auth)
         if check.verdict is not Verdict.VERIFIED:
             return  # HashChain reads the same bytes and says corrupt; the mirror stays as it was
         try:
@@ -118,8 +132,8 @@ class MirroredChainStorage:
             log.error("chain_mirror_write_failed", chain=self.remote.name, error=repr(exc))
 
 
-def _verify(read: ChainBytes) -> ChainCheck:
-    return verify_chain_between(split_lines(read.data), read.anchor_before, read.anchor_after)
+def _verify(read: ChainBytes, auth: ChainAuth | None = None) -> ChainCheck:
+    return verify_chain_between(split_lines(read.data), read.anchor_before, read.anchor_after, auth)
 
 
 def _anchor_of(check: ChainCheck) -> bytes:
