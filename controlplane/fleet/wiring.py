@@ -38,6 +38,7 @@ from shared.clock import iso_ms, now_ms
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.hosts import HostRegistry
+from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import FleetKeys
 from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.redis_client import connect, connect_sync
@@ -74,8 +75,9 @@ class FleetBackends:
         self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
         self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions)
         self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
-        self.events = FleetEvents(self.client, self.keys, settings.host_id)
-        self.revocations = FleetRevocations(self.client, self.keys, settings.host_id)
+        self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
+        self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
+        self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)
 
     def circuits(self, cooldown_s: int, on_transition: OnTransition) -> CircuitRegistry:

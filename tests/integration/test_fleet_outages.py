@@ -54,7 +54,8 @@ async def backends(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, Backends]
     c, k = fleet.client, fleet.keys
     made = Backends(fleet, RedisCapacity(c, k, Ceiling.LEASE, "gw-1"), RedisCircuits(c, k), RedisDecisions(c, k),
                     HostRegistry(c, k, ttl_s=10), RedisChainStorage(fleet.sync, k, "policy"),
-                    FleetEvents(c, k, "gw-1"), FleetRevocations(c, k, "gw-1", ack_timeout_s=0.2))
+                    FleetEvents(c, k, "gw-1", entries=fleet.entries),
+                    FleetRevocations(c, k, "gw-1", ack_timeout_s=0.2, entries=fleet.entries))
     try:
         yield server, made
     finally:

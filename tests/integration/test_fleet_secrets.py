@@ -24,6 +24,7 @@ from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import RedisDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.stores.admin import AccountAdminStore
+from shared.chain import ChainAuth
 from shared.chainfile import FileChainStorage, HashChain
 from shared.codes import AdminState, Condition, Outcome
 from shared.fleet.capacity import RedisCapacity
@@ -72,12 +73,14 @@ async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
     admin = AccountAdminStore(str(state_dir), ["acct-b"])
     admin.chain = HashChain(admin.chain.path, admin.chain.anchor_path, fold_overlay, storage=MirroredChainStorage(
         RedisChainStorage(fleet.sync, k, "account-admin"),
-        FileChainStorage(admin.chain.path, admin.chain.anchor_path)))
+        FileChainStorage(admin.chain.path, admin.chain.anchor_path),
+        ChainAuth(fleet.keyring.key("chain/account-admin"))))  # SPEC §19: each record MAC'd
     await admin.set_state("acct-b", AdminState.DISABLED, reason="rotating " + key_id, actor="operator",
                           authenticated_by="admin", expected_revision=0)
 
-    await FleetEvents(c, k, "gw-1").publish(EventKind.ACCOUNT_STATE, {"account_id": "acct-b", "state": "disabled"})
-    await FleetRevocations(c, k, "gw-1", ack_timeout_s=0.1).request("acct-b", ["gw-1"])
+    await FleetEvents(c, k, "gw-1", entries=fleet.entries).publish(EventKind.ACCOUNT_STATE,
+                                                                   {"account_id": "acct-b", "state": "disabled"})
+    await FleetRevocations(c, k, "gw-1", ack_timeout_s=0.1, entries=fleet.entries).request("acct-b", ["gw-1"])
 
 
 def _everything(fleet: Fleet) -> tuple[list[bytes], set[bytes]]:

@@ -17,8 +17,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import connect, connect_sync
+from shared.fleet.secret import FleetSecret, Keyring
 from tests.support.redis_server import RedisServer
 
 _ids = itertools.count()
@@ -43,6 +45,10 @@ class Fleet:
         self.keys = FleetKeys(fleet_id or f"t{os.getpid()}-{next(_ids)}")
         self.timeout_s = timeout_s
         self._client: Any = None
+        # The fleet's secret (SPEC §19) and what its hosts MAC with (each test: its own secret)
+        self.secret = FleetSecret(secrets.token_bytes(32))
+        self.keyring = Keyring(self.secret, self.keys.fleet_id)
+        self.entries = FleetEntries(self.keyring)
         self._sync: redis.Redis | None = None
         self._admin = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5, socket_connect_timeout=2,
                                   retry=Retry(NoBackoff(), 0))
