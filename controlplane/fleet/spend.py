@@ -26,6 +26,13 @@ and no counter can drift (LiteLLM's increment/decrement leaks have nothing to le
 - **Redis away**: dirty windows stay dirty and the last spend read stays in use (mints are held
   `fleet-state-unavailable` meanwhile anyway); both resume by themselves.
 
+Nothing is believed unless a host of the fleet published it (SPEC §19): each window's value is
+`[mac, cells]`, the MAC over the host, the window key and the cells' bytes; a window that does
+not verify, does not decode, or holds a negative or non-finite number (or an unknown dimension)
+is skipped, logged once and counted (`spend`), and the host's last good value of that window
+stays in force, so garbage cannot erase spend. A reply that is not a hash (a key a writer
+replaced) is skipped the same way, for that host only.
+
 Nothing secret is published: repo slugs, bindings, account ids, model names, principal ids and
 sums. A host's hash lives `SPEND_TTL_S` past its last publish: a month's windows and a margin,
 so a host that died mid-month still counts until its month ends.
@@ -41,11 +48,12 @@ from typing import Any
 import msgspec
 import redis.asyncio as aredis
 
-from controlplane.core.spend import FleetCells, window_of, window_triples
+from controlplane.core.spend import CELL_SIZE, DIMS, FleetCells, WindowCells, window_of, window_triples
 from controlplane.core.windows import Window, hour_key, key_at
 from controlplane.fleet.events import subscribe
 from controlplane.spend import SpendBook
 from shared.capacity import StateUnavailable
+from shared.fleet.entries import EntryKind, FleetEntries, Why, finite_non_negative
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard, raise_if_cancelled
 from shared.logging import get_logger
@@ -80,6 +88,8 @@ return 1
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(list[tuple[str, str | None, list[float]]]).decode
+_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode   # (mac, the cells' bytes)
+_DIM_NAMES = frozenset(str(d) for d in DIMS)
 
 SpendListener = Callable[[bool], None]   # quiet: True at the start
 
@@ -92,8 +102,10 @@ def moving_keys(at_ms: int) -> list[str]:
 
 
 class FleetSpend:
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook) -> None:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook, *,
+                 entries: FleetEntries) -> None:
         self.client = client
+        self.entries = entries
         self.keys = keys
         self.host_id = host_id
         self.book = book
@@ -161,7 +173,8 @@ class FleetSpend:
         args: list[Any] = ["1" if whole else "0", SPEND_TTL_S * 1000, self.host_id,
                            f"{self._instance}:{self.publishes + 1}"]
         for key in wanted:
-            args += [key, _encode(window_triples(fold, key))]
+            cells = _encode(window_triples(fold, key))
+            args += [key, _encode((self.entries.mac(EntryKind.SPEND, [self.host_id, key, cells]), cells))]
         try:
             with guard("spend publish"):
                 done = await self._script(keys=[self._mine, self.keys.spend_versions, self.keys.spend_moved], args=args)
@@ -203,7 +216,7 @@ class FleetSpend:
             self._whole = True   # Redis lost this host's hash: the publisher writes it whole
             self._wake.set()
             log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
-        named = {host.decode(): version for host, version in versions.items()}
+        named = {host.decode("utf-8", "replace"): version for host, version in versions.items()}
         moved = {host: version for host, version in named.items()
                  if host != self.host_id and self._versions.get(host) != version}
         if not moved:
@@ -216,19 +229,49 @@ class FleetSpend:
                     pipe.hmget(self.keys.spend_host(host), fields)
                 else:
                     pipe.hgetall(self.keys.spend_host(host))
-            replies = await pipe.execute()
+            replies = await pipe.execute(raise_on_error=False)
         changed = False
         for (host, version), reply in zip(moved.items(), replies):
             if isinstance(reply, dict):
-                windows = {k.decode(): window_of(_decode(v)) for k, v in reply.items() if k != MARK}
-            else:
-                windows = {key: window_of(_decode(v)) for key, v in zip(fields, reply) if v is not None}
+                pairs = [(k.decode("utf-8", "replace"), v) for k, v in reply.items() if k != MARK]
+            elif isinstance(reply, list):
+                pairs = [(key, v) for key, v in zip(fields, reply) if v is not None]
+            else:   # an error reply: the key is not a hash (a writer replaced it)
+                self.entries.reject(EntryKind.SPEND, self.keys.spend_host(host), Why.DECODE)
+                pairs = []
+            windows = {key: window for key, raw in pairs
+                       if (window := self._window(host, key, raw)) is not None}
             changed = self.cells.replace(host, windows) or changed
             self._versions[host] = version
         if changed:
             for listener in self.listeners:
                 listener(quiet)
         return changed
+
+    def _window(self, host: str, key: str, raw: object) -> WindowCells | None:
+        """One published window, believed only when its host's MAC verifies and every value is
+        in range; else None (rejected: logged once, counted) and the last good one stays."""
+        where = f"{self.keys.spend_host(host)}#{key}"
+        try:
+            tag, cells = _decode_signed(raw) if isinstance(raw, bytes) else ("", b"")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            tag, cells = "", b""
+        if not cells:
+            self.entries.reject(EntryKind.SPEND, where, Why.DECODE)
+            return None
+        if not self.entries.valid(EntryKind.SPEND, [host, key, cells], tag):
+            self.entries.reject(EntryKind.SPEND, where, Why.MAC)
+            return None
+        try:
+            triples = _decode(cells)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.entries.reject(EntryKind.SPEND, where, Why.DECODE)
+            return None
+        if not all(dim in _DIM_NAMES and len(cell) == CELL_SIZE and finite_non_negative(cell)
+                   for dim, _key, cell in triples):
+            self.entries.reject(EntryKind.SPEND, where, Why.RANGE)
+            return None
+        return window_of(triples)
 
     async def _puller(self) -> None:
         while True:
