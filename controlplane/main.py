@@ -130,7 +130,7 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                                                         admin=admin, policy=policy, events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
-    metrics.watch(FleetGauges(fleet_view))
+    metrics.watch(FleetGauges(fleet_view, None if shared.fleet is None else shared.fleet.entries))
     return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
                    spend=spend, budgets=budgets, fleet_view=fleet_view, fleet=fleet, fleet_spend=fleet_spend)
 

@@ -36,6 +36,7 @@ from controlplane.fleet.decisions import LeaseDecisions, RedisDecisions
 from shared.capacity import StateUnavailable
 from shared.codes import Condition
 from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.logging import get_logger
 from shared.wire import AttemptRow
@@ -135,8 +136,9 @@ class OwedDecisions(RedisDecisions):
     added once Redis took them, answered before asking Redis (they are this host's to write, and
     never change), forgotten when their key ends."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions) -> None:
-        super().__init__(client, keys)
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions, *,
+                 entries: FleetEntries) -> None:
+        super().__init__(client, keys, entries=entries)
         self.owed = owed
         self.local = local
 

@@ -66,6 +66,7 @@ class FleetBackends:
         self.keys = FleetKeys(settings.fleet_id)
         self.keyring = Keyring(settings.fleet_secret, settings.fleet_id)  # SPEC §19: every MAC's key
         self.host_id = settings.host_id
+        self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
         self.client = connect(url)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)
@@ -73,9 +74,8 @@ class FleetBackends:
         self.lease_capacity = OwedCapacity(self.client, self.keys, settings.host_id, self.fence, self.owed)
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
         self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
-        self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions)
+        self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions, entries=self.entries)
         self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
-        self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
         self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
         self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)

@@ -106,3 +106,38 @@ async def test_garbage_on_the_events_channel_is_skipped_and_the_next_event_deliv
     await wait_until_async(lambda: len(got) == 1, 10, "the real event delivered")
     assert got[0].data == {"account_id": "a", "state": "disabled"} and got[0].host_id == "gw-a"
     await wait_until_async(lambda: fleet.entries.rejected[EntryKind.EVENT] == 5, 5, "five rejections")
+
+
+async def test_forged_decisions_evidence_and_outcomes_are_not_believed(fleet: Fleet) -> None:
+    """A decision (and a qualifying terminal) a writer puts in Redis could authorise a fallback:
+    read as absent instead, counted; the real ones still read."""
+    from controlplane.core.fallback import Lineage
+    from controlplane.decisions import Decision
+    from controlplane.fleet.decisions import RedisDecisions, _encode
+    from shared.codes import Condition, Outcome
+
+    table = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries)
+    real = Decision(mint_decision_id="md_real", outcome=Outcome.SELECTED, lineage=Lineage("d-1", "o/r", "m"),
+                    at_ms=1, key_id="K1", account_id="a", fallback_position=0)
+    await table.record(real)
+    await table.add_evidence("md_real", Condition.RATE_LIMITED)
+    await table.record(Decision(mint_decision_id="md_held", outcome=Outcome.HELD,
+                                lineage=Lineage("d-2", "o/r", "m"), at_ms=2))
+    forged = msgspec.structs.replace(real, mint_decision_id="md_forged", key_id="K2")
+    other = outsider(fleet)
+    admin = fleet.admin()
+    forged_mac = other.mac(EntryKind.DECISION, ["md_forged", _encode(forged)])
+    admin.set(fleet.keys.decision("md_forged"), _encode((forged_mac, _encode(forged))))
+    admin.set(fleet.keys.decision_of_key("K2"), "md_forged")
+    admin.set(fleet.keys.decision("md_plain"), _encode(forged))            # the format before MACs
+    admin.set(fleet.keys.decision("md_garbage"), b"\xc1\xc1")
+    admin.rpush(fleet.keys.evidence("md_real"), "server-error", "rate-limited:" + "A" * 43)
+    admin.set(fleet.keys.refused("md_forged_refused"), "rejected")
+    before = fleet.entries.rejected[EntryKind.DECISION]
+    assert await table.get("md_forged") is None and await table.for_key("K2") is None
+    assert await table.get("md_plain") is None and await table.get("md_garbage") is None
+    assert await table.stored(["md_real", "md_forged"]) == {"md_real": real}
+    assert await table.evidence("md_real") == (Condition.RATE_LIMITED,)
+    assert await table.refused_outcome("md_forged_refused") is None
+    assert await table.refused_outcome("md_held") is Outcome.HELD and await table.get("md_real") == real
+    assert fleet.entries.rejected[EntryKind.DECISION] - before == 8  # each read of each, once logged

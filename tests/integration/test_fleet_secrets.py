@@ -59,7 +59,7 @@ async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
         await registry.on_row(_row(key_id, Condition.RATE_LIMITED, account_id="acct-b",
                                    attempt_id=f"att_{n}", principal_id="worker-7"), now_ms=1_000 + n)
 
-    decisions = RedisDecisions(c, k)
+    decisions = RedisDecisions(c, k, entries=fleet.entries)
     decision = Decision(mint_decision_id="md_01J00000000000000000000000", outcome=Outcome.SELECTED,
                         lineage=Lineage("dispatch-1", "org/repo", "claude-x"), at_ms=1, key_id=key_id,
                         account_id="acct-b", fallback_position=0)
