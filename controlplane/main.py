@@ -123,7 +123,7 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     fleet_spend = None
     if shared.fleet is not None:  # SPEC §18: views and budgets read the fleet's spend
         fleet_spend = FleetSpend(shared.fleet.client, shared.fleet.keys, settings.host_id, spend,
-                                 entries=shared.fleet.entries)
+                                 entries=shared.fleet.entries, supervisor=shared.fleet.supervisor)
         service.row_listeners.append(fleet_spend.note)
         fleet_spend.listeners.append(budgets.on_fleet_spend)
     fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,

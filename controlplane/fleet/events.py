@@ -159,6 +159,7 @@ class FleetRevocations:
         self.entries = entries
         self.ack_timeout_s = ack_timeout_s
         self.block_ms = block_ms
+        self.position: str | None = None   # the last request `serve` handled (a restart resumes there)
 
     async def request(self, account_id: str, hosts: Collection[str]) -> RevokeAnswer:
         """Ask every host to end the account's leases; wait until each of `hosts` (the live
@@ -209,10 +210,10 @@ class FleetRevocations:
             raise_if_cancelled()
             try:
                 if last_id is None:
-                    last_id = await self.last_id()
+                    last_id = self.position = await self.last_id()
                     if ready is not None:
                         ready.set()
-                last_id = await self._serve_batch(last_id, handle)
+                last_id = self.position = await self._serve_batch(last_id, handle)
             except StateUnavailable as exc:
                 log.warning("fleet_revocations_lost", error=str(exc))
                 await asyncio.sleep(RETRY_S)

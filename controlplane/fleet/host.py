@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -47,6 +47,7 @@ from controlplane.decisions import lease_decisions, live_groups
 from controlplane.events import Event, EventHub, EventKind
 from controlplane.fleet.events import FANNED_OUT, FleetEvent, RevokeRequest
 from controlplane.fleet.owed import DELIVER_INTERVAL_S
+from controlplane.fleet.supervisor import LoopStatus
 from controlplane.fleet.view import RedisFleet
 from controlplane.fleet.wiring import SUPERSEDED, UNJOINED, FleetBackends
 from controlplane.service import ControlService
@@ -112,10 +113,13 @@ class FleetHost:
     @property
     def registered(self) -> bool:
         return (self.b.fence.value not in (UNJOINED, SUPERSEDED, None) and not self.membership.recovering
-                and self.b.lease_capacity.admitting)
+                and self.b.lease_capacity.admitting and self.b.supervisor.healthy())
 
     def writes_owed(self) -> int:
         return len(self.b.owed)
+
+    def loops(self) -> tuple[LoopStatus, ...]:
+        return self.b.supervisor.statuses()
 
     def view(self) -> RedisFleet:
         """The read plane's fleet (`controlplane/fleet/view.py`)."""
@@ -138,10 +142,16 @@ class FleetHost:
         log.info("fleet_host_registered", host_id=self.host_id, fleet_id=self.settings.fleet_id,
                  epoch=claim.epoch, leases=len(self.service.keys.all()))
         subscribed = asyncio.Event()
-        for loop in (self.membership.run(), self._flight_loop(), self._chain_poll(), self._owed_loop(),
-                     self.b.events.run(self._on_fleet_event, ready=subscribed), self._publisher(),
-                     self.b.revocations.serve(self._on_revoke_request, after=after)):
-            self._spawn(loop)
+        self.b.lease_capacity.healthy = self.b.supervisor.healthy   # a failing loop holds the mints
+        revocations = self.b.revocations
+        loops: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
+            "heartbeat": self.membership.run, "in-flight": self._flight_loop, "chain-poll": self._chain_poll,
+            "owed-writes": self._owed_loop, "events-out": self._publisher,
+            "events-in": lambda: self.b.events.run(self._on_fleet_event, ready=subscribed),
+            # a restart resumes after the last request handled, never handles one twice
+            "revocations": lambda: revocations.serve(self._on_revoke_request, after=revocations.position or after)}
+        for name, make in loops.items():
+            self._tasks.append(self.b.supervisor.spawn(name, make))
         try:  # the other hosts' events reach this host's feed from the moment it serves
             await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT_S)
         except asyncio.TimeoutError:
@@ -361,8 +371,6 @@ class FleetHost:
                 await self._refresh_chains()
             except StateUnavailable:
                 pass  # readers on the loop see it once the last validation is too old
-            except Exception:
-                log.exception("fleet_chain_poll_failed")
             await asyncio.sleep(CHAIN_POLL_S)
 
     async def _flight_loop(self) -> None:

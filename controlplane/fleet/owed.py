@@ -118,10 +118,13 @@ class OwedCapacity(RedisCapacity):
         super().__init__(client, keys, Ceiling.LEASE, host_id, incarnation)
         self.owed = owed
         self.admitting = True
+        self.healthy: Callable[[], bool] = lambda: True   # the fleet host's supervised loops (SPEC §19)
 
     async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
         if not self.admitting:
             raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
+        if not self.healthy():
+            raise StateUnavailable("lease capacity: a fleet loop keeps failing")
         return await RedisCapacity.reserve(self, account_id, holder, ceiling)
 
     async def release(self, holder: str) -> bool:

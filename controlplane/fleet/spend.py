@@ -51,6 +51,7 @@ import redis.asyncio as aredis
 from controlplane.core.spend import CELL_SIZE, DIMS, FleetCells, WindowCells, window_of, window_triples
 from controlplane.core.windows import Window, hour_key, key_at
 from controlplane.fleet.events import subscribe
+from controlplane.fleet.supervisor import Supervisor
 from controlplane.spend import SpendBook
 from shared.capacity import StateUnavailable
 from shared.fleet.entries import EntryKind, FleetEntries, Why, finite_non_negative
@@ -103,9 +104,10 @@ def moving_keys(at_ms: int) -> list[str]:
 
 class FleetSpend:
     def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook, *,
-                 entries: FleetEntries) -> None:
+                 entries: FleetEntries, supervisor: Supervisor | None = None) -> None:
         self.client = client
         self.entries = entries
+        self.supervisor = supervisor or Supervisor()   # the fleet host's (SPEC §19), or its own
         self.keys = keys
         self.host_id = host_id
         self.book = book
@@ -143,8 +145,8 @@ class FleetSpend:
             await self.publish()
         except StateUnavailable as exc:
             self._failed("start", exc)
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(loop_()) for loop_ in (self._publisher, self._puller, self._listener)]
+        self._tasks = [self.supervisor.spawn(name, make) for name, make in
+                       (("spend-out", self._publisher), ("spend-in", self._puller), ("spend-told", self._listener))]
 
     async def stop(self) -> None:
         """The loops end; what is still dirty gets one last publish."""

@@ -27,6 +27,7 @@ from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
+from controlplane.fleet.supervisor import Supervisor
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
@@ -70,6 +71,7 @@ class FleetBackends:
         self.client = connect(url)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)
+        self.supervisor = Supervisor()   # every loop that reads Redis (SPEC §19)
         self.owed = OwedWrites(is_live=lambda key_id: keys.get(key_id) is not None)
         self.lease_capacity = OwedCapacity(self.client, self.keys, settings.host_id, self.fence, self.owed)
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
