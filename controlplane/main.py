@@ -126,6 +126,8 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                                  entries=shared.fleet.entries, supervisor=shared.fleet.supervisor)
         service.row_listeners.append(fleet_spend.note)
         fleet_spend.listeners.append(budgets.on_fleet_spend)
+        budgets.stale = fleet_spend.stale   # SPEC §19: stale fleet spend holds budgeted scopes
+        fleet_spend.stale_listeners.append(budgets.on_stale_change)
     fleet = None if shared.fleet is None else FleetHost(shared.fleet, settings=settings, service=service,
                                                         admin=admin, policy=policy, events=events)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,

@@ -12,7 +12,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import msgspec
 
@@ -25,6 +25,10 @@ PREFIX = "GATEWAY_"
 FLEET_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+# SPEC §19: the only query options a fleet Redis URL may carry (the timeouts and TLS checks are
+# Leasehold's own; redis-py would otherwise merge any query option into its client's settings).
+REDIS_QUERY_OPTIONS = {"redis": frozenset(), "unix": frozenset({"db"}),
+                       "rediss": frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})}
 
 
 class SettingsError(Exception):
@@ -155,6 +159,17 @@ class _Reader:
             parts, port_ok = None, False
         if parts is None or parts.scheme not in REDIS_SCHEMES or not port_ok:
             self.problems.append(f"{PREFIX}{name} must be a redis://, rediss:// or unix:// URL")
+            return None
+        try:  # SPEC §19: the URL may not loosen the client (a timeout, ssl_cert_reqs=none, ...)
+            query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            query = [("", "")]
+        allowed = REDIS_QUERY_OPTIONS[parts.scheme]
+        options = [key for key, _value in query]
+        if any(key not in allowed for key in options) or len(set(options)) != len(options):
+            shown = ", ".join(sorted(allowed)) or "none"
+            self.problems.append(f"{PREFIX}{name} accepts only these query options for {parts.scheme}://: "
+                                 f"{shown} (each at most once)")
             return None
         if parts.scheme == "unix":
             db = parse_qs(parts.query).get("db", ["0"])[0]

@@ -23,8 +23,10 @@ and no counter can drift (LiteLLM's increment/decrement leaks have nothing to le
   came back empty holds every live host's spend again within one pull. A host that is down
   when Redis loses its data is missing from the fleet's spend until it returns (its ledger is
   on its own disk); README "Fleet mode" says so.
-- **Redis away**: dirty windows stay dirty and the last spend read stays in use (mints are held
-  `fleet-state-unavailable` meanwhile anyway); both resume by themselves.
+- **Redis away**: dirty windows stay dirty; both resume by themselves. The last spend read is
+  never turned into a per-host budget (SPEC §19): once no pull succeeded for `STALE_S`, `stale()`
+  is true and `BudgetGuard` holds budgeted mints and requests 503 `fleet-state-unavailable`
+  (told at each flip: `stale_listeners`); unbudgeted scopes are untouched.
 
 Nothing is believed unless a host of the fleet published it (SPEC §19): each window's value is
 `[mac, cells]`, the MAC over the host, the window key and the cells' bytes; a window that does
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +72,8 @@ RETRY_S = 1.0                 # after a failed publish or pull
 SPEND_TTL_S = 40 * 86_400     # a month's windows and a margin past the last publish
 MARK = b"_"                   # present: the hash holds every window its host has
 HOUR_MS = 3_600_000
+STALE_S = 5.0                 # SPEC §19: no refresh of the fleet's spend this long: budgeted scopes held
+STALE_CHECK_S = 0.25          # how often the flip is looked for
 
 # KEYS: the host's hash, the versions hash, the channel; ARGV: whole ('1': replace everything), ttl ms, host,
 # version, then window key / cells pairs. A partial publish into a hash Redis lost answers 0.
@@ -114,6 +119,9 @@ class FleetSpend:
         self.cells = FleetCells(book.fold)
         book.cells = self.cells
         self.listeners: list[SpendListener] = []
+        self.stale_listeners: list[Callable[[bool], None]] = []
+        self._fresh_at = time.monotonic()       # the last pull that succeeded (a start counts as fresh)
+        self._stale = False
         self.publishes = 0
         self.available = True
         self._mine = keys.spend_host(host_id)
@@ -146,7 +154,8 @@ class FleetSpend:
         except StateUnavailable as exc:
             self._failed("start", exc)
         self._tasks = [self.supervisor.spawn(name, make) for name, make in
-                       (("spend-out", self._publisher), ("spend-in", self._puller), ("spend-told", self._listener))]
+                       (("spend-out", self._publisher), ("spend-in", self._puller), ("spend-told", self._listener),
+                        ("spend-stale", self._watch_stale))]
 
     async def stop(self) -> None:
         """The loops end; what is still dirty gets one last publish."""
@@ -222,6 +231,7 @@ class FleetSpend:
         moved = {host: version for host, version in named.items()
                  if host != self.host_id and self._versions.get(host) != version}
         if not moved:
+            self._fresh_at = time.monotonic()
             return False
         fields = moving_keys(self.book.clock())
         with guard("spend pull"):
@@ -245,6 +255,7 @@ class FleetSpend:
                        if (window := self._window(host, key, raw)) is not None}
             changed = self.cells.replace(host, windows) or changed
             self._versions[host] = version
+        self._fresh_at = time.monotonic()
         if changed:
             for listener in self.listeners:
                 listener(quiet)
@@ -274,6 +285,23 @@ class FleetSpend:
             self.entries.reject(EntryKind.SPEND, where, Why.RANGE)
             return None
         return window_of(triples)
+
+    # ---- staleness (SPEC §19) ------------------------------------------------------------------
+
+    def stale(self) -> bool:
+        """True once no pull succeeded for `STALE_S`: the fleet's spend cannot be relied on."""
+        return time.monotonic() - self._fresh_at > STALE_S
+
+    async def _watch_stale(self) -> None:
+        while True:
+            stale = self.stale()
+            if stale != self._stale:
+                self._stale = stale
+                log.warning("fleet_spend_stale" if stale else "fleet_spend_fresh", host_id=self.host_id,
+                            stale_after_s=STALE_S)
+                for listener in self.stale_listeners:
+                    listener(stale)
+            await asyncio.sleep(STALE_CHECK_S)
 
     async def _puller(self) -> None:
         while True:

@@ -92,3 +92,22 @@ class Fleet:
         if self._sync is not None:
             self._sync.close()
         self._admin.close()
+
+
+def forge_chain_record(admin: redis.Redis, keys: FleetKeys, name: str, edit: Any) -> dict[str, Any]:
+    """What a Redis writer without the fleet secret can do to a chain (SPEC §19): take its last
+    record, `edit(fields)` it, append it with a correct `seq`, `prev_hash` and `hash` (no valid
+    `mac`), and move the anchor and the revision counter to match. Answers the forged record."""
+    import json
+
+    from shared.chain import encode_anchor, encode_record, seal
+
+    data = admin.get(keys.chain(name, "records")) or b""
+    lines = data.splitlines()
+    last = json.loads(lines[-1]) if lines else {}
+    fields = {k: v for k, v in last.items() if k not in ("seq", "prev_hash", "hash", "mac")}
+    record = seal(edit(fields), len(lines) + 1, last.get("hash", "0" * 64))
+    admin.append(keys.chain(name, "records"), encode_record(record))
+    admin.set(keys.chain(name, "anchor"), encode_anchor(len(lines) + 1, record["hash"]))
+    admin.incr(keys.chain(name, "rev"))
+    return record

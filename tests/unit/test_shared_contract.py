@@ -118,6 +118,28 @@ def test_a_bad_redis_url_is_named_but_never_echoed() -> None:
     assert caught.value.problems and all("hunter2" not in p for p in caught.value.problems)
 
 
+LOOSENING = ["redis://h:6379/0?socket_timeout=60", "rediss://:hunter2-secret@h:6380/0?ssl_cert_reqs=none",
+             "rediss://h:6380/0?ssl_check_hostname=false", "redis://h:6379/0?password=hunter2-secret",
+             "redis://h:6379/0?ssl_ca_certs=/ca.pem", "rediss://h/0?ssl_ca_certs=/a.pem&ssl_ca_certs=/b.pem",
+             "unix:///run/r.sock?db=0&socket_connect_timeout=9", "redis://h:6379/0?health_check_interval",
+             "rediss://h/0?ssl_ca_certs=/ca.pem&max_connections=1"]
+
+
+@pytest.mark.parametrize("url", LOOSENING)
+def test_a_redis_url_option_that_could_loosen_the_client_refuses_startup(url: str) -> None:
+    """SPEC §19: only ssl_ca_certs, ssl_certfile, ssl_keyfile (rediss://) and db (unix://) pass;
+    the problem names the variable, never the URL (it may hold a password)."""
+    with pytest.raises(SettingsError) as caught:
+        load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": url}, role="dataplane")
+    assert any("GATEWAY_FLEET_REDIS_URL" in p for p in caught.value.problems)
+    assert all("hunter2" not in p and "socket_timeout=60" not in p for p in caught.value.problems)
+
+
+def test_the_tls_files_pass() -> None:
+    url = "rediss://leasehold:pw@redis.internal:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem"
+    assert load_settings({"GATEWAY_FLEET_REDIS_URL": url}, role="dataplane").fleet_redis_url == url
+
+
 def test_dataplane_does_not_need_the_control_token() -> None:
     assert load_settings({}, role="dataplane").control_token is None
 
