@@ -87,10 +87,14 @@ class OwedWrites:
         self._queue.append(owed)
 
     async def deliver(self) -> int:
-        """Deliver in order until nothing is owed or Redis fails again; answers how many landed."""
+        """Deliver in order what was owed when it started, until Redis fails again; answers how
+        many landed. Bounded: writes owed meanwhile (they queue behind, in order) wait for the
+        next call, so a caller's loop gets its turn however fast rows arrive."""
         delivered = 0
         async with self._delivering:
-            while self._queue:
+            for _ in range(len(self._queue)):
+                if not self._queue:
+                    break
                 owed = self._queue[0]
                 if owed.unless_live is None or not self.is_live(owed.unless_live):
                     try:

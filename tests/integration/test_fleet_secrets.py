@@ -132,6 +132,13 @@ async def test_no_credential_token_or_digest_reaches_redis(tmp_path: Path, monke
         found = [f for f in forbidden if f.encode() in everything]
         assert found == [], f"found in Redis: {found}"
         assert token_digest not in everything  # the raw digest bytes, too
+        material = fleet.secret._material   # SPEC §19: the fleet secret and every key made from it
+        keys = [material, *(fleet.keyring.key(use) for use in ("chain/account-admin", "chain/policy",
+                                                                "entry/revoke", "entry/event", "entry/decision"))]
+        for secret in keys:
+            assert secret not in everything and secret.hex().encode() not in everything
+            assert base64.urlsafe_b64encode(secret).rstrip(b"=") not in everything
+        assert b'"mac":' in everything   # the chain records do carry their MACs
         stray = {d for blob in blobs for d in HEX_DIGEST.findall(blob)} - chain_hashes
         assert stray == set(), f"digest-shaped values in Redis that are not record hashes: {stray}"
         assert key_id.encode() in everything  # ids are fine, and the workload did use them
