@@ -17,8 +17,9 @@ The invariants it adds: no host mirrored a forged record; the chains held `corru
 and `leasehold_fleet_entries_rejected_total` counted each kind it was sent (`revoke`, `event`,
 `spend`) on some host, and something on every host (a host the soak killed counts from its
 restart on). `decision` and `revoke-ack` entries are only read when cited or while a revoke
-waits: `tests/integration/test_fleet_hostile_entries.py` covers them. The soak's other invariants (ceilings, ledgers, chains verified
-and the same on every host at the end, no unexpected answer) must hold as before.
+waits: `tests/integration/test_fleet_hostile_entries.py` covers them. The soak's other
+invariants (ceilings, ledgers, chains verified and the same on every host at the end, no
+unexpected answer) must hold as before.
 """
 
 from __future__ import annotations

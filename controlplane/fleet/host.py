@@ -389,9 +389,9 @@ class FleetHost:
         while True:
             raise_if_cancelled()
             try:
-                await self._check_hold()   # first: a long delivery never starves the hold's end
                 if len(self.b.owed):
-                    await self.b.owed.deliver()
+                    await self.b.owed.deliver()   # a bounded batch: the hold's check gets its turn
+                await self._check_hold()
             except StateUnavailable:
                 pass
             await asyncio.sleep(DELIVER_INTERVAL_S)

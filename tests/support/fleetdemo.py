@@ -3,8 +3,9 @@
 State lives in `./var/fleet` (each pair's own state and runtime dirs, the redis-server's
 directory, every log); both pairs share the control token (`./var/fleet/control-token`), the
 fleet secret (`./var/fleet/fleet-secret`), the accounts file (`team-a` with `lease_capacity = 2`,
-`team-b`, both on the built-in stub upstream) and the fleet's Redis. It prints what to call, then waits; Ctrl-C (or SIGTERM) stops every
-process it started: both data planes, both controls (each leaves the fleet), Redis, the stub.
+`team-b`, both on the built-in stub upstream) and the fleet's Redis. It prints what to call,
+then waits; Ctrl-C (or SIGTERM) stops every process it started: both data planes, both
+controls (each leaves the fleet), Redis, the stub.
 """
 
 from __future__ import annotations
