@@ -67,9 +67,9 @@ def measure(n: int) -> dict[str, float]:
     decision = Decision(mint_decision_id="md_01J00000000000000000000000", outcome=Outcome.SELECTED,
                         lineage=Lineage("dispatch-1", "org/repo", "claude-sonnet-4-6"), at_ms=1,
                         key_id="01J00000000000000000000000", account_id="team-a", fallback_position=0)
-    signed = table._signed(decision)
-    out = {"decision_sign_us": per_call_us(lambda: table._signed(decision), n),
-           "decision_check_us": per_call_us(lambda: table._decision_of(decision.mint_decision_id, signed), n)}
+    signed = table._sign.signed(decision)
+    out = {"decision_sign_us": per_call_us(lambda: table._sign.signed(decision), n),
+           "decision_check_us": per_call_us(lambda: table._sign.decision_of(decision.mint_decision_id, signed), n)}
     auth = ChainAuth(SECRET.key("bench", "chain/account-admin"))
     for count in (100, 1000):
         lines, anchor = chain_lines(count, auth)

@@ -18,8 +18,8 @@ import filelock
 import msgspec
 
 from shared.chain import (
-    GENESIS_HASH, SEAL_ACTION, ChainAuth, ChainCheck, Fault, Head, Verdict, encode_anchor, encode_record,
-    head_of_tail, seal, split_lines, verify_chain, verify_chain_between,
+    GENESIS_HASH, ChainAuth, ChainCheck, Fault, Head, Verdict, encode_anchor, encode_record, head_of_tail, seal,
+    split_lines, verify_chain, verify_chain_between,
 )
 from shared.capacity import StateUnavailable
 from shared.logging import get_logger
@@ -102,10 +102,8 @@ class ChainStorage(Protocol):
     - A storage that keeps the bytes elsewhere (Redis, `shared/fleet/chains.py`) raises
       `StateUnavailable` instead of OSError when it cannot reach them: unreachable is not
       corrupt, and `HashChain` lets it through to its caller (held, never a verdict).
-    - A storage the fleet shares (`shared/fleet/mirror.py`) has an `auth` attribute, a
-      `ChainAuth`: every record is then MAC-checked and MAC'd (SPEC §19), and its
-      `adoptable(read)` says whether a read's records are exactly this host's own witness (the
-      only records a `seal` may adopt).
+    - A fleet storage (`shared/fleet/mirror.py`) has `auth`, a `ChainAuth` (records MAC'd and
+      checked, SPEC §19), and `adopt(chain)`, which seals a chain failing only by MAC.
     """
 
     def read(self) -> ChainBytes: ...
@@ -224,8 +222,7 @@ class HashChain(Generic[S]):
 
         A corrupt read is confirmed by exactly one second read: a read landing mid-append can
         see a torn final line, which a second look resolves, while real damage reads the same
-        twice. No more than one retry, so a broken chain holds on the very next attempt. In fleet
-        mode a chain that fails only by MAC is sealed if this host may adopt it (`adopt`).
+        twice. No more than one retry, so a broken chain holds on the very next attempt.
         """
         return self._read(adopt=True)
 
@@ -245,7 +242,8 @@ class HashChain(Generic[S]):
                 # give the writer a moment to finish before the one confirming read.
                 time.sleep(TORN_LINE_SETTLE_S)
             check = self._snapshot()
-            if adopt and check.fault is Fault.MAC_MISMATCH and self._try_adopt():
+            sealer = getattr(self.storage, "adopt", None) if adopt else None  # fleet mode: `mirror.py`
+            if sealer is not None and check.fault is Fault.MAC_MISMATCH and sealer(self) is not None:
                 check = self._snapshot()
             if check.verdict is Verdict.CORRUPT:  # logged once per change: the verdict is cached
                 log.error("chain_corrupt", path=self.path, fault=str(check.fault),
@@ -296,47 +294,6 @@ class HashChain(Generic[S]):
             log.error("chain_read_failed", path=self.path, error=str(exc))
             return ChainCheck(verdict=Verdict.CORRUPT, fault=Fault.UNREADABLE)
         return verify_chain_between(split_lines(read.data), read.anchor_before, read.anchor_after, self.auth)
-
-    # ---- adoption (fleet mode, SPEC §19) ----------------------------------------------------
-
-    def _try_adopt(self) -> bool:
-        try:
-            return self.adopt() is not None
-        except StateUnavailable:
-            raise
-        except Exception as exc:  # busy or unwritable: the chain stays corrupt; the next read retries
-            log.warning("chain_seal_failed", path=self.path, error=type(exc).__name__)
-            return False
-
-    def adopt(self) -> Committed | None:
-        """Seal a chain whose records do not all verify by MAC, when they are exactly this
-        host's own witness: an embedded chain entering fleet mode, or every record after a
-        secret's rotation. The `seal` record's MAC covers the head it adopts (its `prev_hash`,
-        and `adopts_hash`). Anything else (a record this host never verified, a chain that does
-        not hash) is not adopted and stays corrupt. Blocking; None when nothing was sealed."""
-        auth = self.auth
-        if auth is None or auth.seal_fields is None:
-            return None
-        adoptable = getattr(self.storage, "adoptable", None)
-        with self.storage.writer():
-            self._cache = None
-            read = self.storage.read()
-            lines = split_lines(read.data)
-            check = verify_chain(lines, read.anchor_after, auth)
-            plain = verify_chain(lines, read.anchor_after)
-            if (check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED
-                    or adoptable is None or not adoptable(read)):
-                return None
-            count = len(plain.records)
-            fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count,
-                      "adopts_hash": plain.head_hash}
-            record = seal(fields, count + 1, plain.head_hash or GENESIS_HASH)
-            record["mac"] = auth.mac(record)
-            self.storage.write_anchor(encode_anchor(count, plain.head_hash))
-            self.storage.append(encode_record(record), len(read.data))
-            self.storage.write_anchor(encode_anchor(count + 1, record["hash"]))
-        log.warning("chain_sealed", path=self.path, adopts_count=count, revision=count + 1)
-        return Committed(record=record, revision=count + 1, based_on_revision=count)
 
     # ---- the one write ------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ import msgspec
 import redis.asyncio as aredis
 
 from controlplane.decisions import Decision, LiveGroup, lease_decisions
+from controlplane.fleet.signed import SignedDecisions
 from controlplane.stores.journal import replay
 from shared.codes import Condition, Outcome
 from shared.fleet.entries import EntryKind, FleetEntries, Why
@@ -116,9 +117,6 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(Decision).decode
-_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode   # (mac, the decision's bytes)
 
 
 class RedisDecisions:
@@ -129,6 +127,7 @@ class RedisDecisions:
         self.client = client
         self.keys = keys
         self.entries = entries
+        self._sign = SignedDecisions(keys, entries)   # SPEC §19
         self.ttl_ms = int(ttl_s * 1000)
         self.refused_ttl_ms = int(refused_ttl_s * 1000)
         self._add_evidence = client.register_script(ADD_EVIDENCE)
@@ -141,61 +140,26 @@ class RedisDecisions:
         with guard("decision record"):
             if decision.key_id is None:
                 await self.client.set(k.refused(decision.mint_decision_id),
-                                      self._tagged(decision.mint_decision_id, str(decision.outcome)),
+                                      self._sign.tagged(decision.mint_decision_id, str(decision.outcome)),
                                       px=self.refused_ttl_ms)
                 return
             if decision.skipped:  # answered and logged with the decision; not needed again
                 decision = msgspec.structs.replace(decision, skipped=())
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.set(k.decision(decision.mint_decision_id), self._signed(decision), px=self.ttl_ms)
+                pipe.set(k.decision(decision.mint_decision_id), self._sign.signed(decision), px=self.ttl_ms)
                 pipe.set(k.decision_of_key(decision.key_id), decision.mint_decision_id, px=self.ttl_ms)
                 await pipe.execute()
-
-    # ---- what is written, MAC'd; what is read, checked (SPEC §19) ------------------------------
-
-    def _signed(self, decision: Decision) -> bytes:
-        payload = _encode(decision)
-        return _encode((self.entries.mac(EntryKind.DECISION, [decision.mint_decision_id, payload]), payload))
-
-    def _decision_of(self, mint_decision_id: str, raw: bytes | None) -> Decision | None:
-        if raw is None:
-            return None
-        where = self.keys.decision(mint_decision_id)
-        try:
-            tag, payload = _decode_signed(raw)
-            decision = _decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            self.entries.reject(EntryKind.DECISION, where, Why.DECODE)
-            return None
-        if not self.entries.valid(EntryKind.DECISION, [mint_decision_id, payload], tag):
-            self.entries.reject(EntryKind.DECISION, where, Why.MAC)
-            return None
-        if decision.mint_decision_id != mint_decision_id:
-            self.entries.reject(EntryKind.DECISION, where, Why.RANGE)
-            return None
-        return decision
-
-    def _tagged(self, mint_decision_id: str, value: str) -> str:
-        """An evidence item or a refused outcome: `<value>:<mac>` (the MAC binds it to its decision)."""
-        return value + ":" + self.entries.mac(EntryKind.DECISION, [mint_decision_id, value])
-
-    def _untagged(self, mint_decision_id: str, raw: bytes, where: str) -> str | None:
-        value, _sep, tag = raw.decode("utf-8", "replace").rpartition(":")
-        if not self.entries.valid(EntryKind.DECISION, [mint_decision_id, value], tag):
-            self.entries.reject(EntryKind.DECISION, where, Why.MAC)
-            return None
-        return value
 
     async def get(self, mint_decision_id: str) -> Decision | None:
         with guard("decision get"):
             raw = await self.client.get(self.keys.decision(mint_decision_id))
-        return self._decision_of(mint_decision_id, raw)
+        return self._sign.decision_of(mint_decision_id, raw)
 
     async def refused_outcome(self, mint_decision_id: str) -> Outcome | None:
         with guard("decision refused outcome"):
             raw = await self.client.get(self.keys.refused(mint_decision_id))
         where = self.keys.refused(mint_decision_id)
-        value = None if raw is None else self._untagged(mint_decision_id, raw, where)
+        value = None if raw is None else self._sign.untagged(mint_decision_id, raw, where)
         if value is None or value not in Outcome._value2member_map_:
             if value is not None:
                 self.entries.reject(EntryKind.DECISION, where, Why.RANGE)
@@ -209,14 +173,14 @@ class RedisDecisions:
                 return None
             decision_id_text = decision_id.decode("utf-8", "replace")
             raw = await self.client.get(self.keys.decision(decision_id_text))
-        decision = self._decision_of(decision_id_text, raw)
+        decision = self._sign.decision_of(decision_id_text, raw)
         return decision if decision is None or decision.key_id == key_id else None
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
         with guard("decision evidence"):
             await self._add_evidence(
                 keys=[self.keys.decision(mint_decision_id), self.keys.evidence(mint_decision_id)],
-                args=[self._tagged(mint_decision_id, NO_CONDITION if condition is None else str(condition)),
+                args=[self._sign.tagged(mint_decision_id, NO_CONDITION if condition is None else str(condition)),
                       EVIDENCE_CAP])
 
     async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
@@ -225,7 +189,7 @@ class RedisDecisions:
         where = self.keys.evidence(mint_decision_id)
         found: list[Condition | None] = []
         for item in items:
-            value = self._untagged(mint_decision_id, item, where)
+            value = self._sign.untagged(mint_decision_id, item, where)
             if value == NO_CONDITION:
                 found.append(None)
             elif value in Condition._value2member_map_:
@@ -269,7 +233,7 @@ class RedisDecisions:
             async with self.client.pipeline(transaction=False) as pipe:
                 for decision in decisions:
                     assert decision.key_id is not None
-                    pipe.set(k.decision(decision.mint_decision_id), self._signed(decision), px=self.ttl_ms)
+                    pipe.set(k.decision(decision.mint_decision_id), self._sign.signed(decision), px=self.ttl_ms)
                     pipe.set(k.decision_of_key(decision.key_id), decision.mint_decision_id, px=self.ttl_ms)
                 await pipe.execute()
 
@@ -279,7 +243,7 @@ class RedisDecisions:
             return {}
         with guard("decision stored"):
             raws = await self.client.mget([self.keys.decision(i) for i in mint_decision_ids])
-        found = {i: self._decision_of(i, raw) for i, raw in zip(mint_decision_ids, raws)}
+        found = {i: self._sign.decision_of(i, raw) for i, raw in zip(mint_decision_ids, raws)}
         return {i: decision for i, decision in found.items() if decision is not None}
 
     async def reregister_live(self, groups: Sequence[LiveGroup], host_id: str) -> list[str]:

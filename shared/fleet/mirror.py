@@ -37,8 +37,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shared.chain import ChainAuth, ChainCheck, Verdict, encode_anchor, split_lines, verify_chain_between
-from shared.chainfile import ChainBytes, FileChainStorage
+from shared.chain import (
+    GENESIS_HASH, SEAL_ACTION, ChainAuth, ChainCheck, Fault, Verdict, encode_anchor, encode_record, seal, split_lines,
+    verify_chain, verify_chain_between,
+)
+from shared.capacity import StateUnavailable
+from shared.chainfile import ChainBytes, Committed, FileChainStorage, HashChain
 from shared.fleet.chains import RedisChainStorage
 from shared.logging import get_logger
 
@@ -80,6 +84,41 @@ class MirroredChainStorage:
         with self._lock:
             local = self.mirror.read()
         return bool(read.data) and read.data == local.data
+
+    def adopt(self, chain: HashChain[Any]) -> Committed | None:
+        """Seal `chain` (SPEC §19) when its records do not all verify by MAC but are exactly this
+        host's mirror: an embedded chain entering fleet mode, or every record after a rotation of
+        the secret. The `seal` record's MAC covers the head it adopts (its `prev_hash`, and
+        `adopts_hash`). Anything else (a record this host never verified, a chain that does not
+        hash) is not adopted and stays corrupt. Blocking; None when nothing was sealed."""
+        try:
+            return self._seal(chain)
+        except StateUnavailable:
+            raise
+        except Exception as exc:  # busy or unwritable: the chain stays corrupt; the next read retries
+            log.warning("chain_seal_failed", path=chain.path, error=type(exc).__name__)
+            return None
+
+    def _seal(self, chain: HashChain[Any]) -> Committed | None:
+        auth = self.auth
+        if auth is None or auth.seal_fields is None:
+            return None
+        with self.writer():
+            read = self.read()
+            lines = split_lines(read.data)
+            check = verify_chain(lines, read.anchor_after, auth)
+            plain = verify_chain(lines, read.anchor_after)
+            if check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED or not self.adoptable(read):
+                return None
+            count = len(plain.records)
+            fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count, "adopts_hash": plain.head_hash}
+            record = seal(fields, count + 1, plain.head_hash or GENESIS_HASH)
+            record["mac"] = auth.mac(record)
+            self.write_anchor(encode_anchor(count, plain.head_hash))
+            self.append(encode_record(record), len(read.data))
+            self.write_anchor(encode_anchor(count + 1, record["hash"]))
+        log.warning("chain_sealed", path=chain.path, adopts_count=count, revision=count + 1)
+        return Committed(record=record, revision=count + 1, based_on_revision=count)
 
     def tail(self) -> bytes:
         return self.remote.tail()

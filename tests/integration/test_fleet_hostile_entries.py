@@ -113,7 +113,8 @@ async def test_forged_decisions_evidence_and_outcomes_are_not_believed(fleet: Fl
     read as absent instead, counted; the real ones still read."""
     from controlplane.core.fallback import Lineage
     from controlplane.decisions import Decision
-    from controlplane.fleet.decisions import RedisDecisions, _encode
+    from controlplane.fleet.decisions import RedisDecisions
+    from controlplane.fleet.signed import encode as _encode
     from shared.codes import Condition, Outcome
 
     table = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries)
