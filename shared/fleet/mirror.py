@@ -108,10 +108,12 @@ class MirroredChainStorage:
             lines = split_lines(read.data)
             check = verify_chain(lines, read.anchor_after, auth)
             plain = verify_chain(lines, read.anchor_after)
-            if check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED or not self.adoptable(read):
+            if (check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED
+                    or not self.adoptable(read)):
                 return None
             count = len(plain.records)
-            fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count, "adopts_hash": plain.head_hash}
+            fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count,
+                      "adopts_hash": plain.head_hash}
             record = seal(fields, count + 1, plain.head_hash or GENESIS_HASH)
             record["mac"] = auth.mac(record)
             self.write_anchor(encode_anchor(count, plain.head_hash))
