@@ -47,6 +47,7 @@ from controlplane.decisions import lease_decisions, live_groups
 from controlplane.events import Event, EventHub, EventKind
 from controlplane.fleet.events import FANNED_OUT, FleetEvent, RevokeRequest
 from controlplane.fleet.owed import DELIVER_INTERVAL_S
+from controlplane.fleet.registered import Registrations
 from controlplane.fleet.supervisor import LoopStatus
 from controlplane.fleet.view import RedisFleet
 from controlplane.fleet.wiring import SUPERSEDED, UNJOINED, FleetBackends
@@ -59,7 +60,7 @@ from shared.codes import EndReason, Standing
 from shared.fleet.hosts import HostClaim, Reaped
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import Membership
-from shared.fleet.redis_client import describe, guard, raise_if_cancelled
+from shared.fleet.redis_client import describe, raise_if_cancelled
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import ulid_ms
@@ -102,6 +103,8 @@ class FleetHost:
         self._live_seen: frozenset[str] = frozenset()       # the live hosts at the last look
         # after a data loss: (earliest, latest admission, hosts live before it), monotonic ms
         self._hold: tuple[int, int, frozenset[str]] | None = None
+        self._incarnation = ""                   # the data's incarnation this host registered into
+        self.registrations = Registrations(backends.client, backends.keys, backends.entries)
         events.listen(self._on_local_event)
 
     # ---- what the read plane asks (`controlplane/fleet/view.Standings`) ----------------------
@@ -215,8 +218,8 @@ class FleetHost:
             await self.service.end_keys(sorted(refused), END_REASONS[Repair.REREGISTER])
         released = await self.b.lease_capacity.retain_only([k for k in order if k not in refused])
         await self._reregister_decisions()
-        with guard("fleet registered"):
-            await self.b.client.sadd(self.b.keys.registered, self.host_id)
+        self._incarnation = incarnation
+        await self.registrations.add(incarnation, self.host_id)   # MAC'd (SPEC §19): it lifts a hold
         if after_loss:
             now, beat_ms = _monotonic_ms(), int(self.membership.interval_s * 1000)
             self._hold = (now + beat_ms + HOLD_SLACK_MS, now + self.b.hosts.ttl_ms + beat_ms,
@@ -261,8 +264,7 @@ class FleetHost:
         if _monotonic_ms() < earliest:
             return
         expected = (seen | frozenset(await self.b.hosts.live_hosts())) - {self.host_id}
-        with guard("fleet registered"):
-            registered = frozenset(m.decode() for m in await self.b.client.smembers(self.b.keys.registered))
+        registered = await self.registrations.hosts(self._incarnation)
         if may_admit(_monotonic_ms(), earliest, latest, expected, registered):
             self._hold = None
             self.b.lease_capacity.admitting = True
@@ -395,6 +397,5 @@ class FleetHost:
                 await self._check_hold()
             except StateUnavailable:
                 pass
-            # Redis took the last batch and more is owed: the next batch at once (a row's evidence and a
-            # revoked lease's release wait behind the queue), else the next look in a moment
+            # more owed and Redis took the last batch: the next at once (releases wait behind the queue)
             await asyncio.sleep(0 if delivered and len(self.b.owed) else DELIVER_INTERVAL_S)

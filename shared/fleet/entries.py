@@ -33,6 +33,7 @@ class EntryKind(StrEnum):
     EVENT = "event"              # an event (channel `{f}:events`)
     SPEND = "spend"              # one window of one host's spend totals (hash `{f}:spend:host:<host>`)
     DECISION = "decision"        # a mint decision (string `{f}:dec:d:<decision>`)
+    REGISTERED = "registered"    # a host re-registered after a data loss (set `{f}:registered`): lifts a hold
 
 
 class Why(StrEnum):
