@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.support.fleet import fleet_secret_file
 from tests.support.harness import Gateway, Stub, credential_like
 from tests.support.redis_server import RedisServer
 
@@ -56,8 +57,9 @@ def measure(requests: int, rounds: int = 5) -> dict:
                             'models = ["capped-*"]\nrequest_capacity = 64\n')
         common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key}
         gateways = {"embedded": Gateway(work / "embedded", stub, common).start(),
-                    "fleet": Gateway(work / "fleet", stub, {**common, "GATEWAY_FLEET_REDIS_URL": redis.url,
-                                                            "GATEWAY_HOST_ID": "bench-a"}).start()}
+                    "fleet": Gateway(work / "fleet", stub, {
+                        **common, "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_HOST_ID": "bench-a",
+                        "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(work))}).start()}
         samples: dict[tuple[str, str], list[float]] = {}
         try:
             targets = []

@@ -20,7 +20,10 @@ The mix, over the pairs `gw-a`, `gw-b`, `gw-c` (`tests/support/fleetpairs.py`, h
   soak.py's 18 % a fleet-wide circuit is open most of the time and most mints are held);
 - faults, one at a time: Redis restarted empty, Redis paused past the reply timeout, one pair
   SIGKILLed mid-stream and started again with its host id once reaped, and the sampled ceilings
-  (`bench/soak_fleet_faults.py`).
+  (`bench/soak_fleet_faults.py`);
+- throughout, a hostile writer without the fleet secret (SPEC §19): garbage in the fleet's
+  streams, channels and hashes, and forged chain records with correct hashes, every few seconds
+  (`bench/soak_fleet_hostile.py`); none may be believed, each kind is counted as rejected.
 Each fault's window runs from its start until every host says `available` with three live, plus
 `FAULT_GRACE_S`. Expected refusals are counted, never failures: inside a Redis window, mints,
 renewals and writes held 503 `fleet-state-unavailable` and requests to `team-a` refused so; at
@@ -54,6 +57,7 @@ from bench import soak
 from bench import soak_fleet_checks as checks
 from bench.soak_fleet_checks import REGRESSIONS
 from bench.soak_fleet_faults import CAPPED, HOST_TTL_S, LEASE_CAP, OPEN, REDIS_FAULTS, REQUEST_CAP, FleetFaults, Window
+from bench.soak_fleet_hostile import HostileWriter, hostile_results
 from bench.soak_fleet_ops import CAPPED_REPO, POOL_TARGET, UNCAPPED_REPO, FleetOps, Lease
 from shared.fleet.keys import FleetKeys
 from tests.support.fleetpairs import MODEL, FleetPairs
@@ -96,7 +100,7 @@ class Host:
         return self.up and not self.draining
 
 
-class FleetSoak(FleetOps, FleetFaults):
+class FleetSoak(FleetOps, FleetFaults, HostileWriter):
     def __init__(self, fleet: FleetPairs, stub: Stub, redis: RedisServer, seed: int, workers: int,
                  seconds: float) -> None:
         self.fleet, self.stub, self.redis = fleet, stub, redis
@@ -127,6 +131,9 @@ class FleetSoak(FleetOps, FleetFaults):
         self.violations: list[str] = []
         self.surprises: list[str] = []
         self.gaps: dict[str, list[str]] = {name: [] for name in REGRESSIONS}
+        self.forged_hashes: set[str] = set()         # the hostile writer's chain records (SPEC §19)
+        self.hostile_mirrored: list[str] = []        # any a host copied into its mirror
+        self.hostile_rounds = 0
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -293,9 +300,9 @@ class FleetSoak(FleetOps, FleetFaults):
                         self.surprise(f"the first write of repo:{repo} was refused")
                 for turn in range(POOL_TARGET):
                     await self.mint(self.hosts[turn % HOSTS])
-                await asyncio.gather(self.schedule(), self.keeper(), self.operator(), self.sampler(),
+                await asyncio.gather(self.schedule(), self.keeper(), self.operator(), self.sampler(), self.hostile(),
                                      *(self.worker() for _ in range(self.workers)))
-                return await checks.settle_and_check(self)
+                return [*await checks.settle_and_check(self), *await hostile_results(self)]
             finally:
                 await self.sampler_redis.aclose()
 

@@ -15,6 +15,12 @@ It keeps the watch current and acts on what changes:
 - **the mint's facts**: `exhausted` (a chain's budgets, for the v2 mint and explain),
   `hold_of` (the v1 mint), `on_chain` (renewal), `is_priced`.
 
+Fleet mode (SPEC §19): while the fleet's spend is stale (`stale`, from `FleetSpend`: no refresh
+for `STALE_S`), every budgeted chain's mint is held 503 `fleet-state-unavailable`
+(`exhausted` and `hold_of` raise `StateUnavailable`) and every budgeted lease's gate carries
+`budget_stale`, so its requests are refused the same way; unbudgeted scopes are untouched.
+`on_stale_change` pushes the gates when that flips.
+
 A policy chain that cannot be believed changes nothing here: the last believable budgets stay
 enforced (every v2 mint is held `policy-unavailable` meanwhile anyway). The gates are computed,
 never stored: the key journal keeps leases as minted.
@@ -23,7 +29,7 @@ never stored: the key journal keeps leases as minted.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import msgspec
 
@@ -61,6 +67,7 @@ class BudgetGuard:
         self._price_of = PriceLookup(prices)
         self._dirty = False
         self._pushing: asyncio.Task[None] | None = None
+        self.stale: Callable[[], bool] = lambda: False   # fleet mode: `FleetSpend.stale`
         link.priced = sorted({pattern for price in prices.price for pattern in price.models})
 
     # ---- keeping the watch current ----------------------------------------------------------
@@ -134,6 +141,7 @@ class BudgetGuard:
         chain's `revision` first, so a mint never judges by older budgets than it resolved)."""
         if not budgets:
             return ()
+        self._held_if_stale()
         if revision is not None and revision != self.revision:
             self.sync()
         return self.watch.exhausted(budgets, self.clock())
@@ -143,7 +151,18 @@ class BudgetGuard:
 
     def hold_of(self, repo_slug: str, worker_role: str | None) -> tuple[Exhausted, ...]:
         """The exhausted budgets of a (repo, role)'s chain now: what holds a v1 mint."""
-        return self.watch.exhausted(self.watch.on_chain(repo_slug, worker_role), self.clock())
+        budgets = self.watch.on_chain(repo_slug, worker_role)
+        if budgets:
+            self._held_if_stale()
+        return self.watch.exhausted(budgets, self.clock())
+
+    def _held_if_stale(self) -> None:
+        if self.stale():
+            raise StateUnavailable("the fleet's spend could not be refreshed lately; budgeted mints are held")
+
+    def on_stale_change(self, _stale: bool) -> None:
+        """Fleet mode: the fleet's spend went stale, or fresh again: every gate is pushed."""
+        self._apply(Change(crossings=(), gates_changed=True))
 
     def is_priced(self, model: str) -> bool:
         return self._price_of(model) is not None
@@ -153,9 +172,10 @@ class BudgetGuard:
     def gate(self, lease: Lease) -> Lease:
         """The lease as the data plane must hold it now."""
         budgeted, retry_at_ms = self.watch.gate(lease.repo_slug, lease.worker_role, self.clock())
-        if (budgeted, retry_at_ms) == (lease.budgeted, lease.budget_retry_at_ms):
+        stale = budgeted and self.stale()
+        if (budgeted, retry_at_ms, stale) == (lease.budgeted, lease.budget_retry_at_ms, lease.budget_stale):
             return lease
-        return msgspec.structs.replace(lease, budgeted=budgeted, budget_retry_at_ms=retry_at_ms)
+        return msgspec.structs.replace(lease, budgeted=budgeted, budget_retry_at_ms=retry_at_ms, budget_stale=stale)
 
     def _apply(self, change: Change) -> None:
         for crossing in change.crossings:
@@ -174,11 +194,12 @@ class BudgetGuard:
         try:
             while self._dirty:
                 self._dirty = False
-                now = self.clock()
+                now, stale = self.clock(), self.stale()
                 gates = []
                 for lease in self.keys.all():
                     budgeted, retry_at_ms = self.watch.gate(lease.repo_slug, lease.worker_role, now)
-                    gates.append(LeaseGate(key_id=lease.key_id, budgeted=budgeted, budget_retry_at_ms=retry_at_ms))
+                    gates.append(LeaseGate(key_id=lease.key_id, budgeted=budgeted, budget_retry_at_ms=retry_at_ms,
+                                           budget_stale=budgeted and stale))
                 held = await self.link.gates_changed(gates) if gates else True
                 log.info("budget_gates_pushed", leases=len(gates),
                          held=sum(1 for g in gates if g.budget_retry_at_ms is not None), dataplane=held)

@@ -149,7 +149,7 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                                                          spend, budgets, headroom)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
-    metrics.watch(FleetGauges(fleet_view))
+    metrics.watch(FleetGauges(fleet_view, None if shared.fleet is None else shared.fleet.entries))
     traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
     metrics.registry.register(TraceCollector(traces))
     if traces is not None:
@@ -170,9 +170,12 @@ def _wire_fleet(shared: Any, settings: Settings, service: ControlService, admin:
     from controlplane.fleet.headroom import FleetHeadroom
     from controlplane.fleet.host import FleetHost
     from controlplane.fleet.spend import FleetSpend
-    fleet_spend = FleetSpend(shared.client, shared.keys, settings.host_id, spend)
+    fleet_spend = FleetSpend(shared.client, shared.keys, settings.host_id, spend,
+                             entries=shared.entries, supervisor=shared.supervisor)
     service.row_listeners.append(fleet_spend.note)
     fleet_spend.listeners.append(budgets.on_fleet_spend)
+    budgets.stale = fleet_spend.stale   # SPEC §19: stale fleet spend holds budgeted scopes
+    fleet_spend.stale_listeners.append(budgets.on_stale_change)
     fleet_headroom = FleetHeadroom(shared.client, shared.keys, settings.host_id, headroom)
     headroom.observed_listeners.append(fleet_headroom.note)
     fleet = FleetHost(shared, settings=settings, service=service, admin=admin, policy=policy, events=events)

@@ -10,7 +10,10 @@ among them) and pushes it again when it changes. A lease with no budget is never
 2. before `budget_retry_at_ms`, a request is refused 429 `budget-exhausted` with `retry-after`
    (whole seconds until then) and `x-should-retry: false` — an SDK would otherwise retry a 429
    within seconds of a reset hours away. From that instant on the request goes through without
-   waiting for control's next push: every exhausted window on the chain has reset by then.
+   waiting for control's next push: every exhausted window on the chain has reset by then;
+3. fleet mode (SPEC §19): while control cannot refresh the fleet's spend (`budget_stale`), a
+   request is refused 503 `fleet-state-unavailable` with `retry-after: 1`: a budget is never
+   turned into a per-host one.
 
 Both are gateway-authored refusals (a `refused` row, never evidence) decided before anything goes
 upstream; an attempt already in flight is never looked at again, so none is cut. A request that
@@ -67,6 +70,10 @@ def budget_hold(lease: Lease, model: str | None, now_ms: int, priced: Callable[[
                     f"model {model[:128]!r} has no price, and a budget governs this lease's scope: "
                     "unpriced spend is refused (add it to GATEWAY_PRICES_FILE)")
     retry_at = lease.budget_retry_at_ms
+    if lease.budget_stale and (retry_at is None or now_ms >= retry_at):
+        return Hold(Refusal.FLEET_STATE_UNAVAILABLE, 503, 1,
+                    "the fleet's spend could not be refreshed lately, and a budget governs this lease's "
+                    "scope: requests are held until it can be")
     if retry_at is not None and now_ms < retry_at:
         return Hold(Refusal.BUDGET_EXHAUSTED, EXHAUSTED_STATUS, (retry_at - now_ms) / 1000,
                     f"a budget of this lease's scope is exhausted until {iso_ms(retry_at)}; "

@@ -84,7 +84,8 @@ class LeaseReplica:
             lease = None if found is None else self._by_digest.get(found)
             if lease is not None:
                 self._by_digest[found] = msgspec.structs.replace(  # type: ignore[index]
-                    lease, budgeted=gate.budgeted, budget_retry_at_ms=gate.budget_retry_at_ms)
+                    lease, budgeted=gate.budgeted, budget_retry_at_ms=gate.budget_retry_at_ms,
+                    budget_stale=gate.budget_stale)
 
     def remove(self, key_id: str) -> None:
         self.pending.discard(key_id)

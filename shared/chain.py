@@ -15,7 +15,11 @@ File shapes:
 
 The crash window runs the safe way: the anchor is written after the append, so a crash leaves
 the chain one record ahead of its anchor, which reads `verified` and is re-anchored by the next
-commit. A coherent rewrite of both files is not detected (that would take a keyed MAC).
+commit. A coherent rewrite of both files is not detected by hashes alone: in fleet mode (SPEC
+§19) every record also carries `mac` = HMAC(chain key, `hash`), outside what `hash` covers, and
+a `ChainAuth` makes a record whose MAC does not verify a fault (`mac-mismatch`). Records before
+the last `seal` record that verifies need none (a chain from before fleet mode, or from before a
+secret's rotation, adopted by that seal, whose MAC covers the head it adopts).
 
 This module is the pure core: bytes in, a `ChainCheck` out, no I/O, tested by tables.
 `shared.chainfile.HashChain` is the file shell around it.
@@ -24,13 +28,14 @@ This module is the pure core: bytes in, a `ChainCheck` out, no I/O, tested by ta
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
 import msgspec
 
 GENESIS_HASH = "0" * 64
+SEAL_ACTION = "seal"   # the record that adopts a chain's records before it (SPEC §19)
 
 
 class Verdict(StrEnum):
@@ -52,6 +57,7 @@ class Fault(StrEnum):
     ANCHOR_UNREADABLE = "anchor-unreadable"  # an anchor file that is not an anchor
     EMPTY_WITH_ANCHOR = "empty-with-anchor"  # an empty chain whose anchor counts records
     UNREADABLE = "unreadable"  # a file could not be read at all (I/O error)
+    MAC_MISMATCH = "mac-mismatch"  # fleet mode: a record's `mac` is missing or does not verify
 
 
 class Anchor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -79,6 +85,44 @@ class ChainCheck(msgspec.Struct, frozen=True, kw_only=True):
         return None if self.verdict is Verdict.CORRUPT else len(self.records)
 
 
+class ChainAuth:
+    """One chain's key (SPEC §19): what makes and checks each record's `mac`.
+
+    `seal_fields`, when given, says this host may adopt a chain whose records do not verify
+    (see `HashChain.adopt`): the fields of its audited `seal` record (who, when, why)."""
+
+    def __init__(self, key: bytes, seal_fields: Callable[[], dict[str, Any]] | None = None) -> None:
+        self._key = key
+        self.seal_fields = seal_fields
+
+    def mac(self, record: Mapping[str, Any]) -> str:
+        from shared.fleet.secret import mac  # fleet mode only: an embedded chain has no MACs
+
+        return mac(self._key, [record["hash"]])
+
+    def valid(self, record: Mapping[str, Any]) -> bool:
+        from shared.fleet.secret import verify  # fleet mode only
+
+        return verify(self._key, [record["hash"]], record.get("mac"))
+
+    def __repr__(self) -> str:
+        return "ChainAuth(<redacted>)"
+
+
+def authenticate(records: Sequence[dict[str, Any]], auth: ChainAuth) -> int | None:
+    """The index of the first record whose MAC does not verify, or None. Records up to the last
+    `seal` record that verifies are covered by it (their hashes link to it)."""
+    start = 0
+    for index in range(len(records) - 1, -1, -1):
+        if records[index].get("action") == SEAL_ACTION and auth.valid(records[index]):
+            start = index + 1
+            break
+    for index in range(start, len(records)):
+        if not auth.valid(records[index]):
+            return index
+    return None
+
+
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 _decode_any = msgspec.json.Decoder().decode
 _decode_anchor = msgspec.json.Decoder(Anchor).decode
@@ -86,14 +130,14 @@ _decode_head = msgspec.json.Decoder(Head).decode
 
 
 def record_hash(record: Mapping[str, Any]) -> str:
-    """sha256 hex of the canonical encoding of `record` without its `hash` field."""
-    body = {k: v for k, v in record.items() if k != "hash"}
+    """sha256 hex of the canonical encoding of `record` without its `hash` and `mac` fields."""
+    body = {k: v for k, v in record.items() if k not in ("hash", "mac")}
     return hashlib.sha256(_encode_sorted(body)).hexdigest()
 
 
 def seal(fields: Mapping[str, Any], seq: int, prev_hash: str) -> dict[str, Any]:
     """The record that follows a chain of `seq - 1` records whose head is `prev_hash`."""
-    record = {k: v for k, v in fields.items() if k not in ("seq", "prev_hash", "hash")}
+    record = {k: v for k, v in fields.items() if k not in ("seq", "prev_hash", "hash", "mac")}
     record["seq"] = seq
     record["prev_hash"] = prev_hash
     record["hash"] = record_hash(record)
@@ -193,16 +237,21 @@ def _anchor_fault(records: Sequence[Mapping[str, Any]], before: bytes | None,
 
 
 def verify_chain_between(lines: Sequence[bytes], anchor_before: bytes | None,
-                         anchor_after: bytes | None) -> ChainCheck:
+                         anchor_after: bytes | None, auth: ChainAuth | None = None) -> ChainCheck:
     """Verify chain `lines` read between two reads of its anchor (raw bytes, None = no file).
 
     The anchor only moves forward and never lags the chain by more than the crash window, so
     the earlier anchor bounds the chain from below (it may not be shorter, and must contain the
     anchored head) and the later one from above (at most one record past it). A reader that
     raced a commit therefore never mistakes the race for damage; with no commit in between the
-    two anchors are equal and this is the plain single-anchor check.
+    two anchors are equal and this is the plain single-anchor check. With `auth` (fleet mode)
+    a record whose MAC does not verify is a fault too, and ends the believed records there.
     """
     records, fault, line = _walk(lines)
+    if fault is None and auth is not None:
+        bad = authenticate(records, auth)
+        if bad is not None:
+            fault, line, records = Fault.MAC_MISMATCH, bad + 1, records[:bad]
     head = records[-1]["hash"] if records else None
     if fault is not None:
         return ChainCheck(verdict=Verdict.CORRUPT, fault=fault, fault_line=line,
@@ -211,9 +260,9 @@ def verify_chain_between(lines: Sequence[bytes], anchor_before: bytes | None,
     return ChainCheck(verdict=verdict, fault=fault, records=tuple(records), head_hash=head)
 
 
-def verify_chain(lines: Sequence[bytes], anchor: bytes | None) -> ChainCheck:
+def verify_chain(lines: Sequence[bytes], anchor: bytes | None, auth: ChainAuth | None = None) -> ChainCheck:
     """Verify chain `lines` against one anchor read (raw bytes, None = no anchor file)."""
-    return verify_chain_between(lines, anchor, anchor)
+    return verify_chain_between(lines, anchor, anchor, auth)
 
 
 def head_of_tail(tail: bytes) -> Head | None:

@@ -68,6 +68,8 @@ class ChainStorage(Protocol):
     - A storage that keeps the bytes elsewhere (Redis, `shared/fleet/chains.py`) raises
       `StateUnavailable` instead of OSError when it cannot reach them: unreachable is not
       corrupt, and `HashChain` lets it through to its caller (held, never a verdict).
+    - A fleet storage (`shared/fleet/mirror.py`) has `auth`, a `ChainAuth` (records MAC'd and
+      checked, SPEC §19), and `adopt(chain)`, which seals a chain failing only by MAC.
     """
 
     def read(self) -> ChainBytes: ...

@@ -13,8 +13,8 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import msgspec
 
@@ -22,12 +22,20 @@ from shared.bounds import TTL_MAX_S, TTL_MIN_S
 from shared.codes import Condition
 from shared.otelsettings import SAMPLERS, TraceSettings, traces_of  # noqa: F401 (SPEC §21: re-exported)
 
+if TYPE_CHECKING:  # shared.fleet loads only in fleet mode (tests/unit/test_lazy_imports.py)
+    from shared.fleet.secret import FleetSecret
+
 PREFIX = "GATEWAY_"
 # Fleet mode (SPEC §16): a fleet id is a Redis key namespace; a host id names a pair in it.
 FLEET_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-# OTEL_TRACES_SAMPLER's values this gateway implements (the specification's built-in samplers).
+# SPEC §19: the only query options a fleet Redis URL may carry (the timeouts and TLS checks are
+# Leasehold's own; redis-py would otherwise merge any query option into its client's settings).
+REDIS_QUERY_OPTIONS = {"redis": frozenset(), "unix": frozenset({"db"}),
+                       "rediss": frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})}
+
+
 class SettingsError(Exception):
     """Startup configuration is wrong; `problems` names every bad variable."""
 
@@ -78,6 +86,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     keepalive_seconds: float = 75
     max_connections: int = 4096
     client_stall_seconds: float = 60
+    fleet_secret_file: str | None = None   # SPEC §19: required in fleet mode (control)
+    fleet_secret: FleetSecret | None = None  # its bytes; repr never shows them
 
 
 # Variables this module understands; anything else under GATEWAY_ is a credential name the
@@ -92,7 +102,7 @@ KNOWN = frozenset(
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
         "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
         "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS "
-        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS "
+        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS FLEET_SECRET_FILE "
         "HEADER_TIMEOUT_SECONDS KEEPALIVE_SECONDS MAX_CONNECTIONS CLIENT_STALL_SECONDS"
     ).split()
 )
@@ -162,6 +172,17 @@ class _Reader:
         if parts is None or parts.scheme not in REDIS_SCHEMES or not port_ok:
             self.problems.append(f"{PREFIX}{name} must be a redis://, rediss:// or unix:// URL")
             return None
+        try:  # SPEC §19: the URL may not loosen the client (a timeout, ssl_cert_reqs=none, ...)
+            query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            query = [("", "")]
+        allowed = REDIS_QUERY_OPTIONS[parts.scheme]
+        options = [key for key, _value in query]
+        if any(key not in allowed for key in options) or len(set(options)) != len(options):
+            shown = ", ".join(sorted(allowed)) or "none"
+            self.problems.append(f"{PREFIX}{name} accepts only these query options for {parts.scheme}://: "
+                                 f"{shown} (each at most once)")
+            return None
         if parts.scheme == "unix":
             db = parse_qs(parts.query).get("db", ["0"])[0]
             where_ok = parts.path.startswith("/")
@@ -172,6 +193,21 @@ class _Reader:
             self.problems.append(f"{PREFIX}{name} must name a host (or a socket path) and a numeric database")
             return None
         return raw
+
+    def secret_file(self, name: str, *, required: bool) -> tuple[str | None, FleetSecret | None]:
+        """The fleet secret file (SPEC §19): its path and its exact bytes, or a problem naming it."""
+        path = self.text(name, None)
+        if path is None:
+            if required:
+                self.problems.append(f"{PREFIX}{name} is required in fleet mode (a file of at least 32 "
+                                     "random bytes, mode 0400 or 0600, the same on every host)")
+            return None, None
+        from shared.fleet.secret import read_secret_file  # fleet mode only
+
+        secret, problem = read_secret_file(path, PREFIX + name)
+        if problem is not None:
+            self.problems.append(problem)
+        return path, secret
 
     def identifier(self, name: str, default: str, pattern: re.Pattern[str]) -> str:
         raw = self.text(name, default) or default
@@ -251,10 +287,20 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
         traces=traces_of(r.env, r.problems),
         **_connection_bounds(r),
     )
+    settings = _with_fleet_secret(settings, r, role)
     r.problems += _cross_checks(settings)
     if r.problems:
         raise SettingsError(r.problems)
     return settings
+
+
+def _with_fleet_secret(settings: Settings, r: _Reader, role: str) -> Settings:
+    """SPEC §19: in fleet mode the fleet secret file (required by control; the data plane checks
+    it when it is set; leaseholdctl never reads it)."""
+    if settings.fleet_redis_url is None or role == "ctl":
+        return settings
+    secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=role == "control")
+    return msgspec.structs.replace(settings, fleet_secret_file=secret_file, fleet_secret=secret)
 
 
 def _connection_bounds(r: _Reader) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     # when its requests are refused (the latest reset among the exhausted budgets).
     budgeted: bool = False
     budget_retry_at_ms: int | None = None
+    budget_stale: bool = False      # fleet mode (SPEC §19): the fleet's spend is stale; budgeted: 503
 
 
 class LeaseGate(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +53,7 @@ class LeaseGate(msgspec.Struct, frozen=True, kw_only=True):
     key_id: str
     budgeted: bool
     budget_retry_at_ms: int | None = None
+    budget_stale: bool = False
 
 
 class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):

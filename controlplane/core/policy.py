@@ -74,6 +74,8 @@ def fold_records(records: Sequence[Mapping[str, Any]]) -> PolicyState:
     written_at: dict[str, int] = {}
     unreadable: list[int] = []
     for record in records:
+        if record.get("action") == "seal":  # fleet mode's adoption record (SPEC §19): no document
+            continue
         level = parse_level(str(record.get("name", "")))
         try:
             document = msgspec.convert(record.get("document"), LevelDocument)

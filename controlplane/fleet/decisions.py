@@ -25,6 +25,13 @@ held `fallback-not-authorised`, and a supersede of one whose terminals were lost
 `fallback-response-was-not-lost` (it takes the same position, spending no hop). The decisions
 of leases already ended, and held and rejected ones (their outcome only), are not kept either:
 a citation of one after a data loss is `fallback-lineage-unknown`, held.
+
+Nothing read here is believed unless a host of the fleet wrote it (SPEC §19): a decision is
+stored as `[mac, decision]` (the MAC over its id and its bytes), each evidence item and a
+refused outcome as `<value>:<mac>`; one that does not verify or decode is skipped, logged once
+and counted (`decision`): a decision read as absent (a citation of it is held
+`fallback-lineage-unknown`), an evidence item as never recorded (a retry is held
+`fallback-not-authorised`). A forged decision or terminal can therefore not authorise a fallback.
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ import msgspec
 import redis.asyncio as aredis
 
 from controlplane.decisions import Decision, LiveGroup
+from controlplane.fleet.signed import SignedDecisions
 from shared.codes import Condition, Outcome
+from shared.fleet.entries import EntryKind, FleetEntries, Why
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import guard
 from shared.logging import get_logger
@@ -105,17 +114,17 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(Decision).decode
 
 
 class RedisDecisions:
     """The `DecisionStore` for a fleet."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, *, ttl_s: float = DECISION_TTL_S,
-                 refused_ttl_s: float = REFUSED_TTL_S) -> None:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, *, entries: FleetEntries,
+                 ttl_s: float = DECISION_TTL_S, refused_ttl_s: float = REFUSED_TTL_S) -> None:
         self.client = client
         self.keys = keys
+        self.entries = entries
+        self._sign = SignedDecisions(keys, entries)   # SPEC §19
         self.ttl_ms = int(ttl_s * 1000)
         self.refused_ttl_ms = int(refused_ttl_s * 1000)
         self._add_evidence = client.register_script(ADD_EVIDENCE)
@@ -127,45 +136,65 @@ class RedisDecisions:
         k = self.keys
         with guard("decision record"):
             if decision.key_id is None:
-                await self.client.set(k.refused(decision.mint_decision_id), str(decision.outcome),
+                await self.client.set(k.refused(decision.mint_decision_id),
+                                      self._sign.tagged(decision.mint_decision_id, str(decision.outcome)),
                                       px=self.refused_ttl_ms)
                 return
             key_id = decision.key_id
             if decision.skipped:  # answered and logged with the decision; not needed again
                 decision = msgspec.structs.replace(decision, skipped=())
             async with self.client.pipeline(transaction=True) as pipe:
-                pipe.set(k.decision(decision.mint_decision_id), _encode(decision), px=self.ttl_ms)
+                pipe.set(k.decision(decision.mint_decision_id), self._sign.signed(decision), px=self.ttl_ms)
                 pipe.set(k.decision_of_key(key_id), decision.mint_decision_id, px=self.ttl_ms)
                 await pipe.execute()
 
     async def get(self, mint_decision_id: str) -> Decision | None:
         with guard("decision get"):
             raw = await self.client.get(self.keys.decision(mint_decision_id))
-        return None if raw is None else _decode(raw)
+        return self._sign.decision_of(mint_decision_id, raw)
 
     async def refused_outcome(self, mint_decision_id: str) -> Outcome | None:
         with guard("decision refused outcome"):
             raw = await self.client.get(self.keys.refused(mint_decision_id))
-        return None if raw is None else Outcome(raw.decode())
+        where = self.keys.refused(mint_decision_id)
+        value = None if raw is None else self._sign.untagged(mint_decision_id, raw, where)
+        if value is None or value not in Outcome._value2member_map_:
+            if value is not None:
+                self.entries.reject(EntryKind.DECISION, where, Why.RANGE)
+            return None
+        return Outcome(value)
 
     async def for_key(self, key_id: str) -> Decision | None:
         with guard("decision for key"):
             decision_id = await self.client.get(self.keys.decision_of_key(key_id))
             if decision_id is None:
                 return None
-            raw = await self.client.get(self.keys.decision(decision_id.decode()))
-        return None if raw is None else _decode(raw)
+            decision_id_text = decision_id.decode("utf-8", "replace")
+            raw = await self.client.get(self.keys.decision(decision_id_text))
+        decision = self._sign.decision_of(decision_id_text, raw)
+        return decision if decision is None or decision.key_id == key_id else None
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
         with guard("decision evidence"):
             await self._add_evidence(
                 keys=[self.keys.decision(mint_decision_id), self.keys.evidence(mint_decision_id)],
-                args=[NO_CONDITION if condition is None else str(condition), EVIDENCE_CAP])
+                args=[self._sign.tagged(mint_decision_id, NO_CONDITION if condition is None else str(condition)),
+                      EVIDENCE_CAP])
 
     async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
         with guard("decision evidence read"):
             items = await self.client.lrange(self.keys.evidence(mint_decision_id), 0, -1)
-        return tuple(None if i == NO_CONDITION.encode() else Condition(i.decode()) for i in items)
+        where = self.keys.evidence(mint_decision_id)
+        found: list[Condition | None] = []
+        for item in items:
+            value = self._sign.untagged(mint_decision_id, item, where)
+            if value == NO_CONDITION:
+                found.append(None)
+            elif value is not None and value in Condition._value2member_map_:
+                found.append(Condition(value))
+            elif value is not None:
+                self.entries.reject(EntryKind.DECISION, where, Why.RANGE)
+        return tuple(found)
 
     async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *,
                          allowing: str | None = None) -> bool:
@@ -202,7 +231,7 @@ class RedisDecisions:
             async with self.client.pipeline(transaction=False) as pipe:
                 for decision in decisions:
                     assert decision.key_id is not None
-                    pipe.set(k.decision(decision.mint_decision_id), _encode(decision), px=self.ttl_ms)
+                    pipe.set(k.decision(decision.mint_decision_id), self._sign.signed(decision), px=self.ttl_ms)
                     pipe.set(k.decision_of_key(decision.key_id), decision.mint_decision_id, px=self.ttl_ms)
                 await pipe.execute()
 
@@ -212,7 +241,8 @@ class RedisDecisions:
             return {}
         with guard("decision stored"):
             raws = await self.client.mget([self.keys.decision(i) for i in mint_decision_ids])
-        return {i: _decode(raw) for i, raw in zip(mint_decision_ids, raws) if raw is not None}
+        found = {i: self._sign.decision_of(i, raw) for i, raw in zip(mint_decision_ids, raws)}
+        return {i: decision for i, decision in found.items() if decision is not None}
 
     async def reregister_live(self, groups: Sequence[LiveGroup], host_id: str) -> list[str]:
         """Put a host's live keys back into their dispatches' live sets, each dispatch atomically,

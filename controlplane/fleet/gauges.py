@@ -8,19 +8,24 @@ in flight. Embedded mode reports itself as a fleet of one.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from controlplane.fleet.snapshot import FleetSnapshot, FleetSource
 from shared.clock import now_ms
 from shared.codes import FleetState
 
+if TYPE_CHECKING:  # fleet mode only (tests/unit/test_lazy_imports.py)
+    from shared.fleet.entries import FleetEntries
+
 
 class FleetGauges:
     """A prometheus collector; `refresh` (awaited before each scrape) reads the snapshot."""
 
-    def __init__(self, source: FleetSource) -> None:
+    def __init__(self, source: FleetSource, entries: FleetEntries | None = None) -> None:
         self.source = source
+        self.entries = entries   # fleet mode: what this host rejected of what it read (SPEC §19)
         self.last: FleetSnapshot | None = None
 
     async def refresh(self) -> None:
@@ -55,3 +60,10 @@ class FleetGauges:
             flight.add_metric([host], in_flight)
         yield leases
         yield flight
+        if self.entries is not None:
+            rejected = CounterMetricFamily("leasehold_fleet_entries_rejected",
+                                           "Entries read from the fleet's Redis and rejected (no valid MAC, "
+                                           "undecodable, out of range), by kind.", labels=["kind"])
+            for kind, count in sorted(self.entries.rejected.items()):
+                rejected.add_metric([str(kind)], count)
+            yield rejected

@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
-
-import msgspec
 
 from controlplane.core.fleet import (
     END_REASONS,
@@ -50,9 +48,12 @@ from controlplane.core.fleet import (
     reregistration_order,
 )
 from controlplane.decisions import lease_decisions, live_groups
-from controlplane.events import Event, EventHub, EventKind
-from controlplane.fleet.events import FANNED_OUT, FleetEvent, RevokeRequest
+from controlplane.events import EventHub, EventKind
+from controlplane.fleet.events import RevokeRequest
+from controlplane.fleet.hostevents import EVENT_QUEUE_MAX, HostEvents
 from controlplane.fleet.owed import DELIVER_INTERVAL_S
+from controlplane.fleet.registered import Registrations
+from controlplane.fleet.supervisor import LoopStatus
 from controlplane.fleet.view import RedisFleet
 from controlplane.fleet.wiring import SUPERSEDED, UNJOINED, FleetBackends
 from controlplane.service import ControlService
@@ -64,7 +65,7 @@ from shared.codes import EndReason, Standing
 from shared.fleet.hosts import HostClaim, Reaped
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import Membership
-from shared.fleet.redis_client import describe, guard, raise_if_cancelled
+from shared.fleet.redis_client import describe, raise_if_cancelled
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import ulid_ms
@@ -74,9 +75,7 @@ log = get_logger("fleet")
 JOIN_DEADLINE_S = 20.0     # a start waits this long for Redis to answer the claim, then exits 2
 JOIN_RETRY_S = 0.5
 HOLD_SLACK_MS = 250        # past one beat after a data loss, for a sibling's beat to land
-CHAIN_POLL_S = 0.5         # the chains are validated at least this often (and before every mint)
 SUBSCRIBE_WAIT_S = 2.0     # a start waits this long for the event subscription, then goes on
-EVENT_QUEUE_MAX = 1024     # events waiting to go out; past it (Redis gone for long) they are dropped
 
 
 def _monotonic_ms() -> int:
@@ -88,7 +87,7 @@ class FleetUnreachable(Exception):
     host, never its password)."""
 
 
-class FleetHost:
+class FleetHost(HostEvents):
     def __init__(self, backends: FleetBackends, *, settings: Settings, service: ControlService,
                  admin: AccountAdminStore, policy: PolicyStore, events: EventHub) -> None:
         self.b = backends
@@ -107,6 +106,8 @@ class FleetHost:
         self._live_seen: frozenset[str] = frozenset()       # the live hosts at the last look
         # after a data loss: (earliest, latest admission, hosts live before it), monotonic ms
         self._hold: tuple[int, int, frozenset[str]] | None = None
+        self._incarnation = ""                   # the data's incarnation this host registered into
+        self.registrations = Registrations(backends.client, backends.keys, backends.entries)
         events.listen(self._on_local_event)
 
     # ---- what the read plane asks (`controlplane/fleet/view.Standings`) ----------------------
@@ -118,10 +119,13 @@ class FleetHost:
     @property
     def registered(self) -> bool:
         return (self.b.fence.value not in (UNJOINED, SUPERSEDED, None) and not self.membership.recovering
-                and self.b.lease_capacity.admitting)
+                and self.b.lease_capacity.admitting and self.b.supervisor.healthy())
 
     def writes_owed(self) -> int:
         return len(self.b.owed)
+
+    def loops(self) -> tuple[LoopStatus, ...]:
+        return self.b.supervisor.statuses()
 
     def view(self) -> RedisFleet:
         """The read plane's fleet (`controlplane/fleet/view.py`)."""
@@ -144,10 +148,16 @@ class FleetHost:
         log.info("fleet_host_registered", host_id=self.host_id, fleet_id=self.settings.fleet_id,
                  epoch=claim.epoch, leases=len(self.service.keys.all()))
         subscribed = asyncio.Event()
-        for loop in (self.membership.run(), self._flight_loop(), self._chain_poll(), self._owed_loop(),
-                     self.b.events.run(self._on_fleet_event, ready=subscribed), self._publisher(),
-                     self.b.revocations.serve(self._on_revoke_request, after=after)):
-            self._spawn(loop)
+        self.b.lease_capacity.healthy = self.b.supervisor.healthy   # a failing loop holds the mints
+        revocations = self.b.revocations
+        loops: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
+            "heartbeat": self.membership.run, "in-flight": self._flight_loop, "chain-poll": self._chain_poll,
+            "owed-writes": self._owed_loop, "events-out": self._publisher,
+            "events-in": lambda: self.b.events.run(self._on_fleet_event, ready=subscribed),
+            # a restart resumes after the last request handled, never handles one twice
+            "revocations": lambda: revocations.serve(self._on_revoke_request, after=revocations.position or after)}
+        for name, make in loops.items():
+            self._tasks.append(self.b.supervisor.spawn(name, make))
         try:  # the other hosts' events reach this host's feed from the moment it serves
             await asyncio.wait_for(subscribed.wait(), SUBSCRIBE_WAIT_S)
         except TimeoutError:
@@ -211,8 +221,8 @@ class FleetHost:
             await self.service.end_keys(sorted(refused), END_REASONS[Repair.REREGISTER])
         released = await self.b.lease_capacity.retain_only([k for k in order if k not in refused])
         await self._reregister_decisions()
-        with guard("fleet registered"):
-            await self.b.client.sadd(self.b.keys.registered, self.host_id)
+        self._incarnation = incarnation
+        await self.registrations.add(incarnation, self.host_id)   # MAC'd (SPEC §19): it lifts a hold
         if after_loss:
             now, beat_ms = _monotonic_ms(), int(self.membership.interval_s * 1000)
             self._hold = (now + beat_ms + HOLD_SLACK_MS, now + self.b.hosts.ttl_ms + beat_ms,
@@ -257,8 +267,7 @@ class FleetHost:
         if _monotonic_ms() < earliest:
             return
         expected = (seen | frozenset(await self.b.hosts.live_hosts())) - {self.host_id}
-        with guard("fleet registered"):
-            registered = frozenset(m.decode() for m in await self.b.client.smembers(self.b.keys.registered))
+        registered = await self.registrations.hosts(self._incarnation)
         if may_admit(_monotonic_ms(), earliest, latest, expected, registered):
             self._hold = None
             self.b.lease_capacity.admitting = True
@@ -319,57 +328,7 @@ class FleetHost:
     async def _on_revoke_request(self, request: RevokeRequest) -> int:
         return await self.service.end_account_keys(request.account_id)
 
-    # ---- events out and in -------------------------------------------------------------------
-
-    def _on_local_event(self, event: Event) -> None:
-        if self._relaying or event.kind not in FANNED_OUT:
-            return
-        try:
-            self._outbox.put_nowait((event.kind, msgspec.to_builtins(event.data)))
-        except asyncio.QueueFull:
-            log.warning("fleet_event_dropped", kind=str(event.kind), queued=EVENT_QUEUE_MAX)
-
-    async def _publisher(self) -> None:
-        while True:
-            kind, data = await self._outbox.get()
-            try:
-                await self.b.events.publish(kind, data)
-            except StateUnavailable as exc:  # pub/sub is at-most-once; the state itself is in Redis
-                log.warning("fleet_event_unpublished", kind=str(kind), error=str(exc))
-
-    async def _on_fleet_event(self, event: FleetEvent) -> None:
-        """Another host's event: re-read the chain it changed, then feed it to this host's feed."""
-        if event.kind == EventKind.ACCOUNT_STATE:
-            await self._refresh_quietly(self.admin)
-        elif event.kind == EventKind.POLICY:
-            await self._refresh_quietly(self.policy)
-        self._relaying = True
-        try:
-            self.hub.publish(event.kind, event.data)
-        finally:
-            self._relaying = False
-
-    # ---- the loops ---------------------------------------------------------------------------
-
-    async def _refresh_chains(self) -> None:
-        await asyncio.gather(self.admin.refresh(), self.policy.refresh())
-
-    async def _refresh_quietly(self, store: AccountAdminStore | PolicyStore) -> None:
-        try:
-            await store.refresh()
-        except StateUnavailable:
-            pass
-
-    async def _chain_poll(self) -> None:
-        while True:
-            raise_if_cancelled()
-            try:
-                await self._refresh_chains()
-            except StateUnavailable:
-                pass  # readers on the loop see it once the last validation is too old
-            except Exception:
-                log.exception("fleet_chain_poll_failed")
-            await asyncio.sleep(CHAIN_POLL_S)
+    # ---- the loops (events out and in, the chains' poll: `HostEvents`) -------------------------
 
     async def _flight_loop(self) -> None:
         """Each beat: this host's in-flight counts out, the live hosts in (who a data loss waits for)."""
@@ -386,10 +345,12 @@ class FleetHost:
     async def _owed_loop(self) -> None:
         while True:
             raise_if_cancelled()
+            delivered = 0
             try:
                 if len(self.b.owed):
-                    await self.b.owed.deliver()
+                    delivered = await self.b.owed.deliver()   # a bounded batch: the hold's check gets its turn
                 await self._check_hold()
             except StateUnavailable:
                 pass
-            await asyncio.sleep(DELIVER_INTERVAL_S)
+            # more owed and Redis took the last batch: the next at once (releases wait behind the queue)
+            await asyncio.sleep(0 if delivered and len(self.b.owed) else DELIVER_INTERVAL_S)

@@ -36,6 +36,7 @@ from controlplane.fleet.decisions import LeaseDecisions, RedisDecisions
 from shared.capacity import StateUnavailable
 from shared.codes import Condition
 from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.logging import get_logger
 from shared.wire import AttemptRow
@@ -86,10 +87,14 @@ class OwedWrites:
         self._queue.append(owed)
 
     async def deliver(self) -> int:
-        """Deliver in order until nothing is owed or Redis fails again; answers how many landed."""
+        """Deliver in order what was owed when it started, until Redis fails again; answers how
+        many landed. Bounded: writes owed meanwhile (they queue behind, in order) wait for the
+        next call, so a caller's loop gets its turn however fast rows arrive."""
         delivered = 0
         async with self._delivering:
-            while self._queue:
+            for _ in range(len(self._queue)):
+                if not self._queue:
+                    break
                 owed = self._queue[0]
                 if owed.unless_live is None or not self.is_live(owed.unless_live):
                     try:
@@ -117,11 +122,14 @@ class OwedCapacity(RedisCapacity):
         super().__init__(client, keys, Ceiling.LEASE, host_id, incarnation)
         self.owed = owed
         self.admitting = True
+        self.healthy: Callable[[], bool] = lambda: True   # the fleet host's supervised loops (SPEC §19)
 
     async def reserve(self, account_id: str, holder: str, ceiling: int | None,
                       releasing: Sequence[str] = ()) -> bool:
         if not self.admitting:
             raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
+        if not self.healthy():
+            raise StateUnavailable("lease capacity: a fleet loop keeps failing")
         return await RedisCapacity.reserve(self, account_id, holder, ceiling, releasing)
 
     async def release(self, holder: str) -> bool:
@@ -136,8 +144,9 @@ class OwedDecisions(RedisDecisions):
     added once Redis took them, answered before asking Redis (they are this host's to write, and
     never change), forgotten when their key ends."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions) -> None:
-        super().__init__(client, keys)
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions, *,
+                 entries: FleetEntries) -> None:
+        super().__init__(client, keys, entries=entries)
         self.owed = owed
         self.local = local
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import msgspec
 
 from controlplane.core.fleet import HostRow
+from controlplane.fleet.supervisor import LoopStatus
 from shared.codes import FleetMode, FleetState
 
 
@@ -33,6 +34,7 @@ class FleetSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     hosts: tuple[HostSeen, ...]
     accounts: dict[str, list[HostRow]]             # account → its rows, one per host
     writes_owed: int = 0                           # queued for Redis (`controlplane/fleet/owed.py`)
+    loops: tuple[LoopStatus, ...] = ()             # the supervised Redis loops (SPEC §19); embedded: none
 
 
 class FleetSource(Protocol):

@@ -23,8 +23,17 @@ and no counter can drift (LiteLLM's increment/decrement leaks have nothing to le
   came back empty holds every live host's spend again within one pull. A host that is down
   when Redis loses its data is missing from the fleet's spend until it returns (its ledger is
   on its own disk); README "Fleet mode" says so.
-- **Redis away**: dirty windows stay dirty and the last spend read stays in use (mints are held
-  `fleet-state-unavailable` meanwhile anyway); both resume by themselves.
+- **Redis away**: dirty windows stay dirty; both resume by themselves. The last spend read is
+  never turned into a per-host budget (SPEC §19): once no pull succeeded for `STALE_S`, `stale()`
+  is true and `BudgetGuard` holds budgeted mints and requests 503 `fleet-state-unavailable`
+  (told at each flip: `stale_listeners`); unbudgeted scopes are untouched.
+
+Nothing is believed unless a host of the fleet published it (SPEC §19): each window's value is
+`[mac, cells]`, the MAC over the host, the window key and the cells' bytes; a window that does
+not verify, does not decode, or holds a negative or non-finite number (or an unknown dimension)
+is skipped, logged once and counted (`spend`), and the host's last good value of that window
+stays in force, so garbage cannot erase spend. A reply that is not a hash (a key a writer
+replaced) is skipped the same way, for that host only.
 
 Nothing secret is published: repo slugs, bindings, account ids, model names, principal ids and
 sums. A host's hash lives `SPEND_TTL_S` past its last publish: a month's windows and a margin,
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,10 +52,13 @@ import msgspec
 import redis.asyncio as aredis
 
 from controlplane.core.fleetcells import FleetCells, window_of, window_triples
+from controlplane.core.spend import CELL_SIZE, DIMS, WindowCells
 from controlplane.core.windows import Window, hour_key, key_at
 from controlplane.fleet.events import subscribe
+from controlplane.fleet.supervisor import Supervisor
 from controlplane.spend import SpendBook
 from shared.capacity import StateUnavailable
+from shared.fleet.entries import EntryKind, FleetEntries, Why, finite_non_negative
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard, raise_if_cancelled
 from shared.logging import get_logger
@@ -60,6 +73,8 @@ RETRY_S = 1.0                 # after a failed publish or pull
 SPEND_TTL_S = 40 * 86_400     # a month's windows and a margin past the last publish
 MARK = b"_"                   # present: the hash holds every window its host has
 HOUR_MS = 3_600_000
+STALE_S = 5.0                 # SPEC §19: no refresh of the fleet's spend this long: budgeted scopes held
+STALE_CHECK_S = 0.25          # how often the flip is looked for
 
 # KEYS: the host's hash, the versions hash, the channel; ARGV: whole ('1': replace everything), ttl ms, host,
 # version, then window key / cells pairs. A partial publish into a hash Redis lost answers 0.
@@ -80,6 +95,8 @@ return 1
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(list[tuple[str, str | None, list[float]]]).decode
+_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode   # (mac, the cells' bytes)
+_DIM_NAMES = frozenset(str(d) for d in DIMS)
 
 SpendListener = Callable[[bool], None]   # quiet: True at the start
 
@@ -92,14 +109,20 @@ def moving_keys(at_ms: int) -> list[str]:
 
 
 class FleetSpend:
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook) -> None:
+    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook, *,
+                 entries: FleetEntries, supervisor: Supervisor | None = None) -> None:
         self.client = client
+        self.entries = entries
+        self.supervisor = supervisor or Supervisor()   # the fleet host's (SPEC §19), or its own
         self.keys = keys
         self.host_id = host_id
         self.book = book
         self.cells = FleetCells(book.fold)
         book.cells = self.cells
         self.listeners: list[SpendListener] = []
+        self.stale_listeners: list[Callable[[bool], None]] = []
+        self._fresh_at = time.monotonic()       # the last pull that succeeded (a start counts as fresh)
+        self._stale = False
         self.publishes = 0
         self.available = True
         self._mine = keys.spend_host(host_id)
@@ -131,8 +154,9 @@ class FleetSpend:
             await self.publish()
         except StateUnavailable as exc:
             self._failed("start", exc)
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(loop_()) for loop_ in (self._publisher, self._puller, self._listener)]
+        self._tasks = [self.supervisor.spawn(name, make) for name, make in
+                       (("spend-out", self._publisher), ("spend-in", self._puller), ("spend-told", self._listener),
+                        ("spend-stale", self._watch_stale))]
 
     async def stop(self) -> None:
         """The loops end; what is still dirty gets one last publish."""
@@ -161,7 +185,8 @@ class FleetSpend:
         args: list[Any] = ["1" if whole else "0", SPEND_TTL_S * 1000, self.host_id,
                            f"{self._instance}:{self.publishes + 1}"]
         for key in wanted:
-            args += [key, _encode(window_triples(fold, key))]
+            cells = _encode(window_triples(fold, key))
+            args += [key, _encode((self.entries.mac(EntryKind.SPEND, [self.host_id, key, cells]), cells))]
         try:
             with guard("spend publish"):
                 done = await self._script(keys=[self._mine, self.keys.spend_versions, self.keys.spend_moved], args=args)
@@ -203,10 +228,11 @@ class FleetSpend:
             self._whole = True   # Redis lost this host's hash: the publisher writes it whole
             self._wake.set()
             log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
-        named = {host.decode(): version for host, version in versions.items()}
+        named = {host.decode("utf-8", "replace"): version for host, version in versions.items()}
         moved = {host: version for host, version in named.items()
                  if host != self.host_id and self._versions.get(host) != version}
         if not moved:
+            self._fresh_at = time.monotonic()
             return False
         fields = moving_keys(self.book.clock())
         with guard("spend pull"):
@@ -216,19 +242,67 @@ class FleetSpend:
                     pipe.hmget(self.keys.spend_host(host), fields)
                 else:
                     pipe.hgetall(self.keys.spend_host(host))
-            replies = await pipe.execute()
+            replies = await pipe.execute(raise_on_error=False)
         changed = False
         for (host, version), reply in zip(moved.items(), replies):
             if isinstance(reply, dict):
-                windows = {k.decode(): window_of(_decode(v)) for k, v in reply.items() if k != MARK}
-            else:
-                windows = {key: window_of(_decode(v)) for key, v in zip(fields, reply) if v is not None}
+                pairs = [(k.decode("utf-8", "replace"), v) for k, v in reply.items() if k != MARK]
+            elif isinstance(reply, list):
+                pairs = [(key, v) for key, v in zip(fields, reply) if v is not None]
+            else:   # an error reply: the key is not a hash (a writer replaced it)
+                self.entries.reject(EntryKind.SPEND, self.keys.spend_host(host), Why.DECODE)
+                pairs = []
+            windows = {key: window for key, raw in pairs
+                       if (window := self._window(host, key, raw)) is not None}
             changed = self.cells.replace(host, windows) or changed
             self._versions[host] = version
+        self._fresh_at = time.monotonic()
         if changed:
             for listener in self.listeners:
                 listener(quiet)
         return changed
+
+    def _window(self, host: str, key: str, raw: object) -> WindowCells | None:
+        """One published window, believed only when its host's MAC verifies and every value is
+        in range; else None (rejected: logged once, counted) and the last good one stays."""
+        where = f"{self.keys.spend_host(host)}#{key}"
+        try:
+            tag, cells = _decode_signed(raw) if isinstance(raw, bytes) else ("", b"")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            tag, cells = "", b""
+        if not cells:
+            self.entries.reject(EntryKind.SPEND, where, Why.DECODE)
+            return None
+        if not self.entries.valid(EntryKind.SPEND, [host, key, cells], tag):
+            self.entries.reject(EntryKind.SPEND, where, Why.MAC)
+            return None
+        try:
+            triples = _decode(cells)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.entries.reject(EntryKind.SPEND, where, Why.DECODE)
+            return None
+        if not all(dim in _DIM_NAMES and len(cell) == CELL_SIZE and finite_non_negative(cell)
+                   for dim, _key, cell in triples):
+            self.entries.reject(EntryKind.SPEND, where, Why.RANGE)
+            return None
+        return window_of(triples)
+
+    # ---- staleness (SPEC §19) ------------------------------------------------------------------
+
+    def stale(self) -> bool:
+        """True once no pull succeeded for `STALE_S`: the fleet's spend cannot be relied on."""
+        return time.monotonic() - self._fresh_at > STALE_S
+
+    async def _watch_stale(self) -> None:
+        while True:
+            stale = self.stale()
+            if stale != self._stale:
+                self._stale = stale
+                log.warning("fleet_spend_stale" if stale else "fleet_spend_fresh", host_id=self.host_id,
+                            stale_after_s=STALE_S)
+                for listener in self.stale_listeners:
+                    listener(stale)
+            await asyncio.sleep(STALE_CHECK_S)
 
     async def _puller(self) -> None:
         while True:

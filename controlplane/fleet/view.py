@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+import msgspec
 import redis.asyncio as aredis
 
 from controlplane.core.fleet import fleet_state, host_rows
 from controlplane.fleet.snapshot import FleetSnapshot, HostSeen, LocalCounts, local_snapshot
+from controlplane.fleet.supervisor import LoopStatus
 from shared.capacity import StateUnavailable
 from shared.codes import FleetMode, FleetState, Standing
 from shared.fleet.capacity import RedisCapacity
@@ -56,7 +58,21 @@ class InFlightBoard:
                 for host in host_ids:
                     pipe.hgetall(self.keys.host_in_flight(host))
                 answers = await pipe.execute()
-        return {host: {a.decode(): int(n) for a, n in answer.items()} for host, answer in zip(host_ids, answers)}
+        return {host: _counts(answer) for host, answer in zip(host_ids, answers)}
+
+
+def _counts(answer: Mapping[bytes, bytes]) -> dict[str, int]:
+    """A host's in-flight hash; an entry that is not account → count >= 0 (a writer's garbage)
+    is left out, never a reason to fail the read plane (SPEC §19)."""
+    counts: dict[str, int] = {}
+    for account, n in answer.items():
+        try:
+            value = int(n)
+        except ValueError:
+            continue
+        if value >= 0:
+            counts[account.decode("utf-8", "replace")] = value
+    return counts
 
 
 class Standings(Protocol):
@@ -67,6 +83,7 @@ class Standings(Protocol):
     @property
     def registered(self) -> bool: ...
     def writes_owed(self) -> int: ...
+    def loops(self) -> tuple[LoopStatus, ...]: ...
 
 
 class RedisFleet:
@@ -104,9 +121,10 @@ class RedisFleet:
                                live=h in live or h == self.host_id) for h in seen)
         return FleetSnapshot(mode=FleetMode.REDIS, state=state, host_id=self.host_id, fleet_id=self.fleet_id,
                              hosts_live=len(live), hosts=hosts, accounts=accounts,
-                             writes_owed=self.me.writes_owed())
+                             writes_owed=self.me.writes_owed(), loops=self.me.loops())
 
     def _local(self, now_ms: int) -> FleetSnapshot:
-        return local_snapshot(FleetMode.REDIS, FleetState.UNAVAILABLE, self.host_id, self.fleet_id,
+        snap = local_snapshot(FleetMode.REDIS, FleetState.UNAVAILABLE, self.host_id, self.fleet_id,
                               self.last_hosts_live, self.account_ids, self.leases(), self.in_flight(), now_ms,
                               self.me.writes_owed())
+        return msgspec.structs.replace(snap, loops=self.me.loops())

@@ -17,24 +17,30 @@ built here too and driven by `controlplane/fleet/host.FleetHost`.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from controlplane.circuits import CircuitRegistry
 from controlplane.fleet.backends import Backends, OnTransition
 from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
+from controlplane.fleet.supervisor import Supervisor
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions
+from shared.chain import ChainAuth
 from shared.chainstorage import ChainStorage, FileChainStorage
+from shared.clock import iso_ms, now_ms
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
+from shared.fleet.entries import FleetEntries
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import FleetKeys
 from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.redis_client import connect, connect_sync
+from shared.fleet.secret import Keyring
 from shared.settings import Settings
 
 # Fence values no incarnation equals ("inc-<hex>"): every reserve is refused (`StateLost`, held)
@@ -52,19 +58,23 @@ class FleetBackends:
 
     def __init__(self, settings: Settings, keys: KeyTable) -> None:
         url = settings.fleet_redis_url
-        assert url is not None
+        assert url is not None and settings.fleet_secret is not None  # settings require both
         self.keys = FleetKeys(settings.fleet_id)
+        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id)  # SPEC §19: every MAC's key
+        self.host_id = settings.host_id
+        self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
         self.client = connect(url)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)
+        self.supervisor = Supervisor()   # every loop that reads Redis (SPEC §19)
         self.owed = OwedWrites(is_live=lambda key_id: keys.get(key_id) is not None)
         self.lease_capacity = OwedCapacity(self.client, self.keys, settings.host_id, self.fence, self.owed)
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
         self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
-        self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions)
+        self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions, entries=self.entries)
         self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
-        self.events = FleetEvents(self.client, self.keys, settings.host_id)
-        self.revocations = FleetRevocations(self.client, self.keys, settings.host_id)
+        self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
+        self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)
 
     def circuits(self, cooldown_s: int, on_transition: OnTransition) -> CircuitRegistry:
@@ -72,7 +82,13 @@ class FleetBackends:
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
-        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror)
+        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields)
+        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror, auth)
+
+    def _seal_fields(self) -> dict[str, Any]:
+        """Who adopts a chain (SPEC §19): this host, on the fleet secret's authority."""
+        return {"at": iso_ms(now_ms()), "actor": "host:" + self.host_id, "actor_authenticated_by": "fleet-secret",
+                "reason": "adopted into fleet mode under this fleet secret"}
 
     async def close(self) -> None:
         await self.client.aclose()

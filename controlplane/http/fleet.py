@@ -32,7 +32,8 @@ def fleet_payload(snap: FleetSnapshot, now: int) -> dict[str, Any]:
               "this_host": h.host_id == snap.host_id} for h in snap.hosts]
     return {"as_of": iso_ms(now), "mode": str(snap.mode), "state": str(snap.state), "fleet_id": snap.fleet_id,
             "host_id": snap.host_id, "hosts_live": snap.hosts_live, "writes_owed": snap.writes_owed,
-            "hosts": hosts}
+            "hosts": hosts, "loops": [{"name": loop.name, "state": str(loop.state), "failures": loop.failures,
+                                      "last_error_kind": loop.last_error_kind} for loop in snap.loops]}
 
 
 @requires(Scope.READ)

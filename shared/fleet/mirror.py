@@ -16,6 +16,13 @@ writer's alike, finds the fault and names it. No verdict is decided here:
 | empty, no anchor (Redis lost it), the mirror not | re-seeded from the mirror, then verified |
 | anything, the mirror itself not verifying | corrupt (the mirror's own fault) |
 
+Fleet mode (SPEC §19): `auth` (the chain's `ChainAuth`) is what `HashChain` checks every
+record's MAC with; the mirror is extended only with records that verify by MAC, so a record a
+Redis writer forged is never copied into it. The mirror is this host's own witness: a chain
+whose records are byte for byte the mirror's, but do not all verify by MAC (an embedded chain
+entering fleet mode, re-seeded from it; every record after a rotation of the secret), is
+`adoptable`: `HashChain.adopt` seals it, once, with an audited `seal` record.
+
 Re-seeding is one compare-and-set into an empty chain, so of two hosts noticing the loss one
 seeds; a host whose verified mirror is longer then extends the seed, while no write has been
 made since (`RedisChainStorage.extend_seed`). A new mirror (an empty file) trusts Redis and
@@ -30,7 +37,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from shared.chain import ChainCheck, Verdict, encode_anchor, split_lines, verify_chain_between
+from shared.capacity import StateUnavailable
+from shared.chain import (
+    GENESIS_HASH,
+    SEAL_ACTION,
+    ChainAuth,
+    ChainCheck,
+    Fault,
+    Verdict,
+    encode_anchor,
+    encode_record,
+    seal,
+    split_lines,
+    verify_chain,
+    verify_chain_between,
+)
+from shared.chainfile import Committed, HashChain
 from shared.chainstorage import ChainBytes, FileChainStorage
 from shared.fleet.chains import RedisChainStorage
 from shared.logging import get_logger
@@ -39,9 +61,10 @@ log = get_logger("chain")
 
 
 class MirroredChainStorage:
-    def __init__(self, remote: RedisChainStorage, mirror: FileChainStorage) -> None:
+    def __init__(self, remote: RedisChainStorage, mirror: FileChainStorage, auth: ChainAuth | None = None) -> None:
         self.remote = remote
         self.mirror = mirror
+        self.auth = auth
         self._lock = threading.RLock()  # one thread syncs or writes the mirror at a time
 
     def read(self) -> ChainBytes:
@@ -66,6 +89,49 @@ class MirroredChainStorage:
 
     def version(self) -> tuple[Any, ...]:
         return (self.remote.version(), self.mirror.version())
+
+    def adoptable(self, read: ChainBytes) -> bool:
+        """Are `read`'s records exactly this host's mirror (which verified them, or wrote them)?"""
+        with self._lock:
+            local = self.mirror.read()
+        return bool(read.data) and read.data == local.data
+
+    def adopt(self, chain: HashChain[Any]) -> Committed | None:
+        """Seal `chain` (SPEC §19) when its records do not all verify by MAC but are exactly this
+        host's mirror: an embedded chain entering fleet mode, or every record after a rotation of
+        the secret. The `seal` record's MAC covers the head it adopts (its `prev_hash`, and
+        `adopts_hash`). Anything else (a record this host never verified, a chain that does not
+        hash) is not adopted and stays corrupt. Blocking; None when nothing was sealed."""
+        try:
+            return self._seal(chain)
+        except StateUnavailable:
+            raise
+        except Exception as exc:  # busy or unwritable: the chain stays corrupt; the next read retries
+            log.warning("chain_seal_failed", path=chain.path, error=type(exc).__name__)
+            return None
+
+    def _seal(self, chain: HashChain[Any]) -> Committed | None:
+        auth = self.auth
+        if auth is None or auth.seal_fields is None:
+            return None
+        with self.writer():
+            read = self.read()
+            lines = split_lines(read.data)
+            check = verify_chain(lines, read.anchor_after, auth)
+            plain = verify_chain(lines, read.anchor_after)
+            if (check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED
+                    or not self.adoptable(read)):
+                return None
+            count = len(plain.records)
+            fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count,
+                      "adopts_hash": plain.head_hash}
+            record = seal(fields, count + 1, plain.head_hash or GENESIS_HASH)
+            record["mac"] = auth.mac(record)
+            self.write_anchor(encode_anchor(count, plain.head_hash))
+            self.append(encode_record(record), len(read.data))
+            self.write_anchor(encode_anchor(count + 1, record["hash"]))
+        log.warning("chain_sealed", path=chain.path, adopts_count=count, revision=count + 1)
+        return Committed(record=record, revision=count + 1, based_on_revision=count)
 
     def tail(self) -> bytes:
         return self.remote.tail()
@@ -108,7 +174,7 @@ class MirroredChainStorage:
 
     def _catch_up(self, remote: ChainBytes, mirror_size: int) -> None:
         """Copy what other hosts appended after the mirror's records, once the whole verifies."""
-        check = _verify(remote)
+        check = _verify(remote, self.auth)
         if check.verdict is not Verdict.VERIFIED:
             return  # HashChain reads the same bytes and says corrupt; the mirror stays as it was
         try:
@@ -118,8 +184,8 @@ class MirroredChainStorage:
             log.error("chain_mirror_write_failed", chain=self.remote.name, error=repr(exc))
 
 
-def _verify(read: ChainBytes) -> ChainCheck:
-    return verify_chain_between(split_lines(read.data), read.anchor_before, read.anchor_after)
+def _verify(read: ChainBytes, auth: ChainAuth | None = None) -> ChainCheck:
+    return verify_chain_between(split_lines(read.data), read.anchor_before, read.anchor_after, auth)
 
 
 def _anchor_of(check: ChainCheck) -> bytes:

@@ -47,7 +47,7 @@ CIRCUIT_BACKENDS: dict[str, Callable[[Fleet | None], CircuitStore]] = {
 }
 DECISION_BACKENDS: dict[str, Callable[[Fleet | None], DecisionStore]] = {
     "local": lambda _: LocalDecisions(),
-    "redis": lambda f: RedisDecisions(f.client, f.keys),
+    "redis": lambda f: RedisDecisions(f.client, f.keys, entries=f.entries),
 }
 CHAIN_BACKENDS: dict[str, Callable[[Path, Fleet | None], ChainStorage]] = {
     "file": lambda d, _: FileChainStorage(str(d / "chain.jsonl"), str(d / "chain.anchor")),
@@ -123,7 +123,8 @@ async def bounded_decisions(request) -> AsyncIterator[tuple[DecisionStore, Bound
         if fleet is None:
             yield LocalDecisions(cap=8, refused_cap=4), Bound(_past_the_cap), started
         else:
-            store = RedisDecisions(fleet.client, fleet.keys, ttl_s=REDIS_TTL_S, refused_ttl_s=REDIS_TTL_S)
+            store = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries, ttl_s=REDIS_TTL_S,
+                                   refused_ttl_s=REDIS_TTL_S)
             yield store, Bound(_past_the_ttl(REDIS_TTL_S, started)), started
 
 

@@ -143,7 +143,7 @@ LIVE_CASES = [
 async def test_reregister_live(case: Case, fleet: Fleet) -> None:
     present, groups = case.given
     refused, members = case.expect
-    table = RedisDecisions(fleet.client, fleet.keys)
+    table = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries)
     await RedisCapacity(fleet.client, fleet.keys, Ceiling.LEASE, "h2").reserve(A, "Kother", None)
     await RedisCapacity(fleet.client, fleet.keys, Ceiling.LEASE, "h1").reserve(A, "Kmine", None)
     for key in present:
@@ -156,7 +156,7 @@ async def test_reregister_live(case: Case, fleet: Fleet) -> None:
 
 
 async def test_reregister_records_the_decisions_by_id_and_key(fleet: Fleet) -> None:
-    table = RedisDecisions(fleet.client, fleet.keys)
+    table = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries)
     await table.reregister([_decision(1, "K1"), _decision(2, "K2")])
     assert await table.get("md_1") == _decision(1, "K1") and await table.for_key("K2") == _decision(2, "K2")
     assert await table.stored(["md_2", "md_9"]) == {"md_2": _decision(2, "K2")}

@@ -38,7 +38,7 @@ async def _listening(events: FleetEvents, into: list[FleetEvent], tasks: list[as
 
 
 async def test_an_event_reaches_every_other_host_and_not_its_own(fleet: Fleet, hosts) -> None:
-    a, b, c = (FleetEvents(fleet.client, fleet.keys, h) for h in ("gw-a", "gw-b", "gw-c"))
+    a, b, c = (FleetEvents(fleet.client, fleet.keys, h, entries=fleet.entries) for h in ("gw-a", "gw-b", "gw-c"))
     got: dict[str, list[FleetEvent]] = {"gw-a": [], "gw-b": [], "gw-c": []}
     for events in (a, b, c):
         await _listening(events, got[events.host_id], hosts)
@@ -56,7 +56,8 @@ async def test_an_event_reaches_every_other_host_and_not_its_own(fleet: Fleet, h
 
 async def test_only_the_fleet_wide_kinds_are_fanned_out(fleet: Fleet) -> None:
     with pytest.raises(ValueError):
-        await FleetEvents(fleet.client, fleet.keys, "gw-a").publish(EventKind.ROUTE_STARTED, {})
+        await FleetEvents(fleet.client, fleet.keys, "gw-a", entries=fleet.entries).publish(
+            EventKind.ROUTE_STARTED, {})
 
 
 async def _serving(revocations: FleetRevocations, seen: list[RevokeRequest], tasks: list[asyncio.Task],
@@ -73,7 +74,7 @@ async def _serving(revocations: FleetRevocations, seen: list[RevokeRequest], tas
 
 async def test_revoke_leases_is_acknowledged_by_every_live_host(fleet: Fleet, hosts) -> None:
     names = ("gw-a", "gw-b", "gw-c")
-    fleet_of = {h: FleetRevocations(fleet.client, fleet.keys, h) for h in names}
+    fleet_of = {h: FleetRevocations(fleet.client, fleet.keys, h, entries=fleet.entries) for h in names}
     seen: dict[str, list[RevokeRequest]] = {h: [] for h in names}
     for h in names:
         await _serving(fleet_of[h], seen[h], hosts)
@@ -88,10 +89,11 @@ async def test_revoke_leases_names_the_hosts_that_did_not_acknowledge(fleet: Fle
     """gw-c is live but does not serve requests; gw-d's handler fails: both are named, within
     the bound, and the hosts that did acknowledge are not."""
     bound_s = 0.5
-    requester = FleetRevocations(fleet.client, fleet.keys, "gw-a", ack_timeout_s=bound_s)
+    requester = FleetRevocations(fleet.client, fleet.keys, "gw-a", ack_timeout_s=bound_s, entries=fleet.entries)
     await _serving(requester, [], hosts)
-    await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-b"), [], hosts)
-    await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-d"), [], hosts, fail=True)
+    await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-b", entries=fleet.entries), [], hosts)
+    await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-d", entries=fleet.entries), [], hosts,
+                   fail=True)
     started = time.monotonic()
     answer = await requester.request("acct", ["gw-a", "gw-b", "gw-c", "gw-d"])
     waited = time.monotonic() - started
@@ -102,8 +104,8 @@ async def test_revoke_leases_names_the_hosts_that_did_not_acknowledge(fleet: Fle
 async def test_a_host_that_reconnects_reads_the_requests_it_missed(fleet: Fleet, hosts) -> None:
     """The stream keeps requests: a server that resumes from its last entry handles what came
     while it was away (the requester had named it missing meanwhile)."""
-    requester = FleetRevocations(fleet.client, fleet.keys, "gw-a", ack_timeout_s=0.2)
-    late = FleetRevocations(fleet.client, fleet.keys, "gw-b")
+    requester = FleetRevocations(fleet.client, fleet.keys, "gw-a", ack_timeout_s=0.2, entries=fleet.entries)
+    late = FleetRevocations(fleet.client, fleet.keys, "gw-b", entries=fleet.entries)
     last_id = await late.last_id()
     answer = await requester.request("acct", ["gw-b"])
     assert answer.missing == ("gw-b",)

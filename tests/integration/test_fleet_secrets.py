@@ -24,6 +24,7 @@ from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.decisions import RedisDecisions
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.stores.admin import AccountAdminStore
+from shared.chain import ChainAuth
 from shared.chainfile import HashChain
 from shared.chainstorage import FileChainStorage
 from shared.codes import AdminState, Condition, Outcome
@@ -59,7 +60,7 @@ async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
         await registry.on_row(_row(key_id, Condition.RATE_LIMITED, account_id="acct-b",
                                    attempt_id=f"att_{n}", principal_id="worker-7"), now_ms=1_000 + n)
 
-    decisions = RedisDecisions(c, k)
+    decisions = RedisDecisions(c, k, entries=fleet.entries)
     decision = Decision(mint_decision_id="md_01J00000000000000000000000", outcome=Outcome.SELECTED,
                         lineage=Lineage("dispatch-1", "org/repo", "claude-x"), at_ms=1, key_id=key_id,
                         account_id="acct-b", fallback_position=0)
@@ -73,12 +74,14 @@ async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
     admin = AccountAdminStore(str(state_dir), ["acct-b"])
     admin.chain = HashChain(admin.chain.path, admin.chain.anchor_path, fold_overlay, storage=MirroredChainStorage(
         RedisChainStorage(fleet.sync, k, "account-admin"),
-        FileChainStorage(admin.chain.path, admin.chain.anchor_path)))
+        FileChainStorage(admin.chain.path, admin.chain.anchor_path),
+        ChainAuth(fleet.keyring.key("chain/account-admin"))))  # SPEC §19: each record MAC'd
     await admin.set_state("acct-b", AdminState.DISABLED, reason="rotating " + key_id, actor="operator",
                           authenticated_by="admin", expected_revision=0)
 
-    await FleetEvents(c, k, "gw-1").publish(EventKind.ACCOUNT_STATE, {"account_id": "acct-b", "state": "disabled"})
-    await FleetRevocations(c, k, "gw-1", ack_timeout_s=0.1).request("acct-b", ["gw-1"])
+    await FleetEvents(c, k, "gw-1", entries=fleet.entries).publish(EventKind.ACCOUNT_STATE,
+                                                                   {"account_id": "acct-b", "state": "disabled"})
+    await FleetRevocations(c, k, "gw-1", ack_timeout_s=0.1, entries=fleet.entries).request("acct-b", ["gw-1"])
 
 
 def _everything(fleet: Fleet) -> tuple[list[bytes], set[bytes]]:
@@ -130,6 +133,13 @@ async def test_no_credential_token_or_digest_reaches_redis(tmp_path: Path, monke
         found = [f for f in forbidden if f.encode() in everything]
         assert found == [], f"found in Redis: {found}"
         assert token_digest not in everything  # the raw digest bytes, too
+        material = fleet.secret._material   # SPEC §19: the fleet secret and every key made from it
+        keys = [material, *(fleet.keyring.key(use) for use in ("chain/account-admin", "chain/policy",
+                                                                "entry/revoke", "entry/event", "entry/decision"))]
+        for secret in keys:
+            assert secret not in everything and secret.hex().encode() not in everything
+            assert base64.urlsafe_b64encode(secret).rstrip(b"=") not in everything
+        assert b'"mac":' in everything   # the chain records do carry their MACs
         stray = {d for blob in blobs for d in HEX_DIGEST.findall(blob)} - chain_hashes
         assert stray == set(), f"digest-shaped values in Redis that are not record hashes: {stray}"
         assert key_id.encode() in everything  # ids are fine, and the workload did use them

@@ -29,7 +29,7 @@ class Host:
         self.ledger = Ledger(str(root / name / "ledger.jsonl"), clock=clock)
         self.ledger.open()
         self.book = SpendBook.rebuild(self.ledger)
-        self.spend = FleetSpend(fleet.client, fleet.keys, name, self.book)
+        self.spend = FleetSpend(fleet.client, fleet.keys, name, self.book, entries=fleet.entries)
         self.heard: list[bool] = []
         self.spend.listeners.append(self.heard.append)
 
@@ -116,3 +116,35 @@ async def test_what_is_published_names_no_credential(hosts, fleet: Fleet) -> Non
     assert names == sorted([(fleet.keys.spend_host("gw-a")).encode(), fleet.keys.spend_versions.encode()])
     values = b"".join(v for name in names for v in admin.hgetall(name).values())
     assert b"sk-" not in values and b"key_1" not in values   # sums and names only, never a key id
+
+
+async def test_forged_negative_and_garbage_spend_is_rejected_the_last_good_value_stays(hosts,
+                                                                                     fleet: Fleet) -> None:
+    """SPEC §19: a negative cost under any host id, a window with a forged MAC, garbage and a key
+    that is not a hash are each skipped and counted; the fleet's spend is not erased."""
+    import msgspec
+
+    from controlplane.fleet.spend import _encode
+    from shared.fleet.entries import EntryKind
+
+    a, b = hosts("gw-a"), hosts("gw-b")
+    a.serve(5.0, account="team-a")
+    await a.spend.publish()
+    assert await b.spend.pull() is True and b.spent() == pytest.approx(5.0)
+    admin, month, hour = fleet.admin(), DAY[:7], DAY + "T10"
+    negative = _encode([("platform", "", [-999.99, 1, 0, 0, 0, 0, 0])])
+    forged_mac = b.spend.entries.mac(EntryKind.SPEND, ["gw-x", DAY, negative])  # right key, wrong host
+    admin.hset(fleet.keys.spend_host("gw-a"), mapping={   # gw-a's own windows overwritten by a writer
+        DAY: msgspec.msgpack.encode(("A" * 43, negative)), month: b"\xc1garbage", hour: b""})
+    admin.hset(fleet.keys.spend_host("gw-x"), mapping={DAY: msgspec.msgpack.encode((forged_mac, negative)),
+                                                      "_": "1"})
+    admin.set(fleet.keys.spend_host("gw-y"), "not a hash")
+    admin.hset(fleet.keys.spend_versions, mapping={"gw-a": "forged-1", "gw-x": "1", "gw-y": "1", b"\xff": "1"})
+    await b.spend.pull()
+    assert b.spent() == pytest.approx(5.0)
+    assert b.spend.entries.rejected[EntryKind.SPEND] >= 4
+    admin.hset(fleet.keys.spend_host("gw-a"), DAY, msgspec.msgpack.encode((
+        b.spend.entries.mac(EntryKind.SPEND, ["gw-a", DAY, negative]), negative)))  # even MAC'd: out of range
+    admin.hset(fleet.keys.spend_versions, "gw-a", "forged-2")
+    await b.spend.pull()
+    assert b.spent() == pytest.approx(5.0)

@@ -17,6 +17,7 @@ from controlplane.mint import MintAnswer, MintV2
 from controlplane.registry import AccountSpec, Registry
 from shared.codes import AuthStyle, Binding
 from tests.support.control import close_control, make_control
+from tests.support.fleet import fleet_secret_file
 
 MODEL = "m-1"
 
@@ -37,10 +38,12 @@ class FleetHosts:
         self.ttl_s = ttl_s
         self.env = {s.credential_env: "sk-test-" + s.id for s in specs}
         self.hosts: dict[str, Control] = {}
+        self.secret_file = fleet_secret_file(root)
 
     def settings(self, name: str) -> dict[str, str]:
         return {"GATEWAY_FLEET_REDIS_URL": self.redis_url, "GATEWAY_FLEET_ID": self.fleet_id,
-                "GATEWAY_HOST_ID": name, "GATEWAY_FLEET_HOST_TTL_SECONDS": str(self.ttl_s)}
+                "GATEWAY_HOST_ID": name, "GATEWAY_FLEET_HOST_TTL_SECONDS": str(self.ttl_s),
+                "GATEWAY_FLEET_SECRET_FILE": str(self.secret_file)}
 
     def build(self, name: str) -> Control:
         return make_control(self.root / name, settings=self.settings(name), env=self.env,

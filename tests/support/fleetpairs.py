@@ -16,6 +16,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from tests.support.fleet import fleet_secret_file
 from tests.support.harness import Gateway, Stub, credential_like, http
 from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
@@ -60,6 +61,7 @@ class FleetPairs:
         self.shared_env = {
             "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": self.fleet_id,
             "GATEWAY_FLEET_HOST_TTL_SECONDS": str(HOST_TTL_S), "GATEWAY_ACCOUNTS_FILE": str(accounts_file),
+            "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(workdir)),
             "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "", "GATEWAY_TEAM_B_KEY": stub.anthropic_key or "",
             "GATEWAY_CONTROL_TOKEN": self.control_token, "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "30",
             **(extra_env or {})}

@@ -46,7 +46,8 @@ def ping(port: int, timeout_s: float = 0.5) -> bool:
 
 
 class RedisServer:
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(self, directory: Path, port: int | None = None, extra_args: list[str] | None = None) -> None:
+        self.extra_args = list(extra_args or [])   # more redis-server options (TLS, ACL users)
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -65,7 +66,7 @@ class RedisServer:
         binary = require_redis_server()
         argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.directory), "--protected-mode", "yes",
-                "--daemonize", "no"]
+                "--daemonize", "no", *self.extra_args]
         self._log = open(self.directory / "redis.log", "ab")
         self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
                                       start_new_session=True)

@@ -32,4 +32,6 @@ def test_short_fleet_soak_survives_its_faults(tmp_path: Path, capsys: pytest.Cap
     assert all(f["recovered"] for f in runs), runs
     assert any(f["kind"] == "host-kill" and f["streams_cut"] >= 1 for f in runs), runs
     assert summary["ok"] and "FAIL" not in out
+    hostile = [i for i in summary["invariants"] if i["name"].startswith("hostile writer")]   # SPEC §19
+    assert len(hostile) == 2 and all(i["held"] for i in hostile), hostile
     assert all(rows["on_disk"] == rows["expected"] for rows in summary["rows"].values()), summary["rows"]

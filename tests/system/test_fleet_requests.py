@@ -16,6 +16,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
+from tests.support.fleet import fleet_secret_file
 from tests.support.harness import Gateway, Stub, http
 from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
@@ -45,7 +46,7 @@ request_capacity = {capacity}
 ''')
     return {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key or "",
             "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": fleet_id,
-            "GATEWAY_FLEET_HOST_TTL_SECONDS": "3"}
+            "GATEWAY_FLEET_HOST_TTL_SECONDS": "3", "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path))}
 
 
 @pytest.fixture

@@ -1,0 +1,50 @@
+"""The supervisor of the fleet's Redis loops (SPEC §19): states by table; a loop that raises is
+logged and started again; one that keeps failing makes the host unhealthy until a run lasts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controlplane.fleet.supervisor import LoopState, Supervisor, loop_state
+from tests.support.waits import until
+
+STATES = [(0, 0.0, LoopState.RUNNING), (1, 0.1, LoopState.RESTARTING), (2, 4.9, LoopState.RESTARTING),
+          (3, 0.1, LoopState.FAILING), (9, 4.9, LoopState.FAILING), (9, 5.0, LoopState.RUNNING),
+          (1, 5.0, LoopState.RUNNING)]
+
+
+@pytest.mark.parametrize("failures,running_for_s,expected", STATES)
+def test_loop_state(failures: int, running_for_s: float, expected: LoopState) -> None:
+    assert loop_state(failures, running_for_s, failing_after=3, steady_s=5.0) is expected
+
+
+async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> None:
+    supervisor = Supervisor(pause_s=0.01, failing_after=3, steady_s=0.5)
+    runs: list[int] = []
+
+    async def flaky() -> None:
+        runs.append(1)
+        if len(runs) <= 4:
+            raise KeyError(b"from_host")   # what a malformed revoke entry used to raise
+        await asyncio.sleep(3600)
+
+    async def steady() -> None:
+        await asyncio.sleep(3600)
+
+    tasks = [supervisor.spawn("flaky", flaky), supervisor.spawn("steady", steady)]
+    try:
+        await until(lambda: len(runs) >= 3 and not supervisor.healthy(), 5, "three failures in a row: failing")
+        status = {s.name: s for s in supervisor.statuses()}
+        assert status["flaky"].last_error_kind == "KeyError" and status["steady"].state is LoopState.RUNNING
+        assert supervisor.failing() == ["flaky"]
+        await until(lambda: len(runs) == 5, 5, "started again after each failure")
+        await until(supervisor.healthy, 5, "a run that lasted clears it")
+        assert {s.name: s.state for s in supervisor.statuses()} == {"flaky": LoopState.RUNNING,
+                                                                     "steady": LoopState.RUNNING}
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(task.cancelled() for task in tasks)
