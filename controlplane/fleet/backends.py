@@ -19,7 +19,7 @@ from controlplane.decisions import DecisionStore
 from controlplane.stores.decisions import JournalledDecisions
 from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions
 from shared.capacity import CapacityStore, LocalCapacity
-from shared.chainfile import ChainStorage
+from shared.chainstorage import ChainStorage
 
 if TYPE_CHECKING:
     from controlplane.stores.keys import KeyTable

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from shared.chain import SEAL_ACTION, ChainAuth, Fault, Verdict, encode_anchor, encode_record, seal
-from shared.chainfile import ChainCorrupt, FileChainStorage, HashChain
+from shared.chainfile import ChainCorrupt, HashChain
+from shared.chainstorage import FileChainStorage
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.secret import FleetSecret

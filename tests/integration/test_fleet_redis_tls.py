@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared.capacity import StateUnavailable
-from shared.chainfile import ChainBytes
+from shared.chainstorage import ChainBytes
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import connect_sync, describe
