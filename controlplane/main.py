@@ -176,7 +176,7 @@ def _wire_fleet(shared: Any, settings: Settings, service: ControlService, admin:
     fleet_spend.listeners.append(budgets.on_fleet_spend)
     budgets.stale = fleet_spend.stale   # SPEC §19: stale fleet spend holds budgeted scopes
     fleet_spend.stale_listeners.append(budgets.on_stale_change)
-    fleet_headroom = FleetHeadroom(shared.client, shared.keys, settings.host_id, headroom)
+    fleet_headroom = FleetHeadroom(shared.client, shared.keys, settings.host_id, headroom, entries=shared.entries)
     headroom.observed_listeners.append(fleet_headroom.note)
     fleet = FleetHost(shared, settings=settings, service=service, admin=admin, policy=policy, events=events)
     return fleet, fleet_spend, fleet_headroom

@@ -78,7 +78,8 @@ class FleetBackends:
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)
 
     def circuits(self, cooldown_s: int, on_transition: OnTransition) -> CircuitRegistry:
-        return OwedCircuits(RedisCircuits(self.client, self.keys), cooldown_s, self.owed, on_transition)
+        store = RedisCircuits(self.client, self.keys, entries=self.entries, unverified_open_ms=cooldown_s * 1000)
+        return OwedCircuits(store, cooldown_s, self.owed, on_transition)
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))

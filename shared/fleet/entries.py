@@ -2,11 +2,12 @@
 (SPEC §19).
 
 Every entry a host puts in Redis for the other hosts (a revoke request or acknowledgement, an
-event, a window of spend totals, a decision) carries a MAC over its fields, made with the key
-of its kind (`Keyring`, `entry/<kind>`). A reader checks the MAC, decodes into strict types and
-range-checks every value; an entry that fails any check is skipped and reported here: logged
-once (`fleet_entry_rejected`, with its kind, the Redis key (and entry id) it was read from and
-why, never its value) and counted by kind (`leasehold_fleet_entries_rejected_total{kind}`).
+event, a window of spend totals, a decision, a rate-limit observation, a circuit) carries a MAC
+over its fields, made with the key of its kind (`Keyring`, `entry/<kind>`). A reader checks the
+MAC, decodes into strict types and range-checks every value; an entry that fails any check is
+skipped and reported here: logged once (`fleet_entry_rejected`, with its kind, the Redis key
+(and entry id) it was read from and why, never its value) and counted by kind
+(`leasehold_fleet_entries_rejected_total{kind}`).
 A rejected entry never stops the loop that read it: the caller goes on with the next one.
 """
 
@@ -34,6 +35,8 @@ class EntryKind(StrEnum):
     SPEND = "spend"              # one window of one host's spend totals (hash `{f}:spend:host:<host>`)
     DECISION = "decision"        # a mint decision (string `{f}:dec:d:<decision>`)
     REGISTERED = "registered"    # a host re-registered after a data loss (set `{f}:registered`): lifts a hold
+    HEADROOM = "headroom"        # a rate-limit observation (hash `{f}:headroom`, SPEC §22)
+    CIRCUIT = "circuit"          # an account's circuit (string `{f}:circuit:<account>`): may lift a hold
 
 
 class Why(StrEnum):

@@ -43,7 +43,7 @@ CAPACITY_BACKENDS: dict[str, Callable[[Fleet | None], CapacityStore]] = {
 }
 CIRCUIT_BACKENDS: dict[str, Callable[[Fleet | None], CircuitStore]] = {
     "local": lambda _: LocalCircuits(),
-    "redis": lambda f: RedisCircuits(f.client, f.keys),
+    "redis": lambda f: RedisCircuits(f.client, f.keys, entries=f.entries),
 }
 DECISION_BACKENDS: dict[str, Callable[[Fleet | None], DecisionStore]] = {
     "local": lambda _: LocalDecisions(),

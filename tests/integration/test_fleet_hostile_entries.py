@@ -1,6 +1,7 @@
 """A Redis writer without the fleet secret (SPEC §19), over a real redis-server: what it puts in the
 revoke stream, the acknowledgements and the events channel is skipped, logged once and counted
-by kind; the loops that read it go on and serve the next real entry."""
+by kind; the loops that read it go on and serve the next real entry. A forged circuit is read
+open, never closed."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
+from controlplane.circuits import CircuitRegistry
+from controlplane.core import circuit as rules
 from controlplane.events import EventKind
+from controlplane.fleet.circuits import RedisCircuits, encode_circuit
 from controlplane.fleet.events import FleetEvent, FleetEvents, FleetRevocations, RevokeRequest
+from shared.clock import iso_ms, now_ms
+from shared.codes import CircuitPhase, Condition
 from shared.fleet.entries import EntryKind, FleetEntries
 from shared.fleet.secret import FleetSecret, Keyring
 from tests.support.fleet import Fleet
+from tests.support.rows import row
 from tests.support.waits import until as wait_until_async
 
 
@@ -142,3 +149,41 @@ async def test_forged_decisions_evidence_and_outcomes_are_not_believed(fleet: Fl
     assert await table.refused_outcome("md_forged_refused") is None
     assert await table.refused_outcome("md_held") is Outcome.HELD and await table.get("md_real") == real
     assert fleet.entries.rejected[EntryKind.DECISION] - before == 8  # each read of each, once logged
+
+
+async def test_a_forged_closed_circuit_over_an_open_one_does_not_admit_a_mint(fleet: Fleet) -> None:
+    """A circuit is MAC'd (SPEC §19): a writer puts "closed" over an open circuit, unsigned, signed
+    with another secret, or with a real MAC moved from another account. The account is read open
+    (never closed nor absent), each read counted; after the cooldown the one probe this host
+    admits is written over the forged bytes, signed, and the account recovers by the rules."""
+    store = RedisCircuits(fleet.client, fleet.keys, entries=fleet.entries, unverified_open_ms=30_000)
+    registry = CircuitRegistry(store, cooldown_s=30)
+    now = now_ms()
+    failed = msgspec.structs.replace(row(iso_ms(now), account="acct"), condition=Condition.CREDIT_EXHAUSTED)
+    await registry.on_row(failed, now)
+    assert not await registry.admits("acct", now)
+    key = fleet.keys.circuit("acct")
+    closed = encode_circuit(rules.CLOSED)
+    other = RedisCircuits(fleet.client, fleet.keys, entries=fleet.entries)
+    forgeries = [
+        closed,                                                                           # unsigned
+        msgspec.msgpack.encode((outsider(fleet).mac(EntryKind.CIRCUIT, ["acct", closed]), closed)),
+        other.signed("acct-2", rules.CLOSED),                                             # another account's
+        msgspec.msgpack.encode(("A" * 43, closed, "extra")),
+    ]
+    admin = fleet.admin()
+    for n, forged in enumerate(forgeries, start=1):
+        admin.set(key, forged)
+        assert not await registry.claim_probe("acct", f"key_{n}", now + 1)
+        assert (await registry.get("acct", now + 1)).phase == CircuitPhase.OPEN
+        assert fleet.entries.rejected[EntryKind.CIRCUIT] >= n
+        assert admin.get(key) == forged                  # nothing this host wrote was believed over it
+
+    # The host's own next write: after the cooldown it admits one probe and signs what it stores.
+    later = now_ms() + 31_000
+    assert await registry.claim_probe("acct", "key_probe", later)
+    assert not await registry.claim_probe("acct", "key_other", later)     # one probe only
+    assert admin.get(key) != forgeries[-1]
+    before = fleet.entries.rejected[EntryKind.CIRCUIT]
+    assert (await registry.get("acct", later)).probe_key == "key_probe"   # read back: it verifies
+    assert fleet.entries.rejected[EntryKind.CIRCUIT] == before

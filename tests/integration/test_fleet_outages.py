@@ -52,7 +52,7 @@ async def backends(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, Backends]
     server = RedisServer(tmp_path / "redis").start()
     fleet = Fleet(server, timeout_s=TIMEOUT_S)
     c, k = fleet.client, fleet.keys
-    made = Backends(fleet, RedisCapacity(c, k, Ceiling.LEASE, "gw-1"), RedisCircuits(c, k),
+    made = Backends(fleet, RedisCapacity(c, k, Ceiling.LEASE, "gw-1"), RedisCircuits(c, k, entries=fleet.entries),
                     RedisDecisions(c, k, entries=fleet.entries),
                     HostRegistry(c, k, ttl_s=10), RedisChainStorage(fleet.sync, k, "policy"),
                     FleetEvents(c, k, "gw-1", entries=fleet.entries),

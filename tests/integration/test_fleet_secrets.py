@@ -55,7 +55,7 @@ async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
     await RedisCapacity(c, k, Ceiling.LEASE, "gw-dead").reserve("acct-b", "k-dead", None)
     await hosts.reap_dead()
 
-    registry = CircuitRegistry(RedisCircuits(c, k), cooldown_s=30)
+    registry = CircuitRegistry(RedisCircuits(c, k, entries=fleet.entries), cooldown_s=30)
     for n in range(3):
         await registry.on_row(_row(key_id, Condition.RATE_LIMITED, account_id="acct-b",
                                    attempt_id=f"att_{n}", principal_id="worker-7"), now_ms=1_000 + n)
