@@ -126,6 +126,7 @@ class DispatchKeys:
                 facts = gathered.facts
                 moved = msgspec.structs.replace(
                     lease, account_id=account.id, mint_decision_id=decision.mint_decision_id,
+                    hop=verdict.hop,
                     hop_on=hop_on(FallbackDriver.GATEWAY, facts.fallback_on, verdict.hop, facts.max_hops))
                 return Hop(lease=moved, decision=decision, moved=True)
             refusal = claimed[0]

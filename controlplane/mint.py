@@ -192,7 +192,7 @@ class MintDesk(DispatchKeys, FactDesk):
                       expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=body.principal_kind,
                       principal_id=body.principal_id, repo_slug=body.repo_slug,
                       dispatch_id=body.dispatch_id, mint_decision_id=base.mint_decision_id,
-                      worker_role=body.worker_role,
+                      worker_role=body.worker_role, hop=verdict.hop,
                       hop_on=hop_on if facts is None else lease_hop_on(body.fallback_driver, facts.fallback_on,
                                                                   verdict.hop, facts.max_hops))
         decision = msgspec.structs.replace(

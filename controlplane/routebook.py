@@ -83,6 +83,8 @@ class RouteView(msgspec.Struct, frozen=True, kw_only=True):
     overhead_ms: float | None
     rate_limits: dict | None = None     # the provider's headroom the answer stated (SPEC §22)
     transport: str = "http"      # SPEC §14, §20: "http" | "websocket"
+    hop: int = 0                 # SPEC §8, §14
+    first_byte_ms: float | None = None  # SPEC §14: sent upstream → first response byte
 
 
 _VIEW_FIELDS = RouteView.__struct_fields__

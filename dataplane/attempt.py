@@ -30,7 +30,7 @@ class Attempt:
     __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
                  "task", "stopping", "response", "http_status", "sse_plain", "row", "trace",
-                 "rate_limits", "asked_usage")
+                 "rate_limits", "asked_usage", "first_byte_ms")
 
     def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str,
                  trace: tuple[str | None, str | None] = (None, None)) -> None:
@@ -56,6 +56,7 @@ class Attempt:
         self.trace = trace                             # (traceparent, tracestate), SPEC §21
         self.rate_limits: RateLimits | None = None     # the upstream answer's (SPEC §22)
         self.asked_usage = False                       # include_usage set by the gateway (§19)
+        self.first_byte_ms: float | None = None        # sent upstream → first answer byte (§14)
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""
@@ -70,7 +71,7 @@ class Attempt:
             overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, served_model=None,
             finished_at=None, status=None, http_status=None, condition=None,
             refusal_reason=None, usage=None, cost_usd=None, cost_reason=None,
-            traceparent=self.trace[0], tracestate=self.trace[1],
+            traceparent=self.trace[0], tracestate=self.trace[1], hop=lease.hop,
         )
 
     def announce(self) -> None:
@@ -108,6 +109,7 @@ class Attempt:
             refusal_reason=None if refusal is None else str(refusal), usage=usage,
             retry_after_s=retry_after_s, duration_ms=duration_ms,
             overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, rate_limits=self.rate_limits,
+            first_byte_ms=self.first_byte_ms,
         )
         if self.lease.hop_on:  # a dispatch key: stop admitting on it before control has the row
             self.link.replica.hop_pending(self.lease, row.condition, row.refusal_reason)

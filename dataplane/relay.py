@@ -124,7 +124,8 @@ class Relay:
             return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
                                       "the upstream could not be reached")
         watch.body(upstream.content, lambda: _stalled(request, attempt))
-        upstream_wait = time.perf_counter() - sent_at
+        upstream_wait = time.perf_counter() - sent_at  # the answer's head: its first byte (§14)
+        attempt.first_byte_ms = round(upstream_wait * 1000, 3)
         attempt.rate_limits = rate_limits_of(upstream.headers, attempt.wire, now_ms)  # SPEC §22
         ended_clean = False
         try:

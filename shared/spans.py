@@ -137,21 +137,19 @@ def _server(account: Account | None) -> dict[str, Attr]:
     return attrs
 
 
-def _leasehold(row: AttemptRow, note: DecisionNote | None) -> dict[str, Attr]:
+def _leasehold(row: AttemptRow) -> dict[str, Attr]:
     attrs: dict[str, Attr] = {
         "leasehold.attempt_id": row.attempt_id, "leasehold.key_id": row.key_id,
         "leasehold.account_id": row.account_id, "leasehold.repo": row.repo_slug,
         "leasehold.principal": row.principal_id, "leasehold.status": row.status or "unfinished",
-        # the `transport` field arrives with the WebSocket transport (SPEC §20); HTTP until then
-        "leasehold.transport": getattr(row, "transport", None) or "http",
+        "leasehold.transport": row.transport,
+        "leasehold.hop": row.hop,  # the lease's, copied onto the row by the data plane (SPEC §8, §14)
     }
     optional = {"leasehold.dispatch_id": row.dispatch_id, "leasehold.mint_decision_id": row.mint_decision_id,
                 "leasehold.cost_usd": row.cost_usd, "leasehold.refusal_reason": row.refusal_reason,
                 "leasehold.condition": row.condition, "leasehold.worker_role": row.worker_role,
                 "leasehold.overhead_ms": row.overhead_ms}
     attrs.update({k: v for k, v in optional.items() if v is not None})
-    if note is not None or row.mint_decision_id is None:  # a v1 lease never hops
-        attrs["leasehold.hop"] = 0 if note is None else note.hop
     return attrs
 
 
@@ -178,14 +176,13 @@ def span_of(row: AttemptRow, account: Account | None = None, note: DecisionNote 
         attrs["gen_ai.request.model"] = row.requested_model
     if row.served_model is not None:
         attrs["gen_ai.response.model"] = row.served_model
-    first_byte_ms = getattr(row, "first_byte_ms", None)  # SPEC §14's field, once rows carry it
-    if first_byte_ms is not None:
-        attrs["gen_ai.response.time_to_first_chunk"] = first_byte_ms / 1000
+    if row.first_byte_ms is not None:
+        attrs["gen_ai.response.time_to_first_chunk"] = row.first_byte_ms / 1000
     if row.http_status is not None:
         attrs["http.response.status_code"] = row.http_status
     attrs.update(_server(account))
     attrs.update(usage_attributes(row))
-    attrs.update(_leasehold(row, note))
+    attrs.update(_leasehold(row))
     error = error_type_of(row)
     if error is not None:
         attrs["error.type"] = error

@@ -45,6 +45,7 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     budgeted: bool = False
     budget_retry_at_ms: int | None = None
     budget_stale: bool = False      # fleet mode (SPEC §19): the fleet's spend is stale; budgeted: 503
+    hop: int = 0    # SPEC §8: the decision's hop (0 for a first mint); copied onto every row
 
 
 class LeaseGate(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +143,9 @@ class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
     # answer carried none, or there was no answer).
     rate_limits: RateLimits | None = None
     transport: str = "http"  # SPEC §14, §20: "http" | "websocket"
+    hop: int = 0  # SPEC §8, §14: the lease's hop, copied from it by the data plane
+    # SPEC §14: ms from sending the request upstream to its first response byte (null: none came)
+    first_byte_ms: float | None = None
 
 
 # ---- messages ------------------------------------------------------------------------------

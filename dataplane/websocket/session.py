@@ -38,8 +38,9 @@ PATH = "/v1/responses"
 class SocketAttempt(Attempt):
     """An attempt whose row says `transport: "websocket"` and `stream: true` (SPEC §14, §20)."""
 
-    __slots__ = ("holds_slot",)
+    __slots__ = ("holds_slot", "sent_at")
     holds_slot: bool   # this response holds a request slot (released once, at its end)
+    sent_at: float     # perf_counter when its `response.create` went upstream (SPEC §14)
 
     def _started_row(self) -> AttemptRow:
         return msgspec.structs.replace(super()._started_row(), transport="websocket", stream=True)
@@ -192,6 +193,7 @@ class SocketSession:
             self.upstream_at = time.monotonic()  # the idle bound counts from the send
         self.attempts.append(attempt)
         attempt.mark_overhead(0.0)
+        attempt.sent_at = time.perf_counter()
         await self.upstream.send_str(text)
 
     def _attempt(self, model: str | None) -> SocketAttempt:
@@ -256,6 +258,8 @@ class SocketSession:
         attempts = self.attempts
         if attempts:
             head = attempts[0]
+            if head.first_byte_ms is None:  # its response's first upstream event (SPEC §14)
+                head.first_byte_ms = round((time.perf_counter() - head.sent_at) * 1000, 3)
             head.bytes_out += len(text)
             kind = events.event_type(text)
             if kind in events.TERMINAL:

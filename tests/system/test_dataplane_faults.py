@@ -107,6 +107,7 @@ def test_reset_before_headers_is_502_in_the_wire_shape(gateway: Gateway, clean_s
     row = one_row(gateway, minted["key_id"])
     assert headers["request-id"] == row["attempt_id"] and "x-leasehold-overhead-ms" in headers
     assert (row["status"], row["condition"], row["http_status"]) == ("transport-error", "transport-error", 502)
+    assert row["first_byte_ms"] is None  # SPEC §14: no response byte came
 
 
 def test_reset_mid_stream_cuts_the_stream(gateway: Gateway, clean_stub: Stub) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from datetime import datetime, timedelta
 
 import anthropic
 import httpx2  # the HTTP client the installed anthropic and openai SDKs are built on
@@ -42,6 +43,7 @@ BODIES = {
     "chat": ("/v1/chat/completions", {"model": O_MODEL, "messages": MESSAGES, "stream": True}),
     "responses": ("/v1/responses", {"model": O_MODEL, "input": "hi", "stream": True}),
 }
+MS = timedelta(milliseconds=1)
 ERROR_EVENT = {
     "anthropic": b'event: error\ndata: {"type":"error","error":{"type":"api_error"',
     "chat": b'data: {"error":{"message":',
@@ -82,7 +84,11 @@ def test_chunks_reach_the_client_as_the_upstream_sends_them(gateway: Gateway, cl
     assert arrivals[0] - entry["first_sent_at"] < 0.3
     spread = [b - a for a, b in zip(arrivals, arrivals[1:])]
     assert sum(1 for gap in spread if gap > 0.02) >= 15, spread  # one at a time, not in bursts
-    assert one_row(gateway, minted["key_id"])["status"] == "completed"
+    row = one_row(gateway, minted["key_id"])
+    assert (row["status"], row["hop"], row["transport"]) == ("completed", 0, "http")
+    # SPEC §14: sent upstream → the answer's head; the stub's ≥ 0.9 s of events comes after it
+    took_ms = (datetime.fromisoformat(row["finished_at"]) - datetime.fromisoformat(row["started_at"])) / MS
+    assert isinstance(row["first_byte_ms"], float) and 0 <= row["first_byte_ms"] < took_ms - 500
 
 
 @pytest.mark.parametrize("kind", ["anthropic", "chat", "responses"])

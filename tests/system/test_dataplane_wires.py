@@ -296,6 +296,7 @@ def test_529_stays_529_and_a_400_is_not_evidence(gateway: Gateway, clean_stub: S
         sdk.messages.create(model=A_MODEL, max_tokens=5, messages=MESSAGES, extra_headers=step(status=400))
     rows = settled(gateway, minted["key_id"], 2)
     assert [(r["http_status"], r["condition"]) for r in rows] == [(529, "overloaded"), (400, None)]
+    assert all(r["first_byte_ms"] >= 0 and r["hop"] == 0 for r in rows)  # an error answer is an answer
 
 
 @pytest.mark.parametrize("binding,path,wire", [
@@ -320,6 +321,7 @@ def test_path_the_wire_does_not_serve_is_404_in_its_shape(gateway: Gateway, clea
         assert headers["x-request-id"] == row["attempt_id"]
     assert "x-leasehold-overhead-ms" in headers
     assert (row["status"], row["refusal_reason"], row["condition"]) == ("refused", "path-not-served", None)
+    assert (row["first_byte_ms"], row["hop"]) == (None, 0)  # SPEC §14: refused, nothing sent upstream
     assert clean_stub.requests() == []
 
 

@@ -63,6 +63,7 @@ def test_a_429_hops_and_the_workers_own_retry_is_served_by_the_sibling(
     assert (first["account_id"], first["http_status"], first["condition"]) == (A, 429, "rate-limited")
     assert (second["account_id"], second["status"]) == (B, "completed")
     assert first["mint_decision_id"] == minted["mint_decision_id"] != second["mint_decision_id"]
+    assert (first["hop"], second["hop"]) == (0, 1)  # SPEC §8, §14: the hop's lease carries its position
     assert len(clean_stub.requests()) == 1 and len(second_stub.requests()) == 1  # never re-sent
     accounts = {a["id"]: a for a in gw.api("GET", "/control/v2/accounts")[2]["accounts"]}
     assert (accounts[A]["lease_count"], accounts[B]["lease_count"]) == (0, 1)  # one live lease
@@ -78,6 +79,7 @@ def test_the_budget_spent_leaves_the_key_where_it_is(make_gateway, tmp_path, cle
     assert ask(client(gw, minted["token"]))  # A 429 → hop → B 429 → no hop left → B 200
     rows = rows_of(gw, minted["key_id"], 3)
     assert [r["account_id"] for r in rows] == [A, B, B]
+    assert [r["hop"] for r in rows] == [0, 1, 1]
     assert len(second_stub.requests()) == 2
 
 

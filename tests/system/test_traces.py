@@ -183,6 +183,8 @@ def test_stream_span(gw: Gateway, receiver: OtlpReceiver, wire: str) -> None:
     span = receiver.wait_span(row["attempt_id"])
     assert span.attributes["gen_ai.request.stream"] is True and span.parent_span_id == PARENT_SPAN
     assert_row_times(span, row)
+    assert row["first_byte_ms"] >= 0  # SPEC §14; the conventions' time to first chunk is in seconds
+    assert span.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(row["first_byte_ms"] / 1000)
 
 
 @pytest.mark.parametrize(("wire", "step", "http_status", "error_type"), [
@@ -211,6 +213,7 @@ def test_gateway_refusal_is_an_error_span(gw: Gateway, receiver: OtlpReceiver) -
         pytest.skip("the legacy account serves every model here")
     span = receiver.wait_span(row["attempt_id"])
     assert span.attributes["error.type"] == row["refusal_reason"] and span.attributes["leasehold.status"] == "refused"
+    assert row["first_byte_ms"] is None and "gen_ai.response.time_to_first_chunk" not in span.attributes
 
 
 def test_cut_stream_is_an_error_span(gw: Gateway, receiver: OtlpReceiver) -> None:

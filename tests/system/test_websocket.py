@@ -46,6 +46,8 @@ async def test_turns_chain_over_one_socket_one_row_each(gateway: Gateway, clean_
         ("websocket", True, "completed", 200)}
     assert [r["usage"]["output_tokens"] for r in rows] == [0, 3, 3, 3]
     assert all(r["requested_model"] == r["served_model"] == O_MODEL for r in rows)
+    # SPEC §14: each response.create sent upstream → its first event; a first mint's lease: hop 0
+    assert all(r["first_byte_ms"] >= 0 and r["hop"] == 0 for r in rows), rows
     entries = ws_entries(clean_stub)
     assert [e["generate"] for e in entries] == [False, True, True, True]
     assert entries[2]["previous_response_id"] is not None
@@ -115,6 +117,7 @@ async def test_refusals_on_the_socket_keep_it_open(gateway: Gateway, clean_stub:
     rows = settled(gateway, minted["key_id"], 5)
     assert [(r["status"], r["refusal_reason"], r["condition"]) for r in rows[:4]] == [
         ("refused", "model-not-permitted", None)] + [("refused", "invalid-request-body", None)] * 3
+    assert [r["first_byte_ms"] is None for r in rows] == [True] * 4 + [False]
     assert len(ws_entries(clean_stub)) == 1  # nothing refused went upstream
 
 

@@ -96,11 +96,16 @@ def test_span_names(name: str, path: str, model: str | None, span_name: str) -> 
 
 def test_lineage_hop_and_events() -> None:
     event = SpanEvent(name="leasehold.mint", at_ns=5, attributes={"leasehold.outcome": "selected"})
-    v2 = row(mint_decision_id="md_1", dispatch_id="d-1")
-    assert "leasehold.hop" not in span_of(v2).attributes   # a decision this control does not know
-    plan = span_of(v2, note=DecisionNote(hop=1, events=(event,)))
+    v2 = row(mint_decision_id="md_1", dispatch_id="d-1", hop=1)
+    assert span_of(v2).attributes["leasehold.hop"] == 1   # the row's, copied from its lease (SPEC §14)
+    plan = span_of(v2, note=DecisionNote(events=(event,)))
     assert plan.attributes["leasehold.hop"] == 1 and plan.events == (event,)
     assert plan.attributes["leasehold.dispatch_id"] == "d-1" and plan.attributes["leasehold.mint_decision_id"] == "md_1"
+
+
+def test_time_to_first_chunk_is_the_rows_first_byte_in_seconds() -> None:
+    assert span_of(row(stream=True, first_byte_ms=250.5)).attributes["gen_ai.response.time_to_first_chunk"] == 0.2505
+    assert "gen_ai.response.time_to_first_chunk" not in span_of(row(first_byte_ms=None)).attributes
 
 
 def test_times_and_ids() -> None:
