@@ -22,8 +22,8 @@ import redis
 from controlplane.core.fallback import Lineage
 from controlplane.core.hop import FallbackDriver
 from controlplane.decisions import Decision, LiveGroup
-from controlplane.fleet import decisions as fleet_decisions
 from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions, RedisDecisions
+from controlplane.stores import leasedecisions as fleet_decisions
 from shared.capacity import StateUnavailable
 from shared.codes import Outcome, Refusal
 from shared.fleet.capacity import RedisCapacity
