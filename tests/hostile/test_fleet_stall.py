@@ -18,6 +18,7 @@ import pytest
 from tests.hostile.conftest import dataplane_healthy
 from tests.hostile.test_connections import _big_stream, connect
 from tests.support.attempts import A_HEADERS
+from tests.support.fleet import fleet_secret_file
 from tests.support.harness import Gateway, Stub, http
 from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
@@ -56,7 +57,8 @@ request_capacity = 1
 ''')
     common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key or "",
               "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": "stall",
-              "GATEWAY_FLEET_HOST_TTL_SECONDS": "3", "GATEWAY_CLIENT_STALL_SECONDS": "1"}
+              "GATEWAY_FLEET_HOST_TTL_SECONDS": "3", "GATEWAY_CLIENT_STALL_SECONDS": "1",
+              "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path))}  # SPEC §19
     a = make_gateway({**common, "GATEWAY_HOST_ID": "host-a"}, name="a").start()
     b = make_gateway({**common, "GATEWAY_HOST_ID": "host-b"}, name="b").start()
     on_a, on_b = _mint(a, "d-stall-a"), _mint(b, "d-stall-b")

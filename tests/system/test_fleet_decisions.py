@@ -48,9 +48,10 @@ def fleet(tmp_path: Path, stub: Stub, own_redis: RedisServer) -> Iterator[FleetP
 
 
 def registered(server: RedisServer, fleet: FleetPairs) -> set[str]:
-    """The hosts that re-registered their holders in Redis's current data (lost with it)."""
+    """The hosts that re-registered their holders in Redis's current data (lost with it); each
+    member is `<host>:<mac>` (SPEC §19, controlplane/fleet/registered.py)."""
     with redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2) as admin:
-        return {m.decode() for m in admin.smembers(FleetKeys(fleet.fleet_id).registered)}
+        return {m.decode().rpartition(":")[0] for m in admin.smembers(FleetKeys(fleet.fleet_id).registered)}
 
 
 def wait_recovered(server: RedisServer, fleet: FleetPairs) -> None:
