@@ -17,7 +17,6 @@ Health stays evidence-based (`core.health`): headroom is its own fact, never evi
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -36,7 +35,7 @@ from controlplane.core.headroom import (
     observations_of,
 )
 from controlplane.events import EventHub, EventKind
-from controlplane.upkeep import while_app_runs
+from controlplane.upkeep import every, while_app_runs
 from shared.clock import iso_ms, now_ms
 from shared.logging import get_logger
 from shared.wire import RATE_LIMIT_KINDS, AttemptRow
@@ -150,12 +149,7 @@ class HeadroomBook:
             self.check(account_id, now, self._floors)
 
     async def maintain(self, tick_s: float = TICK_S) -> None:
-        while True:
-            await asyncio.sleep(tick_s)
-            try:
-                self.tick()
-            except Exception:  # upkeep must outlive any one bad pass
-                log.exception("headroom_upkeep_failed")
+        await every(tick_s, self.tick, "headroom_upkeep_failed")
 
     def background(self, _app: object) -> AsyncIterator[None]:
         """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""

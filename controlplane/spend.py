@@ -21,7 +21,6 @@ a failure left unfinished, writes the live checkpoint and forgets windows before
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import stat
@@ -37,7 +36,7 @@ from controlplane.core.spendscopes import SpendCells, SpendEntry, TenancyMap, sp
 from controlplane.core.windows import Window, key_at, window_at
 from controlplane.stores import segments
 from controlplane.stores.ledger import Ledger
-from controlplane.upkeep import while_app_runs
+from controlplane.upkeep import every, while_app_runs
 from shared.logging import get_logger
 from shared.wire import AttemptRow
 
@@ -222,12 +221,7 @@ class SpendBook:
         return st.st_size - (held[2] if held is not None and held[0] == st.st_ino else 0)
 
     async def maintain(self, tick_s: float = TICK_S) -> None:
-        while True:
-            await asyncio.sleep(tick_s)
-            try:
-                self.tick()
-            except Exception:  # upkeep must outlive any one bad pass
-                log.exception("spend_upkeep_failed")
+        await every(tick_s, self.tick, "spend_upkeep_failed")
 
     def background(self, _app: object) -> AsyncIterator[None]:
         """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""
