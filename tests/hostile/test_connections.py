@@ -128,11 +128,12 @@ def _big_stream(events: int, size: int) -> str:
 
 
 def test_a_stalled_reader_is_cut_and_its_slot_released(cgw: Gateway, clean_stub: Stub) -> None:
-    """8 MiB streamed to a worker that reads nothing: its write stalls, after 1 s the attempt
+    """16 MiB streamed over >= 10 s (so no kernel buffer can absorb it all before the cut) to a
+    worker that reads nothing: its write stalls, after 1 s the attempt
     ends client-aborted, the upstream request is cancelled and the account's only request slot
     (request_capacity 1) serves the next request."""
     minted = mint_v2(cgw, HAIKU, "d-stall")
-    clean_stub.script({"body": _big_stream(128, 64 * 1024)})
+    clean_stub.script({"body": _big_stream(1024, 16 * 1024), "stall_between_events_s": 0.01})
     sock = connect(cgw, rcvbuf=4096)
     body = json.dumps({"model": HAIKU, "max_tokens": 8, "stream": True, "messages": []}).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in {**A_HEADERS, "x-api-key": minted["token"]}.items())

@@ -62,7 +62,7 @@ request_capacity = 1
     a = make_gateway({**common, "GATEWAY_HOST_ID": "host-a"}, name="a").start()
     b = make_gateway({**common, "GATEWAY_HOST_ID": "host-b"}, name="b").start()
     on_a, on_b = _mint(a, "d-stall-a"), _mint(b, "d-stall-b")
-    stub.script({"body": _big_stream(128, 64 * 1024)})
+    stub.script({"body": _big_stream(1024, 16 * 1024), "stall_between_events_s": 0.01})
     sock = connect(a, rcvbuf=4096)
     body = json.dumps({"model": MODEL, "max_tokens": 8, "stream": True, "messages": []}).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in {**A_HEADERS, "x-api-key": on_a["token"]}.items())
