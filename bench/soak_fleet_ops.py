@@ -52,17 +52,30 @@ class Lease:
     retired: bool = False        # out of use: revoked, ended or left to expire
 
 
+def unavailable_reason(host: Host) -> str:
+    """The host's own reason for its last `fleet-state-unavailable` (its control log's `error`
+    field, which names a loop, a chain or Redis, never a value): what a failure report needs."""
+    try:
+        lines = (host.gw.workdir / "control.log").read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"{host.name}: its log unreadable ({type(exc).__name__})"
+    said = [line for line in lines if "fleet_state_unavailable" in line]
+    return f"{host.name}: {said[-1][-240:]}" if said else f"{host.name}: nothing logged"
+
+
 class FleetOps:
     """Mints, renewals, revokes, expiries and the operator's writes; `self` is the `FleetSoak`."""
 
-    def held(self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str]) -> None:
+    def held(self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str],
+             host: Host | None = None) -> None:
         """A control answer other than success: counted, and judged against the fault windows."""
         reason = (payload or {}).get("refusal_reason") or ((payload or {}).get("error") or {}).get("code")
         self.tally[what][f"{status} {reason}"] += 1
         if status == 503 and "retry-after" not in headers:
             self.surprise(f"{what}: 503 {reason} without retry-after")
         if reason == "fleet-state-unavailable" and not self.in_redis_fault():
-            self.surprise(f"{what}: held fleet-state-unavailable outside every Redis fault")
+            why = unavailable_reason(host) if host is not None else "host not named"
+            self.surprise(f"{what}: held fleet-state-unavailable outside every Redis fault ({why})")
         elif status not in (409, 503):
             self.surprise(f"{what}: HTTP {status} {payload}")
 
@@ -77,7 +90,7 @@ class FleetOps:
         async with self.grow:
             status, payload, headers = await self.api(host, "POST", "/control/v2/mint", body)
             if status != 201:
-                self.held("mints", status, payload, headers)
+                self.held("mints", status, payload, headers, host)
                 return None
             lease = self.lease_of(payload, host, ttl)
         lease.to_expire = draw < 1 / 6
@@ -109,7 +122,7 @@ class FleetOps:
             elif status == 404:
                 await self.renewal_unknown(lease)
             else:
-                self.held("renewals", status, payload, headers)
+                self.held("renewals", status, payload, headers, host)
         finally:
             self.renewals_done += 1
 
@@ -191,7 +204,7 @@ class FleetOps:
             return False
         status, payload, headers = await self.api(host, "PATCH", f"/control/v2/accounts/{OPEN}/state", {
             "state": state, "reason": "soak", "actor": "soak", "expected_revision": view["revision"]})
-        self.write_done("admin writes", status, payload, headers)
+        self.write_done("admin writes", status, payload, headers, host)
         return status == 200
 
     async def write_policy(self: FleetSoak, host: Host, *, with_hop: bool, repo: str = CAPPED_REPO,
@@ -205,13 +218,14 @@ class FleetOps:
         status, payload, headers = await self.api(host, "PUT", "/control/v2/policy/level", {
             "name": f"repo:{repo}", "expected_revision": view["revision"], "document": document,
             "reason": "soak"})
-        self.write_done("policy writes", status, payload, headers)
+        self.write_done("policy writes", status, payload, headers, host)
         return status == 200
 
-    def write_done(self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str]) -> None:
+    def write_done(self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str],
+                   host: Host | None = None) -> None:
         if status == 200:
             self.tally[what]["200"] += 1
         elif status == 409 and self.tally[what]["503 fleet-state-unavailable"]:
             self.tally[what]["409 (an earlier held write had landed)"] += 1
         else:
-            self.held(what, status, payload, headers)
+            self.held(what, status, payload, headers, host)
