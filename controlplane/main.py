@@ -17,6 +17,7 @@ import uvloop
 from aiohttp import web
 
 from controlplane.budgetguard import BudgetGuard
+from controlplane.circuits import CircuitRegistry
 from controlplane.core.policy import Ceiling
 from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
@@ -145,8 +146,8 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     metrics.registry.register(headroom.gauges())
     fleet = fleet_spend = fleet_headroom = None
     if shared.fleet is not None:
-        fleet, fleet_spend, fleet_headroom = _wire_fleet(shared.fleet, settings, service, admin, policy, events,
-                                                         spend, budgets, headroom)
+        fleet, fleet_spend, fleet_headroom = _wire_fleet(shared.fleet, settings, service, circuits, admin, policy,
+                                                         events, spend, budgets, headroom)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
                                              service.routes.in_flight_by_account) if fleet is None else fleet.view())
     metrics.watch(FleetGauges(fleet_view, None if shared.fleet is None else shared.fleet.entries))
@@ -161,9 +162,9 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                    fleet_spend=fleet_spend, fleet_headroom=fleet_headroom, traces=traces)
 
 
-def _wire_fleet(shared: Any, settings: Settings, service: ControlService, admin: AccountAdminStore,
-                policy: PolicyStore, events: EventHub, spend: SpendBook, budgets: BudgetGuard,
-                headroom: HeadroomBook) -> tuple[FleetHost, FleetSpend, FleetHeadroom]:
+def _wire_fleet(shared: Any, settings: Settings, service: ControlService, circuits: CircuitRegistry,
+                admin: AccountAdminStore, policy: PolicyStore, events: EventHub, spend: SpendBook,
+                budgets: BudgetGuard, headroom: HeadroomBook) -> tuple[FleetHost, FleetSpend, FleetHeadroom]:
     """Fleet mode's own collaborators (imported only here, in fleet mode): the fleet's spend that
     views and budgets read (SPEC §18), the newest rate-limit observation fleet-wide (SPEC §22),
     and this host's membership and loops (SPEC §16)."""
@@ -178,7 +179,8 @@ def _wire_fleet(shared: Any, settings: Settings, service: ControlService, admin:
     fleet_spend.stale_listeners.append(budgets.on_stale_change)
     fleet_headroom = FleetHeadroom(shared.client, shared.keys, settings.host_id, headroom, entries=shared.entries)
     headroom.observed_listeners.append(fleet_headroom.note)
-    fleet = FleetHost(shared, settings=settings, service=service, admin=admin, policy=policy, events=events)
+    fleet = FleetHost(shared, settings=settings, keys=service.keys, routes=service.routes, registry=service.registry,
+                      seam=service, circuits=circuits, admin=admin, policy=policy, events=events)
     return fleet, fleet_spend, fleet_headroom
 
 
@@ -193,8 +195,8 @@ def build_app(control: Control) -> web.Application:
     app[FLEET] = control.fleet_view
     app[TRACES] = control.traces
     app[HEADROOM] = control.headroom
-    admin_http.add_routes(app, control.admin,
-                          service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
+    revoke = service.end_account_keys if control.fleet is None else control.fleet.revocation.revoke_account
+    admin_http.add_routes(app, control.admin, revoke)
     fleet_http.add_routes(app)
     keys_http.add_routes(app)
     mint_http.add_routes(app)
@@ -269,7 +271,7 @@ class StartupError(Exception):
 async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
     """SPEC §16: claim the host id and re-register what the key journal kept, before anything
     is served (a duplicate host id never serves its data plane)."""
-    from controlplane.fleet.host import FleetUnreachable
+    from controlplane.fleet.recovery import FleetUnreachable
     from shared.fleet.membership import HostIdTaken
     try:
         await fleet.start()
