@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from controlplane.circuits import CircuitView
     from controlplane.core.budgets import Exhausted
     from controlplane.core.health import EvidenceCounts
+    from controlplane.grants import Minted
     from controlplane.registry import AccountSpec
-    from controlplane.service import Minted
 
 RowSink = Callable[[AttemptRow], None]   # a recorded terminal row (a sink's bug never costs its Ack)
 SettleHook = Callable[[list[AttemptRow]], Awaitable[None]]   # a settle's rows, folded, not yet acked
