@@ -44,6 +44,7 @@ from shared.wire import (
     Ping,
     SocketsOpen,
 )
+from shared.wires import FACTS
 
 log = get_logger("control")
 
@@ -109,7 +110,7 @@ class ControlService:
 
     def base_url_for(self, account: AccountSpec) -> str:
         root = self.settings.dataplane_url
-        return root + "/v1" if account.wire == "openai" else root
+        return root + FACTS[account.wire].base_path
 
     def _snapshot(self) -> tuple[list[Lease], list[AccountRoute], bool]:
         return [self.lease_gate(lease) for lease in self.keys.all()], self.registry.routes(), self.ledger.ok
