@@ -23,6 +23,7 @@ from shared.codes import AuthStyle, Wire
 
 class WireFacts(msgspec.Struct, frozen=True, kw_only=True):
     wire: Wire
+    title: str                         # its name in a sentence ("an OpenAI-wire lease")
     paths: frozenset[str]              # every other path is `path-not-served` (SPEC §12)
     model_paths: frozenset[str]        # a body here names its model; read strictly (SPEC §19)
     model_field: str                   # the top-level body member that names the model
@@ -38,6 +39,7 @@ class WireFacts(msgspec.Struct, frozen=True, kw_only=True):
 
 ANTHROPIC = WireFacts(
     wire=Wire.ANTHROPIC,
+    title="Anthropic",
     paths=frozenset({"/v1/messages", "/v1/messages/count_tokens", "/v1/models"}),
     model_paths=frozenset({"/v1/messages", "/v1/messages/count_tokens"}),
     model_field="model",
@@ -51,6 +53,7 @@ ANTHROPIC = WireFacts(
 
 OPENAI = WireFacts(
     wire=Wire.OPENAI,
+    title="OpenAI",
     paths=frozenset({"/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/models"}),
     model_paths=frozenset({"/v1/chat/completions", "/v1/responses", "/v1/embeddings"}),
     model_field="model",

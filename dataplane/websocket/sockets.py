@@ -30,7 +30,7 @@ from dataplane.upstreams import downstream_headers, upstream_path_qs
 from dataplane.websocket import gates
 from dataplane.websocket.session import PATH, SocketAttempt, SocketSession
 from dataplane.websocket.upstream import HandshakeRefused, UpstreamSockets
-from dataplane.wires.table import WIRES, guess_wire
+from dataplane.wires.table import NOT_PROXIED, WIRES, guess_wire
 from shared.capacity import CapacityTable
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal
@@ -46,7 +46,6 @@ SWEEP_S = 0.25
 # SPEC §19's stall bound where the settings do not carry it yet.
 # An upstream answering the handshake with these has no WebSocket there: the client falls back.
 NO_WEBSOCKET = frozenset({404, 405, 426})
-NOT_PROXIED = "WebSocket is proxied only on GET /v1/responses of an OpenAI-wire lease; use HTTP"
 
 
 class ProxyPort(Protocol):
@@ -239,7 +238,7 @@ class Sockets:
 def refuse_426(attempt: SocketAttempt) -> web.Response:
     """The upstream has no WebSocket here: 426, so the client falls back to HTTP at once."""
     return refusal_response(attempt.spec, Refusal.WEBSOCKET_NOT_SUPPORTED,
-                            "the upstream does not serve WebSocket here; use HTTP POST /v1/responses",
+                            f"the upstream does not serve WebSocket here; use HTTP POST {attempt.path}",
                             attempt.attempt_id, attempt.overhead_ms or 0.0)
 
 

@@ -20,7 +20,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from dataplane.bodies import strict_peek
 from dataplane.ratelimits import rate_limits_of
 from dataplane.wires.spec import WireSpec
-from dataplane.wires.table import DEFAULT, WIRES, guess_wire
+from dataplane.wires.table import DEFAULT, NOT_PROXIED, WIRES, guess_wire
 from shared.codes import AuthStyle, Wire
 from shared.wire import RATE_LIMIT_KINDS
 from shared.wires import DEFAULT_WIRE, FACTS
@@ -209,3 +209,10 @@ def test_a_keyless_request_is_answered_in_the_wire_its_path_or_headers_name(spec
 
 def test_a_request_that_names_no_wire_is_answered_in_the_default() -> None:
     assert _guess("/v1/models", {}) is DEFAULT and _guess("/nowhere", {"authorization": "Bearer k"}) is DEFAULT
+
+
+def test_the_426_names_every_wire_that_serves_the_websocket_and_only_those() -> None:
+    for spec in SPECS:
+        said = f"GET {spec.websocket_path} of an {spec.facts.title}-wire lease" in NOT_PROXIED
+        assert said is (spec.websocket_path is not None), spec.name
+    assert NOT_PROXIED.endswith("; use HTTP")
