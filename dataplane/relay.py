@@ -119,7 +119,8 @@ class Relay:
         watch.body(upstream.content, lambda: _stalled(request, attempt))
         upstream_wait = time.perf_counter() - sent_at  # the answer's head: its first byte (§14)
         attempt.first_byte_ms = round(upstream_wait * 1000, 3)
-        attempt.rate_limits = rate_limits_of(upstream.headers, attempt.spec.rate_limits, now_ms)  # SPEC §22
+        # SPEC §22: the provider's rate-limit headers, as the attempt's wire names them
+        attempt.rate_limits = rate_limits_of(upstream.headers, attempt.spec.rate_limits, now_ms)
         ended_clean = False
         try:
             if not 100 <= upstream.status <= 599:
