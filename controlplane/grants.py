@@ -23,6 +23,7 @@ from shared.clock import iso_ms, now_ms
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.wire import Lease
+from shared.wires import FACTS
 
 log = get_logger("control")
 
@@ -49,7 +50,7 @@ class Grants:
 
     def base_url_for(self, account: AccountSpec) -> str:
         root = self.settings.dataplane_url
-        return root + "/v1" if account.wire == "openai" else root
+        return root + FACTS[account.wire].base_path
 
     async def grant(self, lease: Lease, account: AccountSpec, token: str) -> Minted:
         """Store the lease (its slot already reserved) and wait until the data plane has it."""
