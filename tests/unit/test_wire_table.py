@@ -216,3 +216,21 @@ def test_the_426_names_every_wire_that_serves_the_websocket_and_only_those() -> 
         said = f"GET {spec.websocket_path} of an {spec.facts.title}-wire lease" in NOT_PROXIED
         assert said is (spec.websocket_path is not None), spec.name
     assert NOT_PROXIED.endswith("; use HTTP")
+
+
+def test_the_connection_limit_answer_is_in_the_default_wires_shape() -> None:
+    """Nothing of the request was read: the default wire's body and request id header, byte for
+    byte as before the table (`x-request-id` on the OpenAI wire)."""
+    from dataplane.main import connection_limit_answer
+
+    head, body = connection_limit_answer().split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.1 503 Service Unavailable"
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    request_id = fields[DEFAULT.request_id_header]
+    assert DEFAULT.request_id_header == "x-request-id" and request_id.startswith("req_")
+    assert list(fields) == ["content-type", "retry-after", "connection", "x-should-retry",
+                            "x-request-id", "content-length"]
+    assert int(fields["content-length"]) == len(body)
+    assert body == DEFAULT.error_body(503, "connection-limit", "the gateway has too many open "
+                                      "connections; retry in a second", request_id)
