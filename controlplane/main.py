@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contexts read the CA bundle when used
+
+# isort: split
 import asyncio
 import os
 import signal

@@ -7,6 +7,9 @@ what is left (each still ends in its row), then hands every queued row to contro
 
 from __future__ import annotations
 
+import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contexts read the CA bundle when used
+
+# isort: split
 import asyncio
 import signal
 import sys

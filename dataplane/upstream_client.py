@@ -68,7 +68,9 @@ def _tls_context() -> ssl.SSLContext:
     return context
 
 
-_TLS = _tls_context()
+# The data plane's one verified context (the CA bundle read once, at start): this client's, and
+# the aiohttp sessions' (`UpstreamPools`, `UpstreamSockets`), whose own are never read.
+UPSTREAM_TLS = _tls_context()
 
 
 def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes | None) -> bytes:
@@ -136,7 +138,7 @@ class UpstreamClient:
 
     def __init__(self, connect_timeout: float,
                  make_fallback: Callable[[], aiohttp.ClientSession],
-                 tls: ssl.SSLContext = _TLS) -> None:
+                 tls: ssl.SSLContext = UPSTREAM_TLS) -> None:
         self.connect_timeout = connect_timeout
         self.tls = tls
         self._make_fallback = make_fallback  # for what this client does not do itself (`Expect`)
