@@ -23,10 +23,12 @@ from dataplane.errors import guess_wire, refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
+from dataplane.upstream_client import UPSTREAM_TLS
 from dataplane.upstreams import UpstreamPools
 from dataplane.wires import openai
 from shared.capacity import StateUnavailable
 from shared.codes import ErrorCode, Refusal
+from shared.deferred_ca import read_in_background
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
 from shared.tokens import new_ulid
@@ -157,6 +159,7 @@ async def serve(settings: Settings) -> None:
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
+    read_in_background(UPSTREAM_TLS)  # the CA bundle, off the path to ready (shared/deferred_ca.py)
     upkeep = (asyncio.gather(_fleet_upkeep(fleet), _fleet_standing(fleet)) if fleet is not None else None)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)

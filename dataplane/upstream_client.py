@@ -43,6 +43,7 @@ from dataplane.aiohttp_private import (
     parse_content_type,
     serialize_headers,
 )
+from shared import deferred_ca
 
 KEEPALIVE_S = 30.0
 DNS_TTL_S = 60.0
@@ -63,13 +64,14 @@ _JOIN_LIMIT = 64 * 1024
 
 def _tls_context() -> ssl.SSLContext:
     """What aiohttp verifies with: the default context, HTTP/1.1 by ALPN."""
-    context = ssl.create_default_context()
+    context = deferred_ca.create_default_context()
     context.set_alpn_protocols(("http/1.1",))
     return context
 
 
-# The data plane's one verified context (the CA bundle read once, at start): this client's, and
-# the aiohttp sessions' (`UpstreamPools`, `UpstreamSockets`), whose own are never read.
+# The data plane's one verified context: this client's and the aiohttp sessions' (`UpstreamPools`,
+# `UpstreamSockets`; aiohttp's own are never read). Its CA bundle is read on a thread once the
+# daemon listens (`dataplane.main.serve`), off the path to ready, or at its first handshake.
 UPSTREAM_TLS = _tls_context()
 
 

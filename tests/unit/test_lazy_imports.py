@@ -10,7 +10,8 @@ Nor does an embedded daemon load what no start needs: `importlib.metadata` (the 
 spans, read when trace export starts) or `importlib.resources` (the dashboard's files are read
 as files). And aiohttp's own TLS contexts read the CA bundle at their first handshake, not at
 start (`shared/deferred_ca.py`): ~2 MiB of RSS and a third of `import aiohttp.web`'s CPU in
-each daemon; the data plane's upstream context is read at start and its aiohttp sessions use it.
+each daemon. The data plane's one context (its aiohttp sessions use it too) is read on a thread
+once it listens (`read_in_background`), or at its first handshake, whichever comes first.
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ def test_aiohttps_contexts_read_the_ca_bundle_at_their_first_handshake_not_at_st
     assert trusting["aiohttp_after"] == 1
     refusing = handshake(main, served, other[0], cert_dir)
     assert refusing["aiohttp_default"] == "certificate-refused"   # verification is on
-    if main == "dataplane.main":  # its own context is read at start, and its sessions use it
-        assert trusting["upstream_at_start"] == 1 and trusting["upstream_session"] == 200
+    if main == "dataplane.main":  # its own context, deferred too; its sessions use it
+        assert trusting["upstream_at_start"] == 0 and trusting["upstream_session"] == 200
         assert trusting["aiohttp_after_upstream"] == 0   # aiohttp's own contexts never read
         assert refusing["upstream_session"] == "certificate-refused"
 
@@ -164,3 +165,28 @@ def test_the_check_sees_a_ca_read_at_import(certificates: dict[str, tuple[str, s
     done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.split() == ["1"]
+
+
+def test_read_in_background_reads_a_deferred_context_and_leaves_others_alone(
+        certificates: dict[str, tuple[str, str]]) -> None:
+    """The data plane's start reads its context on a thread (`dataplane.main.serve`); a context
+    built outside the deferral is not touched; a second read is a no-op."""
+    code = """
+import json, ssl
+from shared import deferred_ca
+from tests.support.waits import wait_until
+deferred, plain = deferred_ca.create_default_context(), ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+seen = [deferred.cert_store_stats()["x509_ca"], deferred.verify_mode == ssl.CERT_REQUIRED, deferred.check_hostname]
+deferred_ca.read_in_background(deferred)
+deferred_ca.read_in_background(plain)
+wait_until(lambda: deferred.cert_store_stats()["x509_ca"] == 1, 30, "the background read")
+deferred_ca.read_default_paths(deferred)
+seen += [deferred.cert_store_stats()["x509_ca"], plain.cert_store_stats()["x509_ca"], "wrap_bio" in vars(deferred)]
+print(json.dumps(seen))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SSL_CERT_")}
+    env.update(SSL_CERT_FILE=certificates["served"][0], SSL_CERT_DIR=certificates["dir"][0])
+    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == [0, True, True, 1, 0, False]
