@@ -5,12 +5,16 @@
 
 from __future__ import annotations
 
+import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contexts read the CA bundle when used
+
+# isort: split
 import asyncio
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -237,13 +241,26 @@ class RpcListener:
 
 def _heap_trimmer() -> Callable[[], None]:
     """glibc keeps freed heap pages of traffic bursts; hand them back so RSS follows the live
-    set rather than the peak (a no-op where malloc_trim does not exist)."""
-    import ctypes  # here, not at start (no `ctypes.util.find_library`: it runs `ldconfig -p`)
+    set rather than the peak (a no-op where malloc_trim does not exist).
+
+    Called through `_ctypes`, the C core of `ctypes`, as `ctypes.CDLL` itself does: `import
+    ctypes` builds ~0.85 MiB of types an idle control would keep for one call every few seconds
+    (issue 27). `libc.so.6` is opened directly (`ctypes.util.find_library` runs `ldconfig -p`)."""
+    import _ctypes
+
+    class _Int(_ctypes._SimpleCData):  # ctypes.c_int's definition
+        _type_ = "i"
+
+    class _Function(_ctypes.CFuncPtr):  # a C function returning an int (`CDLL._FuncPtr`)
+        _flags_ = _ctypes.FUNCFLAG_CDECL
+        _restype_ = _Int
 
     try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
+        library = SimpleNamespace(_handle=_ctypes.dlopen("libc.so.6", os.RTLD_NOW))
+        trim = _Function(("malloc_trim", library))  # type: ignore[arg-type]  # what it reads of a CDLL
     except (OSError, AttributeError):
         return lambda: None
+    trim.argtypes = (_Int,)
     return lambda: trim(0)
 
 

@@ -29,7 +29,6 @@ import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,10 +46,16 @@ log = get_logger("control")
 
 NOTES_CAP = 8192            # decisions remembered for the attempts that follow them
 SHUTDOWN_TIMEOUT_MS = 2000  # a stopping control waits this long at most for a collector
-try:
-    VERSION = version("leasehold")
-except PackageNotFoundError:  # run from a checkout that was not installed
-    VERSION = "0"
+
+
+def leasehold_version() -> str:
+    """The installed package's version, for the spans' instrumentation scope. Read when export
+    starts: `importlib.metadata` (~1 MiB and a scan of sys.path) is not imported at every start."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("leasehold")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "0"
 
 
 class Traces:
@@ -152,7 +157,7 @@ class Traces:
             max_export_batch_size=min(c.bsp_max_export_batch_size, c.bsp_max_queue_size),
             export_timeout_millis=c.bsp_export_timeout_ms)
         self._resource = FixedResource(self.resource())
-        self._scope = InstrumentationScope("leasehold", VERSION)
+        self._scope = InstrumentationScope("leasehold", leasehold_version())
         self._readable = readable_span
         self.started = True
         log.info("traces_exporting", endpoint=self.shown_endpoint, queue=c.bsp_max_queue_size,

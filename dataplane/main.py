@@ -7,6 +7,9 @@ what is left (each still ends in its row), then hands every queued row to contro
 
 from __future__ import annotations
 
+import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contexts read the CA bundle when used
+
+# isort: split
 import asyncio
 import signal
 import sys
@@ -20,10 +23,12 @@ from dataplane.errors import refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
+from dataplane.upstream_client import UPSTREAM_TLS
 from dataplane.upstreams import UpstreamPools
 from dataplane.wires.table import DEFAULT, guess_wire
 from shared.capacity import StateUnavailable
 from shared.codes import ErrorCode, Refusal
+from shared.deferred_ca import read_in_background
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
 from shared.tokens import new_ulid
@@ -155,6 +160,7 @@ async def serve(settings: Settings) -> None:
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
+    read_in_background(UPSTREAM_TLS)  # the CA bundle, off the path to ready (shared/deferred_ca.py)
     upkeep = (asyncio.gather(_fleet_upkeep(fleet), _fleet_standing(fleet)) if fleet is not None else None)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)

@@ -43,6 +43,7 @@ from dataplane.aiohttp_private import (
     parse_content_type,
     serialize_headers,
 )
+from shared import deferred_ca
 
 KEEPALIVE_S = 30.0
 DNS_TTL_S = 60.0
@@ -63,12 +64,15 @@ _JOIN_LIMIT = 64 * 1024
 
 def _tls_context() -> ssl.SSLContext:
     """What aiohttp verifies with: the default context, HTTP/1.1 by ALPN."""
-    context = ssl.create_default_context()
+    context = deferred_ca.create_default_context()
     context.set_alpn_protocols(("http/1.1",))
     return context
 
 
-_TLS = _tls_context()
+# The data plane's one verified context: this client's and the aiohttp sessions' (`UpstreamPools`,
+# `UpstreamSockets`; aiohttp's own are never read). Its CA bundle is read on a thread once the
+# daemon listens (`dataplane.main.serve`), off the path to ready, or at its first handshake.
+UPSTREAM_TLS = _tls_context()
 
 
 def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes | None) -> bytes:
@@ -136,7 +140,7 @@ class UpstreamClient:
 
     def __init__(self, connect_timeout: float,
                  make_fallback: Callable[[], aiohttp.ClientSession],
-                 tls: ssl.SSLContext = _TLS) -> None:
+                 tls: ssl.SSLContext = UPSTREAM_TLS) -> None:
         self.connect_timeout = connect_timeout
         self.tls = tls
         self._make_fallback = make_fallback  # for what this client does not do itself (`Expect`)

@@ -14,7 +14,7 @@ import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from dataplane.upstream_client import UpstreamClient
+from dataplane.upstream_client import UPSTREAM_TLS, UpstreamClient
 from shared.codes import AuthStyle
 from shared.settings import Settings
 from shared.wire import AccountRoute
@@ -156,7 +156,7 @@ class UpstreamPools:
         """An aiohttp session configured like the lean client, for what it hands over."""
         # The gate bounds concurrency; the connector itself is unbounded so the two never
         # disagree about a connection that is closing.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60, ssl=UPSTREAM_TLS)
         timeout = aiohttp.ClientTimeout(total=None, connect=None,
                                         sock_connect=self.settings.upstream_connect_timeout,
                                         sock_read=None)

@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from dataplane.upstream_client import UPSTREAM_TLS
 from dataplane.upstreams import upstream_headers, upstream_url
 from shared.settings import Settings
 from shared.wire import AccountRoute
@@ -90,7 +91,7 @@ class UpstreamSockets:
             timeout = aiohttp.ClientTimeout(total=None, connect=s.upstream_connect_timeout,
                                             sock_read=s.upstream_headers_timeout)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=timeout,
+                connector=aiohttp.TCPConnector(limit=0, force_close=True, ssl=UPSTREAM_TLS), timeout=timeout,
                 response_class=_KeepRefusal, auto_decompress=False,
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))
         return self._session
