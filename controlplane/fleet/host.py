@@ -133,7 +133,8 @@ class FleetHost(HostEvents):
         return RedisFleet(host_id=self.host_id, fleet_id=self.settings.fleet_id,
                           account_ids=[a.id for a in service.registry.accounts], hosts=self.b.hosts,
                           capacity=self.b.lease_capacity, board=self.b.board, me=self,
-                          leases=service.keys.count_by_account, in_flight=service.routes.in_flight_by_account)
+                          leases=service.keys.count_by_account, in_flight=service.routes.in_flight_by_account,
+                          sockets=self.b.sockets)
 
     # ---- start and stop ----------------------------------------------------------------------
 
@@ -336,6 +337,7 @@ class FleetHost(HostEvents):
             raise_if_cancelled()
             try:
                 await self.b.board.write(self.host_id, self.service.routes.in_flight_by_account())
+                await self.b.sockets.write(self.host_id, self.service.routes.sockets_open)  # SPEC §20
                 if self._hold is None:
                     self._live_seen = frozenset(await self.b.hosts.live_hosts())
             except StateUnavailable:
