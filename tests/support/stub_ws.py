@@ -19,7 +19,7 @@ recorded as a request (`method: "WS"`, the handshake's headers, `model`, `genera
   with one `function_call` output item: the client runs the tool and sends its output in a
   create chained by `previous_response_id`), ws_parallel (answer this create while reading the
   next ones, so two responses' events interleave on the socket, e.g. with `hold`),
-  holds ({"<event index>": "<name>"}: several holds in one response, each as `hold`),
+  ws_pad (each text delta is this many bytes: a big answer), holds ({"<event index>": "<name>"}: several holds in one response, each as `hold`),
   ws_drop_on_next (a create arriving while this response is in flight makes the stub drop
   it silently: no more events, no terminal; it then answers that create).
 The created response echoes the create's `previous_response_id` and `metadata`, as OpenAI's
@@ -124,7 +124,10 @@ async def _create(request: web.Request, ws: web.WebSocketResponse, state: Any,
         events = _function_call(model, step["ws_function_call"], make)
     else:
         events = _events(model, int(step.get("deltas", 3)), make)
+    pad = int(step.get("ws_pad") or 0)
     for event in events:  # the response object echoes what identifies its create
+        if pad and event.get("type") == "response.output_text.delta":
+            event["delta"] = "x" * pad
         if isinstance(event.get("response"), dict):
             event["response"]["previous_response_id"] = previous
             event["response"]["metadata"] = data.get("metadata") or {}
