@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.support.attempts import O_MODEL, settled
 from tests.support.harness import Gateway, Stub
@@ -139,3 +140,28 @@ async def test_a_response_dropped_for_its_successor_still_ends_in_one_row(
     assert dropped["bytes_out"] == sum(len(t) for t in log)
     outcomes = [e["outcome"] for e in clean_stub.requests() if e["method"] == "WS"]
     assert outcomes == ["dropped", "completed"]
+
+
+async def test_a_dropped_response_is_unpriced_in_its_budget(make_gateway, clean_stub: Stub) -> None:
+    """SPEC §19: a 2xx row without usage is unpriced, never $0 in silence: in a budgeted scope
+    the budget counts it in `unpriced_attempts` (its spend is the priced successor's alone)."""
+    gw = make_gateway().start()
+    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
+        "name": "repo:acme/app", "expected_revision": gw.api("GET", "/control/v2/policy")[2]["revision"],
+        "document": {"budgets": [{"window": "day", "usd": 100.0}]}, "reason": "budget"})
+    assert status == 200, body
+    tag = uuid.uuid4().hex[:8]
+    clean_stub.script({"ws_drop_on_next": True, "holds": {"2": f"u1-{tag}"}}, {"deltas": 4})
+    minted = gw.mint("openai")
+    log: list[str] = []
+    async with aiohttp.ClientSession() as session:
+        ws = await connect(session, gw.dataplane_url, minted["token"])
+        await ws.send_str(create(O_MODEL))
+        await read(ws, 2, log)
+        await ws.send_str(create(OTHER))
+        assert (await to_end(ws, log))[-1]["type"] == "response.completed"
+        await ws.close()
+    rows = by_model(settled(gw, minted["key_id"], 2))
+    assert rows[O_MODEL]["cost_reason"] == "unpriced" and rows[OTHER]["cost_usd"] > 0
+    budget = next(b for b in gw.api("GET", "/control/v2/budgets")[2]["budgets"] if b["level"] == "repo:acme/app")
+    assert budget["unpriced_attempts"] == 1 and budget["spent_usd"] == pytest.approx(rows[OTHER]["cost_usd"]), budget
