@@ -6,7 +6,9 @@ that continues or supersedes one in flight). Each event is matched by what the p
   top-level `response_id`): an id not seen yet binds to a `response.create` not yet answered.
   Nothing the upstream sends before `response.created` names its create, so that first binding
   is in order (FIFO among the unanswered creates), narrowed by what the created response
-  echoes of its create (`previous_response_id`, `metadata`) where it echoes them;
+  echoes of its create (`previous_response_id`, `metadata`) where it echoes them; an id that
+  is neither known nor bindable (every create answered, or its response already ended) belongs
+  to no attempt: it is forwarded and ends nothing;
 - an item id (`item_id`, `item.id`): the response whose events first carried it;
 - the `sequence_number` (each response numbers its events from 0): an event naming nothing
   else goes to the response whose next number it is (the last one spoken to on a tie);
@@ -197,9 +199,7 @@ class Matcher(Generic[T]):
             known = self._by_response.get(event.response_id)
             if known is not None:
                 return known if known in live else None
-            fresh = self._unanswered(event.echo)
-            if fresh is not None:
-                return fresh
+            return self._unanswered(event.echo)   # None: a response no create here asked for
         if event.item_id is not None:
             known = self._by_item.get(event.item_id)
             if known is not None and known in live:

@@ -160,3 +160,10 @@ def test_an_event_naming_nothing_else_goes_where_its_sequence_number_is_due() ->
         ev("response.output_text.delta", item_id="m1", sequence_number=4),
         ev("response.completed", "r1"), ev("response.completed", "r2")])
     assert [a for a, _ in got] == ["a", "a", "b", "a", "b", "b", "b", "a", "a", "b"]
+
+
+def test_a_response_no_create_asked_for_ends_nothing() -> None:
+    got = play([("a", Echo())], [
+        ev("response.created", "r1"), ev("response.completed", "r9"),     # r9: nobody's
+        ev("response.output_text.delta", item_id="m1"), ev("response.completed", "r1")])
+    assert [a for a, _ in got] == ["a", None, "a", "a"]
