@@ -21,7 +21,8 @@ recorded as a request (`method: "WS"`, the handshake's headers, `model`, `genera
   next ones, so two responses' events interleave on the socket, e.g. with `hold`),
   ws_pad (each text delta is this many bytes: a big answer), holds ({"<event index>": "<name>"}: several holds in one response, each as `hold`),
   ws_drop_on_next (a create arriving while this response is in flight makes the stub drop
-  it silently: no more events, no terminal; it then answers that create).
+  it silently: no more events, no terminal; it then answers that create, which may continue
+  the dropped response by `previous_response_id`).
 The created response echoes the create's `previous_response_id` and `metadata`, as OpenAI's
 response object does.
 """
@@ -81,8 +82,10 @@ async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: A
             except msgspec.DecodeError:
                 continue
             if isinstance(data, dict) and data.get("type") == "response.create":
-                for dropping in [t for t in tasks if not t.done() and getattr(t, "drop", False)]:
-                    dropping.cancel()       # the stub drops a response in flight: no terminal
+                dropping = [t for t in tasks if not t.done() and getattr(t, "drop", False)]
+                for task in dropping:
+                    task.cancel()           # the stub drops a response in flight: no terminal
+                await asyncio.gather(*dropping, return_exceptions=True)
                 step = state.script[0] if state.script else {}
                 if step.get("ws_parallel") or step.get("ws_drop_on_next"):
                     task = asyncio.ensure_future(_create(request, ws, state, entry, data, make))
@@ -181,6 +184,8 @@ async def _send(request: web.Request, ws: web.WebSocketResponse, state: Any, ent
                 await state.hold(holds[i]).wait()
             except asyncio.CancelledError:
                 entry["outcome"] = "dropped"
+                if events and isinstance(events[0].get("response"), dict):  # a successor may continue it
+                    state.responses.add(events[0]["response"]["id"])
                 raise
         await ws.send_str(_enc(events[i]).decode())
         now = time.time()

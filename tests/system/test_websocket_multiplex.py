@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.attempts import O_MODEL, settled
+from tests.support.attempts import O_MODEL, rows_for, settled
 from tests.support.harness import Gateway, Stub
 from tests.support.sockets import connect, create, until_terminal
 from tests.support.waits import until
@@ -165,3 +165,30 @@ async def test_a_dropped_response_is_unpriced_in_its_budget(make_gateway, clean_
     assert rows[O_MODEL]["cost_reason"] == "unpriced" and rows[OTHER]["cost_usd"] > 0
     budget = next(b for b in gw.api("GET", "/control/v2/budgets")[2]["budgets"] if b["level"] == "repo:acme/app")
     assert budget["unpriced_attempts"] == 1 and budget["spent_usd"] == pytest.approx(rows[OTHER]["cost_usd"]), budget
+
+
+async def test_a_create_continuing_a_response_in_flight_ends_it_when_answered(
+        gateway: Gateway, clean_stub: Stub) -> None:
+    """A create whose `previous_response_id` names the response still in flight continues it:
+    once the upstream answers the successor (`response.created`), the continued response has
+    its row, before the successor ends."""
+    tag = uuid.uuid4().hex[:8]
+    clean_stub.script({"ws_drop_on_next": True, "holds": {"2": f"k1-{tag}"}},
+                      {"deltas": 2, "holds": {"1": f"k2-{tag}"}})
+    minted = gateway.mint("openai")
+    log: list[str] = []
+    async with aiohttp.ClientSession() as session:
+        ws = await connect(session, gateway.dataplane_url, minted["token"])
+        await ws.send_str(create(O_MODEL))
+        first = await read(ws, 2, log)
+        await ws.send_str(create(OTHER, previous_response_id=first[0]["response"]["id"]))
+        (created,) = await read(ws, 1, log)
+        assert created["type"] == "response.created", created
+        (continued,) = await until(lambda: rows_for(gateway, minted["key_id"]), 10,
+                                   "the continued response's row, the successor still open")
+        assert (continued["requested_model"], continued["status"], continued["usage"]) == (O_MODEL, "completed", None)
+        clean_stub.release(f"k2-{tag}")
+        assert (await to_end(ws, log))[-1]["type"] == "response.completed"
+        await ws.close()
+    rows = by_model(settled(gateway, minted["key_id"], 2))
+    assert rows[OTHER]["usage"]["output_tokens"] == 2 and rows[O_MODEL]["cost_reason"] == "unpriced"
