@@ -55,7 +55,7 @@ TICK_S = 5.0   # how late a policy write made by another process is seen (its ow
 
 class BudgetGuard:
     def __init__(self, book: SpendBook, policy: PolicyStore, keys: KeyTable, link: DataPlaneLink,
-                 events: EventHub, prices: PriceTable) -> None:
+                 events: EventHub, prices: PriceTable, stale: Callable[[], bool] = lambda: False) -> None:
         self.book = book
         self.clock = book.clock
         self.policy = policy
@@ -67,7 +67,7 @@ class BudgetGuard:
         self._price_of = PriceLookup(prices)
         self._dirty = False
         self._pushing: asyncio.Task[None] | None = None
-        self.stale: Callable[[], bool] = lambda: False   # fleet mode: `FleetSpend.stale`
+        self.stale = stale   # fleet mode: `FleetSpend.stale` (SPEC §19: stale fleet spend holds budgeted scopes)
         link.priced = sorted({pattern for price in prices.price for pattern in price.models})
 
     # ---- keeping the watch current ----------------------------------------------------------

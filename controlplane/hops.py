@@ -38,14 +38,15 @@ log = get_logger("control")
 
 class Hopper:
     def __init__(self, *, keys: KeyTable, routes: RouteBook, desk: MintDesk,
-                 rebind: Callable[[Lease], Awaitable[None]], events: EventHub) -> None:
+                 rebind: Callable[[Lease], Awaitable[None]], events: EventHub,
+                 hop_listeners: tuple[Callable[[DispatchHop], None], ...] = ()) -> None:
         self.keys = keys
         self.routes = routes
         self.desk = desk
         self.rebind = rebind
         self.events = events
         self.pending: dict[str, Condition] = {}   # key id → the condition that started its hop
-        self.hop_listeners: list[Callable[[DispatchHop], None]] = []
+        self.hop_listeners = hop_listeners   # each hop made, in this order
 
     async def after_rows(self, rows: list[AttemptRow]) -> None:
         """A settle's hook: note the rows that start hops, then run every hop that may proceed."""

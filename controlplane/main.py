@@ -9,14 +9,17 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import uvloop
 from aiohttp import web
 
+from controlplane.books import build_books
 from controlplane.budgetguard import BudgetGuard
+from controlplane.circuits import CircuitRegistry
 from controlplane.core.policy import Ceiling
 from controlplane.core.pricing import PriceTable
 from controlplane.events import EventHub, EventKind
@@ -24,7 +27,8 @@ from controlplane.evidence import EvidenceBook
 from controlplane.fleet import backends
 from controlplane.fleet.gauges import FleetGauges
 from controlplane.fleet.snapshot import EmbeddedFleet, FleetSource
-from controlplane.headroom import HeadroomBook, policy_floors
+from controlplane.grants import Grants
+from controlplane.headroom import HeadroomBook
 from controlplane.hops import Hopper
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
@@ -38,17 +42,18 @@ from controlplane.http import policy as policy_http
 from controlplane.http import spend as spend_http
 from controlplane.http import traces as traces_http
 from controlplane.http import views as views_http
-from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE, TRACES
+from controlplane.http.appkeys import DESK, FLEET, HEADROOM, READS, TRACES, V1_KEYS
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
+from controlplane.ports import ControlReads, RowSink
 from controlplane.prices import PricesError, load_prices
-from controlplane.registry import Registry, RegistryError
+from controlplane.registry import Registry, RegistryError, is_configured
 from controlplane.replication import DataPlaneLink
 from controlplane.routebook import RouteBook
 from controlplane.service import ControlService
 from controlplane.spend import SpendBook
-from controlplane.stores.admin import AccountAdminStore
+from controlplane.stores.admin import AccountAdminStore, Revoker
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
@@ -71,19 +76,25 @@ HEAP_TRIM_EVERY_PASSES = 5
 CONTROL_BODY_LIMIT = 1024 * 1024
 
 
+Upkeep = Callable[[web.Application], AsyncIterator[None]]   # an aiohttp cleanup context: a loop while the app runs
+
+
 class Control(msgspec.Struct, frozen=True, kw_only=True):
     """The control daemon's collaborators, wired once by `wire` (tests build theirs with it too)."""
 
     settings: Settings
     service: ControlService
+    reads: ControlReads                 # what the read handlers and the metrics see of the daemon
     desk: MintDesk
     admin: AccountAdminStore
+    revoke: Revoker                     # `revoke-leases`: this host's seam, or every live host's (SPEC §16)
     policy: PolicyStore
     metrics: GatewayMetrics
     spend: SpendBook
     budgets: BudgetGuard
     fleet_view: FleetSource
     headroom: HeadroomBook
+    upkeep: tuple[Upkeep, ...] = ()     # the background loops the HTTP app runs (budgets, headroom)
     fleet: FleetHost | None = None      # fleet mode (SPEC §16): this host's membership and loops
     fleet_spend: FleetSpend | None = None   # fleet mode (SPEC §18): the spend counters in Redis
     traces: Traces | None = None        # SPEC §21: set when an OTLP endpoint is
@@ -102,16 +113,58 @@ def backends_for(settings: Settings, keys: KeyTable) -> backends.Backends:
 
 def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
          env: dict[str, str] | None = None) -> Control:
-    """Every collaborator, in reading order, each handed what it uses."""
+    """Every collaborator, in reading order, each handed the ports it uses: the shared state and
+    the chains; spend, budgets and headroom; the read side; the desk and its hops; then the
+    service over them all, its row sinks in the order they run, and the link bound to it; last,
+    fleet mode's host, which ends keys through the service's release seam."""
     events = EventHub()
     shared = backends_for(settings, keys)  # in-process tables, or the fleet's Redis (SPEC §16)
     circuits = shared.circuits(settings.circuit_cooldown_seconds,
                                lambda view: events.publish(EventKind.CIRCUIT, view))
-    service = ControlService(
-        settings, registry, keys, ledger, prices, routes=RouteBook(), lease_capacity=shared.lease_capacity,
-        circuits=circuits, decisions=shared.decisions, evidence=EvidenceBook(now_ms()), events=events,
-        link=DataPlaneLink(), env=env)
     account_ids = [a.id for a in registry.accounts]
+    admin, policy = _chains(settings, shared, events, account_ids)
+    link, routes, evidence = DataPlaneLink(), RouteBook(), EvidenceBook(now_ms())
+    books = build_books(settings, shared, ledger, policy, keys, link, events, prices, account_ids)
+    configured = partial(is_configured, env=dict(os.environ if env is None else env))
+    reads = ControlReads(registry=registry, keys=keys, routes=routes, evidence=evidence, circuits=circuits,
+                         link=link, ledger=ledger, configured=configured)
+    traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
+    metrics = GatewayMetrics(reads, events, circuits, admin.state_of, spend=books.spend, budgets=books.budgets.watch,
+                             collectors=(books.headroom.gauges(), TraceCollector(traces)))
+    grants = Grants(settings, keys=keys, link=link, gate=books.budgets.gate, lease_capacity=shared.lease_capacity,
+                    decisions=shared.decisions, circuits=circuits)
+    desk = MintDesk(settings=settings, registry=registry, keys=keys, decisions=shared.decisions,
+                    lease_capacity=shared.lease_capacity, circuits=circuits, admin=admin, policy=policy,
+                    granter=grants, configured=configured, budgets=books.budgets, headroom=books.headroom,
+                    decision_listeners=(metrics.on_decision, *(() if traces is None else (traces.on_decision,))))
+    hopper = Hopper(keys=keys, routes=routes, desk=desk, rebind=grants.rebind, events=events,
+                    hop_listeners=(metrics.on_hop, *(() if traces is None else (traces.on_hop,))))
+    row_sinks: tuple[RowSink, ...] = (
+        metrics.rows.add, books.spend.add,
+        books.budgets.on_row,   # after the book: the watch reads a fold holding the row
+        books.headroom.on_row,
+        *(() if books.fleet_spend is None else (books.fleet_spend.note,)),
+        *(() if traces is None else (traces.on_row,)))
+    service = ControlService(
+        settings, registry, keys, ledger, prices, routes=routes, lease_capacity=shared.lease_capacity,
+        circuits=circuits, decisions=shared.decisions, evidence=evidence, events=events, link=link, grants=grants,
+        budgets=books.budgets, configured=configured, row_sinks=row_sinks, settle_hooks=(hopper.after_rows,))
+    link.bind(service.snapshot, service.on_message, service.on_disconnect)  # the link serves the service
+    fleet = None if shared.fleet is None else _fleet_host(shared.fleet, settings, keys, routes, registry, service,
+                                                          circuits, admin, policy, events)
+    fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
+                                             routes.in_flight_by_account) if fleet is None else fleet.view())
+    metrics.watch(FleetGauges(fleet_view, None if shared.fleet is None else shared.fleet.entries))
+    return Control(settings=settings, service=service, reads=reads, desk=desk, admin=admin,
+                   revoke=service.end_account_keys if fleet is None else fleet.revocation.revoke_account,
+                   policy=policy, metrics=metrics, spend=books.spend, budgets=books.budgets, fleet_view=fleet_view,
+                   headroom=books.headroom, upkeep=(books.budgets.background, books.headroom.background),
+                   fleet=fleet, fleet_spend=books.fleet_spend, fleet_headroom=books.fleet_headroom, traces=traces)
+
+
+def _chains(settings: Settings, shared: backends.Backends, events: EventHub,
+            account_ids: list[str]) -> tuple[AccountAdminStore, PolicyStore]:
+    """The account admin chain (its commits on the event feed) and the policy chain."""
     admin = AccountAdminStore(settings.state_dir, account_ids,
                               on_commit=lambda record: events.publish(EventKind.ACCOUNT_STATE, record),
                               storage=shared.admin_chain, recent_s=shared.chain_recent_s)
@@ -119,82 +172,32 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                          Ceiling(fallback_on=frozenset(settings.fallback_on),
                                  max_fallback_hops=settings.max_fallback_hops),
                          storage=shared.policy_chain, recent_s=shared.chain_recent_s)
-    desk = MintDesk(settings=settings, registry=registry, keys=keys, decisions=service.decisions,
-                    lease_capacity=service.lease_capacity, circuits=circuits, admin=admin, policy=policy,
-                    granter=service, configured=service.configured)
-    hopper = Hopper(keys=keys, routes=service.routes, desk=desk, rebind=service.rebind, events=events)
-    service.settle_hooks.append(hopper.after_rows)
-    metrics = GatewayMetrics(service, events, circuits, admin.state_of)
-    service.row_listeners.append(metrics.rows.add)
-    desk.decision_listeners.append(metrics.on_decision)
-    hopper.hop_listeners.append(metrics.on_hop)
-    spend = SpendBook.rebuild(ledger)  # rebuilt and listening before the RPC socket opens: no row is missed
-    service.row_listeners.append(spend.add)
-    budgets = BudgetGuard(spend, policy, keys, service.link, events, prices)
-    budgets.start()  # the exhausted budgets known before the first snapshot
-    service.row_listeners.append(budgets.on_row)  # after the book: the watch reads a fold holding the row
-    policy.write_listeners.append(budgets.on_policy_write)
-    service.lease_gate, service.budget_hold = budgets.gate, budgets.hold_of
-    desk.budgets = budgets
-    metrics.watch_spend(spend, budgets.watch)
-    headroom = HeadroomBook(frozenset(account_ids), events, policy_floors(policy))  # SPEC §22
-    headroom.refresh_floors()
-    service.row_listeners.append(headroom.on_row)
-    policy.write_listeners.append(headroom.refresh_floors)
-    desk.headroom = headroom
-    metrics.registry.register(headroom.gauges())
-    fleet = fleet_spend = fleet_headroom = None
-    if shared.fleet is not None:
-        fleet, fleet_spend, fleet_headroom = _wire_fleet(shared.fleet, settings, service, admin, policy, events,
-                                                         spend, budgets, headroom)
-    fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, account_ids, keys.count_by_account,
-                                             service.routes.in_flight_by_account) if fleet is None else fleet.view())
-    metrics.watch(FleetGauges(fleet_view, None if shared.fleet is None else shared.fleet.entries))
-    traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
-    metrics.registry.register(TraceCollector(traces))
-    if traces is not None:
-        service.row_listeners.append(traces.on_row)
-        desk.decision_listeners.append(traces.on_decision)
-        hopper.hop_listeners.append(traces.on_hop)
-    return Control(settings=settings, service=service, desk=desk, admin=admin, policy=policy, metrics=metrics,
-                   spend=spend, budgets=budgets, fleet_view=fleet_view, headroom=headroom, fleet=fleet,
-                   fleet_spend=fleet_spend, fleet_headroom=fleet_headroom, traces=traces)
+    return admin, policy
 
 
-def _wire_fleet(shared: Any, settings: Settings, service: ControlService, admin: AccountAdminStore,
-                policy: PolicyStore, events: EventHub, spend: SpendBook, budgets: BudgetGuard,
-                headroom: HeadroomBook) -> tuple[FleetHost, FleetSpend, FleetHeadroom]:
-    """Fleet mode's own collaborators (imported only here, in fleet mode): the fleet's spend that
-    views and budgets read (SPEC §18), the newest rate-limit observation fleet-wide (SPEC §22),
-    and this host's membership and loops (SPEC §16)."""
-    from controlplane.fleet.headroom import FleetHeadroom
+def _fleet_host(shared: Any, settings: Settings, keys: KeyTable, routes: RouteBook, registry: Registry,
+                seam: ControlService, circuits: CircuitRegistry, admin: AccountAdminStore, policy: PolicyStore,
+                events: EventHub) -> FleetHost:
+    """Fleet mode (imported only here): this host's membership and loops (SPEC §16), reading the
+    daemon through its ports and ending keys through the release seam."""
     from controlplane.fleet.host import FleetHost
-    from controlplane.fleet.spend import FleetSpend
-    fleet_spend = FleetSpend(shared.client, shared.keys, settings.host_id, spend,
-                             entries=shared.entries, supervisor=shared.supervisor)
-    service.row_listeners.append(fleet_spend.note)
-    fleet_spend.listeners.append(budgets.on_fleet_spend)
-    budgets.stale = fleet_spend.stale   # SPEC §19: stale fleet spend holds budgeted scopes
-    fleet_spend.stale_listeners.append(budgets.on_stale_change)
-    fleet_headroom = FleetHeadroom(shared.client, shared.keys, settings.host_id, headroom, entries=shared.entries)
-    headroom.observed_listeners.append(fleet_headroom.note)
-    fleet = FleetHost(shared, settings=settings, service=service, admin=admin, policy=policy, events=events)
-    return fleet, fleet_spend, fleet_headroom
+    return FleetHost(shared, settings=settings, keys=keys, routes=routes, registry=registry, seam=seam,
+                     circuits=circuits, admin=admin, policy=policy, events=events)
 
 
 def build_app(control: Control) -> web.Application:
-    settings, service = control.settings, control.service
+    """The HTTP app over what `wire` built: each handler module given the ports it reads."""
     app = web.Application(
-        middlewares=[auth_middleware(TokenRing(settings), settings.metrics_public)],
+        middlewares=[auth_middleware(TokenRing(control.settings), control.settings.metrics_public)],
         client_max_size=CONTROL_BODY_LIMIT,
     )
-    app[SERVICE] = service
+    app[READS] = control.reads
+    app[V1_KEYS] = control.service
     app[DESK] = control.desk
     app[FLEET] = control.fleet_view
     app[TRACES] = control.traces
     app[HEADROOM] = control.headroom
-    admin_http.add_routes(app, control.admin,
-                          service.end_account_keys if control.fleet is None else control.fleet.revoke_account)
+    admin_http.add_routes(app, control.admin, control.revoke)
     fleet_http.add_routes(app)
     keys_http.add_routes(app)
     mint_http.add_routes(app)
@@ -203,9 +206,8 @@ def build_app(control: Control) -> web.Application:
     traces_http.add_routes(app)
     policy_http.add_routes(app, control.policy)
     spend_http.add_routes(app, control.spend, control.policy)
-    app.cleanup_ctx.append(control.budgets.background)
-    app.cleanup_ctx.append(control.headroom.background)
-    events_http.add_routes(app, service.events)
+    app.cleanup_ctx.extend(control.upkeep)
+    events_http.add_routes(app, control.service.events)
     metrics_http.add_routes(app, control.metrics)
     dashboard_http.add_routes(app)
     return app
@@ -269,7 +271,7 @@ class StartupError(Exception):
 async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
     """SPEC §16: claim the host id and re-register what the key journal kept, before anything
     is served (a duplicate host id never serves its data plane)."""
-    from controlplane.fleet.host import FleetUnreachable
+    from controlplane.fleet.recovery import FleetUnreachable
     from shared.fleet.membership import HostIdTaken
     try:
         await fleet.start()

@@ -3,17 +3,18 @@
 Two sources, one registry per app (never the library's global one, so two daemons in one
 process — tests — never share counters):
 - counters and the overhead histogram are fed from every terminal row the service records
-  (`service.row_listeners`), reduced at once to bounded label values and numbers (`_RowCounts`):
-  they keep counts, token totals, cost and overhead, never a string from the row that is not a
-  member of a closed vocabulary, so a metric cannot carry what a read payload may not;
+  (`_RowCounts.add`, one of `ControlService.row_sinks`), reduced at once to bounded label values
+  and numbers (`_RowCounts`): they keep counts, token totals, cost and overhead, never a string
+  from the row that is not a member of a closed vocabulary, so a metric cannot carry what a read
+  payload may not;
 - gauges (in flight, leases, circuit state, configured, administrative state, feed readers) are
-  computed at scrape time from the service, so they are never stale and never drift; so are
-  spend's (`watch_spend`): each account's spend in the current UTC day and month
-  (`leasehold_spend_day_usd`, `leasehold_spend_month_usd`: what `leasehold_cost_usd`, a counter
-  since the process started, cannot say after a restart or across midnight) and how many
-  budgets are `ok`, past 80 % (`warning`) or `exhausted` (`leasehold_budgets{state}`) — the
-  budgets themselves are named by level, a repo or team, which no label may carry: they are
-  in `GET /control/v2/budgets`.
+  computed at scrape time from the daemon's read ports (`controlplane/ports.ControlReads`), so
+  they are never stale and never drift; so are spend's (`_SpendCollector`): each account's spend
+  in the current UTC day and month (`leasehold_spend_day_usd`, `leasehold_spend_month_usd`: what
+  `leasehold_cost_usd`, a counter since the process started, cannot say after a restart or
+  across midnight) and how many budgets are `ok`, past 80 % (`warning`) or `exhausted`
+  (`leasehold_budgets{state}`) — the budgets themselves are named by level, a repo or team,
+  which no label may carry: they are in `GET /control/v2/budgets`.
 
 Labels are account ids, wire, status, condition, state and code — each a closed vocabulary or
 the registry's own account ids; a value outside its vocabulary is counted as `other` rather than
@@ -37,13 +38,15 @@ from controlplane.core.budgetwatch import BudgetWatch
 from controlplane.core.spend import COST, Dim, SpendFold
 from controlplane.core.windows import Window, key_at
 from controlplane.events import CloseReason, DispatchHop, EventHub
+from controlplane.ports import ControlReads
 from shared.clock import now_ms
 from shared.codes import AdminState, AttemptStatus, CircuitPhase, Condition, Refusal, Wire
 from shared.wire import AttemptRow
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from controlplane.decisions import Decision
-from controlplane.service import ControlService
 
 OTHER = "other"
 NONE = "none"
@@ -185,16 +188,18 @@ class Refreshed(Protocol):
 
 
 class GatewayMetrics:
-    """The registry, the row-fed instruments, and the scrape-time gauges over `service`."""
+    """The registry, the row-fed instruments, and the scrape-time gauges over the read ports;
+    `spend` and `budgets` add spend's gauges, `collectors` the others' (headroom, traces)."""
 
-    def __init__(self, service: ControlService, hub: EventHub, circuits: CircuitRegistry,
-                 admin_state_of: Callable[[str], AdminState] | None = None) -> None:
-        self.service = service
+    def __init__(self, reads: ControlReads, hub: EventHub, circuits: CircuitRegistry,
+                 admin_state_of: Callable[[str], AdminState] | None = None, *, spend: _Book | None = None,
+                 budgets: BudgetWatch | None = None, collectors: Iterable[Collector] = ()) -> None:
+        self.reads = reads
         self.hub = hub
         self.circuits = circuits
         self.circuit_phases: dict[str, CircuitPhase] = {}  # read by `refresh` before each scrape
         self.admin_state_of = admin_state_of
-        self.accounts = frozenset(a.id for a in service.registry.accounts)
+        self.accounts = frozenset(a.id for a in reads.registry.accounts)
         # `*_created` series double every counter for no use a scraper of this daemon has; the
         # switch is process-wide in the library, and this daemon is its only user.
         disable_created_metrics()
@@ -206,6 +211,10 @@ class GatewayMetrics:
         self.hops = Counter("leasehold_dispatch_hops", "Dispatch keys moved by the gateway, by condition.",
                             ["condition"], registry=self.registry)
         self.registry.register(_LiveCollector(self))
+        if spend is not None and budgets is not None:
+            self.registry.register(_SpendCollector(spend, budgets, self.accounts))
+        for collector in collectors:
+            self.registry.register(collector)
         self._watched: list[Refreshed] = []
 
     async def refresh(self) -> None:
@@ -223,10 +232,6 @@ class GatewayMetrics:
 
     def on_hop(self, hop: DispatchHop) -> None:
         self.hops.labels(_bounded(hop.condition, _CONDITIONS)).inc()
-
-    def watch_spend(self, book: _Book, watch: BudgetWatch) -> None:
-        """Add the spend gauges, read from the spend book and the budgets' watch at scrape time."""
-        self.registry.register(_SpendCollector(book, watch, self.accounts))
 
     def on_decision(self, decision: Decision) -> None:
         code = _bounded(None if decision.refusal_reason is None else str(decision.refusal_reason),
@@ -283,7 +288,7 @@ class _RowCollector:
 
 
 class _LiveCollector:
-    """Gauges computed from the service at scrape time."""
+    """Gauges computed from the read ports at scrape time."""
 
     def __init__(self, metrics: GatewayMetrics) -> None:
         self.m = metrics
@@ -292,9 +297,9 @@ class _LiveCollector:
         return []  # no fixed description: computed on every collect
 
     def collect(self) -> Iterator[Metric]:
-        service = self.m.service
-        in_flight = service.routes.in_flight_by_account()
-        leases = service.keys.count_by_account()
+        reads = self.m.reads
+        in_flight = reads.routes.in_flight_by_account()
+        leases = reads.keys.count_by_account()
         g_flight = GaugeMetricFamily("leasehold_in_flight", "Attempts streaming now.", labels=["account_id"])
         g_leased = GaugeMetricFamily("leasehold_leases", "Unexpired leases (virtual keys).", labels=["account_id"])
         g_conf = GaugeMetricFamily("leasehold_account_configured",
@@ -303,10 +308,10 @@ class _LiveCollector:
                                       labels=["account_id", "state"])
         g_admin = GaugeMetricFamily("leasehold_account_administrative_state",
                                     "1 for the account's administrative state.", labels=["account_id", "state"])
-        for account in service.registry.accounts:
+        for account in reads.registry.accounts:
             g_flight.add_metric([account.id], in_flight.get(account.id, 0))
             g_leased.add_metric([account.id], leases.get(account.id, 0))
-            g_conf.add_metric([account.id], 1 if service.configured(account) else 0)
+            g_conf.add_metric([account.id], 1 if reads.configured(account) else 0)
             phase = self.m.circuit_phases.get(account.id, CircuitPhase.CLOSED)
             for state in CircuitPhase:
                 g_circuit.add_metric([account.id, str(state)], 1 if state == phase else 0)
@@ -314,7 +319,7 @@ class _LiveCollector:
             for admin_state in AdminState if current is not None else ():
                 g_admin.add_metric([account.id, str(admin_state)], 1 if admin_state == current else 0)
         yield from (g_flight, g_leased, g_conf, g_circuit, g_admin)
-        yield from self._daemon(service)
+        yield from self._daemon(reads)
 
     def _admin_state(self, account_id: str) -> AdminState | None:
         """None when no overlay is wired or it cannot answer: no series beats a guessed one."""
@@ -325,12 +330,12 @@ class _LiveCollector:
         except Exception:
             return None
 
-    def _daemon(self, service: ControlService) -> Iterator[Metric]:
+    def _daemon(self, reads: ControlReads) -> Iterator[Metric]:
         hub = self.m.hub
         yield GaugeMetricFamily("leasehold_dataplane_connected", "1 while the data plane is connected.",
-                                value=1 if service.link.connected else 0)
+                                value=1 if reads.link.connected else 0)
         yield GaugeMetricFamily("leasehold_ledger_ok", "1 while the ledger accepts appends.",
-                                value=1 if service.ledger.ok else 0)
+                                value=1 if reads.ledger.ok else 0)
         yield GaugeMetricFamily("leasehold_event_subscribers", "Open event feed readers.",
                                 value=len(hub.subscribers))
         yield GaugeMetricFamily("leasehold_event_queue_depth_max",
@@ -348,7 +353,7 @@ class _LiveCollector:
         yield closed
         yield CounterMetricFamily("leasehold_events_published", "Events published on the feed.",
                                   value=hub.published)
-        bounds = service.routes.connections   # SPEC §19, as the data plane last reported them
+        bounds = reads.routes.connections   # SPEC §19, as the data plane last reported them
         yield CounterMetricFamily("leasehold_connections_refused", "Data plane connections answered "
                                   "503 connection-limit (GATEWAY_MAX_CONNECTIONS).", value=bounds.refused)
         yield CounterMetricFamily("leasehold_header_timeouts", "Data plane connections closed for a "

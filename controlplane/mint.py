@@ -96,7 +96,9 @@ class MintDesk(DispatchKeys, FactDesk):
     def __init__(self, *, settings: Settings, registry: Registry, keys: KeyTable,
                  decisions: DecisionStore, lease_capacity: CapacityStore, circuits: CircuitRegistry,
                  admin: AdminOverlay, policy: PolicySource, granter: Granter,
-                 configured: Callable[[AccountSpec], bool]) -> None:
+                 configured: Callable[[AccountSpec], bool], budgets: BudgetFacts | None = None,
+                 headroom: HeadroomFacts | None = None,
+                 decision_listeners: tuple[Callable[[Decision], None], ...] = ()) -> None:
         self.settings = settings
         self.registry = registry
         self.keys = keys
@@ -107,9 +109,9 @@ class MintDesk(DispatchKeys, FactDesk):
         self.policy = policy
         self.granter = granter
         self.configured = configured
-        self.decision_listeners: list[Callable[[Decision], None]] = []
-        self.budgets: BudgetFacts = NoBudgets()   # SPEC §18 (`BudgetGuard`, set by `wire`)
-        self.headroom: HeadroomFacts = NoHeadroom()   # SPEC §22 (`HeadroomBook`, set by `wire`)
+        self.decision_listeners = decision_listeners   # each decision made, in this order
+        self.budgets: BudgetFacts = NoBudgets() if budgets is None else budgets   # SPEC §18 (`BudgetGuard`)
+        self.headroom: HeadroomFacts = NoHeadroom() if headroom is None else headroom   # SPEC §22
 
     # ---- entry points -------------------------------------------------------------------
 

@@ -2,25 +2,27 @@
 
 HTTP handlers and the RPC call these; this module does the I/O ordering (key table → capacity
 → replication) and leaves decisions to `core`. Every path that ends a key goes through
-`end_keys`, the one release seam.
+`end_keys`, the one release seam. Storing and pushing a lease is `controlplane/grants.Grants`'s.
+Built by `controlplane.main.wire` with every collaborator, and seen by the rest of the daemon
+only through the ports of `controlplane/ports.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from controlplane.circuits import CircuitRegistry
-from controlplane.core.budgets import Exhausted, retry_after_s
+from controlplane.core.budgets import retry_after_s
 from controlplane.core.budgetwatch import exhausted_levels
 from controlplane.core.pricing import PriceLookup, PriceTable, cost_of
 from controlplane.decisions import DecisionStore, evidence_of
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
-from controlplane.registry import AccountSpec, Registry, is_configured
+from controlplane.grants import Grants, Minted
+from controlplane.ports import BudgetPort, Configured, RowSink, SettleHook
+from controlplane.registry import Registry
 from controlplane.replication import DataPlaneLink
 from controlplane.routebook import RouteBook
 from controlplane.stores.keys import KeyTable
@@ -52,28 +54,24 @@ log = get_logger("control")
 LOST_ROUTE_GRACE_S = 5.0
 
 
-class Minted(msgspec.Struct, frozen=True, kw_only=True):
-    token: str
-    lease: Lease
-    account: AccountSpec
-    base_url: str
-
-
 class ControlService:
     """Keys, the release seam and the attempt rows. Built by `controlplane.main.wire`, which
-    hands it every collaborator; it builds none of them."""
+    hands it every collaborator; it builds none of them, and binds none (the link is bound to it
+    by `wire`)."""
 
     def __init__(self, settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
                  prices: PriceTable, *, routes: RouteBook, lease_capacity: CapacityStore,
                  circuits: CircuitRegistry, decisions: DecisionStore, evidence: EvidenceBook,
-                 events: EventHub, link: DataPlaneLink, env: dict[str, str] | None = None) -> None:
+                 events: EventHub, link: DataPlaneLink, grants: Grants, budgets: BudgetPort,
+                 configured: Configured, row_sinks: tuple[RowSink, ...] = (),
+                 settle_hooks: tuple[SettleHook, ...] = ()) -> None:
         self.settings = settings
         self.registry = registry
         self.keys = keys
         self.ledger = ledger
         self.prices = prices
         self._price_of = PriceLookup(prices)
-        self.env = dict(os.environ if env is None else env)
+        self.configured = configured   # whether an account's credential is set
         self.routes = routes
         self.lease_capacity = lease_capacity
         self.circuits = circuits
@@ -81,18 +79,17 @@ class ControlService:
         self.evidence = evidence
         self.events = events
         self.link = link
-        self.row_listeners: list[Callable[[AttemptRow], None]] = []  # each recorded terminal row
+        self.grants = grants
+        # SPEC §18 (`BudgetGuard`): a lease as the data plane must hold it now (its budget gate),
+        # and the exhausted budgets of a (repo, role)'s chain.
+        self.budgets = budgets
+        self.row_sinks = row_sinks  # each recorded terminal row, in this order
         # Run by each settle after its rows are folded and before they are acknowledged (the
         # dispatch keys' hops: a worker's retry after the failed answer finds the new account).
-        self.settle_hooks: list[Callable[[list[AttemptRow]], Awaitable[None]]] = []
+        self.settle_hooks = settle_hooks
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
         self._unfolded: list[AttemptRow] = []  # rows recorded, not yet folded into circuits/decisions
         self._settling: asyncio.Task[None] | None = None
-        # SPEC §18 (`BudgetGuard`, set by `wire`): a lease as the data plane must hold it now
-        # (its budget gate), and the exhausted budgets of a (repo, role)'s chain.
-        self.lease_gate: Callable[[Lease], Lease] = lambda lease: lease
-        self.budget_hold: Callable[[str, str | None], tuple[Exhausted, ...]] = lambda repo, role: ()
-        link.bind(self._snapshot, self.on_message, self._on_disconnect)
 
     async def restore(self) -> None:
         """Re-take the lease slots and live dispatch keys of the leases the key journal kept."""
@@ -105,15 +102,10 @@ class ControlService:
 
     # ---- facts --------------------------------------------------------------------------
 
-    def configured(self, account: AccountSpec) -> bool:
-        return is_configured(account, self.env)
-
-    def base_url_for(self, account: AccountSpec) -> str:
-        root = self.settings.dataplane_url
-        return root + "/v1" if account.wire == "openai" else root
-
-    def _snapshot(self) -> tuple[list[Lease], list[AccountRoute], bool]:
-        return [self.lease_gate(lease) for lease in self.keys.all()], self.registry.routes(), self.ledger.ok
+    def snapshot(self) -> tuple[list[Lease], list[AccountRoute], bool]:
+        """What the link sends a data plane that connects: every lease with its budget gate."""
+        gate = self.budgets.gate
+        return [gate(lease) for lease in self.keys.all()], self.registry.routes(), self.ledger.ok
 
     # ---- mint and the release seam ------------------------------------------------------
 
@@ -124,7 +116,7 @@ class ControlService:
             raise GatewayError(Refusal.ACCOUNT_NOT_CONFIGURED,
                                f"the legacy account for binding {binding!s} ({account.id}) has no "
                                f"credential: set {account.credential_env}")
-        held = self.budget_hold(repo_slug, None)   # a v1 mint names no model: its price is the request's check
+        held = self.budgets.hold_of(repo_slug, None)   # a v1 mint names no model: its price is the request's check
         if held:
             raise GatewayError(Refusal.BUDGET_EXHAUSTED, f"the {exhausted_levels(held)} is exhausted; "
                                "mints for this scope are held until it resets", retry_after_s=retry_after_s(held),
@@ -137,28 +129,7 @@ class ControlService:
         if not await self.lease_capacity.reserve(account.id, lease.key_id, account.lease_capacity):
             raise GatewayError(Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity",
                                retry_after_s=1)
-        return await self.grant(lease, account, token)
-
-    async def grant(self, lease: Lease, account: AccountSpec, token: str) -> Minted:
-        """Store the lease (its slot already reserved) and wait until the data plane has it."""
-        self.keys.add(lease)
-        await self.link.lease_added(self.lease_gate(lease))
-        log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
-                 expires_at=iso_ms(lease.expires_at_ms), dataplane=self.link.connected)
-        return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
-
-    async def rebind(self, lease: Lease) -> None:
-        """A live key's lease replaced under the same token (a dispatch key's hop or extension):
-        journalled, then pushed with its budget gate; the data plane switches the token atomically."""
-        self.keys.add(lease)
-        await self.link.lease_added(self.lease_gate(lease))
-
-    async def release(self, lease: Lease) -> None:
-        """The release seam's own part: the lease slot, the dispatch's live key, the circuit's
-        probe. `end_keys` adds forgetting the key and telling the data plane; a dispatch key's
-        hop (SPEC §17) keeps the key and re-binds it instead."""
-        await asyncio.gather(self.lease_capacity.release(lease.key_id), self.decisions.end_key(lease.key_id),
-                             self.circuits.on_lease_ended(lease.account_id, lease.key_id, now_ms()))
+        return await self.grants.grant(lease, account, token)
 
     async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
         """The release seam: forget each key, return its lease slot, tell the data plane.
@@ -225,10 +196,10 @@ class ControlService:
             self.ledger.stage(row)
             self.routes.finished(row)
             self.events.publish(EventKind.ROUTE_FINISHED, row)
-            for listener in self.row_listeners:
+            for sink in self.row_sinks:
                 try:
-                    listener(row)
-                except Exception:  # a listener's bug must not cost the row its Ack or its evidence
+                    sink(row)
+                except Exception:  # a sink's bug must not cost the row its Ack or its evidence
                     log.exception("row_listener_failed", attempt_id=row.attempt_id)
             self.evidence.record(row, now_ms())
             self._unfolded.append(row)
@@ -298,7 +269,7 @@ class ControlService:
         if not self.ledger.ok and self.write_staged():
             log.info("ledger_recovered")
 
-    def _on_disconnect(self) -> None:
+    def on_disconnect(self) -> None:
         """Routes in flight are forgotten now; any the data plane does not re-announce (or
         finish) within the grace period get a terminal row, so none stays streaming forever."""
         orphans = self.routes.forget_active()

@@ -1,5 +1,5 @@
 """`SpendBook`: control's spend (SPEC §18) — the pure fold of `core/spend.py`, fed by every
-recorded row (`ControlService.row_listeners`), rebuilt at startup from the ledger's files.
+recorded row (one of `ControlService.row_sinks`), rebuilt at startup from the ledger's files.
 
 The rebuild reads, for the windows a view can ask about now (this hour, this day, this month):
 - the summary beside every segment written since the month began (`ledger-D.spend.json`,
@@ -67,19 +67,6 @@ class SpendBook:
         self.loaded = {"segments": 0, "summaries": 0, "live_rows": 0}   # what the rebuild read
         self._checkpoint: tuple[int, str, int, segments.Folding] | None = None   # inode, head, offset
         self._checkpointing = False
-
-    # ---- wiring ---------------------------------------------------------------------------
-
-    @classmethod
-    def of(cls, service: Any) -> SpendBook:
-        """The book fed by `service`'s recorded rows: rebuilt and attached on the first call,
-        found among the row listeners after (so `main` and `build_app` share one)."""
-        for listener in service.row_listeners:
-            if isinstance(getattr(listener, "__self__", None), cls):
-                return listener.__self__
-        book = cls.rebuild(service.ledger)
-        service.row_listeners.append(book.add)
-        return book
 
     def add(self, row: AttemptRow) -> None:
         self.fold.add(row)

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from dataplane.rpc_client import ControlLink
 from dataplane.stamps import iso_ms, new_ulid
+from dataplane.wires.spec import WireSpec
 from dataplane.wires.sse import Observation
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
@@ -27,16 +28,17 @@ log = get_logger("dataplane")
 
 
 class Attempt:
-    __slots__ = ("link", "lease", "wire", "path", "attempt_id", "started_ms", "t0",
+    __slots__ = ("link", "lease", "spec", "wire", "path", "attempt_id", "started_ms", "t0",
                  "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
                  "task", "stopping", "response", "http_status", "sse_plain", "row", "trace",
                  "rate_limits", "asked_usage", "first_byte_ms")
 
-    def __init__(self, link: ControlLink, lease: Lease, wire: str, path: str,
+    def __init__(self, link: ControlLink, lease: Lease, spec: WireSpec, path: str,
                  trace: tuple[str | None, str | None] = (None, None)) -> None:
         self.link = link
         self.lease = lease
-        self.wire = wire
+        self.spec = spec          # its wire, resolved once (`dataplane/wires/table.WIRES`)
+        self.wire = spec.name
         self.path = path
         self.attempt_id = "att_" + new_ulid()
         self.started_ms = now_ms()

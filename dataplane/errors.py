@@ -10,40 +10,24 @@ and `budget-exhausted`, whose reset is hours away rather than seconds), a whole-
 from __future__ import annotations
 
 from aiohttp import web
-from multidict import CIMultiDictProxy
 
 from dataplane.attempt import Attempt
-from dataplane.wires import anthropic, openai
+from dataplane.wires.spec import WireSpec
 from shared.bounds import retry_after_s as retry_after_s_of
-from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal, Wire
+from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 # Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
 NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED, Refusal.MODEL_UNPRICED, Refusal.BUDGET_EXHAUSTED,
                          Refusal.INVALID_REQUEST_BODY, Refusal.UNSUPPORTED_CONTENT_ENCODING})
-_ANTHROPIC_ONLY = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
 
-def guess_wire(path: str, headers: CIMultiDictProxy[str]) -> Wire:
-    """The wire to answer in before a lease says which (unknown or refused key)."""
-    if path in _ANTHROPIC_ONLY:
-        return Wire.ANTHROPIC
-    if path in openai.PATHS and path != "/v1/models":
-        return Wire.OPENAI
-    if "anthropic-version" in headers or "x-api-key" in headers:
-        return Wire.ANTHROPIC
-    return Wire.OPENAI
-
-
-def refusal_response(wire: str, code: Refusal | ErrorCode, message: str, request_id: str, overhead_ms: float,
-                     *, status: int | None = None, retry_after_s: float | None = None) -> web.Response:
+def refusal_response(wire: WireSpec, code: Refusal | ErrorCode, message: str, request_id: str,
+                     overhead_ms: float, *, status: int | None = None,
+                     retry_after_s: float | None = None) -> web.Response:
     status = status or HTTP_STATUS[code]
-    if wire == Wire.ANTHROPIC:
-        body = anthropic.error_body(status, str(code), message, request_id)
-        headers = {anthropic.REQUEST_ID_HEADER: request_id}
-    else:
-        body = openai.error_body(status, str(code), message, request_id)
-        headers = {openai.REQUEST_ID_HEADER: request_id}
+    body = wire.error_body(status, str(code), message, request_id)
+    headers = {wire.request_id_header: request_id}
     headers[OVERHEAD_HEADER] = f"{overhead_ms:.3f}"
     if status == 401 or code in NOT_RETRIED:
         headers["x-should-retry"] = "false"
@@ -56,7 +40,7 @@ def refuse(attempt: Attempt, code: Refusal, message: str,
            retry_after_s: float | None = None, status: int | None = None) -> web.Response:
     """A gateway-authored refusal of an accepted attempt: its row (never evidence) and answer;
     `status` only where the data plane answers a code otherwise than `HTTP_STATUS` does."""
-    response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
+    response = refusal_response(attempt.spec, code, message, attempt.attempt_id,
                                 attempt.mark_overhead(0.0), status=status, retry_after_s=retry_after_s)
     attempt.finish(AttemptStatus.REFUSED, response.status, refusal=code, retry_after_s=retry_after_s)
     return response

@@ -16,12 +16,12 @@ import uvloop
 from aiohttp import HttpVersion11, hdrs, web
 
 from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
-from dataplane.errors import guess_wire, refusal_response
+from dataplane.errors import refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import UpstreamPools
-from dataplane.wires import openai
+from dataplane.wires.table import DEFAULT, guess_wire
 from shared.capacity import StateUnavailable
 from shared.codes import ErrorCode, Refusal
 from shared.logging import configure_logging, get_logger
@@ -101,14 +101,15 @@ def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Respo
 
 
 def connection_limit_answer() -> bytes:
-    """The whole answer to a connection over the cap: 503 `connection-limit`, closed after."""
+    """The whole answer to a connection over the cap: 503 `connection-limit`, closed after, in
+    the default wire's shape (nothing of the request was read)."""
     request_id = "req_" + new_ulid()
-    body = openai.error_body(503, str(Refusal.CONNECTION_LIMIT),
-                             "the gateway has too many open connections; retry in a second", request_id)
+    body = DEFAULT.error_body(503, str(Refusal.CONNECTION_LIMIT),
+                              "the gateway has too many open connections; retry in a second", request_id)
     return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 1\r\nconnection: close\r\nx-should-retry: true\r\n"
-            b"x-request-id: " + request_id.encode() + b"\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\n\r\n" + body)
+            + DEFAULT.request_id_header.encode() + b": " + request_id.encode()
+            + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 class _Handler(BoundedRequestHandler):

@@ -9,20 +9,18 @@ decompressed only into the scanner's copy.
 from __future__ import annotations
 
 from dataplane.endings import is_complete
-from dataplane.wires import anthropic, openai
+from dataplane.wires.spec import WireSpec
 from dataplane.wires.sse import Decompressor, Observation, SseScanner
-from shared.codes import Wire
 
 # A non-streaming 2xx body is kept (by reference) up to this size to read its usage; larger
 # bodies (none of the usage-bearing answers is near it) are relayed without usage.
 USAGE_BODY_CAP = 8 * 1024 * 1024
-USAGE_PATHS = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"})
 
 
 class Observer:
     __slots__ = ("wire", "path", "is_sse", "decompress", "scanner", "parts", "size", "seen")
 
-    def __init__(self, wire: str, path: str, is_sse: bool, encoding: str) -> None:
+    def __init__(self, wire: WireSpec, path: str, is_sse: bool, encoding: str) -> None:
         self.wire = wire
         self.path = path
         self.is_sse = is_sse
@@ -31,12 +29,11 @@ class Observer:
         self.parts: list[bytes] | None = None
         self.size = 0
         if is_sse:
-            self.scanner = (anthropic.Scanner() if wire == Wire.ANTHROPIC
-                            else openai.scanner_for(path))
+            self.scanner = wire.scanner(path)
             self.seen = self.scanner.seen  # partial usage stays readable if the attempt is cut
         else:
             self.seen = Observation()
-            if path in USAGE_PATHS:
+            if path in wire.usage_paths:
                 self.parts = []
 
     def feed(self, chunk: bytes) -> None:
@@ -60,8 +57,6 @@ class Observer:
         """The observation at the end of a cleanly ended body (decodes a kept JSON body)."""
         if self.parts and self.decompress.supported:
             body = self.decompress(b"".join(self.parts))
-            extract = (anthropic.usage_from_body if self.wire == Wire.ANTHROPIC
-                       else openai.usage_from_body)
-            self.seen.model, self.seen.usage = extract(body)
+            self.seen.model, self.seen.usage = self.wire.usage_from_body(body)
             self.parts = None
         return self.seen

@@ -23,7 +23,7 @@ from dataplane.attempt import Attempt
 from dataplane.bodies import OFF_LOOP_BYTES, BodyRefused, coding_of, decode_body, peek_body
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
-from dataplane.errors import guess_wire, refusal_response, refuse
+from dataplane.errors import refusal_response, refuse
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
@@ -32,10 +32,10 @@ from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.usage_ask import asks_usage, with_usage
 from dataplane.websocket.sockets import Sockets
-from dataplane.wires import anthropic, openai
+from dataplane.wires.table import WIRES, guess_wire
 from shared.capacity import CapacityTable, StateUnavailable
 from shared.clock import now_ms
-from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
+from shared.codes import AttemptStatus, ErrorCode, Refusal
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
@@ -46,10 +46,6 @@ if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
     from dataplane.admission import FleetAdmission
 
 log = get_logger("dataplane")
-
-# The paths whose body names a model: read strictly, or refused (SPEC §19).
-MODEL_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions",
-                         "/v1/responses", "/v1/embeddings"})
 
 
 def _not_permitted(account: AccountRoute, model: str | None) -> str:
@@ -90,8 +86,10 @@ class Proxy:
             return self._early(request, t0, Refusal.UNKNOWN_KEY,
                                "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
-        wire = account.wire if account is not None else guess_wire(request.path, request.headers)
-        attempt = Attempt(self.link, lease, wire, request.path, trace_headers(request.headers))
+        # the request's wire, resolved once: everything after reads `attempt.spec`
+        spec = WIRES[account.wire] if account is not None else guess_wire(request.path,
+                                                                          request.headers)
+        attempt = Attempt(self.link, lease, spec, request.path, trace_headers(request.headers))
         self.in_flight.add(attempt)
         self._idle.clear()
         try:
@@ -153,16 +151,16 @@ class Proxy:
     def _early(self, request: web.Request, t0: float, code: Refusal | ErrorCode, message: str,
                retry_after_s: float | None = None) -> web.Response:
         """A refusal before any lease: no attempt, no row."""
-        wire = guess_wire(request.path, request.headers)
-        return refusal_response(wire, code, message, "req_" + new_ulid(),
-                                (time.perf_counter() - t0) * 1000, retry_after_s=retry_after_s)
+        return refusal_response(guess_wire(request.path, request.headers), code, message,
+                                "req_" + new_ulid(), (time.perf_counter() - t0) * 1000,
+                                retry_after_s=retry_after_s)
 
     # ---- admission ----------------------------------------------------------------------
 
     async def _serve(self, request: web.Request, attempt: Attempt, presented: str) -> web.StreamResponse:
         account = self.replica.accounts.get(attempt.lease.account_id)
-        paths = anthropic.PATHS if attempt.wire == Wire.ANTHROPIC else openai.PATHS
-        if account is None or attempt.path not in paths:
+        spec = attempt.spec
+        if account is None or attempt.path not in spec.paths:
             return refuse(attempt, Refusal.PATH_NOT_SERVED,
                           f"{attempt.path} is not served on the {attempt.wire} wire")
         if self.draining:
@@ -182,7 +180,7 @@ class Proxy:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
-        if attempt.path in MODEL_PATHS and (body or request.method == "POST"):
+        if attempt.path in spec.model_paths and (body or request.method == "POST"):
             strict = await self._read_strictly(request, attempt, account, body)
             if isinstance(strict, web.Response):  # refused: no upstream call, never evidence
                 return strict

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import NamedTuple
 
-from shared.codes import Wire
 from shared.wire import RateLimit, RateLimits
 
 MAX_COUNT = 10**12                 # no provider states a limit near this; larger is garbage
@@ -30,18 +30,18 @@ MAX_DIGITS = len(str(MAX_COUNT))
 MAX_RESET_MS = 7 * 86_400_000      # a reset further than a week from the answer is garbage
 MAX_RESET_TEXT = 40                # longer than any RFC 3339 time or duration a provider sends
 
-# (kind, limit header, remaining header, reset header), per wire.
+# (kind, limit header, remaining header, reset header): a wire's names (`dataplane/wires/`).
 Names = tuple[tuple[str, str, str, str], ...]
-ANTHROPIC: Names = tuple(
-    (kind, f"anthropic-ratelimit-{name}-limit", f"anthropic-ratelimit-{name}-remaining",
-     f"anthropic-ratelimit-{name}-reset")
-    for kind, name in (("requests", "requests"), ("tokens", "tokens"),
-                       ("input_tokens", "input-tokens"), ("output_tokens", "output-tokens")))
-OPENAI: Names = tuple(
-    (kind, f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
-    for kind in ("requests", "tokens"))
 
-_ANTHROPIC = str(Wire.ANTHROPIC)   # a plain str: compared on every answer
+
+class RateLimitHeaders(NamedTuple):
+    """One wire's rate-limit headers, and whether its reset is an absolute RFC 3339 time
+    (Anthropic) rather than a duration counted from the answer's arrival (OpenAI)."""
+
+    names: Names
+    absolute_reset: bool
+
+
 MEMO_MAX = 512                     # entries per memo; cleared when full
 
 _UNIT_MS = {"h": 3_600_000.0, "m": 60_000.0, "s": 1000.0, "ms": 1.0,
@@ -113,11 +113,11 @@ def iso_ms(ms: int) -> str:
     return f"{prefix}{milli:03d}Z"
 
 
-def reset_at_ms(text: str | None, wire: str, arrival_ms: int) -> int | None:
+def reset_at_ms(text: str | None, absolute: bool, arrival_ms: int) -> int | None:
     """The reset as an absolute time, within `MAX_RESET_MS` of the arrival; else None."""
     if text is None:
         return None
-    if wire == _ANTHROPIC:
+    if absolute:
         at = _parse_reset(True, text)
     else:
         after = _parse_reset(False, text)
@@ -127,10 +127,12 @@ def reset_at_ms(text: str | None, wire: str, arrival_ms: int) -> int | None:
     return int(at)
 
 
-def rate_limits_of(headers: Mapping[str, str], wire: str, clock: Callable[[], int]) -> RateLimits | None:
-    """The answer's rate limits, or None when it carried no usable `remaining` header.
-    `clock()` (epoch ms: the answer's arrival) is read only when one is present."""
-    names = ANTHROPIC if wire == _ANTHROPIC else OPENAI
+def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders,
+                   clock: Callable[[], int]) -> RateLimits | None:
+    """The answer's rate limits (headers named as `wire` names them), or None when it carried
+    no usable `remaining` header. `clock()` (epoch ms: the answer's arrival) is read only when
+    one is present."""
+    names, absolute = wire
     get = headers.get
     found: dict[str, RateLimit] | None = None
     arrival_ms = 0
@@ -148,7 +150,7 @@ def rate_limits_of(headers: Mapping[str, str], wire: str, clock: Callable[[], in
         if text in resets:
             reset_at = resets[text]
         else:
-            reset = reset_at_ms(text, wire, arrival_ms)
+            reset = reset_at_ms(text, absolute, arrival_ms)
             reset_at = resets[text] = None if reset is None else iso_ms(reset)
         found[kind] = RateLimit(limit=parse_count(get(limit_name)), remaining=remaining, reset_at=reset_at)
     if found is None:

@@ -36,9 +36,8 @@ from dataplane.upstreams import (
 )
 from dataplane.usage_ask import UsageStrip
 from dataplane.watch import ExchangeWatch, IdleTimeout
-from dataplane.wires import anthropic, openai
 from shared.clock import now_ms
-from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
+from shared.codes import AttemptStatus, ErrorCode, Refusal
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.wire import AccountRoute
@@ -59,12 +58,6 @@ def _retry_after_s(headers: object) -> float | None:
         return float(value) if value is not None else None
     except ValueError:
         return None
-
-
-def cut_event(attempt: Attempt, message: str) -> bytes:
-    if attempt.wire == Wire.ANTHROPIC:
-        return anthropic.cut_event(message)
-    return openai.cut_event(attempt.path, message)
 
 
 class Relay:
@@ -126,7 +119,8 @@ class Relay:
         watch.body(upstream.content, lambda: _stalled(request, attempt))
         upstream_wait = time.perf_counter() - sent_at  # the answer's head: its first byte (§14)
         attempt.first_byte_ms = round(upstream_wait * 1000, 3)
-        attempt.rate_limits = rate_limits_of(upstream.headers, attempt.wire, now_ms)  # SPEC §22
+        # SPEC §22: the provider's rate-limit headers, as the attempt's wire names them
+        attempt.rate_limits = rate_limits_of(upstream.headers, attempt.spec.rate_limits, now_ms)
         ended_clean = False
         try:
             if not 100 <= upstream.status <= 599:
@@ -147,7 +141,7 @@ class Relay:
 
     async def _failed(self, attempt: Attempt, code: ErrorCode, message: str) -> web.Response:
         """No usable upstream answer: a transport-error row (evidence), acknowledged first."""
-        response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
+        response = refusal_response(attempt.spec, code, message, attempt.attempt_id,
                                     attempt.mark_overhead(0.0))
         await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
         return response
@@ -185,7 +179,7 @@ class Relay:
             response.content_length = int(length)  # type: ignore[arg-type]
         elif request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # (an HTTP/1.0 worker gets a close-delimited body)
-        observer = Observer(attempt.wire, attempt.path, is_sse, encoding)
+        observer = Observer(attempt.spec, attempt.path, is_sse, encoding)
         attempt.seen = observer.seen
         attempt.http_status = upstream.status
         await response.prepare(request)
@@ -272,7 +266,7 @@ async def cut(request: web.Request, attempt: Attempt, message: str) -> None:
     if response is not None and attempt.sse_plain and not (seen is not None and seen.upstream_error):
         try:
             async with asyncio.timeout(1.0):
-                await response.write(cut_event(attempt, message))
+                await response.write(attempt.spec.cut_event(attempt.path, message))
         except (ConnectionError, TimeoutError):
             pass
     transport = request.transport

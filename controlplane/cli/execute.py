@@ -42,12 +42,9 @@ from shared.codes import WIRE_OF_BINDING, Binding, Scope, Wire
 from shared.envscrub import scrub_spawn_env
 from shared.tokens import new_ulid
 from shared.tracecontext import worker_traceparent
+from shared.wires import FACTS
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-WIRE_ENV: dict[Wire, tuple[str, str]] = {
-    Wire.ANTHROPIC: ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"),
-    Wire.OPENAI: ("OPENAI_BASE_URL", "OPENAI_API_KEY"),
-}
 # Never inherited by a worker: this CLI's bearer token and any real provider credential (a
 # stray one would be sent instead of, or beside, the lease: Claude Code sends both headers).
 WITHHELD = ("LEASEHOLD_TOKEN", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY",
@@ -68,7 +65,7 @@ signals:
 
 def worker_env(env: Mapping[str, str], wire: Wire, base_url: str, token: str) -> dict[str, str]:
     clean = {k: v for k, v in scrub_spawn_env(env).items() if k not in WITHHELD}
-    url_var, key_var = WIRE_ENV[wire]
+    url_var, key_var = FACTS[wire].worker_env
     clean[url_var] = base_url
     clean[key_var] = token
     # SPEC §21: the worker's requests join one trace (the caller's, if it was started in one)
@@ -81,10 +78,12 @@ def for_codex(command: list[str], wire: Wire, env: dict[str, str]) -> list[str]:
     built-in OpenAI provider is pointed at the gateway on its command line (`-c
     openai_base_url=...`) and given the key as `CODEX_API_KEY`, so it opens the Responses
     WebSocket first, its fastest path (SPEC §20), and falls back to HTTP by itself."""
-    if wire != Wire.OPENAI or os.path.basename(command[0]) != "codex":
+    facts = FACTS[wire]
+    if not facts.codex or os.path.basename(command[0]) != "codex":
         return list(command)
-    env["CODEX_API_KEY"] = env["OPENAI_API_KEY"]
-    return [command[0], "-c", f'openai_base_url="{env["OPENAI_BASE_URL"]}"', *command[1:]]
+    url_var, key_var = facts.worker_env
+    env["CODEX_API_KEY"] = env[key_var]
+    return [command[0], "-c", f'openai_base_url="{env[url_var]}"', *command[1:]]
 
 
 def exit_status(returncode: int) -> int:
@@ -214,7 +213,8 @@ def run_exec(args: argparse.Namespace, client: Client) -> int:
         if minted.get("fallback_driver") == "gateway":
             helpers.append(Extender(client, key_id, _ttl_s(minted, args.ttl)))
             if args.verbose:
-                helpers.append(HopWatcher(client, key_id, sockets=wire == Wire.OPENAI))
+                helpers.append(HopWatcher(client, key_id,
+                                          sockets=FACTS[wire].websocket_path is not None))
         for helper in helpers:
             helper.start()
         sys.stdout.flush()

@@ -1,7 +1,9 @@
-"""A fleet host's event relay and chain poll (SPEC §16): this host's account-state, circuit and
-policy events out to the fleet's channel, the other hosts' in (each re-reads the chain it
-changed, then feeds this host's event feed), and the chains validated every `CHAIN_POLL_S`.
-`FleetHost` mixes it in; its loops run under the fleet's supervisor (SPEC §19).
+"""A fleet host's event relay and chain poll (SPEC §16): `HostEvents`. This host's account-state,
+circuit and policy events out to the fleet's channel, the other hosts' in (each re-reads the
+chain it changed, then feeds this host's event feed without being published again), and the
+chains validated every `CHAIN_POLL_S` (off the loop, so readers on the loop get a recently
+validated chain: `HashChain.read_recent`). Its loops run under the fleet's supervisor (SPEC
+§19), started by `FleetHost.start`.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ EVENT_QUEUE_MAX = 1024     # events waiting to go out; past it (Redis gone for l
 
 
 class HostEvents:
-    """The events half of `FleetHost` (a mixin: the attributes are `FleetHost.__init__`'s)."""
+    """The events a fleet host relays, both ways, and the chains it keeps validated."""
 
-    b: FleetBackends
-    hub: EventHub
-    admin: AccountAdminStore
-    policy: PolicyStore
-    _relaying: bool
-    _outbox: asyncio.Queue[tuple[EventKind, Any]]
+    def __init__(self, backends: FleetBackends, hub: EventHub, admin: AccountAdminStore,
+                 policy: PolicyStore) -> None:
+        self.b = backends
+        self.hub = hub
+        self.admin = admin
+        self.policy = policy
+        self._outbox: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue(EVENT_QUEUE_MAX)
+        self._relaying = False                   # set while a received event is fed to the hub
+        hub.listen(self._on_local_event)
 
     # ---- events out and in -------------------------------------------------------------------
 
@@ -48,7 +53,7 @@ class HostEvents:
         except asyncio.QueueFull:
             log.warning("fleet_event_dropped", kind=str(event.kind), queued=EVENT_QUEUE_MAX)
 
-    async def _publisher(self) -> None:
+    async def publisher(self) -> None:
         while True:
             kind, data = await self._outbox.get()
             try:
@@ -56,7 +61,7 @@ class HostEvents:
             except StateUnavailable as exc:  # pub/sub is at-most-once; the state itself is in Redis
                 log.warning("fleet_event_unpublished", kind=str(kind), error=str(exc))
 
-    async def _on_fleet_event(self, event: FleetEvent) -> None:
+    async def on_fleet_event(self, event: FleetEvent) -> None:
         """Another host's event: re-read the chain it changed, then feed it to this host's feed."""
         if event.kind == EventKind.ACCOUNT_STATE:
             await self._refresh_quietly(self.admin)
@@ -68,7 +73,7 @@ class HostEvents:
         finally:
             self._relaying = False
 
-    async def _refresh_chains(self) -> None:
+    async def refresh_chains(self) -> None:
         await asyncio.gather(self.admin.refresh(), self.policy.refresh())
 
     async def _refresh_quietly(self, store: AccountAdminStore | PolicyStore) -> None:
@@ -77,11 +82,11 @@ class HostEvents:
         except StateUnavailable:
             pass
 
-    async def _chain_poll(self) -> None:
+    async def chain_poll(self) -> None:
         while True:
             raise_if_cancelled()
             try:
-                await self._refresh_chains()
+                await self.refresh_chains()
             except StateUnavailable:
                 pass  # readers on the loop see it once the last validation is too old
             await asyncio.sleep(CHAIN_POLL_S)

@@ -28,7 +28,7 @@ from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
 from controlplane.core.overlay import Overlay
 from controlplane.headroom import KindView
-from controlplane.http.appkeys import DESK, FLEET, HEADROOM, SERVICE
+from controlplane.http.appkeys import DESK, FLEET, HEADROOM, READS
 from controlplane.http.common import int_query, json_response, requires
 from controlplane.stores.admin import AccountAdminStore
 from shared.capacity import StateUnavailable
@@ -105,7 +105,7 @@ def admin_chain(request: web.Request) -> ChainView[Overlay] | None:
 
 
 async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
-    service = request.app[SERVICE]
+    reads = request.app[READS]
     headroom = request.app[HEADROOM]
     now = now_ms()
     fleet = await request.app[FLEET].snapshot(now)
@@ -113,13 +113,13 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     overlay = None if chain is None else chain.state
     truncated_any = False
     views = []
-    for account in service.registry.accounts:
+    for account in reads.registry.accounts:
         rows = fleet.accounts.get(account.id, [])
         lease_count = sum(r.lease_count for r in rows)
         in_flight = sum(r.in_flight_count for r in rows)
-        counts, last_ms, truncated = service.evidence.window(account.id, now - window_s * 1000)
+        counts, last_ms, truncated = reads.evidence.window(account.id, now - window_s * 1000)
         truncated_any = truncated_any or truncated
-        configured = service.configured(account)
+        configured = reads.configured(account)
         health, reason = derive_health(configured, counts)
         views.append(AccountView(
             id=account.id, display_name=account.display_name,
@@ -128,19 +128,19 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             credential_env=account.credential_env, configured=configured,
             administrative_state=str(AdminState.DISABLED if overlay is None else overlay.state_of(account.id)),
             leased=lease_count > 0, lease_count=lease_count, in_flight=in_flight > 0, in_flight_count=in_flight,
-            sockets_open=(service.routes.sockets_open.get(account.id, 0)
+            sockets_open=(reads.routes.sockets_open.get(account.id, 0)
                           + fleet.sockets_elsewhere.get(account.id, 0)),
             observed=counts.observed > 0, observed_request_count=counts.observed,
             observed_aborted_count=counts.aborted,
             last_observed_at=None if last_ms is None else iso_ms(last_ms),
-            circuit=await service.circuits.view_or_last(account.id, now),
+            circuit=await reads.circuits.view_or_last(account.id, now),
             health=str(health), health_reason=str(reason),
             hosts=[HostView(host_id=r.host_id, lease_count=r.lease_count, in_flight_count=r.in_flight_count,
                             last_seen_at=None if r.last_seen_ms is None else iso_ms(r.last_seen_ms)) for r in rows],
             rate_limits=headroom.view(account.id, now),
         ))
     return AccountsView(accounts=views, window_seconds=window_s, as_of=iso_ms(now),
-                        evidence_since=iso_ms(service.evidence.since_ms),
+                        evidence_since=iso_ms(reads.evidence.since_ms),
                         evidence_truncated=truncated_any,
                         admin_chain_verdict=str(Verdict.CORRUPT if chain is None else chain.check.verdict),
                         admin_revision=None if chain is None else chain.check.revision,

@@ -13,12 +13,13 @@ from controlplane.fleet.snapshot import FleetSource
 from controlplane.headroom import HeadroomBook
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
-from controlplane.service import ControlService
+from controlplane.ports import ControlReads
 from controlplane.spend import SpendBook
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.policy import PolicyStore
 
-SERVICE = web.AppKey("service", ControlService)
+READS = web.AppKey("control_reads", ControlReads)  # the read ports (`controlplane/ports.py`)
+V1_KEYS = web.AppKey("v1_keys", object)  # a `controlplane.ports.V1Keys`: SPEC §5's mint and revoke
 DESK = web.AppKey("mint_desk", MintDesk)
 ADMIN_STORE = web.AppKey("account_admin_store", AccountAdminStore)
 LEASE_REVOKER = web.AppKey("account_lease_revoker", object)  # a `stores.admin.Revoker`
@@ -33,5 +34,5 @@ FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else 
 TRACES = web.AppKey("traces", object)  # a `controlplane.traces.Traces`, or None: export off (SPEC §21)
 HEADROOM = web.AppKey("headroom", HeadroomBook)  # provider rate-limit headroom (SPEC §22)
 
-__all__ = ["SERVICE", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
+__all__ = ["READS", "V1_KEYS", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
            "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET", "TRACES", "HEADROOM"]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 import msgspec
 from aiohttp import web
 
-from controlplane.http.appkeys import SERVICE
+from controlplane.http.appkeys import V1_KEYS
 from controlplane.http.common import json_response, read_json, requires
+from controlplane.ports import V1Keys
 from shared.bounds import TtlSeconds
 from shared.clock import iso_ms
 from shared.codes import Binding, ErrorCode, Scope
@@ -26,10 +27,14 @@ class MintV1(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ttl_seconds: TtlSeconds | None = None
 
 
+def _keys(request: web.Request) -> V1Keys:
+    return cast(V1Keys, request.app[V1_KEYS])
+
+
 @requires(Scope.MINT)
 async def mint_v1(request: web.Request) -> web.Response:
     body = await read_json(request, MintV1)
-    minted = await request.app[SERVICE].mint_v1(
+    minted = await _keys(request).mint_v1(
         body.provider_binding, body.principal_kind, body.principal_id, body.repo_slug,
         body.ttl_seconds)
     return json_response({
@@ -46,7 +51,7 @@ async def revoke(request: web.Request) -> web.Response:
     key_id = request.match_info["key_id"]
     if not KEY_ID_RE.match(key_id):
         raise GatewayError(ErrorCode.INVALID_REQUEST, "key_id must be a ULID")
-    revoked = await request.app[SERVICE].revoke(key_id)
+    revoked = await _keys(request).revoke(key_id)
     return json_response({"revoked": revoked})
 
 

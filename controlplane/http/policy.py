@@ -24,7 +24,7 @@ from controlplane.core.mint import MintVerdict, decide_mint
 from controlplane.core.policy import ResolvedPolicy
 from controlplane.core.selection import Candidate, LiveFacts, live_filters, rule_out
 from controlplane.events import EventKind
-from controlplane.http.appkeys import DESK, POLICY_STORE, SERVICE
+from controlplane.http.appkeys import DESK, HUB, POLICY_STORE
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.http.spend import budgets_on_chain
 from controlplane.mint import lineage_of, skips_view
@@ -97,7 +97,7 @@ async def put_level(request: web.Request) -> web.Response:
     written = await store.put_level(body.name, body.document, expected_revision=body.expected_revision,
                                     reason=body.reason, actor=body.actor,
                                     authenticated_by=authenticated_by(request))
-    request.app[SERVICE].events.publish(EventKind.POLICY, {"name": written.name, "revision": written.revision})
+    request.app[HUB].publish(EventKind.POLICY, {"name": written.name, "revision": written.revision})
     return json_response({"name": written.name, "revision": written.revision,
                           "based_on_revision": written.based_on_revision,
                           "document": written.document, "record": written.record})

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 import msgspec
 from aiohttp import web
 
-from controlplane.http.appkeys import SERVICE, TRACES
+from controlplane.http.appkeys import READS, TRACES
 from controlplane.http.common import json_response, requires
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 
 @requires(Scope.READ)
 async def trace_of_attempt(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
+    reads = request.app[READS]
     attempt_id = request.match_info["attempt_id"]
-    row = next((r for r in reversed(service.routes.recent) if r.attempt_id == attempt_id), None)
+    row = next((r for r in reversed(reads.routes.recent) if r.attempt_id == attempt_id), None)
     if row is None:
         raise GatewayError(ErrorCode.NOT_FOUND, f"attempt {attempt_id[:64]!r} is not among the recent routes "
-                           f"(the last {service.routes.recent.maxlen} finished attempts)")
+                           f"(the last {reads.routes.recent.maxlen} finished attempts)")
     traces = cast("Traces | None", request.app[TRACES])
-    spec = service.registry.get(row.account_id)
+    spec = reads.registry.get(row.account_id)
     account = None if spec is None else account_of(str(spec.provider_binding), spec.base_url)
     note = traces.notes.get(row.mint_decision_id) if traces is not None and row.mint_decision_id else None
     plan = span_of(row, account, None if note is None else DecisionNote(hop=note.hop))

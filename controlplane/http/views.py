@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from controlplane.http.appkeys import SERVICE
+from controlplane.http.appkeys import READS
 from controlplane.http.common import int_query, json_response, requires
 from controlplane.routebook import view_of
 from shared.clock import iso_ms, now_ms
@@ -15,31 +15,31 @@ RECENT_LIMIT_MAX = 200
 
 @requires(None)
 async def healthz(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
+    link = request.app[READS].link
     return json_response({
         "status": "ok",
-        "dataplane_connected": service.link.connected and service.link.ready.is_set(),
-        "dataplane_pid": service.link.peer_pid,
-        "ledger_ok": service.ledger.ok,
+        "dataplane_connected": link.connected and link.ready.is_set(),
+        "dataplane_pid": link.peer_pid,
+        "ledger_ok": request.app[READS].ledger.ok,
     })
 
 
 @requires(Scope.READ)
 async def routes_active(request: web.Request) -> web.Response:
-    book = request.app[SERVICE].routes
+    book = request.app[READS].routes
     rows = sorted(book.active.values(), key=lambda r: r.started_at)
     return json_response({
         "as_of": iso_ms(now_ms()),
         "count": len(rows),
         "routes": [view_of(r) for r in rows],
-        "dataplane_connected": request.app[SERVICE].link.connected,
+        "dataplane_connected": request.app[READS].link.connected,
     })
 
 
 @requires(Scope.READ)
 async def routes_recent(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, 1, RECENT_LIMIT_MAX)
-    rows, truncated, retained, since = request.app[SERVICE].routes.recent_view(limit)
+    rows, truncated, retained, since = request.app[READS].routes.recent_view(limit)
     return json_response({
         "as_of": iso_ms(now_ms()),
         "limit": limit,

@@ -27,6 +27,7 @@ from dataplane.attempt import Attempt
 from dataplane.bodies import BodyRefused
 from dataplane.relay import await_ack
 from dataplane.websocket import events, gates, matching
+from dataplane.wires.table import WIRES
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.logging import get_logger
@@ -198,7 +199,8 @@ class SocketSession:
         await self.upstream.send_str(text)
 
     def _attempt(self, model: str | None) -> SocketAttempt:
-        attempt = SocketAttempt(self.sockets.link, self.lease, self.account.wire, PATH, self.trace)
+        attempt = SocketAttempt(self.sockets.link, self.lease, WIRES[self.account.wire], PATH,
+                                self.trace)
         attempt.requested_model = model
         attempt.stream = True
         attempt.holds_slot = False

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
-from dataplane.errors import guess_wire, refusal_response, refuse
+from dataplane.errors import refusal_response, refuse
 from dataplane.leases import LeaseReplica
 from dataplane.relay import await_ack
 from dataplane.rpc_client import ControlLink
@@ -30,9 +30,10 @@ from dataplane.upstreams import downstream_headers, upstream_path_qs
 from dataplane.websocket import gates
 from dataplane.websocket.session import PATH, SocketAttempt, SocketSession
 from dataplane.websocket.upstream import HandshakeRefused, UpstreamSockets
+from dataplane.wires.table import NOT_PROXIED, WIRES, guess_wire
 from shared.capacity import CapacityTable
 from shared.clock import now_ms
-from shared.codes import AttemptStatus, ErrorCode, Refusal, Wire
+from shared.codes import AttemptStatus, ErrorCode, Refusal
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
@@ -45,7 +46,6 @@ SWEEP_S = 0.25
 # SPEC §19's stall bound where the settings do not carry it yet.
 # An upstream answering the handshake with these has no WebSocket there: the client falls back.
 NO_WEBSOCKET = frozenset({404, 405, 426})
-NOT_PROXIED = "WebSocket is proxied only on GET /v1/responses of an OpenAI-wire lease; use HTTP"
 
 
 class ProxyPort(Protocol):
@@ -105,10 +105,11 @@ class Sockets:
             return early(request, t0, Refusal.UNKNOWN_KEY,
                          "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
-        if account is None or account.wire != Wire.OPENAI or request.path != PATH \
-                or request.method != "GET":
+        spec = None if account is None else WIRES[account.wire]  # its wire, resolved once
+        if account is None or spec is None or request.path != spec.websocket_path \
+                or request.method != "GET":  # (a wire without a WebSocket has no path for it)
             return early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED, NOT_PROXIED)
-        attempt = SocketAttempt(self.link, lease, account.wire, PATH, trace_headers(request.headers))
+        attempt = SocketAttempt(self.link, lease, spec, PATH, trace_headers(request.headers))
         attempt.holds_slot = False
         refusal = await self._gates(attempt, account)
         if refusal is not None:
@@ -236,14 +237,14 @@ class Sockets:
 
 def refuse_426(attempt: SocketAttempt) -> web.Response:
     """The upstream has no WebSocket here: 426, so the client falls back to HTTP at once."""
-    return refusal_response(attempt.wire, Refusal.WEBSOCKET_NOT_SUPPORTED,
-                            "the upstream does not serve WebSocket here; use HTTP POST /v1/responses",
+    return refusal_response(attempt.spec, Refusal.WEBSOCKET_NOT_SUPPORTED,
+                            f"the upstream does not serve WebSocket here; use HTTP POST {attempt.path}",
                             attempt.attempt_id, attempt.overhead_ms or 0.0)
 
 
 async def _failed(attempt: SocketAttempt, code: ErrorCode, message: str) -> web.Response:
     """No upstream socket: a transport-error row (evidence), acknowledged first."""
-    response = refusal_response(attempt.wire, code, message, attempt.attempt_id,
+    response = refusal_response(attempt.spec, code, message, attempt.attempt_id,
                                 attempt.mark_overhead(0.0))
     await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
     return response

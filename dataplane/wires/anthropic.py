@@ -1,14 +1,23 @@
-"""The Anthropic Messages wire: paths, error shape, stream terminal and usage extraction."""
+"""The Anthropic Messages wire: error shape, stream terminal, usage extraction, rate-limit
+headers; its `WIRE` (with the facts of `shared/wires.ANTHROPIC`) is a row of `table.WIRES`."""
 
 from __future__ import annotations
 
 import msgspec
 
+from dataplane.ratelimits import RateLimitHeaders
+from dataplane.wires.spec import WireSpec
 from dataplane.wires.sse import SseScanner
+from shared import wires
 from shared.wire import Usage
 
-PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens", "/v1/models"})
-REQUEST_ID_HEADER = "request-id"
+# Every kind, the reset an RFC 3339 time.
+RATE_LIMITS = RateLimitHeaders(names=tuple(
+    (kind, f"anthropic-ratelimit-{name}-limit", f"anthropic-ratelimit-{name}-remaining",
+     f"anthropic-ratelimit-{name}-reset")
+    for kind, name in (("requests", "requests"), ("tokens", "tokens"),
+                       ("input_tokens", "input-tokens"), ("output_tokens", "output-tokens"))),
+    absolute_reset=True)
 
 _ERROR_TYPE = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -82,6 +91,10 @@ class Scanner(SseScanner):
             pass  # a malformed event is forwarded as it came; it does not cut the stream
 
 
+def scanner_for(path: str) -> SseScanner:
+    return Scanner()  # one stream shape on every path
+
+
 def usage_from_body(body: bytes) -> tuple[str | None, Usage | None]:
     try:
         message = _decode_message(body)
@@ -96,6 +109,11 @@ def error_body(status: int, code: str, message: str, request_id: str) -> bytes:
                     "request_id": request_id})
 
 
-def cut_event(message: str) -> bytes:
+def cut_event(path: str, message: str) -> bytes:
+    """The error event that ends a cut stream (the same on every path)."""
     payload = _encode({"type": "error", "error": {"type": "api_error", "message": message}})
     return b"event: error\ndata: " + payload + b"\n\n"
+
+
+WIRE = WireSpec(facts=wires.ANTHROPIC, error_body=error_body, cut_event=cut_event,
+                scanner=scanner_for, usage_from_body=usage_from_body, rate_limits=RATE_LIMITS)

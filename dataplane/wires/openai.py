@@ -1,14 +1,21 @@
-"""The OpenAI wire: chat completions, Responses, embeddings, models."""
+"""The OpenAI wire (chat completions, Responses, embeddings, models): error shape, stream
+terminals, usage extraction, rate-limit headers; its `WIRE` (with the facts of
+`shared/wires.OPENAI`) is a row of `table.WIRES`."""
 
 from __future__ import annotations
 
 import msgspec
 
+from dataplane.ratelimits import RateLimitHeaders
+from dataplane.wires.spec import WireSpec
 from dataplane.wires.sse import SseScanner
+from shared import wires
 from shared.wire import Usage
 
-PATHS = frozenset({"/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/models"})
-REQUEST_ID_HEADER = "x-request-id"
+# Requests and tokens, the reset a Go duration from the answer's arrival.
+RATE_LIMITS = RateLimitHeaders(names=tuple(
+    (kind, f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
+    for kind in ("requests", "tokens")), absolute_reset=False)
 
 _ERROR_TYPE = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -130,3 +137,7 @@ def cut_event(path: str, message: str) -> bytes:
     payload = _encode({"error": {"message": message, "type": "server_error", "param": None,
                                  "code": "transport-error"}})
     return b"data: " + payload + b"\n\n"
+
+
+WIRE = WireSpec(facts=wires.OPENAI, error_body=error_body, cut_event=cut_event,
+                scanner=scanner_for, usage_from_body=usage_from_body, rate_limits=RATE_LIMITS)

@@ -110,18 +110,32 @@ class MirroredChainStorage:
             log.warning("chain_seal_failed", path=chain.path, error=type(exc).__name__)
             return None
 
+    def _sealable(self, auth: ChainAuth) -> tuple[ChainBytes, ChainCheck] | None:
+        """The read and its hash-only check when the chain is one this host may seal: its records
+        hash, fail only by MAC, and are exactly this host's mirror. Anything else is None."""
+        read = self.read()
+        lines = split_lines(read.data)
+        check = verify_chain(lines, read.anchor_after, auth)
+        plain = verify_chain(lines, read.anchor_after)
+        if (check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED
+                or not self.adoptable(read)):
+            return None
+        return read, plain
+
     def _seal(self, chain: HashChain[Any]) -> Committed | None:
         auth = self.auth
         if auth is None or auth.seal_fields is None:
             return None
+        # Asked first without the fleet's writer lock: a chain forged in Redis is never sealable,
+        # and its every read must answer `corrupt` at once, never wait on a writer (a
+        # `revoke-leases` holds the lock for seconds) and leave the host without a recent view.
+        if self._sealable(auth) is None:
+            return None
         with self.writer():
-            read = self.read()
-            lines = split_lines(read.data)
-            check = verify_chain(lines, read.anchor_after, auth)
-            plain = verify_chain(lines, read.anchor_after)
-            if (check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED
-                    or not self.adoptable(read)):
+            sealable = self._sealable(auth)
+            if sealable is None:
                 return None
+            read, plain = sealable
             count = len(plain.records)
             fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count,
                       "adopts_hash": plain.head_hash}

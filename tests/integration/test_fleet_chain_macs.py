@@ -121,3 +121,29 @@ def test_after_a_rotation_a_host_with_the_whole_chain_reseals_it(fleet: Fleet, t
     b2 = host(fleet, tmp_path / "b", rotated)
     assert b2.read().check.revision == 2 and commit(b2, "team-a", "enabled") == 3
     assert a2.read().check.revision == 3
+
+
+def test_a_forged_chain_reads_corrupt_at_once_while_another_writer_holds_the_lock(fleet: Fleet,
+                                                                                   tmp_path: Path) -> None:
+    """The fleet soak once saw mints held `fleet-state-unavailable` while a forged record sat in
+    Redis: every corrupt read tried to seal under the fleet's writer lock, a `revoke-leases`
+    held that lock for seconds, and the host had no recently validated view of its chain. A
+    forgery is never sealable, so its read must not ask for the lock at all."""
+    a, b = host(fleet, tmp_path / "a"), host(fleet, tmp_path / "b")
+    commit(a, "team-a", "disabled")
+    assert b.read().check.revision == 1
+    forge(fleet, ENABLE)
+    holder = b.storage
+    assert isinstance(holder, MirroredChainStorage)
+    with holder.writer():   # another writer (say a revoke-leases waiting for the fleet) holds the lock
+        lock_waits = a.storage.remote.writer  # type: ignore[attr-defined]
+        asked: list[bool] = []
+
+        def noted() -> Any:
+            asked.append(True)
+            return lock_waits()
+
+        a.storage.remote.writer = noted  # type: ignore[attr-defined]
+        view = a.read()
+    assert (view.check.verdict, view.check.fault) == (Verdict.CORRUPT, Fault.MAC_MISMATCH)
+    assert asked == [], "a forged chain's read asked for the writer's lock"

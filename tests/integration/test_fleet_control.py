@@ -158,7 +158,7 @@ async def test_a_revocation_made_while_a_host_was_down_ends_its_leases_when_it_r
     kept = (await mint(h2, "d1")).body["key_id"]
     await fleet.crash("h2")                        # its key journal stays on disk
     h1.fleet.b.revocations.ack_timeout_s = 0.5
-    done = await h1.admin.revoke_leases(A, h1.fleet.revoke_account, reason="r", actor=None, authenticated_by="t")
+    done = await h1.admin.revoke_leases(A, h1.fleet.revocation.revoke_account, reason="r", actor=None, authenticated_by="t")
     assert done.unacknowledged_hosts == ("h2",)    # still live by its last heartbeat, silent
     back = await fleet.add("h2")                   # restarts from the same state dir
     assert back.service.keys.get(kept) is None
@@ -198,7 +198,7 @@ async def test_after_a_data_loss_no_host_admits_before_its_siblings_re_registere
         if task.get_name() == "fleet:heartbeat":
             task.cancel()                          # the beats are driven by hand below
     assert [(await mint(h2, f"d{i}")).body["account_id"] for i in range(2)] == [A, A]
-    await until(lambda: "h2" in h1.fleet._live_seen, 5, "h1 to have seen h2 live (its beat's look)")
+    await until(lambda: "h2" in h1.fleet.recovery.live_seen, 5, "h1 to have seen h2 live (its beat's look)")
     h1.fleet.b.sync.flushall()
     assert await h1.fleet.membership.beat() == Standing.STATE_LOST   # h1 re-registers (nothing) first
     held = await mint(h1, "d-early")

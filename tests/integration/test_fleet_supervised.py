@@ -76,7 +76,7 @@ async def test_a_malformed_revoke_entry_stops_neither_the_start_nor_revocation(w
     assert h1.fleet is not None and h1.service.keys.get(key) is not None
     h2 = await fleet.add("h2")
     client.xadd(stream, {"request_id": "x", "account_id": "y"})
-    revocation = await h2.fleet.revoke_account(A)
+    revocation = await h2.fleet.revocation.revoke_account(A)
     assert revocation.unacknowledged_hosts == () and h1.service.keys.get(key) is None
     assert h1.fleet.b.entries.rejected[EntryKind.REVOKE] >= 1
     assert all(s.state == "running" for s in h1.fleet.b.supervisor.statuses())
@@ -90,13 +90,13 @@ async def test_a_forged_registration_does_not_lift_the_hold_after_a_data_loss(wo
     h1, h2 = await fleet.add("h1"), await fleet.add("h2")
     assert h1.fleet is not None and h2.fleet is not None
     keys = h1.fleet.b.keys
-    assert await h1.fleet.registrations.hosts(h1.fleet._incarnation) == {"h1", "h2"}
+    assert await h1.fleet.recovery.registrations.hosts(h1.fleet.recovery.incarnation) == {"h1", "h2"}
     client = redis.Redis.from_url(fleet.redis_url)
     before = {m for m in client.smembers(keys.registered)}
     client.sadd(keys.registered, "h3", "h3:" + "A" * 43, "h9:garbage")
-    assert await h1.fleet.registrations.hosts(h1.fleet._incarnation) == {"h1", "h2"}
+    assert await h1.fleet.recovery.registrations.hosts(h1.fleet.recovery.incarnation) == {"h1", "h2"}
     assert h1.fleet.b.entries.rejected[EntryKind.REGISTERED] == 3
     client.delete(keys.registered)
     client.sadd(keys.registered, *before)
-    assert await h2.fleet.registrations.hosts("inc-another") == frozenset()   # copied across a data loss
+    assert await h2.fleet.recovery.registrations.hosts("inc-another") == frozenset()   # copied across a data loss
     client.close()

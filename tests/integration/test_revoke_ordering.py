@@ -51,7 +51,7 @@ async def _grant(service: ControlService) -> Lease:
     account = service.registry.get(ACCOUNT)
     assert await service.lease_capacity.reserve(ACCOUNT, key_id, None)
     assert await service.circuits.claim_probe(ACCOUNT, key_id, now_ms())  # as the v2 mint does
-    await service.grant(lease, account, token)
+    await service.grants.grant(lease, account, token)
     return lease
 
 

@@ -121,19 +121,6 @@ def test_a_checkpoint_of_another_file_is_ignored(tmp_path: Path) -> None:
     ledger.close()
 
 
-def test_the_book_is_found_again_among_the_row_listeners(tmp_path: Path) -> None:
-    class Service:
-        def __init__(self, ledger: Ledger) -> None:
-            self.ledger = ledger
-            self.row_listeners: list = []
-
-    clock = FakeClock("2026-11-30T10:00:00")
-    service = Service(open_ledger(tmp_path, clock))
-    book = SpendBook.of(service)
-    assert SpendBook.of(service) is book and service.row_listeners == [book.add]
-    service.ledger.close()
-
-
 def test_upkeep_rotates_prunes_and_checkpoints(tmp_path: Path) -> None:
     clock = FakeClock("2026-11-30T23:00:00")
     ledger = open_ledger(tmp_path, clock)

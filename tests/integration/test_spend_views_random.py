@@ -13,7 +13,6 @@ from typing import Any
 
 from controlplane.core.windows import Window, key_at
 from controlplane.main import build_app
-from controlplane.spend import SpendBook
 from controlplane.stores.ledger import Ledger
 from tests.support.control import make_control
 from tests.support.harness import credential_like
@@ -159,7 +158,7 @@ async def test_the_views_match_a_recount_of_the_ledger_files(aiohttp_client, tmp
             control.ledger.rotate_if_due()
             control.ledger.wait_idle()
         elif roll < 0.5:                      # a tick of the upkeep timer, with a checkpoint
-            SpendBook.of(control.service).tick(force_checkpoint=True)
+            control.wired.spend.tick(force_checkpoint=True)
         if rng.random() < 0.15:              # a restart: clean, or after a crashed rotation
             await control.service.settle()   # as the daemon's shutdown does: every recorded row written
             control.ledger.wait_idle()

@@ -68,27 +68,29 @@ def raw_stream(gw: Gateway, token: str, kind: str, extra: dict[str, str]) -> tup
 
 
 def test_chunks_reach_the_client_as_the_upstream_sends_them(gateway: Gateway, clean_stub: Stub) -> None:
-    """20 events 50 ms apart: the first arrives long before the stub even sends the last."""
+    """20 events 250 ms apart: the first arrives long before the stub even sends the last. The
+    stream lasts about 5 s so that a loaded 2-core machine, where a process may wait for a core
+    for half a second, cannot make a relayed-as-sent stream look buffered."""
     minted = gateway.mint()
     sdk = anthropic_sdk(gateway, minted["token"])
     arrivals: list[float] = []
     with sdk.messages.stream(model=A_MODEL, max_tokens=64, messages=MESSAGES,
-                             extra_headers=step(deltas=14, stall_between_events_s=0.05)) as stream:
+                             extra_headers=step(deltas=14, stall_between_events_s=0.25)) as stream:
         for _event in stream:
             arrivals.append(time.time())
     entry = stub_entry(clean_stub)
     assert entry["events_sent"] == 20 and entry["outcome"] == "completed"
     assert len(arrivals) >= 20
-    assert entry["last_sent_at"] - entry["first_sent_at"] >= 0.9
-    assert arrivals[0] < entry["last_sent_at"] - 0.7, "the first event waited for later ones"
-    assert arrivals[0] - entry["first_sent_at"] < 0.3
+    assert entry["last_sent_at"] - entry["first_sent_at"] >= 4.5
+    assert arrivals[0] < entry["last_sent_at"] - 3.0, "the first event waited for later ones"
+    assert arrivals[0] - entry["first_sent_at"] < 1.5
     spread = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    assert sum(1 for gap in spread if gap > 0.02) >= 15, spread  # one at a time, not in bursts
+    assert sum(1 for gap in spread if gap > 0.1) >= 12, spread  # one at a time, not in bursts
     row = one_row(gateway, minted["key_id"])
     assert (row["status"], row["hop"], row["transport"]) == ("completed", 0, "http")
-    # SPEC §14: sent upstream → the answer's head; the stub's ≥ 0.9 s of events comes after it
+    # SPEC §14: sent upstream → the answer's head; the stub's ≥ 4.5 s of events comes after it
     took_ms = (datetime.fromisoformat(row["finished_at"]) - datetime.fromisoformat(row["started_at"])) / MS
-    assert isinstance(row["first_byte_ms"], float) and 0 <= row["first_byte_ms"] < took_ms - 500
+    assert isinstance(row["first_byte_ms"], float) and 0 <= row["first_byte_ms"] < took_ms - 3000
 
 
 @pytest.mark.parametrize("kind", ["anthropic", "chat", "responses"])

@@ -16,6 +16,7 @@ from dataplane.ratelimits import (
     rate_limits_of,
     reset_at_ms,
 )
+from dataplane.wires.table import WIRES
 from shared.clock import iso_ms
 from shared.wire import RateLimit, RateLimits
 
@@ -77,7 +78,7 @@ RESETS = [("anthropic", "2027-01-15T08:01:00Z", ARRIVAL + 60_000),
 
 @pytest.mark.parametrize("wire,text,ms", RESETS, ids=[f"{r[0]}-{r[1]}" for r in RESETS])
 def test_reset_at(wire: str, text: str | None, ms: int | None) -> None:
-    assert reset_at_ms(text, wire, ARRIVAL) == ms
+    assert reset_at_ms(text, WIRES[wire].rate_limits.absolute_reset, ARRIVAL) == ms
 
 
 def headers(pairs: dict[str, str]) -> CIMultiDictProxy[str]:
@@ -141,14 +142,14 @@ HEADERS = [
 
 @pytest.mark.parametrize("case", HEADERS, ids=[h.name for h in HEADERS])
 def test_rate_limits_of(case: Headers) -> None:
-    assert rate_limits_of(headers(case.pairs), case.wire, lambda: ARRIVAL) == case.expected
+    assert rate_limits_of(headers(case.pairs), WIRES[case.wire].rate_limits, lambda: ARRIVAL) == case.expected
 
 
 def test_the_clock_is_read_only_when_a_header_is_present() -> None:
     def clock() -> int:
         raise AssertionError("read the clock for an answer without rate-limit headers")
-    assert rate_limits_of(headers({"content-type": "application/json"}), "anthropic", clock) is None
-    assert rate_limits_of(headers({"x-ratelimit-limit-tokens": "9"}), "openai", clock) is None
+    assert rate_limits_of(headers({"content-type": "application/json"}), WIRES["anthropic"].rate_limits, clock) is None
+    assert rate_limits_of(headers({"x-ratelimit-limit-tokens": "9"}), WIRES["openai"].rate_limits, clock) is None
 
 
 @pytest.mark.parametrize("ms", [0, 999, 1_000, ARRIVAL, ARRIVAL + 123, ARRIVAL + 86_400_999])
@@ -160,8 +161,8 @@ def test_the_memoized_iso_is_the_shared_one(ms: int) -> None:
 def test_kinds_sharing_a_reset_text_and_kinds_with_their_own() -> None:
     pairs = {"x-ratelimit-remaining-requests": "1", "x-ratelimit-reset-requests": "1s",
              "x-ratelimit-remaining-tokens": "2", "x-ratelimit-reset-tokens": "1s"}
-    parsed = rate_limits_of(headers(pairs), "openai", lambda: ARRIVAL)
+    parsed = rate_limits_of(headers(pairs), WIRES["openai"].rate_limits, lambda: ARRIVAL)
     assert parsed is not None and parsed.requests.reset_at == parsed.tokens.reset_at == at(1000)
     pairs["x-ratelimit-reset-tokens"] = "2s"
-    parsed = rate_limits_of(headers(pairs), "openai", lambda: ARRIVAL + 5)
+    parsed = rate_limits_of(headers(pairs), WIRES["openai"].rate_limits, lambda: ARRIVAL + 5)
     assert parsed is not None and (parsed.requests.reset_at, parsed.tokens.reset_at) == (at(1005), at(2005))

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from dataplane.errors import NOT_RETRIED, OVERHEAD_HEADER, refusal_response
+from dataplane.wires.table import WIRES as WIRE_TABLE
 from shared.codes import HTTP_STATUS, ErrorCode, Refusal, Wire
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ WIRES = [Wire.ANTHROPIC, Wire.OPENAI]
 
 def answer(wire: Wire, code: Refusal, status: int | None = None,
            retry_after_s: float | None = None) -> tuple[int, dict[str, str], dict]:
-    response = refusal_response(wire, code, "a message", REQUEST_ID, 1.25, status=status, retry_after_s=retry_after_s)
+    response = refusal_response(WIRE_TABLE[wire], code, "a message", REQUEST_ID, 1.25, status=status, retry_after_s=retry_after_s)
     assert response.content_type == "application/json"
     return response.status, {k.lower(): v for k, v in response.headers.items()}, msgspec.json.decode(response.body)
 

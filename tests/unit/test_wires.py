@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from dataplane.endings import VERDICTS, Ending, is_complete, verdict
-from dataplane.errors import guess_wire
 from dataplane.wires import anthropic, openai
+from dataplane.wires.table import guess_wire
 from shared.codes import AttemptStatus, Condition, Refusal, Wire
 from shared.evidence import condition_for_terminal
 from shared.wire import Usage
@@ -176,7 +176,7 @@ def test_openai_error_body_shape() -> None:
 
 @pytest.mark.parametrize("kind", ["anthropic", "chat", "responses"])
 def test_cut_events_are_one_well_formed_sse_event(kind: str) -> None:
-    event = (anthropic.cut_event("m") if kind == "anthropic"
+    event = (anthropic.cut_event("/v1/messages", "m") if kind == "anthropic"
              else openai.cut_event("/v1/responses" if kind == "responses" else "/v1/chat/completions", "m"))
     assert event.endswith(b"\n\n") and event.count(b"\n\n") == 1
     data = json.loads(event.split(b"data: ", 1)[1])
@@ -203,4 +203,4 @@ def test_cut_events_are_one_well_formed_sse_event(kind: str) -> None:
 def test_guess_wire_before_a_lease(path: str, headers: dict, wire: Wire) -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
 
-    assert guess_wire(path, CIMultiDictProxy(CIMultiDict(headers))) == wire
+    assert guess_wire(path, CIMultiDictProxy(CIMultiDict(headers))).name == wire
