@@ -353,3 +353,9 @@ class _LiveCollector:
         yield closed
         yield CounterMetricFamily("leasehold_events_published", "Events published on the feed.",
                                   value=hub.published)
+        bounds = reads.routes.connections   # SPEC §19, as the data plane last reported them
+        yield CounterMetricFamily("leasehold_connections_refused", "Data plane connections answered "
+                                  "503 connection-limit (GATEWAY_MAX_CONNECTIONS).", value=bounds.refused)
+        yield CounterMetricFamily("leasehold_header_timeouts", "Data plane connections closed for a "
+                                  "request head not complete in time (GATEWAY_HEADER_TIMEOUT_SECONDS).",
+                                  value=bounds.head_timeouts)

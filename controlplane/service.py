@@ -41,6 +41,7 @@ from shared.wire import (
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
+    ConnectionCounts,
     Lease,
     Message,
     Ping,
@@ -179,6 +180,8 @@ class ControlService:
             conn.send_nowait(Ack(req_id=message.req_id))
         elif isinstance(message, SocketsOpen):
             self.routes.sockets_open = {k: v for k, v in message.counts.items() if v > 0}
+        elif isinstance(message, ConnectionCounts):
+            self.routes.connections = message
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 

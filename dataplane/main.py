@@ -46,6 +46,7 @@ ROW_FLUSH_TIMEOUT_S = 3.0
 FLEET_UPKEEP_S = 1.0
 # After the drain window: how long the stopped attempts get to write their rows and cuts.
 STOP_GRACE_S = 2.0
+COUNTS_REPORT_S = 1.0   # how often SPEC §19's connection counters are looked at for control
 
 
 def build_app(settings: Settings, proxy: Proxy) -> web.Application:
@@ -145,8 +146,8 @@ async def serve(settings: Settings) -> None:
     pools = UpstreamPools(settings)
     fleet = await _fleet_admission(settings)
     proxy = Proxy(settings, replica, link, pools, fleet)
-    runner = web.ServerRunner(build_server(settings, proxy), handle_signals=False,
-                              shutdown_timeout=STOP_GRACE_S)
+    server = build_server(settings, proxy)
+    runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
     site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True,
                        backlog=1024)
@@ -161,6 +162,7 @@ async def serve(settings: Settings) -> None:
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
     read_in_background(UPSTREAM_TLS)  # the CA bundle, off the path to ready (shared/deferred_ca.py)
+    counts_task = asyncio.create_task(_report_counts(server.bounds, link))  # type: ignore[attr-defined]
     upkeep = (asyncio.gather(_fleet_upkeep(fleet), _fleet_standing(fleet)) if fleet is not None else None)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
@@ -175,6 +177,7 @@ async def serve(settings: Settings) -> None:
         log.error("attempt_rows_unsent", count=left)
     link.stop()
     link_task.cancel()
+    counts_task.cancel()
     if fleet is not None:
         assert upkeep is not None
         upkeep.cancel()
@@ -183,6 +186,18 @@ async def serve(settings: Settings) -> None:
     await pools.close()
     await proxy.sockets.close()
     log.info("dataplane_stopped")
+
+
+async def _report_counts(bounds: ConnectionBounds, link: ControlLink) -> None:
+    """SPEC §19's connection counters to control's `/metrics` when they change, once a second at
+    most (a flood of refused connections costs one message a second, not one each)."""
+    sent = (0, 0)
+    while True:
+        now = (bounds.refused, bounds.head_timeouts)
+        if now != sent:
+            link.connections(*now)
+            sent = now
+        await asyncio.sleep(COUNTS_REPORT_S)
 
 
 async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: web.TCPSite) -> None:

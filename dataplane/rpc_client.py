@@ -25,6 +25,7 @@ from shared.wire import (
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
+    ConnectionCounts,
     Hello,
     LeaseAdded,
     LeaseGates,
@@ -70,6 +71,7 @@ class ControlLink:
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self.synced = asyncio.Event()
         self.sockets_open: dict[str, int] = {}   # open Responses WebSockets per account (§20)
+        self.connection_counts: ConnectionCounts | None = None   # SPEC §19's, the last reported
         self._stopping = False
 
     # ---- connection lifecycle -----------------------------------------------------------
@@ -156,6 +158,8 @@ class ControlLink:
             conn.send_nowait(AttemptStarted(row=row))
         if self.sockets_open:
             conn.send_nowait(SocketsOpen(counts=dict(self.sockets_open)))
+        if self.connection_counts is not None:
+            conn.send_nowait(self.connection_counts)
         for attempt_id in list(self.outbox):
             self._transmit(attempt_id)
 
@@ -177,6 +181,16 @@ class ControlLink:
         if conn is not None and self.synced.is_set():
             try:
                 conn.send_nowait(SocketsOpen(counts=dict(counts)), lazy=True)
+            except ConnectionError:
+                pass
+
+    def connections(self, refused: int, head_timeouts: int) -> None:
+        """SPEC §19's connection counters changed: control's `/metrics` hears them (lazily)."""
+        self.connection_counts = ConnectionCounts(refused=refused, head_timeouts=head_timeouts)
+        conn = self.conn
+        if conn is not None and self.synced.is_set():
+            try:
+                conn.send_nowait(self.connection_counts, lazy=True)
             except ConnectionError:
                 pass
 

@@ -222,7 +222,16 @@ class SocketsOpen(_Msg, tag="sockets_open", frozen=True):
     counts: dict[str, int]
 
 
+class ConnectionCounts(_Msg, tag="connection_counts", frozen=True):
+    """The data plane's SPEC §19 connection counters since it started: connections answered 503
+    `connection-limit`, and closed for a request head not complete in time. Sent when they
+    change (at most once a second) and after each resync; control's `/metrics`."""
+
+    refused: int
+    head_timeouts: int
+
+
 Message = (
     Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
-    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen
+    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen | ConnectionCounts
 )

@@ -13,7 +13,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from controlplane.fleet.owed import DELIVER_INTERVAL_S
-from controlplane.ports import FlightReads
+from controlplane.ports import RouteReads
 from shared.capacity import StateUnavailable
 from shared.fleet.redis_client import raise_if_cancelled
 
@@ -26,7 +26,7 @@ class HostHeartbeat:
     """The in-flight board's and the owed writes' loops, paced by the membership's beat."""
 
     def __init__(self, backends: FleetBackends, host_id: str, recovery: HostRecovery,
-                 routes: FlightReads) -> None:
+                 routes: RouteReads) -> None:
         self.b = backends
         self.host_id = host_id
         self.recovery = recovery
@@ -39,6 +39,7 @@ class HostHeartbeat:
             raise_if_cancelled()
             try:
                 await self.b.board.write(self.host_id, self.routes.in_flight_by_account())
+                await self.b.sockets.write(self.host_id, self.routes.sockets_open)  # SPEC §20
                 if recovery.hold is None:
                     recovery.live_seen = frozenset(await self.b.hosts.live_hosts())
             except StateUnavailable:

@@ -28,7 +28,7 @@ from controlplane.fleet.revocation import HostRevocation
 from controlplane.fleet.supervisor import LoopStatus
 from controlplane.fleet.view import RedisFleet
 from controlplane.fleet.wiring import SUPERSEDED, UNJOINED, FleetBackends
-from controlplane.ports import AccountReads, FlightReads, KeyEnder, LeaseReads
+from controlplane.ports import AccountReads, KeyEnder, LeaseReads, RouteReads
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.policy import PolicyStore
 from shared.codes import Standing
@@ -44,7 +44,7 @@ SUBSCRIBE_WAIT_S = 2.0     # a start waits this long for the event subscription,
 
 
 class FleetHost:
-    def __init__(self, backends: FleetBackends, *, settings: Settings, keys: LeaseReads, routes: FlightReads,
+    def __init__(self, backends: FleetBackends, *, settings: Settings, keys: LeaseReads, routes: RouteReads,
                  registry: AccountReads, seam: KeyEnder, circuits: CircuitRegistry, admin: AccountAdminStore,
                  policy: PolicyStore, events: EventHub) -> None:
         self.b = backends
@@ -84,7 +84,8 @@ class FleetHost:
         return RedisFleet(host_id=self.host_id, fleet_id=self.settings.fleet_id,
                           account_ids=[a.id for a in self.registry.accounts], hosts=self.b.hosts,
                           capacity=self.b.lease_capacity, board=self.b.board, me=self,
-                          leases=self.keys.count_by_account, in_flight=self.routes.in_flight_by_account)
+                          leases=self.keys.count_by_account, in_flight=self.routes.in_flight_by_account,
+                          sockets=self.b.sockets)
 
     # ---- start and stop ----------------------------------------------------------------------
 

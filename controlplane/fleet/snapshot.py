@@ -35,6 +35,8 @@ class FleetSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     accounts: dict[str, list[HostRow]]             # account → its rows, one per host
     writes_owed: int = 0                           # queued for Redis (`controlplane/fleet/owed.py`)
     loops: tuple[LoopStatus, ...] = ()             # the supervised Redis loops (SPEC §19); embedded: none
+    # account → WebSockets open on the fleet's other live hosts (SPEC §20); unavailable: none
+    sockets_elsewhere: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class FleetSource(Protocol):

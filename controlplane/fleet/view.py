@@ -23,6 +23,7 @@ import redis.asyncio as aredis
 
 from controlplane.core.fleet import fleet_state, host_rows
 from controlplane.fleet.snapshot import FleetSnapshot, HostSeen, LocalCounts, local_snapshot
+from controlplane.fleet.sockets import SocketsBoard
 from controlplane.fleet.supervisor import LoopStatus
 from shared.capacity import StateUnavailable
 from shared.codes import FleetMode, FleetState, Standing
@@ -89,7 +90,7 @@ class Standings(Protocol):
 class RedisFleet:
     def __init__(self, *, host_id: str, fleet_id: str, account_ids: list[str], hosts: HostRegistry,
                  capacity: RedisCapacity, board: InFlightBoard, me: Standings, leases: LocalCounts,
-                 in_flight: LocalCounts) -> None:
+                 in_flight: LocalCounts, sockets: SocketsBoard | None = None) -> None:
         self.host_id = host_id
         self.fleet_id = fleet_id
         self.account_ids = account_ids
@@ -99,6 +100,7 @@ class RedisFleet:
         self.me = me
         self.leases = leases
         self.in_flight = in_flight
+        self.sockets = sockets        # the other hosts' open WebSockets (SPEC §20)
         self.last_hosts_live = 1      # what an unavailable snapshot reports: the last count known
 
     async def snapshot(self, now_ms: int) -> FleetSnapshot:
@@ -106,6 +108,7 @@ class RedisFleet:
             live = await self.hosts.live_hosts()
             held = {a: await self.capacity.counts_by_host(a) for a in self.account_ids}
             flight = await self.board.read(sorted(set(live) - {self.host_id}))
+            sockets = {} if self.sockets is None else await self.sockets.read(sorted(set(live) - {self.host_id}))
         except StateUnavailable:
             return self._local(now_ms)
         state = fleet_state(True, self.me.standing, self.me.registered)
@@ -121,7 +124,8 @@ class RedisFleet:
                                live=h in live or h == self.host_id) for h in seen)
         return FleetSnapshot(mode=FleetMode.REDIS, state=state, host_id=self.host_id, fleet_id=self.fleet_id,
                              hosts_live=len(live), hosts=hosts, accounts=accounts,
-                             writes_owed=self.me.writes_owed(), loops=self.me.loops())
+                             writes_owed=self.me.writes_owed(), loops=self.me.loops(),
+                             sockets_elsewhere=sockets)
 
     def _local(self, now_ms: int) -> FleetSnapshot:
         snap = local_snapshot(FleetMode.REDIS, FleetState.UNAVAILABLE, self.host_id, self.fleet_id,

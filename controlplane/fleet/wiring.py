@@ -24,6 +24,7 @@ from controlplane.fleet.backends import Backends, OnTransition
 from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
+from controlplane.fleet.sockets import SocketsBoard
 from controlplane.fleet.supervisor import Supervisor
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
@@ -76,6 +77,7 @@ class FleetBackends:
         self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
         self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)
+        self.sockets = SocketsBoard(self.client, self.keys, self.entries, settings.fleet_host_ttl_seconds)
 
     def circuits(self, cooldown_s: int, on_transition: OnTransition) -> CircuitRegistry:
         store = RedisCircuits(self.client, self.keys, entries=self.entries, unverified_open_ms=cooldown_s * 1000)

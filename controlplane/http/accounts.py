@@ -4,7 +4,7 @@ A projection over the registry, the key table, the route book, the evidence book
 and the admin overlay. It names the credential's variable, never reads its value (an AST test
 holds this module to that).
 
-Fleet mode (SPEC §16): `lease_count` and `in_flight_count` are fleet-wide, `hosts` splits them by
+Fleet mode (SPEC §16): `lease_count`, `in_flight_count` and `sockets_open` are fleet-wide, `hosts` splits them by
 host (`{host_id, lease_count, in_flight_count, last_seen_at}`), and the view's `fleet` says
 `{mode, state, hosts_live}`. While the fleet's state is `unavailable` the counts are this host's
 own and the circuit and administrative state the last ones read; embedded mode is a fleet of one
@@ -66,7 +66,7 @@ class AccountView(msgspec.Struct, frozen=True, kw_only=True):
     lease_count: int
     in_flight: bool
     in_flight_count: int
-    sockets_open: int            # Responses WebSockets open on this host's data plane (SPEC §20)
+    sockets_open: int            # Responses WebSockets open (SPEC §20); fleet mode: fleet-wide
     observed: bool
     observed_request_count: int
     observed_aborted_count: int
@@ -128,7 +128,8 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
             credential_env=account.credential_env, configured=configured,
             administrative_state=str(AdminState.DISABLED if overlay is None else overlay.state_of(account.id)),
             leased=lease_count > 0, lease_count=lease_count, in_flight=in_flight > 0, in_flight_count=in_flight,
-            sockets_open=reads.routes.sockets_open.get(account.id, 0),
+            sockets_open=(reads.routes.sockets_open.get(account.id, 0)
+                          + fleet.sockets_elsewhere.get(account.id, 0)),
             observed=counts.observed > 0, observed_request_count=counts.observed,
             observed_aborted_count=counts.aborted,
             last_observed_at=None if last_ms is None else iso_ms(last_ms),

@@ -3,9 +3,11 @@
 Client → upstream: each text message is held to §19 (`events.client_message`); a
 `response.create` passes the gates (`gates.standing`, `gates.hold`, a request slot) or is
 refused with an `error` event on the socket, which stays open. Upstream → client: text frames
-go on unchanged and in order; the events of the oldest response in flight belong to it (one
-response at a time per socket, as the upstream serves them), and its terminal event ends it:
-one row, acknowledged by control before a failure is forwarded (§7). Pings, pongs and close
+go on unchanged and in order; each event is matched to its response by what it names
+(`matching.Matcher`: the response id, an item id, FIFO only for `response.created`), and a
+response's terminal event ends it: one row, acknowledged by control before a failure is
+forwarded (§7); a response superseded without one ends with a 200 row without usage
+(unpriced, SPEC §19). Pings, pongs and close
 codes pass through. A socket whose lease lost its rights lets its responses finish, then both
 sockets close (1008 / 1012 / 1001); an upstream that fails closes the worker's with 1011.
 """
@@ -13,7 +15,6 @@ sockets close (1008 / 1012 / 1001); an upstream that fails closes the worker's w
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -25,7 +26,7 @@ from aiohttp import WSMsgType, web
 from dataplane.attempt import Attempt
 from dataplane.bodies import BodyRefused
 from dataplane.relay import await_ack
-from dataplane.websocket import events, gates
+from dataplane.websocket import events, gates, matching
 from dataplane.wires.table import WIRES
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
@@ -65,7 +66,7 @@ class SocketSession:
         self.account = account
         self.client = client
         self.upstream = upstream
-        self.attempts: collections.deque[SocketAttempt] = collections.deque()
+        self.attempts: matching.Matcher[SocketAttempt] = matching.Matcher()
         self.ending: gates.Standing | None = None   # rights lost: finish, then close
         self.closing: Closed | None = None           # how the gateway ends the socket
         self.done = asyncio.Event()                 # `closing` is set
@@ -109,7 +110,7 @@ class SocketSession:
     async def _close(self, closed: Closed) -> None:
         """Cut what is in flight (rows first), then close both sockets."""
         futures = [self._end(a, closed.cut, None, wait=closed.cut == AttemptStatus.TRANSPORT_ERROR)
-                   for a in list(self.attempts)]
+                   for a in self.attempts.attempts()]
         for future in futures:
             await await_ack(future)
         code = closed.code
@@ -124,7 +125,7 @@ class SocketSession:
 
     def stop(self) -> None:
         """The drain window ran out: what is in flight ends `gateway-shutdown`, then 1001."""
-        for attempt in list(self.attempts):
+        for attempt in self.attempts.attempts():
             self._end(attempt, AttemptStatus.REFUSED, None, refusal=Refusal.GATEWAY_SHUTDOWN)
         self.check(now_ms())
 
@@ -192,7 +193,7 @@ class SocketSession:
             return
         if not self.attempts:
             self.upstream_at = time.monotonic()  # the idle bound counts from the send
-        self.attempts.append(attempt)
+        self.attempts.add(attempt, matching.create_echo(data))
         attempt.mark_overhead(0.0)
         attempt.sent_at = time.perf_counter()
         await self.upstream.send_str(text)
@@ -257,18 +258,21 @@ class SocketSession:
             self.writing_since = None
 
     async def _event(self, text: str) -> None:
-        attempts = self.attempts
-        if attempts:
-            head = attempts[0]
-            if head.first_byte_ms is None:  # its response's first upstream event (SPEC §14)
-                head.first_byte_ms = round((time.perf_counter() - head.sent_at) * 1000, 3)
-            head.bytes_out += len(text)
-            kind = events.event_type(text)
-            if kind in events.TERMINAL:
-                await self._terminal(head, events.terminal(kind, text))
-                await self.client.send_str(text)
-                self.check(now_ms())  # a hop or a lost right closes once nothing is in flight
-                return
+        if self.attempts:
+            event = matching.named(text)
+            kind = event.type
+            attempt, superseded = self.attempts.route(event, kind in events.TERMINAL)
+            for earlier in superseded:  # served, but its end never came: usage unknown (§19)
+                self._end(earlier, AttemptStatus.COMPLETED, 200)
+            if attempt is not None:
+                if attempt.first_byte_ms is None:  # its response's first upstream event (§14)
+                    attempt.first_byte_ms = round((time.perf_counter() - attempt.sent_at) * 1000, 3)
+                attempt.bytes_out += len(text)
+                if kind in events.TERMINAL:
+                    await self._terminal(attempt, events.terminal(kind, text))
+                    await self.client.send_str(text)
+                    self.check(now_ms())  # a hop or a lost right closes once nothing is in flight
+                    return
         await self.client.send_str(text)
 
     async def _terminal(self, attempt: SocketAttempt, end: events.Terminal) -> None:
@@ -282,8 +286,7 @@ class SocketSession:
 
     def _end(self, attempt: SocketAttempt, status: AttemptStatus, http_status: int | None,
              **row: object) -> asyncio.Future[bool] | None:
-        if attempt in self.attempts:
-            self.attempts.remove(attempt)
+        self.attempts.remove(attempt)
         if attempt.holds_slot:
             attempt.holds_slot = False
             gates.give_slot(self.sockets.capacity, self.sockets.fleet, attempt.attempt_id)

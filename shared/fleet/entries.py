@@ -37,6 +37,7 @@ class EntryKind(StrEnum):
     REGISTERED = "registered"    # a host re-registered after a data loss (set `{f}:registered`): lifts a hold
     HEADROOM = "headroom"        # a rate-limit observation (hash `{f}:headroom`, SPEC §22)
     CIRCUIT = "circuit"          # an account's circuit (string `{f}:circuit:<account>`): may lift a hold
+    SOCKETS = "sockets"          # a host's open WebSockets per account (hash `{f}:hosts:sockets:<host>`, §20)
 
 
 class Why(StrEnum):

@@ -123,6 +123,9 @@ class FleetKeys:
     def host_in_flight(self, host_id: str) -> str:
         return self.prefix + "hosts:flight:" + host_id
 
+    def host_sockets(self, host_id: str) -> str:
+        return self.prefix + "hosts:sockets:" + host_id
+
     def revoke_acks(self, request_id: str) -> str:
         return self.prefix + "revoke:acks:" + request_id
 

@@ -10,6 +10,7 @@ liked, and a stalled reader kept its account's one request slot.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -58,13 +59,24 @@ def closed(sock: socket.socket, poke: bytes = b"") -> bool:
         return True
 
 
+def counter(gw: Gateway, name: str) -> float:
+    """A counter on control's `/metrics` (the data plane's SPEC §19 counters reach it by RPC)."""
+    text = gw.api("GET", "/metrics")[2]
+    found = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
 def test_an_idle_connection_is_closed_after_the_head_timeout(cgw: Gateway) -> None:
+    before = counter(cgw, "leasehold_header_timeouts_total")
     sock = connect(cgw)
     opened = time.monotonic()
     wait_until(lambda: closed(sock), HEAD_S + 8, "the idle connection closed", interval_s=0.1)
     assert time.monotonic() - opened >= HEAD_S - 0.5
     sock.close()
     assert dataplane_healthy(cgw)
+    wait_until(lambda: counter(cgw, "leasehold_header_timeouts_total") >= before + 1, 10,
+               "the head timeout counted on /metrics")
 
 
 def test_a_slowloris_is_closed_though_it_keeps_sending(cgw: Gateway) -> None:
@@ -98,6 +110,7 @@ def test_an_idle_keep_alive_connection_is_closed(cgw: Gateway) -> None:
 
 def test_beyond_the_cap_a_connection_is_refused_and_open_ones_go_on(cgw: Gateway) -> None:
     wait_until(lambda: dataplane_healthy(cgw), 10, "no connection left from other tests")
+    before = counter(cgw, "leasehold_connections_refused_total")
     held = [connect(cgw) for _ in range(CAP)]
     extra = connect(cgw)
     answer = b""
@@ -117,6 +130,8 @@ def test_beyond_the_cap_a_connection_is_refused_and_open_ones_go_on(cgw: Gateway
     for sock in [*held, extra]:
         sock.close()
     assert wait_until(lambda: dataplane_healthy(cgw), 10, "a new connection accepted once below the cap")
+    wait_until(lambda: counter(cgw, "leasehold_connections_refused_total") >= before + 1, 10,
+               "the refused connection counted on /metrics")
 
 
 def _big_stream(events: int, size: int) -> str:

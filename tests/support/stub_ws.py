@@ -17,7 +17,14 @@ recorded as a request (`method: "WS"`, the handshake's headers, `model`, `genera
   events, then drop the connection without a close frame), ws_close_after_events + ws_close_code
   (send N events, then close cleanly with that code), ws_function_call {name, arguments} (answer
   with one `function_call` output item: the client runs the tool and sends its output in a
-  create chained by `previous_response_id`).
+  create chained by `previous_response_id`), ws_parallel (answer this create while reading the
+  next ones, so two responses' events interleave on the socket, e.g. with `hold`),
+  ws_pad (each text delta is this many bytes: a big answer), holds ({"<event index>": "<name>"}: several holds in one response, each as `hold`),
+  ws_drop_on_next (a create arriving while this response is in flight makes the stub drop
+  it silently: no more events, no terminal; it then answers that create, which may continue
+  the dropped response by `previous_response_id`).
+The created response echoes the create's `previous_response_id` and `metadata`, as OpenAI's
+response object does.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: A
     await ws.prepare(request)
     entry["status"] = 101
     entry["outcome"] = "open"
+    tasks: list[asyncio.Future[bool]] = []
     try:
         async for msg in ws:
             if msg.type != WSMsgType.TEXT:
@@ -74,9 +82,20 @@ async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: A
             except msgspec.DecodeError:
                 continue
             if isinstance(data, dict) and data.get("type") == "response.create":
-                if not await _create(request, ws, state, entry, data, make):
+                dropping = [t for t in tasks if not t.done() and getattr(t, "drop", False)]
+                for task in dropping:
+                    task.cancel()           # the stub drops a response in flight: no terminal
+                await asyncio.gather(*dropping, return_exceptions=True)
+                step = state.script[0] if state.script else {}
+                if step.get("ws_parallel") or step.get("ws_drop_on_next"):
+                    task = asyncio.ensure_future(_create(request, ws, state, entry, data, make))
+                    task.drop = bool(step.get("ws_drop_on_next"))  # type: ignore[attr-defined]
+                    tasks.append(task)
+                elif not await _create(request, ws, state, entry, data, make):
                     break
     finally:
+        for task in tasks:
+            task.cancel()
         entry["outcome"] = entry.get("outcome") if entry["outcome"] != "open" else "closed"
     return ws
 
@@ -108,6 +127,13 @@ async def _create(request: web.Request, ws: web.WebSocketResponse, state: Any,
         events = _function_call(model, step["ws_function_call"], make)
     else:
         events = _events(model, int(step.get("deltas", 3)), make)
+    pad = int(step.get("ws_pad") or 0)
+    for event in events:  # the response object echoes what identifies its create
+        if pad and event.get("type") == "response.output_text.delta":
+            event["delta"] = "x" * pad
+        if isinstance(event.get("response"), dict):
+            event["response"]["previous_response_id"] = previous
+            event["response"]["metadata"] = data.get("metadata") or {}
     events = _scripted(step, events)
     return await _send(request, ws, state, entry, step, events)
 
@@ -147,12 +173,20 @@ async def _send(request: web.Request, ws: web.WebSocketResponse, state: Any, ent
     cut, close = step.get("ws_cut_after_events"), step.get("ws_close_after_events")
     stop = min(len(events), *(x for x in (cut, close) if x is not None)) if cut is not None or close is not None else len(events)
     between = step.get("stall_between_events_s") or 0
-    hold_at, hold = step.get("hold_after_events"), step.get("hold")
+    holds = {int(k): str(v) for k, v in (step.get("holds") or {}).items()}
+    if step.get("hold_after_events") is not None and step.get("hold"):
+        holds[int(step["hold_after_events"])] = str(step["hold"])
     for i in range(stop):
         if i and between:
             await asyncio.sleep(between)
-        if i == hold_at and hold:
-            await state.hold(str(hold)).wait()
+        if i in holds:
+            try:
+                await state.hold(holds[i]).wait()
+            except asyncio.CancelledError:
+                entry["outcome"] = "dropped"
+                if events and isinstance(events[0].get("response"), dict):  # a successor may continue it
+                    state.responses.add(events[0]["response"]["id"])
+                raise
         await ws.send_str(_enc(events[i]).decode())
         now = time.time()
         entry["first_sent_at"] = entry["first_sent_at"] or now

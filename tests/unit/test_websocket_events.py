@@ -8,7 +8,7 @@ import pytest
 
 from dataplane.bodies import BodyRefused
 from dataplane.leases import LeaseReplica
-from dataplane.websocket import events, gates
+from dataplane.websocket import events, gates, matching
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
 from shared.wire import Lease
@@ -174,7 +174,7 @@ def test_the_sweeps_bounds_end_a_socket() -> None:
     idle.upstream_at = 0.0
     idle.bound(1000.0, idle_s=300, stall_s=60)
     assert idle.closing is None                      # nothing in flight: held
-    idle.attempts.append(object())                   # type: ignore[arg-type]
+    idle.attempts.add(object(), matching.Echo())     # type: ignore[arg-type]
     idle.bound(299.0, idle_s=300, stall_s=60)
     assert idle.closing is None
     idle.bound(301.0, idle_s=300, stall_s=60)
