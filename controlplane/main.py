@@ -14,7 +14,6 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -241,26 +240,13 @@ class RpcListener:
 
 def _heap_trimmer() -> Callable[[], None]:
     """glibc keeps freed heap pages of traffic bursts; hand them back so RSS follows the live
-    set rather than the peak (a no-op where malloc_trim does not exist).
-
-    Called through `_ctypes`, the C core of `ctypes`, as `ctypes.CDLL` itself does: `import
-    ctypes` builds ~0.85 MiB of types an idle control would keep for one call every few seconds
-    (issue 27). `libc.so.6` is opened directly (`ctypes.util.find_library` runs `ldconfig -p`)."""
-    import _ctypes
-
-    class _Int(_ctypes._SimpleCData):  # ctypes.c_int's definition
-        _type_ = "i"
-
-    class _Function(_ctypes.CFuncPtr):  # a C function returning an int (`CDLL._FuncPtr`)
-        _flags_ = _ctypes.FUNCFLAG_CDECL
-        _restype_ = _Int
+    set rather than the peak (a no-op where malloc_trim does not exist)."""
+    import ctypes  # here, not at start (no `ctypes.util.find_library`: it runs `ldconfig -p`)
 
     try:
-        library = SimpleNamespace(_handle=_ctypes.dlopen("libc.so.6", os.RTLD_NOW))
-        trim = _Function(("malloc_trim", library))  # type: ignore[arg-type]  # what it reads of a CDLL
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return lambda: None
-    trim.argtypes = (_Int,)
     return lambda: trim(0)
 
 
