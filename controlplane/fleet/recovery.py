@@ -97,7 +97,7 @@ class HostRecovery:
         self.membership = Membership(backends.hosts, settings.host_id, recover=self.recover,
                                      on_reaped=self.on_reaped, on_superseded=self.on_superseded)
         self.membership.fence = backends.fence   # the one the lease table's scripts are fenced by
-        self.live_seen: frozenset[str] = frozenset()       # the live hosts at the last look
+        self.live_seen: frozenset[str] = frozenset()   # the live hosts at the last look (`HostHeartbeat`)
         # after a data loss: (earliest, latest admission, hosts live before it), monotonic ms
         self.hold: tuple[int, int, frozenset[str]] | None = None
         self.incarnation = ""                   # the data's incarnation this host registered into
