@@ -53,7 +53,6 @@ from controlplane.fleet.events import RevokeRequest
 from controlplane.fleet.hostevents import EVENT_QUEUE_MAX, HostEvents
 from controlplane.fleet.owed import DELIVER_INTERVAL_S
 from controlplane.fleet.registered import Registrations
-from controlplane.fleet.supervisor import LoopStatus
 from controlplane.fleet.view import RedisFleet
 from controlplane.fleet.wiring import SUPERSEDED, UNJOINED, FleetBackends
 from controlplane.service import ControlService
@@ -66,6 +65,7 @@ from shared.fleet.hosts import HostClaim, Reaped
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import Membership
 from shared.fleet.redis_client import describe, raise_if_cancelled
+from shared.fleet.supervisor import LoopStatus
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import ulid_ms

@@ -24,7 +24,6 @@ from controlplane.fleet.backends import Backends, OnTransition
 from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
-from controlplane.fleet.supervisor import Supervisor
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
@@ -41,6 +40,7 @@ from shared.fleet.keys import FleetKeys
 from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.redis_client import connect, connect_sync
 from shared.fleet.secret import Keyring
+from shared.fleet.supervisor import Supervisor
 from shared.settings import Settings
 
 # Fence values no incarnation equals ("inc-<hex>"): every reserve is refused (`StateLost`, held)
@@ -72,7 +72,7 @@ class FleetBackends:
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
         self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
         self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions, entries=self.entries)
-        self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
+        self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds, entries=self.entries)
         self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
         self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)

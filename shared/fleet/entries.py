@@ -2,8 +2,8 @@
 (SPEC §19).
 
 Every entry a host puts in Redis for the other hosts (a revoke request or acknowledgement, an
-event, a window of spend totals, a decision, a rate-limit observation, a circuit) carries a MAC
-over its fields, made with the key of its kind (`Keyring`, `entry/<kind>`). A reader checks the
+event, a window of spend totals, a decision, a rate-limit observation, a circuit, a heartbeat's
+seal) carries a MAC over its fields, made with the key of its kind (`Keyring`, `entry/<kind>`). A reader checks the
 MAC, decodes into strict types and range-checks every value; an entry that fails any check is
 skipped and reported here: logged once (`fleet_entry_rejected`, with its kind, the Redis key
 (and entry id) it was read from and why, never its value) and counted by kind
@@ -37,6 +37,7 @@ class EntryKind(StrEnum):
     REGISTERED = "registered"    # a host re-registered after a data loss (set `{f}:registered`): lifts a hold
     HEADROOM = "headroom"        # a rate-limit observation (hash `{f}:headroom`, SPEC §22)
     CIRCUIT = "circuit"          # an account's circuit (string `{f}:circuit:<account>`): may lift a hold
+    HEARTBEAT = "heartbeat"      # a heartbeat's seal (hash `{f}:hosts:beat`): makes a host live, lifts a lapse
 
 
 class Why(StrEnum):

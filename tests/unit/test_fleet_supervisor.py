@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from controlplane.fleet.supervisor import LoopState, Supervisor, loop_state
+from shared.fleet.supervisor import LoopState, Supervisor, loop_state
 from tests.support.waits import until
 
 STATES = [(0, 0.0, LoopState.RUNNING), (1, 0.1, LoopState.RESTARTING), (2, 4.9, LoopState.RESTARTING),
@@ -40,6 +40,7 @@ async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> Non
         assert status["flaky"].last_error_kind == "KeyError" and status["steady"].state is LoopState.RUNNING
         assert supervisor.failing() == ["flaky"]
         await until(lambda: len(runs) == 5, 5, "started again after each failure")
+        assert supervisor.restarts == {"flaky": 4, "steady": 0}   # the metric's counter
         await until(supervisor.healthy, 5, "a run that lasted clears it")
         assert {s.name: s.state for s in supervisor.statuses()} == {"flaky": LoopState.RUNNING,
                                                                      "steady": LoopState.RUNNING}

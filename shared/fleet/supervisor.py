@@ -1,4 +1,5 @@
-"""`Supervisor`: every loop that reads the fleet's Redis runs under one (SPEC §19).
+"""`Supervisor`: every loop that reads the fleet's Redis runs under one (SPEC §19), in control
+(`FleetHost`'s loops) and in the data plane (`dataplane/fleetloops.py`).
 
 Rule: a loop never dies in silence. Each loop handles what it expects (Redis away:
 `StateUnavailable`; a bad entry: rejected and counted, `shared/fleet/entries.py`); anything
@@ -6,7 +7,9 @@ else that escapes it is logged (`fleet_loop_failed`, the loop's name and the err
 a value) and the loop starts again after `PAUSE_S`. A loop that keeps failing — `FAILING_AFTER`
 failures in a row, none of its runs lasting `STEADY_S` — is `failing`: the host then reads
 `fleet.state: unavailable` and holds its mints (`healthy()` is false), rather than serve on state
-that loop no longer keeps current. It is `running` again once a run lasts `STEADY_S`.
+that loop no longer keeps current (the data plane refuses its ceilinged requests). It is
+`running` again once a run lasts `STEADY_S`. `restarts` counts every unexpected end, per loop
+(`leasehold_fleet_loop_restarts_total{loop}`).
 
 `GET /control/v2/fleet` lists each loop with its state, failures in a row and last error kind.
 """
@@ -69,10 +72,12 @@ class Supervisor:
         self.steady_s = steady_s
         self.clock = clock
         self._loops: dict[str, _Loop] = {}
+        self.restarts: dict[str, int] = {}   # unexpected ends per loop, ever (a counter)
 
     def spawn(self, name: str, make: Callable[[], Coroutine[Any, Any, Any]]) -> asyncio.Task[None]:
         """Run `make()` as loop `name`, again after every unexpected end, until cancelled."""
         self._loops[name] = _Loop(name, self.clock())
+        self.restarts.setdefault(name, 0)
         return asyncio.get_running_loop().create_task(self._run(self._loops[name], make), name=f"fleet:{name}")
 
     async def _run(self, loop: _Loop, make: Callable[[], Coroutine[Any, Any, Any]]) -> None:
@@ -88,6 +93,7 @@ class Supervisor:
             ran_s = self.clock() - loop.started
             loop.failures = 1 if ran_s >= self.steady_s else loop.failures + 1
             loop.last_error_kind = kind
+            self.restarts[loop.name] += 1
             log.error("fleet_loop_failed", loop=loop.name, error_kind=kind, failures=loop.failures,
                       state=str(self._state(loop)))
             await asyncio.sleep(self.pause_s)
