@@ -11,7 +11,7 @@ from collections import deque
 
 import msgspec
 
-from shared.wire import AttemptRow
+from shared.wire import AttemptRow, LoopReport
 
 RING_SIZE = 200
 
@@ -22,6 +22,7 @@ class RouteBook:
         self.recent: deque[AttemptRow] = deque(maxlen=ring_size)
         self.evicted = 0
         self.sockets_open: dict[str, int] = {}  # per account, as the data plane last said (§20)
+        self.dataplane_loops: list[LoopReport] = []  # fleet mode: its Redis loops, as it last said (§19)
 
     def started(self, row: AttemptRow) -> None:
         self.active[row.attempt_id] = row

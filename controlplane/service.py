@@ -39,6 +39,7 @@ from shared.wire import (
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
+    FleetLoops,
     Lease,
     Message,
     Ping,
@@ -208,6 +209,8 @@ class ControlService:
             conn.send_nowait(Ack(req_id=message.req_id))
         elif isinstance(message, SocketsOpen):
             self.routes.sockets_open = {k: v for k, v in message.counts.items() if v > 0}
+        elif isinstance(message, FleetLoops):   # fleet mode: the data plane's Redis loops (SPEC §19)
+            self.routes.dataplane_loops = list(message.loops)
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
@@ -300,6 +303,7 @@ class ControlService:
         finish) within the grace period get a terminal row, so none stays streaming forever."""
         orphans = self.routes.forget_active()
         self.routes.sockets_open = {}  # they closed with the data plane's connection
+        self.routes.dataplane_loops = []
         if orphans:
             asyncio.get_running_loop().call_later(LOST_ROUTE_GRACE_S, self._close_orphans, orphans)
 

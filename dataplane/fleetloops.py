@@ -17,9 +17,11 @@ a ceiling is never served on stale state. Accounts without a ceiling keep servin
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shared.capacity import StateUnavailable
+from shared.wire import LoopReport
 
 if TYPE_CHECKING:  # fleet mode only (it brings redis-py)
     from dataplane.admission import FleetAdmission
@@ -40,18 +42,37 @@ async def upkeep(fleet: FleetAdmission, interval_s: float = FLEET_UPKEEP_S) -> N
         await asyncio.sleep(interval_s)
 
 
-async def standing(fleet: FleetAdmission) -> None:
+async def standing(fleet: FleetAdmission, after: Callable[[], None] = lambda: None) -> None:
     """This host's heartbeat age, read often enough to stop serving ceilinged accounts before
-    the fleet may reuse this host's slots (`FleetAdmission.check_standing`)."""
+    the fleet may reuse this host's slots (`FleetAdmission.check_standing`); `after` each pass."""
     while True:
         try:
             await fleet.check_standing()
         except StateUnavailable:
             pass
+        after()
         await asyncio.sleep(fleet.check_interval_s)
 
 
-def spawn(fleet: FleetAdmission) -> list[asyncio.Task[None]]:
-    """Start both loops under the fleet admission's supervisor."""
+class LoopReporter:
+    """Sends the loops' statuses to control (`ControlLink.loops`) when they changed: after each
+    failure, and after each `standing` pass (a loop that runs steadily again reads `running`)."""
+
+    def __init__(self, fleet: FleetAdmission, send: Callable[[list[LoopReport]], None]) -> None:
+        self.fleet = fleet
+        self.send = send
+        self.last: list[LoopReport] = []
+
+    def __call__(self) -> None:
+        reports = self.fleet.supervisor.reports()
+        if reports != self.last:
+            self.last = reports
+            self.send(reports)
+
+
+def spawn(fleet: FleetAdmission, send: Callable[[list[LoopReport]], None] | None = None) -> list[asyncio.Task[None]]:
+    """Start both loops under the fleet admission's supervisor; `send` hears their statuses."""
+    report = LoopReporter(fleet, send) if send is not None else (lambda: None)
+    fleet.supervisor.on_failure = report
     return [fleet.supervisor.spawn("upkeep", lambda: upkeep(fleet)),
-            fleet.supervisor.spawn("standing", lambda: standing(fleet))]
+            fleet.supervisor.spawn("standing", lambda: standing(fleet, report))]

@@ -153,7 +153,7 @@ async def serve(settings: Settings) -> None:
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
-    upkeep = fleetloops.spawn(fleet) if fleet is not None else []   # supervised (SPEC §19)
+    upkeep = fleetloops.spawn(fleet, link.loops) if fleet is not None else []   # supervised (SPEC §19)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()

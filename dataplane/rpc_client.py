@@ -25,10 +25,12 @@ from shared.wire import (
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
+    FleetLoops,
     Hello,
     LeaseAdded,
     LeaseGates,
     LeaseRemoved,
+    LoopReport,
     Message,
     Refused,
     Snapshot,
@@ -70,6 +72,7 @@ class ControlLink:
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self.synced = asyncio.Event()
         self.sockets_open: dict[str, int] = {}   # open Responses WebSockets per account (§20)
+        self.fleet_loops: list[LoopReport] = []   # fleet mode: this data plane's Redis loops (§19)
         self._stopping = False
 
     # ---- connection lifecycle -----------------------------------------------------------
@@ -156,6 +159,8 @@ class ControlLink:
             conn.send_nowait(AttemptStarted(row=row))
         if self.sockets_open:
             conn.send_nowait(SocketsOpen(counts=dict(self.sockets_open)))
+        if self.fleet_loops:
+            conn.send_nowait(FleetLoops(loops=list(self.fleet_loops)))
         for attempt_id in list(self.outbox):
             self._transmit(attempt_id)
 
@@ -177,6 +182,16 @@ class ControlLink:
         if conn is not None and self.synced.is_set():
             try:
                 conn.send_nowait(SocketsOpen(counts=dict(counts)), lazy=True)
+            except ConnectionError:
+                pass
+
+    def loops(self, reports: list[LoopReport]) -> None:
+        """Fleet mode: this data plane's Redis loops changed; control's fleet view hears it."""
+        self.fleet_loops = reports
+        conn = self.conn
+        if conn is not None and self.synced.is_set():
+            try:
+                conn.send_nowait(FleetLoops(loops=list(reports)), lazy=True)
             except ConnectionError:
                 pass
 

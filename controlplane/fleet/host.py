@@ -65,7 +65,7 @@ from shared.fleet.hosts import HostClaim, Reaped
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import Membership
 from shared.fleet.redis_client import describe, raise_if_cancelled
-from shared.fleet.supervisor import LoopStatus
+from shared.fleet.supervisor import LoopStatus, reported
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import ulid_ms
@@ -124,8 +124,8 @@ class FleetHost(HostEvents):
     def writes_owed(self) -> int:
         return len(self.b.owed)
 
-    def loops(self) -> tuple[LoopStatus, ...]:
-        return self.b.supervisor.statuses()
+    def loops(self) -> tuple[LoopStatus, ...]:   # this control's, then its data plane's (SPEC §19)
+        return self.b.supervisor.statuses() + reported(self.service.routes.dataplane_loops, "dataplane:")
 
     def view(self) -> RedisFleet:
         """The read plane's fleet (`controlplane/fleet/view.py`)."""

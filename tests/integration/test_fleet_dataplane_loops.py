@@ -1,8 +1,9 @@
 """The data plane's Redis loops are supervised (SPEC §19), against a real redis-server: a value
 they cannot read (an incarnation that is not text) or a bug that escapes a pass is logged and the
 loop runs again; while a loop keeps failing the data plane holds its ceilinged accounts
-(`FleetAdmission.hold`), and serves them again once the loop runs steadily; Redis answering an
-error (a key of the wrong type) is an outage the loop waits out, not a failure."""
+(`FleetAdmission.hold`), and serves them again once the loop runs steadily; what control hears of
+them (`FleetLoops`) says so; Redis answering an error (a key of the wrong type) is an outage the
+loop waits out, not a failure."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataplane.admission import FleetAdmission
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.redis_client import connect
 from shared.fleet.supervisor import Supervisor
+from shared.wire import LoopReport
 from tests.support.fleet import Fleet
 from tests.support.waits import until
 
@@ -73,15 +75,21 @@ async def test_a_bug_in_the_standing_pass_is_survived_and_a_wrong_type_is_waited
         return await healthy_check()
 
     plane.check_standing = buggy   # type: ignore[method-assign]
-    tasks = fleetloops.spawn(plane)
+    sent: list[list[LoopReport]] = []
+    tasks = fleetloops.spawn(plane, sent.append)
     try:
         await until(lambda: plane.supervisor.failing() == ["standing"], 15, "the standing loop to read failing")
         reason = plane.hold()
         assert reason is not None and "standing" in reason
+        await until(lambda: any(r.name == "standing" and r.state == "failing" for r in sent[-1]), 15,
+                    "control to hear the standing loop fail")
         plane.check_standing = counted   # type: ignore[method-assign]
         await until(lambda: plane.hold() is None, 15, "the standing loop to run steadily again")
         restarts = plane.supervisor.restarts["standing"]
         assert restarts >= 3
+        await until(lambda: {r.name: (r.state, r.restarts) for r in sent[-1]}
+                    == {"standing": ("running", restarts), "upkeep": ("running", 0)}, 15,
+                    "control to hear it runs again, with its restarts counted")
         admin = fleet.admin()
         seen = admin.zrange(fleet.keys.hosts_seen, 0, -1, withscores=True)
         admin.delete(fleet.keys.hosts_seen)

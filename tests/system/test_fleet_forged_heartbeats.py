@@ -5,7 +5,8 @@ MAC. B's data plane still refuses its ceilinged account (its place lapsed: no se
 A does not count B live, and A counts the forged seal
 (`leasehold_fleet_entries_rejected_total{kind="heartbeat"}`). Once B's control runs again its
 own sealed heartbeats make it live and serving. Before heartbeats were sealed, the forged score
-kept B's data plane serving the ceilinged account on a place it had lost."""
+kept B's data plane serving the ceilinged account on a place it had lost. (And the data plane's
+own Redis loops are listed, supervised, in its control's fleet view and metrics.)"""
 
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ def test_a_forged_heartbeat_neither_lifts_the_lapse_nor_makes_a_stopped_host_liv
     assert capped["account_id"] == "team-a", capped          # team-a has a lease ceiling
     assert call(b, capped["token"])[0] == 200
     assert rejected_heartbeats(a) == 0
+    wait_until(lambda: {"dataplane:standing", "dataplane:upkeep"} <= {loop["name"] for loop in fleet_of(b)["loops"]},
+               15, "B's control to list its data plane's supervised loops")
+    assert 'leasehold_fleet_loop_restarts_total{loop="dataplane:standing"} 0.0' in b.api("GET", "/metrics")[2]
     b.control.popen.send_signal(signal.SIGSTOP)               # B's data plane runs on, its control is silent
     try:
         with Forger(two, "gw-b"):
