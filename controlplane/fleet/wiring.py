@@ -60,7 +60,8 @@ class FleetBackends:
         url = settings.fleet_redis_url
         assert url is not None and settings.fleet_secret is not None  # settings require both
         self.keys = FleetKeys(settings.fleet_id)
-        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id)  # SPEC §19: every MAC's key
+        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id,   # SPEC §19: every MAC's key
+                               settings.fleet_verify_secret)                # a rotation's other: verifies only
         self.host_id = settings.host_id
         self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
         self.client = connect(url)
@@ -83,7 +84,8 @@ class FleetBackends:
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
-        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields)
+        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields,
+                         verify_also=self.keyring.keys("chain/" + name)[1:])
         return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror, auth)
 
     def _seal_fields(self) -> dict[str, Any]:

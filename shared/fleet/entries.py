@@ -60,7 +60,7 @@ class FleetEntries:
         return mac(self.keyring.key("entry/" + kind), [str(kind), *fields])
 
     def valid(self, kind: EntryKind, fields: Sequence[Any], presented: object) -> bool:
-        return verify(self.keyring.key("entry/" + kind), [str(kind), *fields], presented)
+        return verify(self.keyring.keys("entry/" + kind), [str(kind), *fields], presented)
 
     def reject(self, kind: EntryKind, key: str, why: Why) -> None:
         """Count one rejected entry, and log it the first time (key and kind, never the value)."""
