@@ -86,7 +86,8 @@ class FleetBackends:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
         auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields,
                          verify_also=self.keyring.keys("chain/" + name)[1:])
-        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror, auth)
+        remote = RedisChainStorage(self.sync, self.keys, name, aclient=self.client)   # a mint's refresh: async
+        return MirroredChainStorage(remote, mirror, auth)
 
     def _seal_fields(self) -> dict[str, Any]:
         """Who adopts a chain (SPEC §19): this host, on the fleet secret's authority."""
