@@ -45,8 +45,8 @@ from shared.fleet.entries import FleetEntries
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
-from shared.fleet.supervisor import Supervisor
 from shared.logging import get_logger
+from shared.supervisor import Supervisor
 
 log = get_logger("dataplane")
 

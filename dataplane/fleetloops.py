@@ -3,7 +3,7 @@
 Two loops read the fleet's Redis from the data plane: `upkeep` (a start that failed is redone,
 releases Redis could not take are retried) and `standing` (this host's heartbeat age, so the data
 plane stops serving ceilinged accounts before the fleet may reuse this host's slots). Each runs
-under a `Supervisor` (`shared/fleet/supervisor.py`): Redis away (`StateUnavailable`) is expected
+under a `Supervisor` (`shared/supervisor.py`): Redis away (`StateUnavailable`) is expected
 and waited out; anything else that escapes a pass is logged (`fleet_loop_failed`) and counted,
 and the loop runs again after a pause, never dying in silence. Each pass runs before its sleep,
 so a pass that raises ends its run at once and three in a row make the loop `failing`.

@@ -224,7 +224,7 @@ class SocketsOpen(_Msg, tag="sockets_open", frozen=True):
 
 class LoopReport(msgspec.Struct, frozen=True, kw_only=True):
     name: str
-    state: str                   # running | restarting | failing (`shared/fleet/supervisor.LoopState`)
+    state: str                   # running | restarting | failing (`shared/supervisor.LoopState`)
     failures: int
     restarts: int
     last_error_kind: str | None = None

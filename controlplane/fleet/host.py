@@ -65,9 +65,9 @@ from shared.fleet.hosts import HostClaim, Reaped
 from shared.fleet.keys import Ceiling
 from shared.fleet.membership import Membership
 from shared.fleet.redis_client import describe, raise_if_cancelled
-from shared.fleet.supervisor import LoopStatus, reported
 from shared.logging import get_logger
 from shared.settings import Settings
+from shared.supervisor import LoopStatus, reported
 from shared.tokens import ulid_ms
 
 log = get_logger("fleet")

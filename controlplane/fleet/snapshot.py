@@ -16,7 +16,7 @@ import msgspec
 
 from controlplane.core.fleet import HostRow
 from shared.codes import FleetMode, FleetState
-from shared.fleet.supervisor import LoopStatus
+from shared.supervisor import LoopStatus
 
 
 class HostSeen(msgspec.Struct, frozen=True, kw_only=True):

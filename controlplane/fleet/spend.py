@@ -60,8 +60,8 @@ from shared.capacity import StateUnavailable
 from shared.fleet.entries import EntryKind, FleetEntries, Why, finite_non_negative
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard, raise_if_cancelled
-from shared.fleet.supervisor import Supervisor
 from shared.logging import get_logger
+from shared.supervisor import Supervisor
 from shared.wire import AttemptRow
 
 log = get_logger("fleet")

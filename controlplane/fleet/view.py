@@ -29,7 +29,7 @@ from shared.fleet.capacity import RedisCapacity
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard
-from shared.fleet.supervisor import LoopStatus
+from shared.supervisor import LoopStatus
 
 
 class InFlightBoard:

@@ -40,8 +40,8 @@ from shared.fleet.keys import FleetKeys
 from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.redis_client import connect, connect_sync
 from shared.fleet.secret import Keyring
-from shared.fleet.supervisor import Supervisor
 from shared.settings import Settings
+from shared.supervisor import Supervisor
 
 # Fence values no incarnation equals ("inc-<hex>"): every reserve is refused (`StateLost`, held)
 # before this host registered its holders, and after another instance superseded it.

@@ -16,7 +16,7 @@ from dataplane import fleetloops
 from dataplane.admission import FleetAdmission
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.redis_client import connect
-from shared.fleet.supervisor import Supervisor
+from shared.supervisor import Supervisor
 from shared.wire import LoopReport
 from tests.support.fleet import Fleet
 from tests.support.waits import until

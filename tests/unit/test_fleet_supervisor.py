@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shared.fleet.supervisor import LoopState, Supervisor, loop_state, reported
+from shared.supervisor import LoopState, Supervisor, loop_state, reported
 from shared.wire import FleetLoops, LoopReport, Message
 from tests.support.waits import until
 
