@@ -6,7 +6,9 @@ plane stops serving ceilinged accounts before the fleet may reuse this host's sl
 under a `Supervisor` (`shared/supervisor.py`): Redis away (`StateUnavailable`) is expected
 and waited out; anything else that escapes a pass is logged (`fleet_loop_failed`) and counted,
 and the loop runs again after a pause, never dying in silence. Each pass runs before its sleep,
-so a pass that raises ends its run at once and three in a row make the loop `failing`.
+so a pass that raises ends its run at once and three in a row make the loop `failing`; each turn
+first asks whether its task is being cancelled (redis-py can swallow a cancel into a reply).
+Imported only in fleet mode (it brings redis-py).
 
 `FleetAdmission.hold` (the pure rule: `hold_reason`) is what the proxy applies to a ceilinged
 account (a lease or a request ceiling): refused 503 `fleet-state-unavailable` while this host's
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shared.capacity import StateUnavailable
+from shared.fleet.redis_client import raise_if_cancelled
 from shared.wire import LoopReport
 
 if TYPE_CHECKING:  # fleet mode only (it brings redis-py)
@@ -33,6 +36,7 @@ FLEET_UPKEEP_S = 1.0
 async def upkeep(fleet: FleetAdmission, interval_s: float = FLEET_UPKEEP_S) -> None:
     """Releases that failed while Redis was away are retried; a start that failed is redone."""
     while True:
+        raise_if_cancelled()   # redis-py may have consumed a cancel: never loop on past one
         try:
             if not fleet.started:
                 await fleet.start()
@@ -46,6 +50,7 @@ async def standing(fleet: FleetAdmission, after: Callable[[], None] = lambda: No
     """This host's heartbeat age, read often enough to stop serving ceilinged accounts before
     the fleet may reuse this host's slots (`FleetAdmission.check_standing`); `after` each pass."""
     while True:
+        raise_if_cancelled()
         try:
             await fleet.check_standing()
         except StateUnavailable:

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import uvloop
 from aiohttp import HttpVersion11, hdrs, web
 
-from dataplane import fleetloops
 from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
 from dataplane.errors import guess_wire, refusal_response
 from dataplane.leases import LeaseReplica
@@ -153,7 +152,7 @@ async def serve(settings: Settings) -> None:
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
-    upkeep = fleetloops.spawn(fleet, link.loops) if fleet is not None else []   # supervised (SPEC §19)
+    upkeep = _fleet_loops(fleet, link)   # supervised (SPEC §19)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()
@@ -211,6 +210,13 @@ async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
         log.error("fleet_loop_failed", loop="upkeep", at="start", error_kind=type(exc).__name__)
     log.info("dataplane_fleet", redis=describe(settings.fleet_redis_url), host_id=settings.host_id)
     return fleet
+
+
+def _fleet_loops(fleet: FleetAdmission | None, link: ControlLink) -> list[asyncio.Task[None]]:
+    if fleet is None:
+        return []
+    from dataplane import fleetloops  # redis-py only in fleet mode
+    return fleetloops.spawn(fleet, link.loops)
 
 
 class StartupError(Exception):
