@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -59,22 +59,35 @@ class FactDesk:
                      model_class: str | None, *, retry_of: str | None = None,
                      supersedes: str | None = None) -> Gathered:
         """Everything `decide_mint` reads, for a mint or for explain's dry run of one."""
-        await asyncio.gather(self.admin.refresh(), self.policy.refresh())  # fleet: the chains as they are now
+        early = self._read_early(lineage, worker_role, model, model_class, retry_of or supersedes)
+        try:
+            await asyncio.gather(self.admin.refresh(), self.policy.refresh())  # fleet: the chains as they are now
+        except BaseException:
+            _discard(early)
+            raise
         admin_ok = not self.admin.is_unavailable()
         policy_ok = not self.policy.is_unavailable()
         if not policy_ok:
+            _discard(early)
             return Gathered(facts=MintFacts(admin_available=admin_ok, policy_available=False,
                                             lineage=lineage), policy=None)
         policy = self.policy.resolve(lineage.repo_slug, worker_role)
         candidates = build_candidates(self.registry.accounts, policy, model, model_class)
         citation = (CitationKind.RETRY if retry_of else CitationKind.SUPERSEDE if supersedes else None)
         cited_id = retry_of or supersedes
-        # One round (fleet: the reads go to Redis at once, not one after another; issue 27).
-        live_keys, cited, live = await asyncio.gather(
-            self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
-            _none() if cited_id is None else self._cited(cited_id, candidates),
-            self.live_facts(candidates, floor=policy.min_headroom_percent) if admin_ok and candidates
-            else _empty())
+        # One round (fleet: the reads go to Redis at once, not one after another; issue 27), and
+        # that round is the chains' own when the policy's candidates are the ones read early.
+        basis = _basis(candidates, admin_ok)
+        if early is not None and early[0] == basis:
+            live_keys, remote = await early[1]
+            cited = None
+            live = self._assemble(candidates, remote, floor=policy.min_headroom_percent) if basis else {}
+        else:
+            _discard(early)
+            live_keys, cited, live = await asyncio.gather(
+                self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
+                _none() if cited_id is None else self._cited(cited_id, candidates),
+                self.live_facts(candidates, floor=policy.min_headroom_percent) if basis else _empty())
         exhausted, unpriced = self._budget_facts(policy.budgets, policy.revision, candidates)
         facts = MintFacts(
             admin_available=admin_ok, policy_available=True, lineage=lineage, candidates=candidates,
@@ -134,19 +147,50 @@ class FactDesk:
                              terminal_conditions=await self.decisions.evidence(decision_id),
                              position_now=position_now)
 
+    def _read_early(self, lineage: Lineage, worker_role: str | None, model: str | None, model_class: str | None,
+                    cited_id: str | None) -> tuple[tuple[str, ...], asyncio.Task[Any]] | None:
+        """Fleet mode: the Redis reads of a mint on the candidates of the policy as last validated,
+        started beside the chains' refresh (issue 27: one round less). `gather` keeps them when the
+        refreshed policy yields the same candidates, and reads again otherwise. Not for a
+        citation (its reads depend on the cited decision), nor embedded (nothing to overlap)."""
+        if self.settings.fleet_redis_url is None or cited_id is not None:
+            return None
+        try:
+            admin_ok = not self.admin.is_unavailable()
+            policy = self.policy.resolve(lineage.repo_slug, worker_role)
+            candidates = build_candidates(self.registry.accounts, policy, model, model_class)
+        except Exception:   # a chain not validated lately, or not believable: nothing early
+            return None
+        basis = _basis(candidates, admin_ok)
+        reads = asyncio.gather(self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
+                               self._remote_live(candidates) if basis else _none())
+        return basis, asyncio.ensure_future(reads)
+
     async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None,
                          floor: int = 0) -> dict[str, LiveFacts]:
         """What is true of each candidate's account now. Every read at once (fleet: one round of
         concurrent Redis commands instead of two per candidate in turn). `floor`: the resolved
         policy's `min_headroom_percent` (a renewal passes none: a running dispatch is never moved
         by headroom alone, SPEC §22)."""
+        return self._assemble(candidates, await self._remote_live(candidates, renewing), floor)
+
+    async def _remote_live(self, candidates: tuple[Candidate, ...], renewing: str | None = None
+                           ) -> tuple[bool, list[bool], list[int | None], int]:
+        """The shared state's part of the live facts (fleet: Redis), read at `now`."""
         now = now_ms()
         accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
-        assert all(account is not None for account in accounts)
         renewing_holds, admits, counts = await asyncio.gather(
             _false() if renewing is None else self.lease_capacity.holds(renewing),
             asyncio.gather(*(self.circuits.admits(a.id, now) for a in accounts if a is not None)),
             asyncio.gather(*(self._count_if_ceilinged(a) for a in accounts if a is not None)))
+        return renewing_holds, admits, counts, now
+
+    def _assemble(self, candidates: tuple[Candidate, ...], remote: tuple[bool, list[bool], list[int | None], int],
+                  floor: int) -> dict[str, LiveFacts]:
+        """The live facts from the shared state's part and this host's own (admin state, headroom)."""
+        renewing_holds, admits, counts, now = remote
+        accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
+        assert all(account is not None for account in accounts)
         facts: dict[str, LiveFacts] = {}
         for account, circuit_admits, count in zip(accounts, admits, counts, strict=True):
             assert account is not None
@@ -164,6 +208,19 @@ class FactDesk:
 
     async def _count_if_ceilinged(self, account: AccountSpec) -> int | None:
         return None if account.lease_capacity is None else await self.lease_capacity.count(account.id)
+
+
+def _basis(candidates: tuple[Candidate, ...], admin_ok: bool) -> tuple[str, ...]:
+    """What the live reads depend on: the candidates' accounts, in order (none when the admin
+    chain cannot be believed: nothing is read then)."""
+    return tuple(c.account_id for c in candidates) if admin_ok else ()
+
+
+def _discard(early: tuple[tuple[str, ...], asyncio.Task[Any]] | None) -> None:
+    """Reads started early and not wanted: cancelled, and any failure of theirs retrieved."""
+    if early is not None:
+        early[1].cancel()
+        early[1].add_done_callback(lambda task: task.cancelled() or task.exception())
 
 
 async def _none() -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from shared.codes import Binding, EndReason
-from shared.wire import AttemptRow, ConnectionCounts, Lease
+from shared.wire import AttemptRow, ConnectionCounts, Lease, LoopReport
 
 if TYPE_CHECKING:
     from controlplane.circuits import CircuitView
@@ -66,6 +66,7 @@ class RouteReads(FlightReads, Protocol):
     recent: deque[AttemptRow]
     sockets_open: dict[str, int]
     connections: ConnectionCounts   # the data plane's SPEC §19 counters, as last reported
+    dataplane_loops: list[LoopReport]   # fleet mode: the data plane's Redis loops, as last reported
 
     def recent_view(self, limit: int) -> tuple[list[AttemptRow], bool, int, str | None]: ...
 

@@ -11,7 +11,7 @@ from collections import deque
 
 import msgspec
 
-from shared.wire import AttemptRow, ConnectionCounts
+from shared.wire import AttemptRow, ConnectionCounts, LoopReport
 
 RING_SIZE = 200
 
@@ -23,6 +23,7 @@ class RouteBook:
         self.evicted = 0
         self.sockets_open: dict[str, int] = {}  # per account, as the data plane last said (§20)
         self.connections = ConnectionCounts(refused=0, head_timeouts=0)  # the data plane's (§19)
+        self.dataplane_loops: list[LoopReport] = []  # fleet mode: its Redis loops, as it last said (§19)
 
     def started(self, row: AttemptRow) -> None:
         self.active[row.attempt_id] = row

@@ -42,6 +42,7 @@ from shared.wire import (
     AttemptRow,
     AttemptStarted,
     ConnectionCounts,
+    FleetLoops,
     Lease,
     Message,
     Ping,
@@ -182,6 +183,8 @@ class ControlService:
             self.routes.sockets_open = {k: v for k, v in message.counts.items() if v > 0}
         elif isinstance(message, ConnectionCounts):
             self.routes.connections = message
+        elif isinstance(message, FleetLoops):   # fleet mode: the data plane's Redis loops (SPEC §19)
+            self.routes.dataplane_loops = list(message.loops)
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
@@ -274,6 +277,7 @@ class ControlService:
         finish) within the grace period get a terminal row, so none stays streaming forever."""
         orphans = self.routes.forget_active()
         self.routes.sockets_open = {}  # they closed with the data plane's connection
+        self.routes.dataplane_loops = []
         if orphans:
             asyncio.get_running_loop().call_later(LOST_ROUTE_GRACE_S, self._close_orphans, orphans)
 

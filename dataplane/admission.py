@@ -28,21 +28,25 @@ pay nothing per request, in fleet mode as embedded.
   `fleet-state-unavailable` until the heartbeat is fresh again — the fleet may have given this
   host's slots to others, and a ceiling is never exceeded by a host that lost its place.
   Checked every `check_interval_s` (a twelfth of the TTL); accounts without a ceiling keep
-  serving.
+  serving. So are they while one of this data plane's fleet loops keeps failing (`hold`,
+  `dataplane/fleetloops.py`, SPEC §19).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import redis.asyncio as aredis
 
 from shared.capacity import StateUnavailable
 from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.entries import FleetEntries
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
 from shared.logging import get_logger
+from shared.supervisor import Supervisor
 
 log = get_logger("dataplane")
 
@@ -60,14 +64,26 @@ def has_lapsed(age_ms: int | None, ttl_ms: int) -> bool:
     return age_ms is None or age_ms >= lapse_ms(ttl_ms)
 
 
+def hold_reason(lapsed: bool, failing: Sequence[str]) -> str | None:
+    """Why this data plane cannot honour a fleet-wide ceiling now; None when it can."""
+    if lapsed:
+        return "this gateway host's place in the fleet has lapsed (its control is not heartbeating)"
+    if failing:
+        return (f"this gateway host's fleet loop{'s' if len(failing) > 1 else ''} {', '.join(failing)} "
+                f"keep{'' if len(failing) > 1 else 's'} failing, so its fleet state is not current")
+    return None
+
+
 class FleetAdmission:
-    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10) -> None:
+    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10,
+                 entries: FleetEntries | None = None) -> None:
         self.client = client
         self.keys = FleetKeys(fleet_id)
         self.ttl_ms = int(ttl_s * 1000)
         self.check_interval_s = ttl_s / 12
-        self.hosts = HostRegistry(client, self.keys, ttl_s, tables=())
+        self.hosts = HostRegistry(client, self.keys, ttl_s, tables=(), entries=entries)  # sealed beats only
         self.lapsed = False   # this host's control lost its place: ceilinged accounts refused
+        self.supervisor = Supervisor()   # this data plane's Redis loops (SPEC §19)
         self.incarnation = Incarnation()
         self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation)
         self.held: dict[str, tuple[str, int]] = {}   # attempt id → (account, ceiling), in flight here
@@ -88,6 +104,10 @@ class FleetAdmission:
             log.warning("request_holders_released", count=len(released), reason="dataplane-restarted")
         self.incarnation.value = await self._current_incarnation()
         self.started = True
+
+    def hold(self) -> str | None:
+        """Why ceilinged accounts are refused here now (`hold_reason`); None: they are served."""
+        return hold_reason(self.lapsed, self.supervisor.failing())
 
     async def reserve(self, account_id: str, holder: str, ceiling: int) -> bool:
         """Take a request slot fleet-wide; `StateUnavailable` when Redis cannot say."""

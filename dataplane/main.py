@@ -42,8 +42,6 @@ log = get_logger("dataplane")
 MAX_HEADER_BYTES = 32 * 1024
 EXPECT = hdrs.EXPECT
 ROW_FLUSH_TIMEOUT_S = 3.0
-# How often fleet mode retries a failed start and the releases Redis could not take.
-FLEET_UPKEEP_S = 1.0
 # After the drain window: how long the stopped attempts get to write their rows and cuts.
 STOP_GRACE_S = 2.0
 COUNTS_REPORT_S = 1.0   # how often SPEC §19's connection counters are looked at for control
@@ -163,7 +161,7 @@ async def serve(settings: Settings) -> None:
     link_task = asyncio.create_task(link.run())
     read_in_background(UPSTREAM_TLS)  # the CA bundle, off the path to ready (shared/deferred_ca.py)
     counts_task = asyncio.create_task(_report_counts(server.bounds, link))  # type: ignore[attr-defined]
-    upkeep = (asyncio.gather(_fleet_upkeep(fleet), _fleet_standing(fleet)) if fleet is not None else None)
+    upkeep = _fleet_loops(fleet, link)   # supervised (SPEC §19)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
     stop = asyncio.Event()
@@ -179,8 +177,8 @@ async def serve(settings: Settings) -> None:
     link_task.cancel()
     counts_task.cancel()
     if fleet is not None:
-        assert upkeep is not None
-        upkeep.cancel()
+        for task in upkeep:
+            task.cancel()
         await fleet.retry_pending()
         await fleet.close()
     await pools.close()
@@ -219,38 +217,28 @@ async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
     if settings.fleet_redis_url is None:
         return None
     from dataplane.admission import FleetAdmission  # redis-py only in fleet mode
+    from shared.fleet.entries import FleetEntries
     from shared.fleet.redis_client import connect, describe
+    from shared.fleet.secret import Keyring
+    entries = None if settings.fleet_secret is None else FleetEntries(
+        Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
     fleet = FleetAdmission(connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id,
-                           settings.fleet_host_ttl_seconds)
+                           settings.fleet_host_ttl_seconds, entries)   # SPEC §19: sealed heartbeats
     try:
         await fleet.start()
     except StateUnavailable:  # ceilinged accounts answer fleet-state-unavailable until it is back
         log.warning("fleet_state_unavailable", at="start", redis=describe(settings.fleet_redis_url))
+    except Exception as exc:  # SPEC §19: what Redis holds never stops the start; upkeep redoes it
+        log.error("fleet_loop_failed", loop="upkeep", at="start", error_kind=type(exc).__name__)
     log.info("dataplane_fleet", redis=describe(settings.fleet_redis_url), host_id=settings.host_id)
     return fleet
 
 
-async def _fleet_upkeep(fleet: FleetAdmission) -> None:
-    """Releases that failed while Redis was away are retried; a start that failed is redone."""
-    while True:
-        await asyncio.sleep(FLEET_UPKEEP_S)
-        try:
-            if not fleet.started:
-                await fleet.start()
-            await fleet.retry_pending()
-        except StateUnavailable:
-            pass
-
-
-async def _fleet_standing(fleet: FleetAdmission) -> None:
-    """This host's heartbeat age, read often enough to stop serving ceilinged accounts before
-    the fleet may reuse this host's slots (`FleetAdmission.check_standing`)."""
-    while True:
-        await asyncio.sleep(fleet.check_interval_s)
-        try:
-            await fleet.check_standing()
-        except StateUnavailable:
-            pass
+def _fleet_loops(fleet: FleetAdmission | None, link: ControlLink) -> list[asyncio.Task[None]]:
+    if fleet is None:
+        return []
+    from dataplane import fleetloops  # redis-py only in fleet mode
+    return fleetloops.spawn(fleet, link.loops)
 
 
 class StartupError(Exception):

@@ -196,11 +196,11 @@ class Proxy:
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
         fleet = self.fleet
-        if fleet is not None and fleet.lapsed and (account.request_capacity is not None
-                                                   or account.lease_capacity is not None):
+        held = fleet.hold() if fleet is not None and (account.request_capacity is not None
+                                                      or account.lease_capacity is not None) else None
+        if held is not None:  # SPEC §16, §19: a lapsed place or a failing loop: never stale state
             return refuse(attempt, Refusal.FLEET_STATE_UNAVAILABLE,
-                          f"this gateway host's place in the fleet has lapsed (its control is not "
-                          f"heartbeating): account {account.id}'s fleet-wide ceiling cannot be honoured here",
+                          f"{held}: account {account.id}'s fleet-wide ceiling cannot be honoured here",
                           retry_after_s=1)
         attempt.announce()
         if fleet is not None and account.request_capacity is not None:

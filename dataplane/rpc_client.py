@@ -26,10 +26,12 @@ from shared.wire import (
     AttemptRow,
     AttemptStarted,
     ConnectionCounts,
+    FleetLoops,
     Hello,
     LeaseAdded,
     LeaseGates,
     LeaseRemoved,
+    LoopReport,
     Message,
     Refused,
     Snapshot,
@@ -72,6 +74,7 @@ class ControlLink:
         self.synced = asyncio.Event()
         self.sockets_open: dict[str, int] = {}   # open Responses WebSockets per account (§20)
         self.connection_counts: ConnectionCounts | None = None   # SPEC §19's, the last reported
+        self.fleet_loops: list[LoopReport] = []   # fleet mode: this data plane's Redis loops (§19)
         self._stopping = False
 
     # ---- connection lifecycle -----------------------------------------------------------
@@ -160,6 +163,8 @@ class ControlLink:
             conn.send_nowait(SocketsOpen(counts=dict(self.sockets_open)))
         if self.connection_counts is not None:
             conn.send_nowait(self.connection_counts)
+        if self.fleet_loops:
+            conn.send_nowait(FleetLoops(loops=list(self.fleet_loops)))
         for attempt_id in list(self.outbox):
             self._transmit(attempt_id)
 
@@ -191,6 +196,16 @@ class ControlLink:
         if conn is not None and self.synced.is_set():
             try:
                 conn.send_nowait(self.connection_counts, lazy=True)
+            except ConnectionError:
+                pass
+
+    def loops(self, reports: list[LoopReport]) -> None:
+        """Fleet mode: this data plane's Redis loops changed; control's fleet view hears it."""
+        self.fleet_loops = reports
+        conn = self.conn
+        if conn is not None and self.synced.is_set():
+            try:
+                conn.send_nowait(FleetLoops(loops=list(reports)), lazy=True)
             except ConnectionError:
                 pass
 

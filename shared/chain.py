@@ -91,8 +91,10 @@ class ChainAuth:
     `seal_fields`, when given, says this host may adopt a chain whose records do not verify
     (see `HashChain.adopt`): the fields of its audited `seal` record (who, when, why)."""
 
-    def __init__(self, key: bytes, seal_fields: Callable[[], dict[str, Any]] | None = None) -> None:
+    def __init__(self, key: bytes, seal_fields: Callable[[], dict[str, Any]] | None = None,
+                 verify_also: Sequence[bytes] = ()) -> None:
         self._key = key
+        self._keys = (key, *verify_also)   # a rotation's other key verifies too, never MACs
         self.seal_fields = seal_fields
 
     def mac(self, record: Mapping[str, Any]) -> str:
@@ -103,7 +105,7 @@ class ChainAuth:
     def valid(self, record: Mapping[str, Any]) -> bool:
         from shared.fleet.secret import verify  # fleet mode only
 
-        return verify(self._key, [record["hash"]], record.get("mac"))
+        return verify(self._keys, [record["hash"]], record.get("mac"))
 
     def __repr__(self) -> str:
         return "ChainAuth(<redacted>)"

@@ -8,6 +8,7 @@ account-admin overlay) and must not queue behind an operator's ten-second lock. 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -124,6 +125,20 @@ class HashChain(Generic[S]):
             self._cache = (key, view)
             self._validated = (time.monotonic(), view)
         return view
+
+    async def refresh(self) -> ChainView[S]:
+        """`read()` for a caller on the event loop (a mint: the chain as it is now). When the
+        storage can tell its version without blocking (fleet: one async Redis call, the mirror's
+        stat) and it is the cached view's, that view is validated now, with no worker thread;
+        otherwise `read()` runs in one."""
+        version_async = getattr(self.storage, "version_async", None)
+        cached = self._cache
+        if version_async is not None and cached is not None:
+            key = await version_async()
+            if key is not None and key == cached[0] and self._cache is cached:
+                self._validated = (time.monotonic(), cached[1])
+                return cached[1]
+        return await asyncio.to_thread(self.read)
 
     def last_validated(self) -> ChainView[S] | None:
         """The last view a `read()` validated, however old (a read model that must answer while

@@ -88,6 +88,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     client_stall_seconds: float = 60
     fleet_secret_file: str | None = None   # SPEC §19: required in fleet mode (control)
     fleet_secret: FleetSecret | None = None  # its bytes; repr never shows them
+    fleet_verify_secret_file: str | None = None  # a rotation's other secret: accepted, never used to MAC
+    fleet_verify_secret: FleetSecret | None = None
 
 
 # Variables this module understands; anything else under GATEWAY_ is a credential name the
@@ -102,7 +104,7 @@ KNOWN = frozenset(
         "UPSTREAM_CONNECT_TIMEOUT UPSTREAM_HEADERS_TIMEOUT UPSTREAM_IDLE_TIMEOUT "
         "UPSTREAM_POOL_SIZE UPSTREAM_POOL_TIMEOUT "
         "METRICS_PUBLIC CIRCUIT_COOLDOWN_SECONDS LOG_LEVEL PRICES_FILE LEDGER_RETENTION_DAYS "
-        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS FLEET_SECRET_FILE "
+        "FLEET_REDIS_URL FLEET_ID HOST_ID FLEET_HOST_TTL_SECONDS FLEET_SECRET_FILE FLEET_VERIFY_SECRET_FILE "
         "HEADER_TIMEOUT_SECONDS KEEPALIVE_SECONDS MAX_CONNECTIONS CLIENT_STALL_SECONDS"
     ).split()
 )
@@ -300,7 +302,12 @@ def _with_fleet_secret(settings: Settings, r: _Reader, role: str) -> Settings:
     if settings.fleet_redis_url is None or role == "ctl":
         return settings
     secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=role == "control")
-    return msgspec.structs.replace(settings, fleet_secret_file=secret_file, fleet_secret=secret)
+    verify_file, verify_secret = r.secret_file("FLEET_VERIFY_SECRET_FILE", required=False)
+    if verify_file is not None and secret_file is None:
+        r.problems.append(f"{PREFIX}FLEET_VERIFY_SECRET_FILE is set without {PREFIX}FLEET_SECRET_FILE "
+                          "(it is the other secret of a rotation, accepted beside the fleet secret)")
+    return msgspec.structs.replace(settings, fleet_secret_file=secret_file, fleet_secret=secret,
+                                   fleet_verify_secret_file=verify_file, fleet_verify_secret=verify_secret)
 
 
 def _connection_bounds(r: _Reader) -> dict[str, Any]:

@@ -231,7 +231,22 @@ class ConnectionCounts(_Msg, tag="connection_counts", frozen=True):
     head_timeouts: int
 
 
+class LoopReport(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    state: str                   # running | restarting | failing (`shared/supervisor.LoopState`)
+    failures: int
+    restarts: int
+    last_error_kind: str | None = None
+
+
+class FleetLoops(_Msg, tag="fleet_loops", frozen=True):
+    """Fleet mode: the data plane's supervised Redis loops (SPEC §19), sent when one fails or
+    changes state and after each resync; control's fleet view and metrics list them."""
+
+    loops: list[LoopReport]
+
+
 Message = (
     Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
-    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen | ConnectionCounts
+    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen | ConnectionCounts | FleetLoops
 )

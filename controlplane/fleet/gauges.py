@@ -60,6 +60,13 @@ class FleetGauges:
             flight.add_metric([host], in_flight)
         yield leases
         yield flight
+        if snap.loops:
+            restarts = CounterMetricFamily("leasehold_fleet_loop_restarts",
+                                           "Unexpected ends of a supervised Redis loop (SPEC §19), by loop "
+                                           "(`dataplane:` names the data plane's).", labels=["loop"])
+            for loop in snap.loops:
+                restarts.add_metric([loop.name], loop.restarts)
+            yield restarts
         if self.entries is not None:
             rejected = CounterMetricFamily("leasehold_fleet_entries_rejected",
                                            "Entries read from the fleet's Redis and rejected (no valid MAC, "

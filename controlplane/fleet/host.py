@@ -25,7 +25,6 @@ from controlplane.fleet.heartbeat import HostHeartbeat
 from controlplane.fleet.hostevents import HostEvents
 from controlplane.fleet.recovery import HostRecovery
 from controlplane.fleet.revocation import HostRevocation
-from controlplane.fleet.supervisor import LoopStatus
 from controlplane.fleet.view import RedisFleet
 from controlplane.fleet.wiring import SUPERSEDED, UNJOINED, FleetBackends
 from controlplane.ports import AccountReads, KeyEnder, LeaseReads, RouteReads
@@ -34,6 +33,7 @@ from controlplane.stores.policy import PolicyStore
 from shared.codes import Standing
 from shared.logging import get_logger
 from shared.settings import Settings
+from shared.supervisor import LoopStatus, reported
 
 if TYPE_CHECKING:
     from controlplane.circuits import CircuitRegistry
@@ -76,8 +76,8 @@ class FleetHost:
     def writes_owed(self) -> int:
         return len(self.b.owed)
 
-    def loops(self) -> tuple[LoopStatus, ...]:
-        return self.b.supervisor.statuses()
+    def loops(self) -> tuple[LoopStatus, ...]:   # this control's, then its data plane's (SPEC §19)
+        return self.b.supervisor.statuses() + reported(self.routes.dataplane_loops, "dataplane:")
 
     def view(self) -> RedisFleet:
         """The read plane's fleet (`controlplane/fleet/view.py`)."""

@@ -15,8 +15,8 @@ from typing import Protocol
 import msgspec
 
 from controlplane.core.fleet import HostRow
-from controlplane.fleet.supervisor import LoopStatus
 from shared.codes import FleetMode, FleetState
+from shared.supervisor import LoopStatus
 
 
 class HostSeen(msgspec.Struct, frozen=True, kw_only=True):

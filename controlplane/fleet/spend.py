@@ -55,13 +55,13 @@ from controlplane.core.fleetcells import FleetCells, window_of, window_triples
 from controlplane.core.spend import CELL_SIZE, DIMS, WindowCells
 from controlplane.core.windows import Window, hour_key, key_at
 from controlplane.fleet.events import subscribe
-from controlplane.fleet.supervisor import Supervisor
 from controlplane.spend import SpendBook
 from shared.capacity import StateUnavailable
 from shared.fleet.entries import EntryKind, FleetEntries, Why, finite_non_negative
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard, raise_if_cancelled
 from shared.logging import get_logger
+from shared.supervisor import Supervisor
 from shared.wire import AttemptRow
 
 log = get_logger("fleet")

@@ -24,13 +24,13 @@ import redis.asyncio as aredis
 from controlplane.core.fleet import fleet_state, host_rows
 from controlplane.fleet.snapshot import FleetSnapshot, HostSeen, LocalCounts, local_snapshot
 from controlplane.fleet.sockets import SocketsBoard
-from controlplane.fleet.supervisor import LoopStatus
 from shared.capacity import StateUnavailable
 from shared.codes import FleetMode, FleetState, Standing
 from shared.fleet.capacity import RedisCapacity
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard
+from shared.supervisor import LoopStatus
 
 
 class InFlightBoard:

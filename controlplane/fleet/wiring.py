@@ -25,7 +25,6 @@ from controlplane.fleet.circuits import RedisCircuits
 from controlplane.fleet.events import FleetEvents, FleetRevocations
 from controlplane.fleet.owed import OwedCapacity, OwedCircuits, OwedDecisions, OwedWrites
 from controlplane.fleet.sockets import SocketsBoard
-from controlplane.fleet.supervisor import Supervisor
 from controlplane.fleet.view import InFlightBoard
 from controlplane.stores import admin as admin_store
 from controlplane.stores import policy as policy_store
@@ -43,6 +42,7 @@ from shared.fleet.mirror import MirroredChainStorage
 from shared.fleet.redis_client import connect, connect_sync
 from shared.fleet.secret import Keyring
 from shared.settings import Settings
+from shared.supervisor import Supervisor
 
 # Fence values no incarnation equals ("inc-<hex>"): every reserve is refused (`StateLost`, held)
 # before this host registered its holders, and after another instance superseded it.
@@ -61,7 +61,8 @@ class FleetBackends:
         url = settings.fleet_redis_url
         assert url is not None and settings.fleet_secret is not None  # settings require both
         self.keys = FleetKeys(settings.fleet_id)
-        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id)  # SPEC §19: every MAC's key
+        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id,   # SPEC §19: every MAC's key
+                               settings.fleet_verify_secret)                # a rotation's other: verifies only
         self.host_id = settings.host_id
         self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
         self.client = connect(url)
@@ -73,7 +74,7 @@ class FleetBackends:
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
         self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
         self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions, entries=self.entries)
-        self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds)
+        self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds, entries=self.entries)
         self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
         self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
         self.board = InFlightBoard(self.client, self.keys, settings.fleet_host_ttl_seconds)
@@ -85,8 +86,10 @@ class FleetBackends:
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
-        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields)
-        return MirroredChainStorage(RedisChainStorage(self.sync, self.keys, name), mirror, auth)
+        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields,
+                         verify_also=self.keyring.keys("chain/" + name)[1:])
+        remote = RedisChainStorage(self.sync, self.keys, name, aclient=self.client)   # a mint's refresh: async
+        return MirroredChainStorage(remote, mirror, auth)
 
     def _seal_fields(self) -> dict[str, Any]:
         """Who adopts a chain (SPEC §19): this host, on the fleet secret's authority."""

@@ -33,7 +33,8 @@ def fleet_payload(snap: FleetSnapshot, now: int) -> dict[str, Any]:
     return {"as_of": iso_ms(now), "mode": str(snap.mode), "state": str(snap.state), "fleet_id": snap.fleet_id,
             "host_id": snap.host_id, "hosts_live": snap.hosts_live, "writes_owed": snap.writes_owed,
             "hosts": hosts, "loops": [{"name": loop.name, "state": str(loop.state), "failures": loop.failures,
-                                      "last_error_kind": loop.last_error_kind} for loop in snap.loops]}
+                                      "restarts": loop.restarts, "last_error_kind": loop.last_error_kind}
+                                     for loop in snap.loops]}
 
 
 @requires(Scope.READ)

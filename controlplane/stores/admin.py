@@ -107,7 +107,7 @@ class AccountAdminStore:
         """Validate the chain off the loop now, when its storage is remote (a mint calls this
         first, so it decides on the chain as it is); a no-op over the local files."""
         if self.chain.recent_s is not None:
-            await self.read_async()
+            await self.chain.refresh()   # fleet: unchanged, one async round trip and no thread
 
     def verdict(self) -> Verdict:
         return self.read().check.verdict

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+import redis.asyncio as aredis
 
 import shared.chainstorage as chainstorage
 from shared.chainstorage import ChainBusy, ChainBytes, RevisionConflict
@@ -102,7 +103,7 @@ class LockLost(OSError):
 class RedisChainStorage:
     """A `ChainStorage` in Redis, named `name` within the fleet (`account-admin`, `policy`)."""
 
-    def __init__(self, client: redis.Redis, keys: FleetKeys, name: str) -> None:
+    def __init__(self, client: redis.Redis, keys: FleetKeys, name: str, aclient: aredis.Redis | None = None) -> None:
         self.client = client
         self.name = name
         self.records_key = keys.chain(name, "records")
@@ -117,6 +118,8 @@ class RedisChainStorage:
         self._unlock = client.register_script(UNLOCK)
         self._read = client.register_script(READ)
         self._version = client.register_script(VERSION)
+        # `version_async`: asked on the event loop, no thread (a mint's refresh; issue 27)
+        self._version_async = None if aclient is None else aclient.register_script(VERSION)
         self._owner = threading.local()  # the lock's owner id, in the thread that holds it
 
     def read(self) -> ChainBytes:
@@ -127,6 +130,14 @@ class RedisChainStorage:
     def version(self) -> tuple[Any, ...]:
         with guard(f"chain {self.name} version"):
             rev, size, anchor = self._version(keys=[self.records_key, self.anchor_key, self.rev_key])
+        return (rev, size, anchor)
+
+    async def version_async(self) -> tuple[Any, ...] | None:
+        """`version`, asked with the asyncio client; None without one."""
+        if self._version_async is None:
+            return None
+        with guard(f"chain {self.name} version"):
+            rev, size, anchor = await self._version_async(keys=[self.records_key, self.anchor_key, self.rev_key])
         return (rev, size, anchor)
 
     def tail(self) -> bytes:

@@ -2,8 +2,8 @@
 (SPEC §19).
 
 Every entry a host puts in Redis for the other hosts (a revoke request or acknowledgement, an
-event, a window of spend totals, a decision, a rate-limit observation, a circuit) carries a MAC
-over its fields, made with the key of its kind (`Keyring`, `entry/<kind>`). A reader checks the
+event, a window of spend totals, a decision, a rate-limit observation, a circuit, a heartbeat's
+seal) carries a MAC over its fields, made with the key of its kind (`Keyring`, `entry/<kind>`). A reader checks the
 MAC, decodes into strict types and range-checks every value; an entry that fails any check is
 skipped and reported here: logged once (`fleet_entry_rejected`, with its kind, the Redis key
 (and entry id) it was read from and why, never its value) and counted by kind
@@ -38,6 +38,7 @@ class EntryKind(StrEnum):
     HEADROOM = "headroom"        # a rate-limit observation (hash `{f}:headroom`, SPEC §22)
     CIRCUIT = "circuit"          # an account's circuit (string `{f}:circuit:<account>`): may lift a hold
     SOCKETS = "sockets"          # a host's open WebSockets per account (hash `{f}:hosts:sockets:<host>`, §20)
+    HEARTBEAT = "heartbeat"      # a heartbeat's seal (hash `{f}:hosts:beat`): makes a host live, lifts a lapse
 
 
 class Why(StrEnum):
@@ -60,7 +61,7 @@ class FleetEntries:
         return mac(self.keyring.key("entry/" + kind), [str(kind), *fields])
 
     def valid(self, kind: EntryKind, fields: Sequence[Any], presented: object) -> bool:
-        return verify(self.keyring.key("entry/" + kind), [str(kind), *fields], presented)
+        return verify(self.keyring.keys("entry/" + kind), [str(kind), *fields], presented)
 
     def reject(self, kind: EntryKind, key: str, why: Why) -> None:
         """Count one rejected entry, and log it the first time (key and kind, never the value)."""

@@ -14,6 +14,9 @@ A host id is held by one process at a time, named by a random instance id:
   meanwhile: its holders were released, so it must end those leases and claim again); `superseded`
   (another instance holds the id now: stop); `state-lost` (the fleet's incarnation changed:
   Redis lost its data; claim again and re-register before admitting anything).
+
+A granted claim and a live heartbeat are sealed with the fleet secret (`shared/fleet/beats.py`,
+SPEC §19); `live_hosts` and `heartbeat_age_ms` believe only sealed heartbeats.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import msgspec
 import redis.asyncio as aredis
 
 from shared.codes import Standing
+from shared.fleet import beats
 from shared.fleet.capacity import RELEASE_HOST_FN
+from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import guard
 
@@ -35,7 +40,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # KEYS: seen, instance, epoch, incarnation; ARGV: host, instance id, ttl ms, new incarnation.
-# Answers {granted 0|1, epoch, incarnation, ms until the live holder's heartbeat expires}.
+# Answers {granted 0|1, epoch, incarnation, ms until the live holder's heartbeat expires, now}.
 CLAIM = _NOW + """
 local inc = redis.call('GET', KEYS[4])
 if not inc then
@@ -47,22 +52,23 @@ local holder = redis.call('HGET', KEYS[2], ARGV[1])
 local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if holder and holder ~= ARGV[2] and seen then
   local left = tonumber(seen) + tonumber(ARGV[3]) - now
-  if left > 0 then return {0, epoch, inc, left} end
+  if left > 0 then return {0, epoch, inc, left, now} end
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-return {1, epoch, inc, 0}
+return {1, epoch, inc, 0, now}
 """
 
 # KEYS: seen, instance, epoch, incarnation; ARGV: host, instance id, epoch, incarnation.
+# Answers {standing, epoch, now}.
 HEARTBEAT = _NOW + """
-if redis.call('GET', KEYS[4]) ~= ARGV[4] then return {'state-lost', 0} end
+if redis.call('GET', KEYS[4]) ~= ARGV[4] then return {'state-lost', 0, now} end
 local epoch = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
 local holder = redis.call('HGET', KEYS[2], ARGV[1])
-if holder and holder ~= ARGV[2] then return {'superseded', epoch} end
-if (not holder) or epoch ~= tonumber(ARGV[3]) then return {'reaped', epoch} end
+if holder and holder ~= ARGV[2] then return {'superseded', epoch, now} end
+if (not holder) or epoch ~= tonumber(ARGV[3]) then return {'reaped', epoch, now} end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
-return {'live', epoch}
+return {'live', epoch, now}
 """
 
 # KEYS: instance; ARGV: host, instance id. Compare-and-delete: only the holder lets go.
@@ -115,17 +121,23 @@ end
 return {dead, out}
 """
 
-# KEYS: seen; ARGV: ttl ms. Answers host, last seen ms, ...
+# KEYS: seen, beat; ARGV: ttl ms. Answers now, then host, last seen ms, its seal (or false), ...
 LIVE = _NOW + """
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now - tonumber(ARGV[1])), '+inf', 'WITHSCORES')
-return live
+local out = {now}
+for i = 1, #live, 2 do
+  out[#out + 1] = live[i]
+  out[#out + 1] = live[i + 1]
+  out[#out + 1] = redis.call('HGET', KEYS[2], live[i])
+end
+return out
 """
 
-# KEYS: seen; ARGV: host. Answers ms since the host's last heartbeat (Redis's clock), -1 if none.
+# KEYS: seen, beat; ARGV: host. Answers {now, last seen ms (-1 if none), its seal (or false)}.
 AGE = _NOW + """
 local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not seen then return -1 end
-return now - tonumber(seen)
+if not seen then return {now, -1, false} end
+return {now, math.floor(tonumber(seen)), redis.call('HGET', KEYS[2], ARGV[1])}
 """
 
 
@@ -155,8 +167,9 @@ def new_instance_id() -> str:
 
 class HostRegistry:
     def __init__(self, client: aredis.Redis, keys: FleetKeys, ttl_s: float,
-                 tables: Sequence[Ceiling] = tuple(Ceiling)) -> None:
+                 tables: Sequence[Ceiling] = tuple(Ceiling), entries: FleetEntries | None = None) -> None:
         self.client = client
+        self.entries = entries   # the fleet secret's MACs: heartbeats sealed and checked (SPEC §19)
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
         self.tables = tuple(tables)
@@ -174,15 +187,19 @@ class HostRegistry:
 
     async def claim(self, host_id: str, instance_id: str) -> HostClaim:
         with guard("host claim"):
-            granted, epoch, incarnation, left = await self._claim(
+            granted, epoch, incarnation, left, now = await self._claim(
                 keys=self._host_keys(), args=[host_id, instance_id, self.ttl_ms, "inc-" + secrets.token_hex(8)])
+        if granted == 1:
+            await self._seal(host_id, int(now))
         return HostClaim(granted=granted == 1, epoch=int(epoch), incarnation=incarnation.decode(),
                          retry_after_ms=int(left))
 
     async def heartbeat(self, host_id: str, instance_id: str, epoch: int, incarnation: str) -> Beat:
         with guard("host heartbeat"):
-            standing, now_epoch = await self._heartbeat(
+            standing, now_epoch, now = await self._heartbeat(
                 keys=self._host_keys(), args=[host_id, instance_id, epoch, incarnation])
+        if standing == b"live":
+            await self._seal(host_id, int(now))
         return Beat(standing=Standing(standing.decode()), epoch=int(now_epoch))
 
     async def release(self, host_id: str, instance_id: str) -> bool:
@@ -191,18 +208,38 @@ class HostRegistry:
         with guard("host release"):
             return bool(await self._release(keys=[self.keys.hosts_instance], args=[host_id, instance_id]) == 1)
 
+    async def _seal(self, host_id: str, at_ms: int) -> None:
+        """Vouch for the heartbeat just written (SPEC §19): a second write, with Redis's time."""
+        if self.entries is not None:
+            with guard("host heartbeat seal"):
+                await self.client.hset(self.keys.hosts_beat, host_id, beats.seal(self.entries, host_id, at_ms))
+
     async def live_hosts(self) -> dict[str, int]:
-        """host id → its last heartbeat (ms since the epoch, Redis's clock), for every live host."""
+        """host id → its last heartbeat (ms since the epoch, Redis's clock), for every live host
+        (with the fleet secret: every host live on a sealed heartbeat)."""
         with guard("live hosts"):
-            flat = await self._live(keys=[self.keys.hosts_seen], args=[self.ttl_ms])
-        return {flat[i].decode(): int(float(flat[i + 1])) for i in range(0, len(flat), 2)}
+            flat = await self._live(keys=[self.keys.hosts_seen, self.keys.hosts_beat], args=[self.ttl_ms])
+        now, live = int(flat[0]), {}
+        for i in range(1, len(flat), 3):
+            host = flat[i].decode("utf-8", "replace")
+            seen = self._believed(host, int(float(flat[i + 1])), flat[i + 2], now)
+            if seen is not None and now - seen <= self.ttl_ms:
+                live[host] = seen
+        return live
+
+    def _believed(self, host_id: str, score_ms: int, raw: bytes | None, now_ms: int) -> int | None:
+        return beats.verified_seen(self.entries, f"{self.keys.hosts_beat}/{host_id}", host_id, score_ms,
+                                   raw or None, now_ms, self.ttl_ms)
 
     async def heartbeat_age_ms(self, host_id: str) -> int | None:
         """How long ago `host_id` last heartbeated (Redis's clock); None when it holds no
         heartbeat (never joined, or declared dead and reaped)."""
         with guard("host heartbeat age"):
-            age = int(await self._age(keys=[self.keys.hosts_seen], args=[host_id]))
-        return None if age < 0 else age
+            now, score, raw = await self._age(keys=[self.keys.hosts_seen, self.keys.hosts_beat], args=[host_id])
+        if int(score) < 0:
+            return None
+        seen = self._believed(host_id, int(score), raw, int(now))
+        return None if seen is None else int(now) - seen
 
     async def dead_hosts(self) -> list[str]:
         with guard("dead hosts"):

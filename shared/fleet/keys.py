@@ -10,6 +10,7 @@ what would let the layout run on a cluster unchanged.
 |---|---|---|
 | `{f}:incarnation` | string | a random id written by the first host to claim; it changes (or vanishes) only when Redis lost its data |
 | `{f}:hosts:seen` | zset | host id → last heartbeat (ms, Redis's clock) |
+| `{f}:hosts:beat` | hash | host id → `<ms>:<mac>`: its last heartbeat's time, sealed with the fleet secret (SPEC §19) |
 | `{f}:hosts:instance` | hash | host id → the id of the process holding it (a random instance id) |
 | `{f}:hosts:epoch` | hash | host id → times it was declared dead (bumped by the reaper) |
 | `{f}:registered` | set | hosts that registered their holders in this incarnation of the data (lost with it) |
@@ -61,6 +62,7 @@ class FleetKeys:
         self.incarnation = p + "incarnation"
         self.hosts_seen = p + "hosts:seen"
         self.hosts_instance = p + "hosts:instance"
+        self.hosts_beat = p + "hosts:beat"
         self.hosts_epoch = p + "hosts:epoch"
         self.registered = p + "registered"
         self.events = p + "events"

@@ -90,6 +90,12 @@ class MirroredChainStorage:
     def version(self) -> tuple[Any, ...]:
         return (self.remote.version(), self.mirror.version())
 
+    async def version_async(self) -> tuple[Any, ...] | None:
+        """`version` without a thread: Redis's part asked on the event loop (None when the remote
+        storage has no asyncio client), the mirror's a stat and a tail read of a local file."""
+        remote = await self.remote.version_async()
+        return None if remote is None else (remote, self.mirror.version())
+
     def adoptable(self, read: ChainBytes) -> bool:
         """Are `read`'s records exactly this host's mirror (which verified them, or wrote them)?"""
         with self._lock:

@@ -57,18 +57,32 @@ class FleetSecret:
 
 
 class Keyring:
-    """One host's keys, one per use, derived once from the fleet secret and the fleet id."""
+    """One host's keys, one per use, derived once from the fleet secret and the fleet id.
 
-    def __init__(self, secret: FleetSecret, fleet_id: str) -> None:
+    During a rotation (`GATEWAY_FLEET_VERIFY_SECRET_FILE`, README "Rotating the fleet secret")
+    a second secret's keys are accepted when verifying (`keys`), never used to make a MAC (`key`)."""
+
+    def __init__(self, secret: FleetSecret, fleet_id: str, verify_also: FleetSecret | None = None) -> None:
         self._secret = secret
         self._fleet_id = fleet_id
+        self._also = verify_also if verify_also is not None and verify_also != secret else None
         self._keys: dict[str, bytes] = {}
+        self._accepted: dict[str, tuple[bytes, ...]] = {}
 
     def key(self, use: str) -> bytes:
+        """The key this host makes its MACs with."""
         key = self._keys.get(use)
         if key is None:
             key = self._keys[use] = self._secret.key(self._fleet_id, use)
         return key
+
+    def keys(self, use: str) -> tuple[bytes, ...]:
+        """Every key a MAC may verify under: this host's, then the rotation's other one."""
+        keys = self._accepted.get(use)
+        if keys is None:
+            also = () if self._also is None else (self._also.key(self._fleet_id, use),)
+            keys = self._accepted[use] = (self.key(use), *also)
+        return keys
 
     def __repr__(self) -> str:
         return f"Keyring({self._fleet_id!r}, <redacted>)"
@@ -80,11 +94,13 @@ def mac(key: bytes, fields: Sequence[Any]) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def verify(key: bytes, fields: Sequence[Any], presented: object) -> bool:
-    """Whether `presented` is the MAC of `fields` (constant time; anything not a str is False)."""
+def verify(key: bytes | Sequence[bytes], fields: Sequence[Any], presented: object) -> bool:
+    """Whether `presented` is the MAC of `fields` under `key` (or under any of several keys, a
+    rotation's two); constant time per key; anything not a str is False."""
     if not isinstance(presented, str) or len(presented) != 43:
         return False
-    return hmac.compare_digest(mac(key, fields), presented)
+    keys = (key,) if isinstance(key, bytes) else key
+    return any(hmac.compare_digest(mac(k, fields), presented) for k in keys)
 
 
 def read_secret_file(path: str, name: str) -> tuple[FleetSecret | None, str | None]:

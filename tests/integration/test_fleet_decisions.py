@@ -208,12 +208,13 @@ async def test_a_host_restarted_after_it_was_reaped_yields_a_dispatch_taken_mean
     kept = (await mint(h1, "d2")).body["key_id"]
     await fleet.crash("h1")
 
-    async def reaped() -> bool:
+    async def reaped() -> bool:   # the slot, then (the reaper's next step) the dispatch's live key
         try:
-            return not await h2.service.lease_capacity.holds(lost)
+            return (not await h2.service.lease_capacity.holds(lost)
+                    and not await h2.service.decisions.live_keys("acme/app", "d1"))
         except StateUnavailable:
             return False
-    await until(reaped, 15, "h2 to reap h1's slots")
+    await until(reaped, 15, "h2 to reap h1's slots and its dispatch claims")
     taken = await mint(h2, "d1")
     assert taken.status == 201, taken.body                   # h1's claim on d1 went with its slots
     h1 = await fleet.add("h1")                                # its key journal restores both leases

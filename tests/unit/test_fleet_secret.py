@@ -100,3 +100,24 @@ def test_a_mac_verifies_only_its_own_fields_under_its_own_key() -> None:
         assert not verify(key, fields, tag)
     for presented in (None, b"x", tag[:-1], tag + "A", "A" * 43):
         assert not verify(key, ["acct-1", 12.5, None], presented)
+
+
+VERIFY = "GATEWAY_FLEET_VERIFY_SECRET_FILE"
+
+
+def test_a_rotations_other_secret_is_read_by_the_same_rules_and_only_beside_the_secret(tmp_path: Path) -> None:
+    """README "Rotating the fleet secret": the other secret's file is refused as the secret's is
+    (naming its own variable, never the content), and never without the fleet secret."""
+    current = secret_file(tmp_path)
+    (tmp_path / "other").mkdir()
+    other = secret_file(tmp_path / "other", b"other-" + CONTENT)
+    settings = load_settings({**FLEET, NAME: str(current), VERIFY: str(other)})
+    assert settings.fleet_verify_secret == FleetSecret(b"other-" + CONTENT)
+    assert "other-" not in repr(settings) and "Q7x9" not in repr(settings)
+    other.chmod(0o644)
+    found = problems({**FLEET, NAME: str(current), VERIFY: str(other)})
+    assert any(VERIFY in p and "0644" in p for p in found) and all("Q7x9" not in p for p in found)
+    other.chmod(0o600)
+    found = problems({**FLEET, VERIFY: str(other)}, role="dataplane")
+    assert any(VERIFY in p and NAME in p for p in found), found
+    assert load_settings({**FLEET, NAME: str(current)}).fleet_verify_secret is None

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from controlplane.fleet.supervisor import LoopState, Supervisor, loop_state
+from shared.supervisor import LoopState, Supervisor, loop_state, reported
+from shared.wire import FleetLoops, LoopReport, Message
 from tests.support.waits import until
 
 STATES = [(0, 0.0, LoopState.RUNNING), (1, 0.1, LoopState.RESTARTING), (2, 4.9, LoopState.RESTARTING),
@@ -40,6 +41,7 @@ async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> Non
         assert status["flaky"].last_error_kind == "KeyError" and status["steady"].state is LoopState.RUNNING
         assert supervisor.failing() == ["flaky"]
         await until(lambda: len(runs) == 5, 5, "started again after each failure")
+        assert supervisor.restarts == {"flaky": 4, "steady": 0}   # the metric's counter
         await until(supervisor.healthy, 5, "a run that lasted clears it")
         assert {s.name: s.state for s in supervisor.statuses()} == {"flaky": LoopState.RUNNING,
                                                                      "steady": LoopState.RUNNING}
@@ -48,3 +50,19 @@ async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> Non
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert all(task.cancelled() for task in tasks)
+
+
+def test_the_data_planes_loops_cross_the_rpc_and_read_as_this_hosts_view_names_them() -> None:
+    """`FleetLoops` round-trips in the RPC union; control lists them as `dataplane:<name>`, and a
+    state it does not know reads `failing` (never `running` by default)."""
+    import msgspec
+
+    sent = FleetLoops(loops=[LoopReport(name="standing", state="failing", failures=3, restarts=7,
+                                        last_error_kind="RuntimeError"),
+                             LoopReport(name="upkeep", state="dozing", failures=0, restarts=0)])
+    got = msgspec.msgpack.decode(msgspec.msgpack.encode(sent), type=Message)
+    assert got == sent
+    assert isinstance(got, FleetLoops)
+    statuses = reported(got.loops, "dataplane:")
+    assert [(s.name, s.state, s.restarts) for s in statuses] == [
+        ("dataplane:standing", LoopState.FAILING, 7), ("dataplane:upkeep", LoopState.FAILING, 0)]
