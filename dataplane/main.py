@@ -24,6 +24,7 @@ from dataplane.upstreams import UpstreamPools
 from dataplane.wires import openai
 from shared.capacity import StateUnavailable
 from shared.codes import ErrorCode, Refusal
+from shared.heap import settle_heap
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
 from shared.tokens import new_ulid
@@ -157,6 +158,7 @@ async def serve(settings: Settings) -> None:
     upkeep = (asyncio.gather(_fleet_upkeep(fleet), _fleet_standing(fleet)) if fleet is not None else None)
     log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
              rpc_socket=settings.rpc_socket)
+    settle_heap()  # start-up's objects never scanned again by the collector (issue 27)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
