@@ -120,8 +120,8 @@ class _Handler(BoundedRequestHandler):
     It also holds SPEC §19's bounds: beyond the cap a connection gets `connection_limit_answer`
     and is closed before any request is read; a request head not complete
     `GATEWAY_HEADER_TIMEOUT_SECONDS` after the connection opened, or after the first byte of a
-    later head, closes the connection (slowloris). The head timer is disarmed when aiohttp
-    starts handling the request (`_handle_request`)."""
+    later head, closes the connection (slowloris). The head's clock stops when aiohttp has
+    parsed the head (no timer per request: `BoundedRequestHandler`)."""
 
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
