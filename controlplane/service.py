@@ -22,7 +22,7 @@ from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
 from controlplane.registry import AccountSpec, Registry, is_configured
 from controlplane.replication import DataPlaneLink
-from controlplane.routebook import RouteBook
+from controlplane.routebook import RouteBook, as_started
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.capacity import CapacityStore
@@ -289,7 +289,11 @@ class ControlService:
     def _finished(self, conn: Connection, message: AttemptFinished) -> None:
         """A terminal row from the data plane; its `Ack` is sent by the settle after the write."""
         self._unacked.append((conn, message.req_id))
-        self.record(message.row)
+        row = message.row
+        if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
+            # reported once (the data plane withdrew its start, issue 27): the feed still has both
+            self.events.publish(EventKind.ROUTE_STARTED, as_started(row))
+        self.record(row)
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():

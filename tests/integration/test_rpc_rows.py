@@ -72,11 +72,17 @@ async def linked(socket_path: str) -> tuple[Control, ControlLink, asyncio.Task[N
 async def test_a_2xx_row_is_sent_without_waiting_and_leaves_the_outbox_on_its_ack(socket_path: str) -> None:
     control, client, task = await linked(socket_path)
     try:
-        client.started(ROW)
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_1"))
         assert client.finished(row(1)) is None  # nothing to wait on
         assert list(client.outbox) == ["att_1"]
         await until(lambda: not client.outbox, 5, "every row acknowledged")
-        assert [type(m) for m in control.received] == [AttemptStarted, AttemptFinished]  # in order
+        # it ended before its start left (the lazy window): reported once, by its finished row
+        assert [type(m) for m in control.received] == [AttemptFinished]
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_2"))
+        await until(lambda: len(control.received) == 2, 5, "the start of a longer attempt")
+        client.finished(row(2))
+        await until(lambda: not client.outbox, 5, "every row acknowledged")
+        assert [type(m) for m in control.received] == [AttemptFinished, AttemptStarted, AttemptFinished]
     finally:
         client.stop()
         task.cancel()
@@ -177,6 +183,14 @@ async def test_frames_of_one_iteration_leave_in_one_write_and_lazy_ones_wait(soc
         await until(lambda: len(got) == 7, 5, "seven frames")
         assert counting.writes == 3
         assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in (0, 1, 2, 10, 11, 20, 21)]
+
+        conn.send_withdrawable("att_30", AttemptStarted(row=row(30)))
+        conn.send_withdrawable("att_31", AttemptStarted(row=row(31)))
+        assert conn.withdraw("att_30") and not conn.withdraw("att_30")
+        conn.send_nowait(AttemptStarted(row=row(32)), lazy=True)
+        await until(lambda: len(got) == 9, 5, "nine frames")
+        assert not conn.withdraw("att_31")  # it left: too late to take back
+        assert [m.row.attempt_id for m in got[7:]] == ["att_31", "att_32"]  # in order, 30 withdrawn
     finally:
         conn.close()
         server.close()
