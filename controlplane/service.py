@@ -30,12 +30,13 @@ from shared.clock import iso_ms, now_ms
 from shared.codes import AttemptStatus, Binding, EndReason, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
-from shared.rpc import Connection
+from shared.rpc import Connection, acks_by_connection
 from shared.settings import Settings
 from shared.tokens import new_token
 from shared.wire import (
     AccountRoute,
     Ack,
+    Acks,
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
@@ -268,9 +269,10 @@ class ControlService:
                     await hook(rows)
                 except Exception:
                     log.exception("settle_hook_failed")
-            for conn, req_id in unacked:
-                try:
-                    conn.send_nowait(Ack(req_id=req_id, ok=ok))
+            for conn, req_ids in acks_by_connection(unacked).items():
+                try:  # one frame per connection for the whole settle (issue 27)
+                    conn.send_nowait(Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1
+                                     else Acks(req_ids=req_ids, ok=ok))
                 except ConnectionError:
                     pass  # the link went away: the data plane re-sends the row, deduplicated here
         finally:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from shared.logging import get_logger
-from shared.wire import Ack, Message
+from shared.wire import Ack, Acks, Message
 
 # A snapshot of every live lease is the largest frame; 32 MiB holds ~150k leases.
 FRAME_CAP = 32 * 1024 * 1024
@@ -243,6 +243,9 @@ class Connection:
                     offset = end
                     if isinstance(message, Ack):
                         on_ack(message)
+                    elif isinstance(message, Acks):
+                        for req_id in message.req_ids:
+                            on_ack(Ack(req_id=req_id, ok=message.ok))
                     else:
                         await handler(self, message)
                 if data is rest:
@@ -270,6 +273,18 @@ class Connection:
         for callback in callbacks.values():
             callback(None)
         self.writer.close()
+
+
+def acks_by_connection(unacked: list[tuple[Connection, int]]) -> dict[Connection, list[int]]:
+    """The request ids to acknowledge, per connection, in the order they came."""
+    grouped: dict[Connection, list[int]] = {}
+    for conn, req_id in unacked:
+        ids = grouped.get(conn)
+        if ids is None:
+            grouped[conn] = [req_id]
+        else:
+            ids.append(req_id)
+    return grouped
 
 
 # ---- socket security (SPEC §13) -------------------------------------------------------------

@@ -211,6 +211,14 @@ class Ack(_Msg, tag="ack", frozen=True):
     ok: bool = True
 
 
+class Acks(_Msg, tag="acks", frozen=True):
+    """Several `Ack`s with one `ok` in one frame: control acknowledges one settle's rows at once
+    (issue 27: one frame to encode and decode instead of one per row)."""
+
+    req_ids: list[int]
+    ok: bool = True
+
+
 class Ping(_Msg, tag="ping", frozen=True):
     req_id: int
 
@@ -224,5 +232,5 @@ class SocketsOpen(_Msg, tag="sockets_open", frozen=True):
 
 Message = (
     Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
-    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen
+    | AttemptStarted | AttemptFinished | Ack | Acks | Ping | LeaseGates | SocketsOpen
 )
