@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
