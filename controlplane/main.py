@@ -62,6 +62,7 @@ from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
 from controlplane.traces import TraceCollector, Traces
 from shared.clock import now_ms
+from shared.heap import settle_heap
 from shared.logging import configure_logging, get_logger
 from shared.private import private_dir
 from shared.rpc import start_unix_server
@@ -317,6 +318,7 @@ async def serve(control: Control) -> None:
     log.info("control_started", listen=f"{settings.control_host}:{settings.control_port}",
              rpc_socket=settings.rpc_socket, state_dir=settings.state_dir,
              accounts=[a.id for a in service.registry.accounts])
+    settle_heap()  # start-up's objects never scanned again by the collector (issue 27)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,6 +16,15 @@ from shared.wire import AttemptRow, ConnectionCounts, LoopReport
 RING_SIZE = 200
 
 
+def as_started(row: AttemptRow) -> AttemptRow:
+    """A terminal row as its start was (what the data plane announces before the upstream
+    answers): for the `route.started` event of an attempt reported once, by its finished row."""
+    return msgspec.structs.replace(
+        row, served_model=None, finished_at=None, status=None, http_status=None, condition=None,
+        refusal_reason=None, usage=None, cost_usd=None, cost_reason=None, overhead_ms=None,
+        retry_after_s=None, bytes_out=0, duration_ms=None, rate_limits=None, first_byte_ms=None)
+
+
 class RouteBook:
     def __init__(self, ring_size: int = RING_SIZE) -> None:
         self.active: dict[str, AttemptRow] = {}

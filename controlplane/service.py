@@ -24,7 +24,7 @@ from controlplane.grants import Grants, Minted
 from controlplane.ports import BudgetPort, Configured, RowSink, SettleHook
 from controlplane.registry import Registry
 from controlplane.replication import DataPlaneLink
-from controlplane.routebook import RouteBook
+from controlplane.routebook import RouteBook, as_started
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.capacity import CapacityStore
@@ -32,12 +32,13 @@ from shared.clock import iso_ms, now_ms
 from shared.codes import AttemptStatus, Binding, EndReason, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
-from shared.rpc import Connection
+from shared.rpc import Connection, acks_by_connection
 from shared.settings import Settings
 from shared.tokens import new_token
 from shared.wire import (
     AccountRoute,
     Ack,
+    Acks,
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
@@ -245,9 +246,10 @@ class ControlService:
                     await hook(rows)
                 except Exception:
                     log.exception("settle_hook_failed")
-            for conn, req_id in unacked:
-                try:
-                    conn.send_nowait(Ack(req_id=req_id, ok=ok))
+            for conn, req_ids in acks_by_connection(unacked).items():
+                try:  # one frame per connection for the whole settle (issue 27)
+                    conn.send_nowait(Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1
+                                     else Acks(req_ids=req_ids, ok=ok))
                 except ConnectionError:
                     pass  # the link went away: the data plane re-sends the row, deduplicated here
         finally:
@@ -266,7 +268,11 @@ class ControlService:
     def _finished(self, conn: Connection, message: AttemptFinished) -> None:
         """A terminal row from the data plane; its `Ack` is sent by the settle after the write."""
         self._unacked.append((conn, message.req_id))
-        self.record(message.row)
+        row = message.row
+        if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
+            # reported once (the data plane withdrew its start, issue 27): the feed still has both
+            self.events.publish(EventKind.ROUTE_STARTED, as_started(row))
+        self.record(row)
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():

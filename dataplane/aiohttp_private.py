@@ -14,7 +14,7 @@ private attributes below.
   `web.Server`'s `_loop` and `_kwargs`, so aiohttp's own error answers take the wire's shape.
 - `BoundedRequestHandler` holds SPEC §19's connection bounds aiohttp has no knob for (the request
   head's deadline, the connection cap) on `RequestHandler`'s `_manager`, `_force_close`,
-  `_request_in_progress`, `_messages`, `_loop` and `_handle_request`.
+  `_request_in_progress`, `_messages` and `_loop`.
 - `HeadersWithBody` sets `StreamResponse._send_headers_immediately` off, so a length-delimited
   answer's headers leave with its first body chunk (aiohttp's `Response` does the same).
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
@@ -75,11 +74,15 @@ class BoundedRequestHandler(web.RequestHandler):
     """aiohttp's connection handler under the server's `bounds` (a `ConnectionBounds` set on the
     `web.Server`): beyond the cap a connection gets `bounds.answer()` and is closed before any
     request is read; a request head not complete `header_timeout_s` after the connection opened,
-    or after the first byte of a later head, closes the connection (slowloris). The head timer
-    is disarmed when aiohttp starts handling the request (`_handle_request`)."""
+    or after the first byte of a later head, closes the connection (slowloris).
+
+    The head's clock costs no timer per request (issue 27): a head that begins notes its start
+    (`_head_since`) and the parse that completes it clears it; one timer per connection, armed
+    only when none is pending, checks at the deadline and re-arms for a head begun since."""
 
     _bounds: ConnectionBounds | None = None
     _head_timer: asyncio.TimerHandle | None = None
+    _head_since: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         bounds: ConnectionBounds | None = getattr(self._manager, "bounds", None)
@@ -94,40 +97,42 @@ class BoundedRequestHandler(web.RequestHandler):
         if bounds is not None:
             bounds.open += 1
             self._bounds = bounds
-            self._arm_head()
+            self._head_begins()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._bounds is not None:
             self._bounds.open -= 1
             self._bounds = None
-        self._disarm_head()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and not self._request_in_progress and self._bounds is not None:
-            self._arm_head()  # the first byte of a new request head
-        super().data_received(data)
-
-    async def _handle_request(self, request: web.BaseRequest, start_time: float | None,
-                              request_handler: Any) -> Any:
-        self._disarm_head()
-        return await super()._handle_request(request, start_time, request_handler)
-
-    def _arm_head(self) -> None:
-        assert self._bounds is not None
-        self._head_timer = self._loop.call_later(self._bounds.header_timeout_s, self._head_expired)
-
-    def _disarm_head(self) -> None:
+        self._head_since = None
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+        super().connection_lost(exc)
 
-    def _head_expired(self) -> None:
+    def data_received(self, data: bytes) -> None:
+        if self._head_since is None and not self._request_in_progress and self._bounds is not None:
+            self._head_begins()  # the first byte of a new request head
+        super().data_received(data)
+        if self._messages:  # the head is complete: aiohttp handles the request next
+            self._head_since = None
+
+    def _head_begins(self) -> None:
+        assert self._bounds is not None
+        self._head_since = now = self._loop.time()
+        if self._head_timer is None:
+            self._head_timer = self._loop.call_at(now + self._bounds.header_timeout_s, self._head_check)
+
+    def _head_check(self) -> None:
         self._head_timer = None
-        if self._request_in_progress or self._messages or self.transport is None:
+        since, bounds = self._head_since, self._bounds
+        if since is None or bounds is None or self.transport is None:
+            return  # no head pending: the next one arms the timer again
+        deadline = since + bounds.header_timeout_s
+        if self._loop.time() < deadline - 0.002:  # a later head began: check at its deadline
+            self._head_timer = self._loop.call_at(deadline, self._head_check)
             return
-        if self._bounds is not None:
-            self._bounds.head_timeouts += 1
+        if self._request_in_progress or self._messages:
+            return
+        bounds.head_timeouts += 1
         self.force_close()
         self.transport.close()
-

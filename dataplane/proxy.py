@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from dataplane.attempt import Attempt
-from dataplane.bodies import OFF_LOOP_BYTES, BodyRefused, coding_of, decode_body, peek_body
+from dataplane.bodies import (
+    OFF_LOOP_BYTES,
+    BodyRefused,
+    coding_of,
+    decode_body,
+    peek_body,
+    strict_peek,
+)
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import refusal_response, refuse
@@ -223,10 +230,11 @@ class Proxy:
         """The body's model as the upstream reads it (SPEC §19), held to the lease's account
         (§12); the body to send upstream: as it came, or decoded with `include_usage` set on a
         chat stream that did not ask for usage; or the refusal."""
-        try:
-            decoded = await decode_body(body, coding_of(request.headers.getall("Content-Encoding", [])),
-                                        self.settings.max_body_bytes)
-            peek = await peek_body(decoded)
+        try:  # a plain body of the usual size is read with no coroutine between (issue 27)
+            coding = "" if "Content-Encoding" not in request.headers else coding_of(
+                request.headers.getall("Content-Encoding"))
+            decoded = await decode_body(body, coding, self.settings.max_body_bytes) if coding else body
+            peek = strict_peek(decoded) if len(decoded) < OFF_LOOP_BYTES else await peek_body(decoded)
         except BodyRefused as refused:
             return refuse(attempt, refused.code, refused.message)
         attempt.requested_model = peek.model

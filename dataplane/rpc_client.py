@@ -174,8 +174,8 @@ class ControlLink:
         self.in_flight[row.attempt_id] = row
         conn = self.conn
         if conn is not None and self.synced.is_set():
-            try:
-                conn.send_nowait(AttemptStarted(row=row), lazy=True)
+            try:  # withdrawn if the attempt ends before it leaves: one report (`finished`)
+                conn.send_withdrawable(row.attempt_id, AttemptStarted(row=row))
             except ConnectionError:
                 pass
 
@@ -217,7 +217,8 @@ class ControlLink:
         either way until acknowledged.
         """
         attempt_id = row.attempt_id
-        self.in_flight.pop(attempt_id, None)
+        if self.in_flight.pop(attempt_id, None) is not None and self.conn is not None:
+            self.conn.withdraw(attempt_id)  # control learns of it from this row alone
         self.outbox[attempt_id] = row
         while len(self.outbox) > OUTBOX_CAP:
             dropped, _ = self.outbox.popitem(last=False)

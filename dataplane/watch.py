@@ -53,18 +53,16 @@ class ExchangeWatch:
         self.writing_since: float | None = None
         self.on_stall: Callable[[], None] | None = None
         self.expired = False
-        self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s),
+        # Armed once, at the earliest any bound could run out (the stall's too, so `body` need
+        # not re-arm it: one `call_at` and one cancel per short exchange, issue 27).
+        self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s, stall_s),
                                                                self._check)
 
     def body(self, content: aiohttp.StreamReader, on_stall: Callable[[], None] | None = None) -> None:
         """The headers are in: from now on the watch guards the body's silences (and, with
-        `on_stall`, the worker's)."""
+        `on_stall`, the worker's). The timer already runs at the stall's pace (`__init__`)."""
         self.content = content
         self.on_stall = on_stall
-        if on_stall is not None and self.handle is not None:  # checks at the stall's pace now
-            self.handle.cancel()
-            self.handle = self.loop.call_at(self.loop.time() + min(self.stall_s, self.idle_s),
-                                            self._check)
 
     def timed_out(self) -> bool:
         """After a CancelledError in the headers phase: was it this watch's? (then uncancelled)"""
@@ -79,7 +77,9 @@ class ExchangeWatch:
                 self.expired = True
                 self.task.cancel()
                 return
-            self.handle = self.loop.call_at(self.headers_deadline, self._check)
+            # at the body's pace too: the body may begin before the headers deadline
+            self.handle = self.loop.call_at(min(self.headers_deadline, now + min(self.idle_s, self.stall_s)),
+                                            self._check)
             return
         since = self.reading_since
         if since is not None and now - since >= self.idle_s - self.SLACK_S:

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 
 from shared.logging import get_logger
-from shared.wire import Ack, Message
+from shared.wire import Ack, Acks, Message
 
 # A snapshot of every live lease is the largest frame; 32 MiB holds ~150k leases.
 FRAME_CAP = 32 * 1024 * 1024
@@ -113,7 +113,8 @@ class Connection:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Ack]] = {}
         self._callbacks: dict[int, Callable[[Ack | None], None]] = {}
-        self._out: list[bytes] = []
+        self._out: list[bytes | Message] = []            # a withdrawable frame stays unencoded
+        self._withdrawable: dict[str, int] = {}          # its key → its place in `_out`
         self._soon = False                               # a flush is due this iteration
         self._timer: asyncio.TimerHandle | None = None   # a flush is due for lazy frames
         self.closed = asyncio.Event()
@@ -126,7 +127,7 @@ class Connection:
         body = await self.reader.readexactly(check_length(header))
         return decode_body(body)
 
-    def send_nowait(self, message: Message, *, lazy: bool = False) -> None:
+    def send_nowait(self, message: Message, *, lazy: bool = False, encoded: bool = True) -> None:
         """Queue one frame; it is written with the others of this loop iteration.
 
         A `lazy` frame (a report nobody waits for) may wait up to `LAZY_FLUSH_S` for company:
@@ -136,7 +137,7 @@ class Connection:
         """
         if self.closed.is_set() or self.writer.is_closing():
             raise ConnectionError("rpc connection closed")
-        self._out.append(encode_frame(message))
+        self._out.append(encode_frame(message) if encoded else message)
         if self._soon:
             return
         loop = asyncio.get_running_loop()
@@ -145,6 +146,21 @@ class Connection:
             loop.call_soon(self.flush)
         elif self._timer is None:
             self._timer = loop.call_later(LAZY_FLUSH_S, self.flush)
+
+    def send_withdrawable(self, key: str, message: Message) -> None:
+        """Queue a lazy frame that `withdraw(key)` can still take back until it is flushed; it
+        is encoded only then (issue 27: an attempt that ends within the lazy window is reported
+        once, by its finished row, instead of started + finished)."""
+        self.send_nowait(message, lazy=True, encoded=False)
+        self._withdrawable[key] = len(self._out) - 1
+
+    def withdraw(self, key: str) -> bool:
+        """Take back the unflushed frame queued under `key`; False when it already left."""
+        at = self._withdrawable.pop(key, None)
+        if at is None:
+            return False
+        self._out[at] = b""
+        return True
 
     def flush(self) -> None:
         """Write every queued frame now, in one `write`."""
@@ -156,9 +172,12 @@ class Connection:
         if not out:
             return
         self._out = []
+        if self._withdrawable:
+            self._withdrawable.clear()
+            out = [frame if isinstance(frame, bytes) else encode_frame(frame) for frame in out]
         if self.writer.is_closing():
             return
-        self.writer.write(out[0] if len(out) == 1 else b"".join(out))
+        self.writer.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[arg-type]
 
     async def send(self, message: Message) -> None:
         self.send_nowait(message)
@@ -224,6 +243,9 @@ class Connection:
                     offset = end
                     if isinstance(message, Ack):
                         on_ack(message)
+                    elif isinstance(message, Acks):
+                        for req_id in message.req_ids:
+                            on_ack(Ack(req_id=req_id, ok=message.ok))
                     else:
                         await handler(self, message)
                 if data is rest:
@@ -251,6 +273,18 @@ class Connection:
         for callback in callbacks.values():
             callback(None)
         self.writer.close()
+
+
+def acks_by_connection(unacked: list[tuple[Connection, int]]) -> dict[Connection, list[int]]:
+    """The request ids to acknowledge, per connection, in the order they came."""
+    grouped: dict[Connection, list[int]] = {}
+    for conn, req_id in unacked:
+        ids = grouped.get(conn)
+        if ids is None:
+            grouped[conn] = [req_id]
+        else:
+            ids.append(req_id)
+    return grouped
 
 
 # ---- socket security (SPEC §13) -------------------------------------------------------------

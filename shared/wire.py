@@ -12,7 +12,9 @@ from __future__ import annotations
 import msgspec
 
 # 2: `LeaseGates` (budgets, SPEC §18), which a version-1 data plane could not decode.
-PROTOCOL_VERSION = 2
+# 3: `SocketsOpen`, `ConnectionCounts`, `FleetLoops`, `Acks`, and a finished attempt whose start
+#    was withdrawn (never sent): a version-2 peer could not decode or would misread them.
+PROTOCOL_VERSION = 3
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", omit_defaults=True):
@@ -211,6 +213,14 @@ class Ack(_Msg, tag="ack", frozen=True):
     ok: bool = True
 
 
+class Acks(_Msg, tag="acks", frozen=True):
+    """Several `Ack`s with one `ok` in one frame: control acknowledges one settle's rows at once
+    (issue 27: one frame to encode and decode instead of one per row)."""
+
+    req_ids: list[int]
+    ok: bool = True
+
+
 class Ping(_Msg, tag="ping", frozen=True):
     req_id: int
 
@@ -248,5 +258,6 @@ class FleetLoops(_Msg, tag="fleet_loops", frozen=True):
 
 Message = (
     Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
-    | AttemptStarted | AttemptFinished | Ack | Ping | LeaseGates | SocketsOpen | ConnectionCounts | FleetLoops
+    | AttemptStarted | AttemptFinished | Ack | Acks | Ping | LeaseGates | SocketsOpen | ConnectionCounts
+    | FleetLoops
 )

@@ -14,7 +14,7 @@ from controlplane.main import Control
 from controlplane.routebook import RouteView
 from controlplane.service import ControlService
 from shared.codes import CostReason
-from shared.wire import Ack, AttemptFinished, AttemptRow, AttemptStarted, Usage
+from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
 from tests.support.control import make_control
 
 
@@ -38,16 +38,22 @@ def _row(n: int, **changes: object) -> AttemptRow:
 
 
 class _Conn:
-    """Records each Ack with the ledger's lines as they were when the Ack was sent."""
+    """Records each Ack (an `Acks` frame as the Acks it carries) with the ledger's lines as they
+    were when it was sent; counts the frames."""
 
     def __init__(self, ledger_path: Path) -> None:
         self.ledger_path = ledger_path
         self.acks: list[tuple[Ack, set[str]]] = []
+        self.frames = 0
 
-    def send_nowait(self, message: Ack, lazy: bool = False) -> None:
+    def send_nowait(self, message: Ack | Acks, lazy: bool = False) -> None:
         on_disk = {msgspec.json.decode(line)["attempt_id"]
                    for line in self.ledger_path.read_bytes().splitlines()}
-        self.acks.append((message, on_disk))
+        self.frames += 1
+        if isinstance(message, Acks):
+            self.acks.extend((Ack(req_id=rid, ok=message.ok), on_disk) for rid in message.req_ids)
+        else:
+            self.acks.append((message, on_disk))
 
 
 async def test_rows_of_one_read_are_acknowledged_only_once_written(tmp_path: Path) -> None:
@@ -59,6 +65,7 @@ async def test_rows_of_one_read_are_acknowledged_only_once_written(tmp_path: Pat
     assert (tmp_path / "ledger.jsonl").read_bytes() == b""
     await asyncio.sleep(0)
     assert [ack.req_id for ack, _ in conn.acks] == list(range(8))
+    assert conn.frames == 1  # one Acks frame for the whole read (issue 27)
     for ack, on_disk in conn.acks:
         assert ack.ok and f"att_{ack.req_id:04d}" in on_disk
     # A re-sent row (after a reconnect) is acknowledged again and written once.

@@ -14,7 +14,7 @@ from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import LAZY_FLUSH_S, Connection, start_unix_server
-from shared.wire import AccountRoute, Ack, AttemptFinished, AttemptRow, AttemptStarted, Message
+from shared.wire import AccountRoute, Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Message
 from tests.support.waits import until
 
 ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
@@ -72,11 +72,17 @@ async def linked(socket_path: str) -> tuple[Control, ControlLink, asyncio.Task[N
 async def test_a_2xx_row_is_sent_without_waiting_and_leaves_the_outbox_on_its_ack(socket_path: str) -> None:
     control, client, task = await linked(socket_path)
     try:
-        client.started(ROW)
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_1"))
         assert client.finished(row(1)) is None  # nothing to wait on
         assert list(client.outbox) == ["att_1"]
         await until(lambda: not client.outbox, 5, "every row acknowledged")
-        assert [type(m) for m in control.received] == [AttemptStarted, AttemptFinished]  # in order
+        # it ended before its start left (the lazy window): reported once, by its finished row
+        assert [type(m) for m in control.received] == [AttemptFinished]
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_2"))
+        await until(lambda: len(control.received) == 2, 5, "the start of a longer attempt")
+        client.finished(row(2))
+        await until(lambda: not client.outbox, 5, "every row acknowledged")
+        assert [type(m) for m in control.received] == [AttemptFinished, AttemptStarted, AttemptFinished]
     finally:
         client.stop()
         task.cancel()
@@ -177,6 +183,43 @@ async def test_frames_of_one_iteration_leave_in_one_write_and_lazy_ones_wait(soc
         await until(lambda: len(got) == 7, 5, "seven frames")
         assert counting.writes == 3
         assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in (0, 1, 2, 10, 11, 20, 21)]
+
+        conn.send_withdrawable("att_30", AttemptStarted(row=row(30)))
+        conn.send_withdrawable("att_31", AttemptStarted(row=row(31)))
+        assert conn.withdraw("att_30") and not conn.withdraw("att_30")
+        conn.send_nowait(AttemptStarted(row=row(32)), lazy=True)
+        await until(lambda: len(got) == 9, 5, "nine frames")
+        assert not conn.withdraw("att_31")  # it left: too late to take back
+        assert [m.row.attempt_id for m in got[7:]] == ["att_31", "att_32"]  # in order, 30 withdrawn
     finally:
         conn.close()
+        server.close()
+
+
+async def test_one_acks_frame_acknowledges_a_settles_rows(socket_path: str) -> None:
+    """Control acknowledges one settle's rows in one `Acks` frame; each row's callback gets its
+    own `Ack` with the frame's `ok`."""
+    seen: list[int] = []
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def handler(conn: Connection, message: Message) -> None:
+            assert isinstance(message, AttemptFinished)
+            seen.append(message.req_id)
+            if len(seen) == 3:
+                conn.send_nowait(Acks(req_ids=list(seen), ok=False))
+        await Connection(reader, writer, "peer").run(handler)
+
+    server = await start_unix_server(socket_path, on_client)
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    conn = Connection(reader, writer, "test")
+    reading = asyncio.create_task(conn.run(lambda _c, _m: asyncio.sleep(0)))
+    acks: list[Ack | None] = []
+    try:
+        for n in range(3):
+            conn.post(lambda rid, n=n: AttemptFinished(req_id=rid, row=row(n)), acks.append)
+        await until(lambda: len(acks) == 3, 5, "three acks from one frame")
+        assert [(a.req_id, a.ok) for a in acks if a is not None] == [(rid, False) for rid in seen]
+    finally:
+        conn.close()
+        reading.cancel()
         server.close()

@@ -129,3 +129,21 @@ async def test_a_read_as_long_as_the_stall_bound_is_no_stall() -> None:
     await done
     assert stalls == [] and content.exception() is None
     watch.stop()
+
+
+async def test_a_body_that_begins_after_a_headers_phase_check_is_still_guarded() -> None:
+    """The timer is armed once for every bound (no re-arm when the body begins): a check that
+    falls in the headers phase re-arms at the body's pace, so a stall that starts later is
+    still caught at about the bound, not at the (far) headers deadline."""
+    loop = asyncio.get_running_loop()
+    watch = ExchangeWatch(loop, headers_s=600, idle_s=600, stall_s=0.1)
+    wait = loop.create_future()
+    loop.call_later(0.25, wait.set_result, None)  # two or more checks in the headers phase
+    await wait
+    stalled = loop.create_future()
+    watch.body(stream(), lambda: stalled.set_result(loop.time()))
+    watch.reading_since = None
+    watch.writing_since = started = loop.time()
+    at = await asyncio.wait_for(stalled, 5)
+    assert 0.09 <= at - started < 2
+    watch.stop()

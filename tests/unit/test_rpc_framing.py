@@ -116,3 +116,11 @@ def test_a_row_carries_its_trace_context_and_a_row_without_decodes() -> None:
     assert split_frames(encode_frame(message)) == ([message], b"")
     golden_row = split_frames(GOLDEN.read_bytes())[0][-1].row
     assert golden_row.traceparent is None and golden_row.tracestate is None
+
+
+def test_acks_are_grouped_per_connection_in_order() -> None:
+    from shared.rpc import acks_by_connection
+
+    a, b = object(), object()
+    grouped = acks_by_connection([(a, 1), (b, 2), (a, 3), (a, 4)])  # type: ignore[list-item]
+    assert grouped == {a: [1, 3, 4], b: [2]}
