@@ -182,30 +182,24 @@ class ControlLink:
     def sockets(self, counts: dict[str, int]) -> None:
         """The open sockets per account changed: control's accounts view hears it (lazily)."""
         self.sockets_open = counts
-        conn = self.conn
-        if conn is not None and self.synced.is_set():
-            try:
-                conn.send_nowait(SocketsOpen(counts=dict(counts)), lazy=True)
-            except ConnectionError:
-                pass
+        self._tell(SocketsOpen(counts=dict(counts)))
 
     def connections(self, refused: int, head_timeouts: int) -> None:
         """SPEC §19's connection counters changed: control's `/metrics` hears them (lazily)."""
         self.connection_counts = ConnectionCounts(refused=refused, head_timeouts=head_timeouts)
-        conn = self.conn
-        if conn is not None and self.synced.is_set():
-            try:
-                conn.send_nowait(self.connection_counts, lazy=True)
-            except ConnectionError:
-                pass
+        self._tell(self.connection_counts)
 
     def loops(self, reports: list[LoopReport]) -> None:
         """Fleet mode: this data plane's Redis loops changed; control's fleet view hears it."""
         self.fleet_loops = reports
+        self._tell(FleetLoops(loops=list(reports)))
+
+    def _tell(self, message: Message) -> None:
+        """A state report, sent lazily when synced; otherwise the next resync sends the latest."""
         conn = self.conn
         if conn is not None and self.synced.is_set():
             try:
-                conn.send_nowait(FleetLoops(loops=list(reports)), lazy=True)
+                conn.send_nowait(message, lazy=True)
             except ConnectionError:
                 pass
 
