@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -88,6 +89,7 @@ class Proc:
         self.argv = argv
         self.log_path = log_path
         self._log = open(log_path, "ab")
+        self._log_start = os.path.getsize(log_path)  # an earlier process's output is not its own
         self.popen = subprocess.Popen(argv, env=env, cwd=str(REPO), stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True,
                                       preexec_fn=default_signals)
@@ -117,6 +119,15 @@ class Proc:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+    def tail(self, size: int = 16384) -> bytes:
+        """The last `size` bytes of this process's output (a cheap probe while it ends)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - size))
+                return f.read()
+        except OSError:
+            return b""
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -320,12 +331,21 @@ def start_all(gateways: list[Gateway]) -> None:
         gw.wait_synchronised()
 
 
-def stop_all(gateways: list[Gateway]) -> None:
+DATAPLANE_DONE = b'"event":"dataplane_stopped"'   # its last rows acknowledged, its link closed
+
+
+def stop_all(gateways: list[Gateway], timeout_s: float = 15.0) -> None:
     """Stop several gateways at once: every data plane first (its last rows reach its control),
-    then every control; the processes of one stage end side by side, not one after another."""
-    for stage in ([gw.dataplane for gw in gateways], [gw.control for gw in gateways]):
-        procs = [proc for proc in stage if proc is not None]
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.stop()
+    then every control. A control is signalled once its data plane has exited or said it
+    stopped (rows flushed, link closed): the data plane's interpreter exit overlaps control's."""
+    planes = [gw.dataplane for gw in gateways if gw.dataplane is not None]
+    controls = [gw.control for gw in gateways if gw.control is not None]
+    for proc in planes:
+        proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    while any(p.alive and DATAPLANE_DONE not in p.tail() for p in planes) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for proc in controls:
+        proc.terminate()
+    for proc in planes + controls:
+        proc.stop()
