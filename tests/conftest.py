@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.fleet import Fleet
-from tests.support.harness import Gateway, Stub, credential_like
+from tests.support.harness import Gateway, Stub, credential_like, stop_all
 from tests.support.redis_server import RedisServer
 
 
@@ -44,8 +44,7 @@ def make_gateway(tmp_path: Path, stub: Stub) -> Iterator:
         return gw
 
     yield make
-    for gw in made:
-        gw.stop()
+    stop_all(made)
 
 
 @pytest.fixture(scope="session")

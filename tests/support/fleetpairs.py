@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.fleet import fleet_secret_file
-from tests.support.harness import Gateway, Stub, credential_like, http
+from tests.support.harness import Gateway, Stub, credential_like, http, start_all, stop_all
 from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
 
@@ -78,14 +78,12 @@ class FleetPairs:
         return self.pairs[index]
 
     def start(self) -> FleetPairs:
-        for gw in self.pairs:
-            gw.start()
+        start_all(self.pairs)  # side by side, as a fleet's hosts start
         self.wait_hosts_live(len(self.pairs))
         return self
 
     def stop(self) -> None:
-        for gw in self.pairs:
-            gw.stop()
+        stop_all(self.pairs)
 
     def wait_hosts_live(self, count: int, timeout_s: float = 15, among: list[Gateway] | None = None) -> None:
         for gw in among or self.pairs:

@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -88,17 +89,26 @@ class Proc:
         self.argv = argv
         self.log_path = log_path
         self._log = open(log_path, "ab")
+        self._log_start = os.path.getsize(log_path)  # an earlier process's output is not its own
         self.popen = subprocess.Popen(argv, env=env, cwd=str(REPO), stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True,
                                       preexec_fn=default_signals)
+        self._terminated = False
 
     @property
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (several processes stopping at once); `stop` then waits."""
+        if self.alive and not self._terminated:
+            self.popen.send_signal(signal.SIGTERM)
+            self._terminated = True
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 15.0) -> int | None:
         if self.alive:
-            self.popen.send_signal(sig)
+            if not (sig == signal.SIGTERM and self._terminated):  # never a second SIGTERM
+                self.popen.send_signal(sig)
             try:
                 self.popen.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -109,6 +119,15 @@ class Proc:
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)
+
+    def tail(self, size: int = 16384) -> bytes:
+        """The last `size` bytes of this process's output (a cheap probe while it ends)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self._log_start, f.seek(0, os.SEEK_END) - size))
+                return f.read()
+        except OSError:
+            return b""
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -220,14 +239,23 @@ class Gateway:
     # ---- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> Gateway:
-        self.start_control()
+        """Both daemons at once, as systemd starts them (the data plane dials control's socket
+        until it opens): their start-ups overlap rather than add up."""
+        self.spawn_control()
         self.start_dataplane()
+        self.wait_control()
         self.wait_synchronised()
         return self
 
     def start_control(self) -> None:
+        self.spawn_control()
+        self.wait_control()
+
+    def spawn_control(self) -> None:
         self.control = Proc([sys.executable, "-m", "controlplane.main"], self.env,
                             self.workdir / "control.log")
+
+    def wait_control(self) -> None:
         wait_until(lambda: self.control.require_alive("control daemon") and self.healthz() is not None,
                    20, "control healthz")
 
@@ -252,9 +280,7 @@ class Gateway:
         return body if status == 200 else None
 
     def stop(self) -> None:
-        for proc in (self.dataplane, self.control):
-            if proc is not None:
-                proc.stop()
+        stop_all([self])
 
     def logs(self) -> str:
         return "".join(p.output() for p in (self.control, self.dataplane) if p is not None)
@@ -293,3 +319,33 @@ class Gateway:
     def wait_rows(self, count: int, timeout_s: float = 10) -> list[dict[str, Any]]:
         return wait_until(lambda: (rows := self.ledger()) and len(rows) >= count and rows,
                           timeout_s, f"{count} ledger rows")
+
+
+def start_all(gateways: list[Gateway]) -> None:
+    """Start several gateways at once (every daemon spawned first, then each waited for)."""
+    for gw in gateways:
+        gw.spawn_control()
+        gw.start_dataplane()
+    for gw in gateways:
+        gw.wait_control()
+        gw.wait_synchronised()
+
+
+DATAPLANE_DONE = b'"event":"dataplane_stopped"'   # its last rows acknowledged, its link closed
+
+
+def stop_all(gateways: list[Gateway], timeout_s: float = 15.0) -> None:
+    """Stop several gateways at once: every data plane first (its last rows reach its control),
+    then every control. A control is signalled once its data plane has exited or said it
+    stopped (rows flushed, link closed): the data plane's interpreter exit overlaps control's."""
+    planes = [gw.dataplane for gw in gateways if gw.dataplane is not None]
+    controls = [gw.control for gw in gateways if gw.control is not None]
+    for proc in planes:
+        proc.terminate()
+    deadline = time.monotonic() + timeout_s
+    while any(p.alive and DATAPLANE_DONE not in p.tail() for p in planes) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for proc in controls:
+        proc.terminate()
+    for proc in planes + controls:
+        proc.stop()
