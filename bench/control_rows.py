@@ -42,19 +42,20 @@ from shared.codes import Condition
 from shared.rpc import _HEADER, decode_body, encode_frame
 from shared.settings import load_settings
 from shared.tokens import new_ulid
-from shared.wire import AttemptFinished, AttemptRow, AttemptStarted, Usage
+from shared.wire import Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
 from tests.support.waits import wait_until
 
 
 class _Conn:
-    """Stands in for the RPC connection: counts what control would send back."""
+    """Stands in for the RPC connection: counts the rows control acknowledges (one `Ack` each, or
+    one `Acks` frame per settle for all of them)."""
 
     def __init__(self) -> None:
         self.sent = 0
 
     def send_nowait(self, message: object, lazy: bool = False) -> None:
-        del message, lazy
-        self.sent += 1
+        del lazy
+        self.sent += len(message.req_ids) if isinstance(message, Acks) else 1
 
 
 BUDGETS = [("team:widgets", {"repos": ["acme/widgets"], "budgets": [{"window": "day", "usd": 1e9}]}),
