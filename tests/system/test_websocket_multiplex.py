@@ -41,6 +41,18 @@ async def to_end(ws: aiohttp.ClientWebSocketResponse, log: list[str]) -> list[di
     return got
 
 
+async def steer(session: aiohttp.ClientSession, gw: Gateway, stub: Stub, token: str,
+                log: list[str]) -> tuple[aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]:
+    """Steering, as Codex does it: a create for `O_MODEL`, and while its response streams (two
+    events in) a create for `OTHER`, which makes the stub drop the first without a terminal."""
+    stub.script({"ws_drop_on_next": True, "holds": {"2": f"steer-{uuid.uuid4().hex[:8]}"}}, {"deltas": 4})
+    ws = await connect(session, gw.dataplane_url, token)
+    await ws.send_str(create(O_MODEL))
+    first = await read(ws, 2, log)
+    await ws.send_str(create(OTHER))
+    return ws, first
+
+
 def by_model(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     assert len({r["requested_model"] for r in rows}) == len(rows), rows
     return {r["requested_model"]: r for r in rows}
@@ -117,15 +129,10 @@ async def test_a_response_dropped_for_its_successor_still_ends_in_one_row(
     """Steering: a create sent while a response streams makes the upstream drop that response
     without a terminal event. The successor's row has its usage; the dropped one ends with a 200
     row without usage, so it counts as unpriced (SPEC §19), and both slots are released."""
-    tag = uuid.uuid4().hex[:8]
-    clean_stub.script({"ws_drop_on_next": True, "holds": {"2": f"d1-{tag}"}}, {"deltas": 4})
     minted = gateway.mint("openai")
     log: list[str] = []
     async with aiohttp.ClientSession() as session:
-        ws = await connect(session, gateway.dataplane_url, minted["token"])
-        await ws.send_str(create(O_MODEL))
-        first = await read(ws, 2, log)
-        await ws.send_str(create(OTHER))
+        ws, first = await steer(session, gateway, clean_stub, minted["token"], log)
         events = await until_terminal(ws)
         assert events[-1]["type"] == "response.completed" and events[-1]["response"]["model"] == OTHER
         rows = by_model(settled(gateway, minted["key_id"], 2))       # while the socket is open
@@ -150,15 +157,10 @@ async def test_a_dropped_response_is_unpriced_in_its_budget(make_gateway, clean_
         "name": "repo:acme/app", "expected_revision": gw.api("GET", "/control/v2/policy")[2]["revision"],
         "document": {"budgets": [{"window": "day", "usd": 100.0}]}, "reason": "budget"})
     assert status == 200, body
-    tag = uuid.uuid4().hex[:8]
-    clean_stub.script({"ws_drop_on_next": True, "holds": {"2": f"u1-{tag}"}}, {"deltas": 4})
     minted = gw.mint("openai")
     log: list[str] = []
     async with aiohttp.ClientSession() as session:
-        ws = await connect(session, gw.dataplane_url, minted["token"])
-        await ws.send_str(create(O_MODEL))
-        await read(ws, 2, log)
-        await ws.send_str(create(OTHER))
+        ws, _ = await steer(session, gw, clean_stub, minted["token"], log)
         assert (await to_end(ws, log))[-1]["type"] == "response.completed"
         await ws.close()
     rows = by_model(settled(gw, minted["key_id"], 2))
