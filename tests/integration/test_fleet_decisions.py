@@ -30,7 +30,7 @@ from shared.fleet.capacity import RedisCapacity
 from shared.fleet.keys import Ceiling
 from shared.wire import Lease
 from tests.support.fleet import Fleet
-from tests.support.fleethosts import FleetHosts, accounts, mint
+from tests.support.fleethosts import FleetHosts, fleet_world, mint
 from tests.support.redis_server import RedisServer
 from tests.support.waits import until
 
@@ -168,13 +168,8 @@ async def test_reregister_records_the_decisions_by_id_and_key(fleet: Fleet) -> N
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, FleetHosts]]:
-    server = RedisServer(tmp_path / "redis").start()
-    hosts = FleetHosts(tmp_path, server.url, "t", accounts({A: 2, B: None}))
-    try:
-        yield server, hosts
-    finally:
-        await hosts.stop_all()
-        server.stop()
+    async for opened in fleet_world(tmp_path, {A: 2, B: None}):
+        yield opened
 
 
 async def test_after_a_flush_the_decisions_are_back_before_the_host_registers(world) -> None:

@@ -17,7 +17,7 @@ from controlplane.http.fleet import fleet_payload
 from shared.clock import now_ms
 from shared.codes import FleetState, Refusal
 from shared.fleet.entries import EntryKind
-from tests.support.fleethosts import FleetHosts, accounts, mint
+from tests.support.fleethosts import FleetHosts, fleet_world, mint
 from tests.support.redis_server import RedisServer
 from tests.support.waits import until
 
@@ -26,13 +26,8 @@ A, B = "acct-a", "acct-b"
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, FleetHosts]]:
-    server = RedisServer(tmp_path / "redis").start()
-    hosts = FleetHosts(tmp_path, server.url, "t", accounts({A: 2, B: None}))
-    try:
-        yield server, hosts
-    finally:
-        await hosts.stop_all()
-        server.stop()
+    async for opened in fleet_world(tmp_path, {A: 2, B: None}):
+        yield opened
 
 
 async def test_a_loop_that_keeps_failing_holds_the_mints_until_it_runs_again(world) -> None:

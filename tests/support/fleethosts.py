@@ -9,6 +9,7 @@ as a SIGTERM would. The mint, revoke and expiry paths are the daemon's own (`Min
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from controlplane.registry import AccountSpec, Registry
 from shared.codes import AuthStyle, Binding
 from tests.support.control import close_control, make_control
 from tests.support.fleet import fleet_secret_file
+from tests.support.redis_server import RedisServer
 
 MODEL = "m-1"
 
@@ -87,3 +89,15 @@ class FleetHosts:
 async def mint(control: Control, dispatch: str, **fields: Any) -> MintAnswer:
     return await control.desk.mint_v2(MintV2(dispatch_id=dispatch, repo_slug="acme/app", principal_kind="worker",
                                              principal_id="p", model=MODEL, **fields))
+
+
+async def fleet_world(tmp_path: Path, ceilings: dict[str, int | None]) -> AsyncIterator[tuple[RedisServer, FleetHosts]]:
+    """A real redis-server and the hosts a test adds over it (fleet id `t`), every host stopped
+    and the server stopped afterwards: the body of a test module's `world` fixture."""
+    server = RedisServer(tmp_path / "redis").start()
+    hosts = FleetHosts(tmp_path, server.url, "t", accounts(ceilings))
+    try:
+        yield server, hosts
+    finally:
+        await hosts.stop_all()
+        server.stop()
