@@ -30,6 +30,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Ports for the daemons are picked in [PORT_FLOOR, the ephemeral range's start).
 PORT_FLOOR = 20000
 PORT_TRIES = 64
+# Ports already handed out by this process: a gateway picks its two ports before either daemon
+# binds, so both can find the same port free and the second daemon then exits EADDRINUSE.
+_HANDED: set[int] = set()
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -48,16 +51,23 @@ def free_port() -> int:
     ephemeral range (bind to 0) can be the local port of any outgoing connection meanwhile —
     and such a connection closed first leaves a TIME_WAIT that refuses the daemon's bind for a
     minute (EADDRINUSE, SO_REUSEADDR or not) — so the daemon would exit at once; below that
-    range only another explicit bind competes, and the port is checked free here.
+    range only another explicit bind competes, and the port is checked free here. A port is
+    handed out once per process: two picks before either bind (a gateway's two daemons, started
+    at once) never get the same port.
     """
     low, _high = ephemeral_range()
+    if len(_HANDED) > (low - PORT_FLOOR) // 2:  # a very long session: old ports are long closed
+        _HANDED.clear()
     for _ in range(PORT_TRIES if low - PORT_FLOOR > 1000 else 0):
         port = random.randrange(PORT_FLOOR, low)
+        if port in _HANDED:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED.add(port)
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # an unusual range: the kernel's
         sock.bind(("127.0.0.1", 0))
