@@ -153,8 +153,8 @@ class MintDesk(DispatchKeys, FactDesk):
             raise
         self._log(decision)
         minted = await self.granter.grant(lease, account, token)
-        return MintAnswer(201, selected_body(decision, lease, token, minted.base_url,  # type: ignore[attr-defined]
-                                             verdict.skipped))
+        base_url: str = minted.base_url  # type: ignore[attr-defined]
+        return MintAnswer(201, selected_body(decision, lease, token, base_url, verdict.skipped))
 
     def _lease(self, body: MintV2, base: Decision, verdict: MintVerdict, account_id: str, key_id: str,
                digest: bytes, hop_on: tuple[str, ...], facts: MintFacts | None) -> Lease:

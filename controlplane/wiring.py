@@ -29,7 +29,7 @@ from controlplane.headroom import HeadroomBook
 from controlplane.hops import Hopper
 from controlplane.metrics import GatewayMetrics
 from controlplane.mint import MintDesk
-from controlplane.ports import ControlReads, RowSink
+from controlplane.ports import Configured, ControlReads, RowSink
 from controlplane.registry import Registry, is_configured
 from controlplane.replication import DataPlaneLink
 from controlplane.routebook import RouteBook
@@ -108,21 +108,13 @@ def wire(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
     parts = _parts(settings, registry, keys, ledger, prices)
     books, circuits, link = parts.books, parts.circuits, parts.link
     configured = partial(is_configured, env=dict(os.environ if env is None else env))
-    reads = ControlReads(registry=registry, keys=keys, routes=parts.routes, evidence=parts.evidence,
-                         circuits=circuits, link=link, ledger=ledger, configured=configured)
-    traces = Traces.of(settings, registry)  # SPEC §21: the span of each recorded row, off the hot path
-    metrics = GatewayMetrics(reads, parts.events, circuits, parts.admin.state_of, spend=books.spend,
-                             budgets=books.budgets.watch,
-                             collectors=(books.headroom.gauges(), TraceCollector(traces)))
+    reads, metrics, traces = _read_side(settings, registry, keys, ledger, parts, configured)
     grants = Grants(settings, keys=keys, link=link, gate=books.budgets.gate,
                     lease_capacity=parts.shared.lease_capacity, decisions=parts.shared.decisions,
                     circuits=circuits)
     desk, hopper = _desk(settings, registry, keys, parts, grants, configured, metrics, traces)
-    service = ControlService(
-        settings, registry, keys, ledger, prices, routes=parts.routes, lease_capacity=parts.shared.lease_capacity,
-        circuits=circuits, decisions=parts.shared.decisions, evidence=parts.evidence, events=parts.events,
-        link=link, grants=grants, budgets=books.budgets, configured=configured,
-        row_sinks=_row_sinks(metrics, books, traces), settle_hooks=(hopper.after_rows,))
+    service = _service(settings, registry, keys, ledger, prices, parts, grants, configured,
+                       _row_sinks(metrics, books, traces), hopper)
     link.bind(service.snapshot, service.on_message, service.on_disconnect)  # the link serves the service
     fleet = None if parts.shared.fleet is None else _fleet_host(parts, settings, keys, registry, service)
     fleet_view: FleetSource = (EmbeddedFleet(settings.host_id, parts.account_ids, keys.count_by_account,
@@ -151,8 +143,22 @@ def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledge
                   routes=RouteBook(), evidence=EvidenceBook(now_ms()), books=books, account_ids=account_ids)
 
 
+def _read_side(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, parts: _Parts,
+               configured: Configured) -> tuple[ControlReads, GatewayMetrics, Traces | None]:
+    """What the read handlers and the metrics see of the daemon (its ports), the metrics over
+    them, and the traces (SPEC §21: the span of each recorded row, off the hot path)."""
+    reads = ControlReads(registry=registry, keys=keys, routes=parts.routes, evidence=parts.evidence,
+                         circuits=parts.circuits, link=parts.link, ledger=ledger, configured=configured)
+    traces = Traces.of(settings, registry)
+    books = parts.books
+    metrics = GatewayMetrics(reads, parts.events, parts.circuits, parts.admin.state_of, spend=books.spend,
+                             budgets=books.budgets.watch,
+                             collectors=(books.headroom.gauges(), TraceCollector(traces)))
+    return reads, metrics, traces
+
+
 def _desk(settings: Settings, registry: Registry, keys: KeyTable, parts: _Parts, grants: Grants,
-          configured: Callable[..., bool], metrics: GatewayMetrics,
+          configured: Configured, metrics: GatewayMetrics,
           traces: Traces | None) -> tuple[MintDesk, Hopper]:
     """The mint desk and its hopper, their decisions and hops heard by the metrics and traces."""
     desk = MintDesk(settings=settings, registry=registry, keys=keys, decisions=parts.shared.decisions,
@@ -163,6 +169,17 @@ def _desk(settings: Settings, registry: Registry, keys: KeyTable, parts: _Parts,
     hopper = Hopper(keys=keys, routes=parts.routes, desk=desk, rebind=grants.rebind, events=parts.events,
                     hop_listeners=(metrics.on_hop, *(() if traces is None else (traces.on_hop,))))
     return desk, hopper
+
+
+def _service(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable,
+             parts: _Parts, grants: Grants, configured: Configured, row_sinks: tuple[RowSink, ...],
+             hopper: Hopper) -> ControlService:
+    """The service over them all: its row sinks in the order they run, the hops after each settle."""
+    return ControlService(
+        settings, registry, keys, ledger, prices, routes=parts.routes, lease_capacity=parts.shared.lease_capacity,
+        circuits=parts.circuits, decisions=parts.shared.decisions, evidence=parts.evidence, events=parts.events,
+        link=parts.link, grants=grants, budgets=parts.books.budgets, configured=configured, row_sinks=row_sinks,
+        settle_hooks=(hopper.after_rows,))
 
 
 def _row_sinks(metrics: GatewayMetrics, books: Books, traces: Traces | None) -> tuple[RowSink, ...]:
