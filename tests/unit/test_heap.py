@@ -22,3 +22,22 @@ def test_settle_heap_freezes_and_spaces_collections() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_settle_heap_runs_no_collection() -> None:
+    """A collection here walks every object start-up built, on the path to ready (issue 27)."""
+    before = gc.get_threshold()
+    ran: list[int] = []
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            ran.append(info["generation"])
+
+    gc.callbacks.append(record)
+    try:
+        settle_heap()
+    finally:
+        gc.callbacks.remove(record)
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert ran == []
