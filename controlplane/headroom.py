@@ -18,10 +18,9 @@ Health stays evidence-based (`core.health`): headroom is its own fact, never evi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from prometheus_client.core import GaugeMetricFamily, Metric
 
 from controlplane.core.headroom import (
     Observation,
@@ -39,6 +38,9 @@ from controlplane.upkeep import every, while_app_runs
 from shared.clock import iso_ms, now_ms
 from shared.logging import get_logger
 from shared.wire import RATE_LIMIT_KINDS, AttemptRow
+
+if TYPE_CHECKING:  # prometheus-client is imported at the first scrape (controlplane/metrics.py)
+    from prometheus_client.core import Metric
 
 log = get_logger("control")
 
@@ -193,6 +195,8 @@ class HeadroomGauges:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         now = self.book.clock()
         remaining = GaugeMetricFamily(
             "leasehold_account_ratelimit_remaining",

@@ -19,16 +19,17 @@ process — tests — never share counters):
 Labels are account ids, wire, status, condition, state and code — each a closed vocabulary or
 the registry's own account ids; a value outside its vocabulary is counted as `other` rather than
 minting a new series (`row_labels`). Never a key id, principal, repo or anything secret.
+
+prometheus-client itself (~1.2 MiB and ~30 modules with its `http.server` and `wsgiref`) is
+imported at the first scrape, not at start (issue 27): until then every instrument is plain
+numbers (`RowCounts`, `ChoiceCounts`) or computed at scrape time, and the registry is built when
+`/metrics` first asks for it (`registry`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
-
-from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import choose_encoder
 
 from controlplane.circuits import CircuitRegistry
 from controlplane.core.budgetwatch import BudgetWatch
@@ -40,8 +41,9 @@ from controlplane.rowcounts import CONDITIONS, REFUSAL_CODES, RowCollector, RowC
 from shared.clock import now_ms
 from shared.codes import AdminState, CircuitPhase
 
-if TYPE_CHECKING:
-    from prometheus_client.registry import Collector
+if TYPE_CHECKING:  # prometheus-client is imported at the first scrape (module docstring)
+    from prometheus_client.core import Metric
+    from prometheus_client.registry import Collector, CollectorRegistry
 
     from controlplane.decisions import Decision
 
@@ -72,30 +74,27 @@ class GatewayMetrics:
         self.circuit_phases: dict[str, CircuitPhase] = {}  # read by `refresh` before each scrape
         self.admin_state_of = admin_state_of
         self.accounts = frozenset(a.id for a in reads.registry.accounts)
-        # `*_created` series double every counter for no use a scraper of this daemon has; the
-        # switch is process-wide in the library, and this daemon is its only user.
-        disable_created_metrics()
-        self.registry = CollectorRegistry(auto_describe=True)
         self.rows = RowCounts(self.accounts)
-        self.registry.register(RowCollector(self.rows))
-        self.decisions = Counter(
-            "leasehold_mint_decisions",
-            "v2 mint decisions, by outcome and refusal code.",
-            ["outcome", "code"],
-            registry=self.registry,
-        )
-        self.hops = Counter(
-            "leasehold_dispatch_hops",
-            "Dispatch keys moved by the gateway, by condition.",
-            ["condition"],
-            registry=self.registry,
-        )
-        self.registry.register(_LiveCollector(self))
+        self.choices = ChoiceCounts()
+        # In the order the exposition lists them; registered when the registry is first built.
+        self.collectors: list[Collector] = [RowCollector(self.rows), self.choices, _LiveCollector(self)]
         if spend is not None and budgets is not None:
-            self.registry.register(_SpendCollector(spend, budgets, self.accounts))
-        for collector in collectors:
-            self.registry.register(collector)
+            self.collectors.append(_SpendCollector(spend, budgets, self.accounts))
+        self.collectors.extend(collectors)
+        self._registry: CollectorRegistry | None = None
         self._watched: list[Refreshed] = []
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The app's own registry (never the library's global one), built at the first scrape."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry(auto_describe=True)
+            for collector in self.collectors:
+                registry.register(collector)
+            self._registry = registry
+        return self._registry
 
     async def refresh(self) -> None:
         """Read what the scrape-time gauges need from the stores that may be remote."""
@@ -108,19 +107,56 @@ class GatewayMetrics:
 
     def watch(self, collector: Refreshed) -> None:
         """Add a collector whose `refresh` is awaited before each scrape (the fleet's gauges)."""
-        self.registry.register(collector)
+        self.collectors.append(collector)
+        if self._registry is not None:
+            self._registry.register(collector)
         self._watched.append(collector)
 
     def on_hop(self, hop: DispatchHop) -> None:
-        self.hops.labels(bounded(hop.condition, CONDITIONS)).inc()
+        self.choices.hop(bounded(hop.condition, CONDITIONS))
 
     def on_decision(self, decision: Decision) -> None:
         code = bounded(None if decision.refusal_reason is None else str(decision.refusal_reason), REFUSAL_CODES)
-        self.decisions.labels(str(decision.outcome), code).inc()
+        self.choices.decision(str(decision.outcome), code)
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
         encoder, content_type = choose_encoder(accept or "")
         return encoder(self.registry), content_type
+
+
+class ChoiceCounts:
+    """The mint's decisions and the gateway's dispatch hops, counted as plain numbers (each key
+    a tuple of bounded label values) and rendered as counters at scrape time."""
+
+    def __init__(self) -> None:
+        self.decisions: dict[tuple[str, str], int] = {}  # (outcome, code) → count
+        self.hops: dict[str, int] = {}  # condition → count
+
+    def decision(self, outcome: str, code: str) -> None:
+        self.decisions[outcome, code] = self.decisions.get((outcome, code), 0) + 1
+
+    def hop(self, condition: str) -> None:
+        self.hops[condition] = self.hops.get(condition, 0) + 1
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
+        decisions = CounterMetricFamily(
+            "leasehold_mint_decisions", "v2 mint decisions, by outcome and refusal code.", labels=["outcome", "code"]
+        )
+        for series, count in self.decisions.items():
+            decisions.add_metric(series, count)
+        hops = CounterMetricFamily(
+            "leasehold_dispatch_hops", "Dispatch keys moved by the gateway, by condition.", labels=["condition"]
+        )
+        for condition, count in self.hops.items():
+            hops.add_metric([condition], count)
+        yield from (decisions, hops)
 
 
 class _Book(Protocol):
@@ -137,6 +173,8 @@ class _SpendCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         now = self.book.clock()
         for window in (Window.DAY, Window.MONTH):
             gauge = GaugeMetricFamily(
@@ -170,6 +208,8 @@ class _LiveCollector:
         return []  # no fixed description: computed on every collect
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
         reads = self.m.reads
         in_flight = reads.routes.in_flight_by_account()
         leases = reads.keys.count_by_account()
@@ -209,6 +249,8 @@ class _LiveCollector:
             return None
 
     def _daemon(self, reads: ControlReads) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         hub = self.m.hub
         yield GaugeMetricFamily(
             "leasehold_dataplane_connected",

@@ -5,26 +5,29 @@ values and numbers, rendered as Prometheus families at scrape time (`RowCollecto
 Labels are account ids, wire, status, condition and code — each a closed vocabulary or the
 registry's own account ids; a value outside its vocabulary is counted as `other` rather than
 minting a new series (`row_labels`). Never a key id, principal, repo or anything secret.
+prometheus-client is imported at the first scrape (`collect`), not at start (issue 27).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from functools import cache
+from typing import TYPE_CHECKING
 
 import msgspec
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from shared.codes import AttemptStatus, Condition, Refusal, Wire
 from shared.wire import AttemptRow
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 OTHER = "other"
 NONE = "none"
 # The data plane's own time before the first upstream byte: sub-millisecond to a few seconds.
 OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TOKEN_KINDS = ("input", "output", "cache_read", "cache_creation")
-_BUCKET_NAMES = (*(floatToGoString(b) for b in OVERHEAD_BUCKETS_S), "+Inf")
 _WIRES = frozenset(str(w) for w in Wire)
 _STATUSES = frozenset(str(s) for s in AttemptStatus)
 CONDITIONS = frozenset(str(c) for c in Condition)
@@ -40,6 +43,14 @@ class RowLabels(msgspec.Struct, frozen=True, kw_only=True):
 
 
 REFUSAL_CODES = frozenset(str(r) for r in Refusal)
+
+
+@cache
+def bucket_names() -> tuple[str, ...]:
+    """The overhead histogram's `le` values, as the exposition spells them."""
+    from prometheus_client.utils import floatToGoString
+
+    return (*(floatToGoString(b) for b in OVERHEAD_BUCKETS_S), "+Inf")
 
 
 def bounded(value: str | None, allowed: Iterable[str], absent: str = NONE) -> str:
@@ -125,6 +136,8 @@ class RowCounts:
             counts[-1] += seconds
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
         attempts = CounterMetricFamily(
             "leasehold_attempts", "Terminal attempt rows.", labels=["account_id", "wire", "status", "condition"]
         )
@@ -153,6 +166,11 @@ class RowCounts:
         )
         for account, count in self.unpriced.items():
             unpriced.add_metric([account], count)
+        yield from (attempts, refusals, tokens, cost, unpriced, self._overhead())
+
+    def _overhead(self) -> Metric:
+        from prometheus_client.core import HistogramMetricFamily
+
         overhead = HistogramMetricFamily(
             "leasehold_dataplane_overhead_seconds",
             "The data plane's own time before the first upstream byte.",
@@ -160,11 +178,11 @@ class RowCounts:
         )
         for wire, counts in self.overhead.items():
             cumulative, buckets = 0.0, []
-            for bound, in_bucket in zip(_BUCKET_NAMES, counts):
+            for bound, in_bucket in zip(bucket_names(), counts):
                 cumulative += in_bucket
                 buckets.append((bound, cumulative))
             overhead.add_metric([wire], buckets, counts[-1])
-        yield from (attempts, refusals, tokens, cost, unpriced, overhead)
+        return overhead
 
 
 class RowCollector:

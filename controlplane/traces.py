@@ -29,10 +29,8 @@ import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-from prometheus_client.core import CounterMetricFamily, Metric
 
 from controlplane.decisions import Decision
 from controlplane.events import DispatchHop
@@ -41,6 +39,9 @@ from shared.logging import get_logger
 from shared.settings import Settings, TraceSettings
 from shared.spans import Account, DecisionNote, SpanEvent, SpanPlan, account_of, sampled, span_of
 from shared.wire import AttemptRow
+
+if TYPE_CHECKING:  # prometheus-client is imported at the first scrape (controlplane/metrics.py)
+    from prometheus_client.core import Metric
 
 log = get_logger("control")
 
@@ -262,6 +263,8 @@ class TraceCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily
+
         yield CounterMetricFamily(
             "leasehold_trace_spans_dropped",
             "Attempt spans lost before a collector took them (SPEC §21).",

@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from controlplane.fleet.snapshot import FleetSnapshot, FleetSource
 from shared.clock import now_ms
 from shared.codes import FleetState
 
 if TYPE_CHECKING:  # fleet mode only (tests/unit/test_lazy_imports.py)
+    from prometheus_client.core import Metric  # imported at the first scrape (controlplane/metrics.py)
+
     from shared.fleet.entries import FleetEntries
 
 
@@ -35,6 +35,8 @@ class FleetGauges:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         snap = self.last
         if snap is None:
             return

@@ -12,6 +12,10 @@ as files). And aiohttp's own TLS contexts read the CA bundle at their first hand
 start (`shared/deferred_ca.py`): ~2 MiB of RSS and a third of `import aiohttp.web`'s CPU in
 each daemon. The data plane's one context (its aiohttp sessions use it too) is read on a thread
 once it listens (`read_in_background`), or at its first handshake, whichever comes first.
+
+What a daemon holds once it serves is checked too (`SERVING`: the daemon as `python -m` runs
+it, its modules written when `settle_heap` ends its start): prometheus-client is imported at the
+first scrape of control's `/metrics`, not at start (~1.2 MiB).
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support.harness import REPO
+from tests.support.harness import REPO, Gateway, Proc, http
+from tests.support.waits import wait_until
 
 # Top-level packages and project modules an embedded daemon must not import.
 FLEET_ONLY = (
@@ -62,6 +68,70 @@ def test_an_embedded_daemons_main_module_imports_nothing_fleet_only(main: str) -
     loaded = loaded_after(main)
     assert fleet_only(loaded) == []
     assert [m for m in NOT_AT_START if m in loaded] == []
+
+
+# ---- what a serving daemon holds, not only what its main module imports
+
+# A daemon run as `python -m MAIN` runs it, writing the modules it holds once it serves:
+# `settle_heap` is each start's last step (its listeners open, before any request).
+SERVING = """
+import json, os, runpy, sys
+import shared.heap
+main, out = sys.argv[1], sys.argv[2]
+del sys.argv[1:]
+settle = shared.heap.settle_heap
+
+def settle_and_write():
+    settle()
+    with open(out + ".tmp", "w") as fh:
+        json.dump(sorted(sys.modules), fh)
+    os.replace(out + ".tmp", out)
+
+shared.heap.settle_heap = settle_and_write
+runpy.run_module(main, run_name="__main__", alter_sys=True)
+"""
+
+# Loaded at its first use, not at start: prometheus-client at the first scrape of `/metrics`.
+NOT_WHILE_IDLE = ("prometheus_client", "http.server", "wsgiref")
+
+
+def serving_modules(gw: Gateway, main: str, proc_attr: str) -> set[str]:
+    """Start `main` for `gw` through SERVING; the modules it holds once it serves."""
+    out = gw.workdir / f"{main}.modules.json"
+    proc = Proc([sys.executable, "-c", SERVING, main, str(out)], gw.env, gw.workdir / f"{proc_attr}.log")
+    setattr(gw, proc_attr, proc)
+    wait_until(lambda: proc.require_alive(main) and out.exists(), 60, f"{main} serving")
+    return set(json.loads(out.read_text()))
+
+
+def test_serving_daemons_hold_nothing_fleet_only_and_no_metrics_library_until_scraped(tmp_path: Path) -> None:
+    gw = Gateway(tmp_path, None)
+    try:
+        control = serving_modules(gw, "controlplane.main", "control")
+        dataplane = serving_modules(gw, "dataplane.main", "dataplane")
+        gw.wait_synchronised()
+        for loaded in (control, dataplane):
+            assert fleet_only(loaded) == []
+            assert [m for m in (*NOT_AT_START, *NOT_WHILE_IDLE) if m in loaded] == []
+        status, headers, text = http(
+            "GET", gw.control_url + "/metrics", headers={"Authorization": f"Bearer {gw.control_token}"}
+        )
+        assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+        for family in ("leasehold_attempts_total counter", "leasehold_mint_decisions_total counter"):
+            assert f"# TYPE {family}\n" in text
+        assert "# TYPE leasehold_in_flight gauge\n" in text
+    finally:
+        gw.stop()
+
+
+def test_the_serving_check_sees_what_a_start_loads(tmp_path: Path) -> None:
+    """The check itself can fail: what the start does load is in the list it writes."""
+    gw = Gateway(tmp_path, None)
+    try:
+        loaded = serving_modules(gw, "controlplane.main", "control")
+    finally:
+        gw.stop()
+    assert {"controlplane.wiring", "controlplane.stores.ledger", "uvloop", "aiohttp.web"} <= loaded
 
 
 def test_the_check_sees_a_fleet_import() -> None:

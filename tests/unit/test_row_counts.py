@@ -107,3 +107,45 @@ def test_row_counts_render_what_prometheus_instruments_would() -> None:
     ours = CollectorRegistry()
     ours.register(RowCollector(counts))
     assert generate_latest(ours) == _reference_exposition(rows * 3, accounts)
+
+
+def test_choice_counts_render_what_prometheus_counters_would() -> None:
+    """The mint's decisions and the dispatch hops, kept as plain numbers until a scrape, render
+    what the two `Counter`s they replaced did (OpenMetrics too: the `_total` suffix once)."""
+    from prometheus_client import CollectorRegistry, Counter, disable_created_metrics, generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    from controlplane.metrics import ChoiceCounts
+
+    disable_created_metrics()
+    reference = CollectorRegistry()
+    decisions = Counter(
+        "leasehold_mint_decisions",
+        "v2 mint decisions, by outcome and refusal code.",
+        ["outcome", "code"],
+        registry=reference,
+    )
+    hops = Counter(
+        "leasehold_dispatch_hops",
+        "Dispatch keys moved by the gateway, by condition.",
+        ["condition"],
+        registry=reference,
+    )
+    choices = ChoiceCounts()
+    for outcome, code in [("selected", "none"), ("held", "fallback-lease-still-held"), ("selected", "none")]:
+        decisions.labels(outcome, code).inc()
+        choices.decision(outcome, code)
+    for condition in ["rate-limited", "other", "rate-limited"]:
+        hops.labels(condition).inc()
+        choices.hop(condition)
+    ours = CollectorRegistry()
+    ours.register(choices)
+    assert generate_latest(ours) == generate_latest(reference)
+    assert generate_openmetrics(ours) == generate_openmetrics(reference)
+    empty = CollectorRegistry()
+    empty.register(ChoiceCounts())
+    assert generate_latest(empty) == b"".join(
+        line + b"\n"
+        for line in generate_latest(reference).splitlines()
+        if line.startswith(b"#")  # no series yet: the families' HELP and TYPE, as the Counters'
+    )
