@@ -12,7 +12,6 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import uvloop
@@ -39,7 +38,7 @@ from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from controlplane.wiring import Control, wire
 from shared.clock import now_ms
-from shared.heap import settle_heap
+from shared.heap import HeapTrimmer, settle_heap
 from shared.logging import configure_logging, get_logger
 from shared.private import private_dir
 from shared.rpc import start_unix_server
@@ -105,20 +104,8 @@ class RpcListener:
             self.server.close()
 
 
-def _heap_trimmer() -> Callable[[], None]:
-    """glibc keeps freed heap pages of traffic bursts; hand them back so RSS follows the live
-    set rather than the peak (a no-op where malloc_trim does not exist)."""
-    import ctypes  # here, not at start (no `ctypes.util.find_library`: it runs `ldconfig -p`)
-
-    try:
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    return lambda: trim(0)
-
-
 async def _reaper(service: ControlService, listener: RpcListener) -> None:
-    trim_heap = _heap_trimmer()
+    trim_heap = HeapTrimmer()  # trims only after traffic
     passes = 0
     while True:
         await asyncio.sleep(REAPER_INTERVAL_S)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import gc
+import json
+import subprocess
+import sys
 
 from shared.heap import OLDER_THRESHOLDS, YOUNG_THRESHOLD, settle_heap
+from tests.support.harness import REPO
 
 
 def test_settle_heap_freezes_and_spaces_collections() -> None:
@@ -41,3 +45,36 @@ def test_settle_heap_runs_no_collection() -> None:
         gc.unfreeze()
         gc.set_threshold(*before)
     assert ran == []
+
+
+# A fresh interpreter: the trimmer idle (no collection since it was made), then after traffic;
+# whether it trimmed, whether ctypes was loaded, and how much RSS ~20 MiB of freed small blocks
+# (every 50th kept, so glibc cannot give them back by itself) left after the trim.
+TRIMMER = """
+import gc, json, sys
+from shared.heap import HeapTrimmer
+
+def rss_kib():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * 4
+
+trimmer = HeapTrimmer()
+seen = [trimmer(), "ctypes" in sys.modules]
+blocks = [bytes(1024) + bytes([i % 256]) for i in range(20_000)]
+kept = blocks[::50]
+del blocks
+gc.collect(0)  # what traffic does: young collections
+before = rss_kib()
+seen += [trimmer(), "ctypes" in sys.modules, before - rss_kib()]
+print(json.dumps(seen))
+"""
+
+
+def test_the_heap_trimmer_trims_after_traffic_and_loads_nothing_while_idle() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", TRIMMER], cwd=str(REPO), capture_output=True, text=True, timeout=60, check=True
+    )
+    idle_trimmed, idle_ctypes, trimmed, ctypes_loaded, given_back_kib = json.loads(done.stdout)
+    assert (idle_trimmed, idle_ctypes) == (False, False)
+    assert (trimmed, ctypes_loaded) == (True, True)
+    assert given_back_kib > 10 * 1024  # most of the ~20 MiB freed
