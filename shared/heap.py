@@ -40,21 +40,24 @@ class HeapTrimmer:
     (`malloc_trim`), so RSS follows the live set rather than the peak; a no-op where
     malloc_trim does not exist. Called every few seconds by control's reaper.
 
-    It trims only when a young collection ran since its last call: at least `YOUNG_THRESHOLD`
-    net container allocations, i.e. traffic. An idle daemon has nothing to give back (measured:
+    It trims only when a young collection ran since its last call (at least `YOUNG_THRESHOLD`
+    net container allocations, i.e. traffic), and once more at the first call that sees none
+    after one that did (what the end of a burst freed). An idle daemon has nothing to give back (measured:
     0 KiB right after start), so it never loads ctypes (~1 MiB of idle RSS; issue 27).
     """
 
     def __init__(self) -> None:
         self._seen = _young_collections()
+        self._trailing = False  # the call after the last one that saw traffic trims too
         self._trim: Callable[[], object] | None = None
 
     def __call__(self) -> bool:
-        """Trim if there was traffic since the last call; whether it did."""
+        """Trim if there was traffic since the last call, or the last call saw some; whether it did."""
         now = _young_collections()
-        if now == self._seen:
+        active, self._seen = now != self._seen, now
+        if not (active or self._trailing):
             return False
-        self._seen = now
+        self._trailing = active
         if self._trim is None:
             self._trim = _malloc_trim()
         self._trim()

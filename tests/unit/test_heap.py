@@ -47,11 +47,13 @@ def test_settle_heap_runs_no_collection() -> None:
     assert ran == []
 
 
-# A fresh interpreter: the trimmer idle (no collection since it was made), then after traffic;
-# whether it trimmed, whether ctypes was loaded, and how much RSS ~20 MiB of freed small blocks
-# (every 50th kept, so glibc cannot give them back by itself) left after the trim.
+# A fresh interpreter, its collections only the explicit ones: the trimmer idle (no collection
+# since it was made), after traffic (whether it trimmed, whether ctypes was loaded, how much RSS
+# ~20 MiB of freed small blocks, every 50th kept so glibc cannot give them back by itself, left
+# after the trim), then at the first quiet call after traffic, then at the next.
 TRIMMER = """
 import gc, json, sys
+gc.disable()
 from shared.heap import HeapTrimmer
 
 def rss_kib():
@@ -65,7 +67,7 @@ kept = blocks[::50]
 del blocks
 gc.collect(0)  # what traffic does: young collections
 before = rss_kib()
-seen += [trimmer(), "ctypes" in sys.modules, before - rss_kib()]
+seen += [trimmer(), "ctypes" in sys.modules, before - rss_kib(), trimmer(), trimmer()]
 print(json.dumps(seen))
 """
 
@@ -74,7 +76,8 @@ def test_the_heap_trimmer_trims_after_traffic_and_loads_nothing_while_idle() -> 
     done = subprocess.run(
         [sys.executable, "-c", TRIMMER], cwd=str(REPO), capture_output=True, text=True, timeout=60, check=True
     )
-    idle_trimmed, idle_ctypes, trimmed, ctypes_loaded, given_back_kib = json.loads(done.stdout)
+    idle_trimmed, idle_ctypes, trimmed, ctypes_loaded, given_back_kib, trailing, quiet = json.loads(done.stdout)
     assert (idle_trimmed, idle_ctypes) == (False, False)
     assert (trimmed, ctypes_loaded) == (True, True)
     assert given_back_kib > 10 * 1024  # most of the ~20 MiB freed
+    assert (trailing, quiet) == (True, False)  # once more after the traffic, then nothing
