@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-import controlplane.lean_aiohttp  # noqa: F401  first: aiohttp's server half alone, its client when used
+import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contexts read the CA bundle when used
 
 # isort: split
 import asyncio

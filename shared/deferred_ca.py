@@ -81,7 +81,7 @@ def read_in_background(context: ssl.SSLContext) -> None:
 
 
 @contextmanager
-def reads_deferred() -> Iterator[None]:
+def _reads_deferred() -> Iterator[None]:
     """Contexts built meanwhile read their default CA paths later (one thread: at start only)."""
     ssl.SSLContext.set_default_verify_paths = _at_first_handshake  # type: ignore[method-assign,assignment]
     try:
@@ -93,7 +93,7 @@ def reads_deferred() -> Iterator[None]:
 def create_default_context() -> ssl.SSLContext:
     """`ssl.create_default_context()`, its CA bundle read at its first handshake or when
     `read_default_paths` / `read_in_background` asks."""
-    with reads_deferred():
+    with _reads_deferred():
         return ssl.create_default_context()
 
 
@@ -101,7 +101,7 @@ def import_aiohttp() -> None:
     """Import aiohttp, its contexts' CA reads deferred (a no-op when it is already imported)."""
     if "aiohttp" in sys.modules:
         return
-    with reads_deferred():
+    with _reads_deferred():
         import aiohttp  # noqa: F401
 
 

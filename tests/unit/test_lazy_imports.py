@@ -93,8 +93,6 @@ runpy.run_module(main, run_name="__main__", alter_sys=True)
 
 # Loaded at its first use, not at start: prometheus-client at the first scrape of `/metrics`.
 NOT_WHILE_IDLE = ("prometheus_client", "http.server", "wsgiref")
-# aiohttp's client half, which control never uses (controlplane/lean_aiohttp.py).
-CLIENT_HALF = ("aiohttp.client", "aiohttp.connector", "aiohttp.tracing", "aiohttp.cookiejar", "aiohappyeyeballs")
 
 
 def serving_modules(gw: Gateway, main: str, proc_attr: str) -> set[str]:
@@ -115,8 +113,6 @@ def test_serving_daemons_hold_nothing_fleet_only_and_no_metrics_library_until_sc
         for loaded in (control, dataplane):
             assert fleet_only(loaded) == []
             assert [m for m in (*NOT_AT_START, *NOT_WHILE_IDLE) if m in loaded] == []
-        assert [m for m in CLIENT_HALF if m in control] == []
-        assert "aiohttp.client" in dataplane  # its upstream sessions: the whole package
         status, headers, text = http(
             "GET", gw.control_url + "/metrics", headers={"Authorization": f"Bearer {gw.control_token}"}
         )
@@ -152,9 +148,7 @@ def test_the_check_sees_a_fleet_import() -> None:
 HANDSHAKE = """
 import asyncio, json, ssl, sys
 import {main}
-import aiohttp
-aiohttp.ClientSession  # control's aiohttp has no client until it is asked for (controlplane/lean_aiohttp.py)
-import aiohttp.connector
+import aiohttp, aiohttp.connector
 from aiohttp import web
 CERT, KEY = sys.argv[1], sys.argv[2]
 verified = aiohttp.connector._SSL_CONTEXT_VERIFIED
@@ -305,55 +299,3 @@ print(json.dumps(seen))
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == [0, True, True, 1, 0, False]
-
-
-# ---- control's aiohttp: the server half, the client at its first use (controlplane/lean_aiohttp.py)
-
-COMPLETES = """
-import json, sys
-import controlplane.main
-import aiohttp
-from aiohttp.http import SERVER_SOFTWARE
-seen = {"client_at_start": "aiohttp.client" in sys.modules, "server_software": SERVER_SOFTWARE}
-session = aiohttp.ClientSession  # the first use of what only aiohttp's __init__ defines
-import aiohttp.connector
-seen.update(
-    session=f"{session.__module__}.{session.__name__}",
-    version=aiohttp.__version__,
-    exported=sorted(aiohttp.__all__) == sorted(n for n in aiohttp.__all__ if hasattr(aiohttp, n)),
-    ca_read=aiohttp.connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],
-)
-try:
-    aiohttp.no_such_name
-except AttributeError:
-    seen["missing"] = "AttributeError"
-print(json.dumps(seen))
-"""
-
-
-def test_controls_aiohttp_completes_at_the_first_use_of_the_client() -> None:
-    import aiohttp
-
-    done = subprocess.run(
-        [sys.executable, "-c", COMPLETES], cwd=str(REPO), capture_output=True, text=True, timeout=60, check=True
-    )
-    seen = json.loads(done.stdout)
-    assert seen == {
-        "client_at_start": False,
-        "server_software": f"Python/{sys.version_info[0]}.{sys.version_info[1]} aiohttp/{aiohttp.__version__}",
-        "session": "aiohttp.client.ClientSession",
-        "version": aiohttp.__version__,
-        "exported": True,
-        "ca_read": 0,  # its contexts built, their CA reads deferred (shared/deferred_ca.py)
-        "missing": "AttributeError",
-    }
-
-
-def test_the_version_is_read_from_the_installed_package() -> None:
-    import aiohttp
-
-    from controlplane.lean_aiohttp import package_version
-
-    assert aiohttp.__file__ is not None
-    assert package_version(Path(aiohttp.__file__)) == aiohttp.__version__
-    assert package_version(Path(aiohttp.__file__).with_name("no-such-file.py")) is None
