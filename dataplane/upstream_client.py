@@ -79,20 +79,15 @@ def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes |
     """The request line and headers, byte for byte as aiohttp's client writes them."""
     out: CIMultiDict[str] = CIMultiDict()
     out["Host"] = url.host_port_subcomponent  # type: ignore[assignment]
-    lowered = {name.lower() for name in headers}
-    if len(lowered) == len(headers) and "host" not in lowered:
-        out.extend(headers)  # every name once (the usual request): copied as it is, in C
-    else:
-        # As aiohttp's session prepares them: a name seen again in the same spelling is added,
-        # in another spelling it replaces the earlier values (so the bytes on the wire do not
-        # change); a Host among them replaces the URL's.
-        seen: set[str] = set()
-        for name, value in headers.items():
-            if name in seen:
-                out.add(name, value)
-            else:
-                out[name] = value
-                seen.add(name)
+    # As aiohttp's session prepares them: a name seen again in the same spelling is added, in
+    # another spelling it replaces the earlier values (so the bytes on the wire do not change).
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if name in seen:
+            out.add(name, value)
+        else:
+            out[name] = value
+            seen.add(name)
     if "Content-Length" not in out:
         if body:
             out["Content-Length"] = str(len(body))
