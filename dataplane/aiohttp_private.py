@@ -6,9 +6,8 @@ first thing to fail when a new aiohttp moves them. tests/unit/test_aiohttp_priva
 fails when a module other than this one imports an aiohttp internal or reaches for one of the
 private attributes below.
 
-- The upstream client (`dataplane/upstream_client.py`) writes a request head byte for byte as
-  `serialize_headers` (`aiohttp.http_writer._serialize_headers`) does (its own `serialize_head`,
-  tested against it: tests/unit/test_request_head.py) and reads the answer with
+- The upstream client (`dataplane/upstream_client.py`) writes a request head with
+  `serialize_headers` (`aiohttp.http_writer._serialize_headers`) and reads the answer with
   `ResponseHandler` (`aiohttp.client_proto`), plus `EMPTY_BODY_METHODS` and
   `parse_content_type` (`aiohttp.helpers`) and `HttpProcessingError` (`aiohttp.http_exceptions`).
 - The data plane's server builds its connection handler itself (`server_class`), from

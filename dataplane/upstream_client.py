@@ -5,8 +5,7 @@ machinery a pass-through does not use (a `ClientRequest` object, cookie jar, tra
 and auth handling, timers). This client keeps exactly the parts that decide the behaviour on the
 wire and drops the rest:
 
-- the request bytes are aiohttp's: what its header serializer writes (`serialize_head`, tested
-  equal to it, with the same refusal of control characters), `Host` from
+- the request bytes are aiohttp's: its header serializer (the same CR/LF refusal), `Host` from
   the URL first, the forwarded headers in order, `Content-Length` for a body (and `0` for a
   bodiless method that expects one), no header of its own;
 - the response is read by aiohttp's `ResponseHandler` and parser (framing, chunked and
@@ -25,7 +24,6 @@ Continue` before the body; nothing on the hot path does that).
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 import ssl
 from collections import deque
@@ -43,6 +41,7 @@ from dataplane.aiohttp_private import (
     HttpProcessingError,
     ResponseHandler,
     parse_content_type,
+    serialize_headers,
 )
 from shared import deferred_ca
 
@@ -78,43 +77,23 @@ UPSTREAM_TLS = _tls_context()
 
 def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes | None) -> bytes:
     """The request line and headers, byte for byte as aiohttp's client writes them."""
-    pairs: list[tuple[str, str]] = [("Host", url.host_port_subcomponent), *headers.items()]  # type: ignore[list-item]
-    lowered = {name.lower() for name, _ in pairs}
-    if len(lowered) < len(pairs):
-        # As aiohttp's session prepares them: a name seen again in the same spelling is added,
-        # in another spelling it replaces the earlier values (a Host among them the URL's).
-        out: CIMultiDict[str] = CIMultiDict()
-        out["Host"] = pairs[0][1]
-        seen: set[str] = set()
-        for name, value in headers.items():
-            if name in seen:
-                out.add(name, value)
-            else:
-                out[name] = value
-                seen.add(name)
-        pairs = list(out.items())
-    if "Content-Length" not in headers:
+    out: CIMultiDict[str] = CIMultiDict()
+    out["Host"] = url.host_port_subcomponent  # type: ignore[assignment]
+    # As aiohttp's session prepares them: a name seen again in the same spelling is added, in
+    # another spelling it replaces the earlier values (so the bytes on the wire do not change).
+    seen: set[str] = set()
+    for name, value in headers.items():
+        if name in seen:
+            out.add(name, value)
+        else:
+            out[name] = value
+            seen.add(name)
+    if "Content-Length" not in out:
         if body:
-            pairs.append(("Content-Length", str(len(body))))
+            out["Content-Length"] = str(len(body))
         elif method not in _BODYLESS:
-            pairs.append(("Content-Length", "0"))
-    return serialize_head(f"{method} {url.raw_path_qs} HTTP/1.1", pairs)
-
-
-# What aiohttp's header writer refuses in a request line, name or value (RFC 9110 §5.5): a
-# control character other than tab (CR and LF are counted separately: they end the lines).
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-
-
-def serialize_head(status_line: str, pairs: list[tuple[str, str]]) -> bytes:
-    """The bytes aiohttp's `_serialize_headers` writes for these lines (issue 27: one join and
-    two scans in C, instead of a writer looping over every character): UTF-8 with lone
-    surrogates dropped, and the same `ValueError` for a control character, CR or LF inside."""
-    text = "\r\n".join([status_line, *[f"{name}: {value}" for name, value in pairs], "", ""])
-    lines = len(pairs) + 2
-    if _CONTROL.search(text) is not None or text.count("\r") != lines or text.count("\n") != lines:
-        raise ValueError("Forbidden control character detected in headers. Potential header injection attack.")
-    return text.encode("utf-8", "ignore")
+            out["Content-Length"] = "0"
+    return serialize_headers(f"{method} {url.raw_path_qs} HTTP/1.1", out)
 
 
 class UpstreamResponse:

@@ -67,9 +67,7 @@ def _drop_set(headers: CIMultiDictProxy[str], base: frozenset[str]) -> frozenset
 def upstream_headers(incoming: CIMultiDictProxy[str], auth_style: str, credential: str) -> CIMultiDict[str]:
     """Every end-to-end header of the worker's request, with the account credential swapped in."""
     drop = _drop_set(incoming, DROP_UPSTREAM)
-    out: CIMultiDict[str] = CIMultiDict(incoming)  # copied in C; the few dropped names removed
-    for name in drop.intersection([n.lower() for n in incoming.keys()]):
-        out.popall(name)
+    out: CIMultiDict[str] = CIMultiDict([(n, v) for n, v in incoming.items() if n.lower() not in drop])
     if auth_style == AuthStyle.X_API_KEY:
         out["x-api-key"] = credential
     else:

@@ -2,8 +2,8 @@
 relies on, and only `dataplane/aiohttp_private.py` (the guard module) touches them; a failure
 names the installed aiohttp version.
 
-The upstream client writes its request head as `aiohttp.http_writer._serialize_headers` does
-(tested against it) and reads the answer with `aiohttp.client_proto.ResponseHandler` (plus `aiohttp.helpers`'
+The upstream client writes its request head with `aiohttp.http_writer._serialize_headers` and
+reads the answer with `aiohttp.client_proto.ResponseHandler` (plus `aiohttp.helpers`'
 `EMPTY_BODY_METHODS` and `parse_content_type`); the server builds its connection handler from
 `web.Server._loop` / `._kwargs`; `HeadersWithBody` turns `StreamResponse._send_headers_immediately`
 off. None of them is public API, so setup.cfg pins the aiohttp minors the byte-identity tests
