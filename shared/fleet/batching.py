@@ -25,12 +25,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import redis
 import redis.asyncio as aredis
 
 # Commands a backend awaits on the mint's and the revoke's path (none of them blocks on the server).
 BATCHED = frozenset({"EVALSHA", "GET", "SET", "SMEMBERS", "HLEN", "HEXISTS", "MGET", "LRANGE"})
-HOPS = 3          # loop turns a batch waits for the rest of its moment (nested gathers: 1 turn each)
+HOPS = 2          # loop turns a batch waits for the rest of its moment (a mint's nested reads need 2)
 MAX_BATCH = 64    # commands per pipeline; more go in the next one, at once
+
+Queued = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]   # a command, its options, its caller
 
 
 class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untyped under --strict
@@ -40,9 +43,14 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         super().__init__(connection_pool=client.connection_pool)
         self.hops = hops
         self.max_batch = max_batch
-        self._queue: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
+        self._queue: list[Queued] = []
         self._sending: set[asyncio.Task[None]] = set()
-        self.batches = 0     # pipelines sent (tests and bench count them)
+        self.batches = 0     # exchanges of more than one command (tests and bench count them)
+
+    @property
+    def in_flight(self) -> int:
+        """Exchanges sent whose replies are not all read yet."""
+        return sum(not task.done() for task in self._sending)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if args[0] not in BATCHED:
@@ -63,28 +71,45 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         for start in range(0, len(live), self.max_batch):
             task = asyncio.ensure_future(self._send(live[start:start + self.max_batch]))
             self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            task.add_done_callback(self._sent)
 
-    async def _send(self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]) -> None:
-        if len(batch) == 1:   # alone: a plain command is cheaper than a pipeline of one
-            args, options, future = batch[0]
-            try:
-                _settle(future, await super().execute_command(*args, **options))
-            except Exception as exc:
-                _settle(future, exc)
-            return
-        pipe = self.pipeline(transaction=False)
-        for args, options, _ in batch:
-            pipe.execute_command(*args, **options)
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.discard(task)
+        if not task.cancelled():
+            task.exception()   # a failure was every caller's already; retrieved, not logged again
+
+    async def _send(self, batch: list[Queued]) -> None:
+        """One exchange on one pooled connection: every command written at once, every reply
+        read in order (redis-py's pipeline without its per-pipeline machinery); a broken
+        connection is retried as the client's own policy says (once, before any reply)."""
+        pool = self.connection_pool
         try:
-            replies = await pipe.execute(raise_on_error=False)
-        except Exception as exc:   # the whole pipeline failed: every caller's failure
-            for _, _, future in batch:
-                _settle(future, exc)
-            return
-        self.batches += 1
+            conn = await pool.get_connection()
+        except BaseException as exc:   # the pool's bound (every connection busy), a refused connect
+            _fail(batch, exc)
+            raise
+        try:
+            replies = await conn.retry.call_with_retry(lambda: self._exchange(conn, batch),
+                                                       lambda _error: conn.disconnect())
+        except BaseException as exc:   # the whole exchange failed: every caller's failure
+            _fail(batch, exc)
+            await conn.disconnect()
+            raise
+        finally:
+            await pool.release(conn)
+        self.batches += len(batch) > 1
         for (_, _, future), reply in zip(batch, replies, strict=True):
             _settle(future, reply)
+
+    async def _exchange(self, conn: Any, batch: list[Queued]) -> list[Any]:
+        await conn.send_packed_command(conn.pack_commands([args for args, _, _ in batch]), check_health=False)
+        replies: list[Any] = []
+        for args, options, _ in batch:
+            try:
+                replies.append(await self.parse_response(conn, args[0], **options))
+            except redis.ResponseError as exc:   # an error reply: its caller's alone, the connection in step
+                replies.append(exc)
+        return replies
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
         """The pool is the plain client's, closed with it; nothing queued is left waiting."""
@@ -93,6 +118,15 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         for _, _, future in self._queue:
             future.cancel()
         self._queue = []
+
+
+def _fail(batch: list[Queued], exc: BaseException) -> None:
+    """Every caller of `batch` fails with `exc` (a cancelled exchange: every caller cancelled)."""
+    for _, _, future in batch:
+        if isinstance(exc, Exception):
+            _settle(future, exc)
+        elif not future.done():
+            future.cancel()
 
 
 def _settle(future: asyncio.Future[Any], reply: Any) -> None:

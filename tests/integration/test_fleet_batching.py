@@ -17,6 +17,7 @@ from shared.fleet.batching import BatchingRedis
 from shared.fleet.redis_client import connect, guard
 from tests.support.fleet import Fleet
 from tests.support.redis_server import RedisServer
+from tests.support.waits import until
 
 SCRIPT = "return {redis.call('GET', KEYS[1]), #ARGV}"
 
@@ -115,5 +116,37 @@ async def test_a_hung_server_fails_every_caller_within_the_reply_bound(tmp_path:
     finally:
         server.resume()
         await client.aclose()
+        await plain.aclose()
+        server.stop()
+
+
+async def test_a_connection_that_died_with_a_restarted_server_is_replaced_at_once(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    plain = connect(server.url)
+    client = BatchingRedis(plain)
+    try:
+        assert await asyncio.gather(client.set("k", "1"), client.get("k")) == [True, b"1"]
+        server.restart()                                       # the pooled connection is dead now
+        assert await asyncio.gather(client.set("k", "2"), client.get("k")) == [True, b"2"]
+    finally:
+        await client.aclose()
+        await plain.aclose()
+        server.stop()
+
+
+async def test_closing_cancels_the_callers_still_waiting(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    plain = connect(server.url, timeout_s=5)
+    client = BatchingRedis(plain)
+    try:
+        assert await client.get("k") is None                   # connected
+        server.pause()
+        waiting = asyncio.gather(client.get("k"), client.get("k"), return_exceptions=True)
+        await until(lambda: client.in_flight == 1, 5, "the exchange out, its replies awaited")
+        await client.aclose()
+        got = await asyncio.wait_for(waiting, 2)               # never left hanging
+        assert all(isinstance(g, asyncio.CancelledError) for g in got), got
+    finally:
+        server.resume()
         await plain.aclose()
         server.stop()
