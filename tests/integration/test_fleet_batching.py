@@ -83,16 +83,21 @@ async def test_a_batch_over_the_cap_goes_as_several(fleet: Fleet) -> None:
 
 
 async def test_a_blocking_read_is_not_batched_and_delays_no_batch(fleet: Fleet) -> None:
-    client = BatchingRedis(fleet.client)
+    plain = connect(fleet.server.url, timeout_s=10)          # a reply bound past the block
+    client = BatchingRedis(plain)
     key = fleet.keys.prefix + "x"
     fleet.admin().set(key, "v")
-    blocking = asyncio.ensure_future(client.xread({key + ":stream": "$"}, block=3_000))
-    started = time.monotonic()
-    assert await asyncio.gather(client.get(key), client.get(key)) == [b"v", b"v"]
-    assert not blocking.done() and time.monotonic() - started < 2.5
-    blocking.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await blocking
+    try:
+        blocking = asyncio.ensure_future(client.xread({key + ":stream": "$"}, block=8_000))
+        # Batched with it, the gets would be answered after it (one connection answers in order)
+        assert await asyncio.gather(client.get(key), client.get(key)) == [b"v", b"v"]
+        assert not blocking.done()
+        blocking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocking
+    finally:
+        await client.aclose()
+        await plain.aclose()
 
 
 async def guarded(client: BatchingRedis, key: str) -> object:
