@@ -82,6 +82,12 @@ DURATIONS = [
     ("NaNs", None),
     ("infs", None),
     (".5s", None),
+    ("٣s", None),  # a non-ASCII digit (a regex's \\d took it)
+    ("1.s", None),
+    ("1h.5s", None),
+    ("1m-1s", None),
+    ("1sms", None),
+    ("µs", None),
 ]
 
 
@@ -260,3 +266,17 @@ def test_kinds_sharing_a_reset_text_and_kinds_with_their_own() -> None:
     pairs["x-ratelimit-reset-tokens"] = "2s"
     parsed = rate_limits_of(headers(pairs), WIRES["openai"].rate_limits, lambda: ARRIVAL + 5)
     assert parsed is not None and (parsed.requests.reset_at, parsed.tokens.reset_at) == (at(1005), at(2005))
+
+
+def test_the_memos_stay_bounded_and_agree_with_a_fresh_parse() -> None:
+    from dataplane import ratelimits
+
+    for n in range(3 * ratelimits.MEMO_MAX):
+        offset = n * 1000
+        assert reset_at_ms(f"{n}ms", False, ARRIVAL) == ARRIVAL + n
+        assert reset_at_ms(at(offset).replace(".000Z", "Z"), True, ARRIVAL) == ARRIVAL + offset
+        assert ratelimits.iso_ms(ARRIVAL + offset) == at(offset)
+        assert ratelimits._limit(str(n)) == n
+    for memo in (ratelimits._absolute, ratelimits._relative, ratelimits._seconds, ratelimits._limits):
+        assert 0 < len(memo) <= ratelimits.MEMO_MAX
+    assert ratelimits._limit("-1") is None and ratelimits._limit("-1") is None
