@@ -117,7 +117,7 @@ def parse_rfc3339_ms(text: str) -> int | None:
 
 
 _absolute: dict[str, tuple[int, str] | None] = {}  # RFC 3339 text → (epoch ms, ISO) or None
-_relative: dict[str, float | None] = {}  # duration text → ms or None
+_relative: dict[str, int | None] = {}  # duration text → whole ms (rounded once) or None
 _seconds: dict[int, str] = {}  # epoch second → its ISO text
 _limits: dict[str, int | None] = {}  # a limit header's text → its count or None
 _SLOT = {kind: slot for slot, kind in enumerate(RATE_LIMIT_KINDS)}
@@ -136,14 +136,15 @@ def _absolute_reset(text: str) -> tuple[int, str] | None:
     return value
 
 
-def _relative_reset(text: str) -> float | None:
+def _relative_reset(text: str) -> int | None:
     try:
         return _relative[text]
     except KeyError:
         pass
     if len(_relative) >= MEMO_MAX:
         _relative.clear()
-    value = _relative[text] = parse_duration_ms(text)
+    after = parse_duration_ms(text)
+    value = _relative[text] = None if after is None else round(after)
     return value
 
 
@@ -167,7 +168,7 @@ def reset_at_ms(text: str | None, absolute: bool, arrival_ms: int) -> int | None
         at = None if parsed is None else parsed[0]
     else:
         after = _relative_reset(text)
-        at = None if after is None else int(arrival_ms + round(after))
+        at = None if after is None else arrival_ms + after
     if at is None or abs(at - arrival_ms) > MAX_RESET_MS:
         return None
     return at
@@ -183,9 +184,9 @@ def _reset_iso(text: str | None, absolute: bool, arrival_ms: int) -> str | None:
             return None
         return parsed[1]
     after = _relative_reset(text)
-    if after is None or round(after) > MAX_RESET_MS:
+    if after is None or after > MAX_RESET_MS:
         return None
-    return iso_ms(int(arrival_ms + round(after)))
+    return iso_ms(arrival_ms + after)
 
 
 def _limit(text: str | None) -> int | None:
