@@ -17,7 +17,7 @@ from dataplane.ratelimits import (
     reset_at_ms,
 )
 from dataplane.wires.table import WIRES
-from shared.clock import iso_ms
+from shared.clock import iso_ms, now_ms
 from shared.wire import RateLimit, RateLimits
 
 ARRIVAL = 1_800_000_000_000  # 2027-01-15T08:00:00Z
@@ -280,3 +280,29 @@ def test_the_memos_stay_bounded_and_agree_with_a_fresh_parse() -> None:
     for memo in (ratelimits._absolute, ratelimits._relative, ratelimits._seconds, ratelimits._limits):
         assert 0 < len(memo) <= ratelimits.MEMO_MAX
     assert ratelimits._limit("-1") is None and ratelimits._limit("-1") is None
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+def test_the_benchmark_stubs_sets_parse_whole(wire: str) -> None:
+    """`make bench`'s stub (`--rate-limit-headers`) sends sets the parser reads in full, so the
+    benchmark pays the whole parse on every answer, as production does."""
+    from tests.support.stub_ratelimits import RateLimitHeaders, go_duration
+
+    assert [go_duration(ms) for ms in (6, 999, 1000, 6500, 60_000, 61_500)] == [
+        "6ms",
+        "999ms",
+        "1s",
+        "6.5s",
+        "1m0s",
+        "1m1.5s",
+    ]
+    stub = RateLimitHeaders()
+    for _ in range(3):
+        parsed = rate_limits_of(headers(stub.headers(wire)), WIRES[wire].rate_limits, now_ms)  # its resets: now's
+        assert parsed is not None
+        kinds = [k for k in ("requests", "tokens", "input_tokens", "output_tokens") if getattr(parsed, k)]
+        assert len(kinds) == (4 if wire == "anthropic" else 2)
+        for kind in kinds:
+            limit = getattr(parsed, kind)
+            assert limit.limit and limit.remaining is not None and limit.remaining >= limit.limit * 3 // 4
+            assert limit.reset_at is not None
