@@ -132,7 +132,10 @@ def _absolute_reset(text: str) -> tuple[int, str] | None:
     if len(_absolute) >= MEMO_MAX:
         _absolute.clear()
     at = parse_rfc3339_ms(text)
-    value = _absolute[text] = None if at is None else (at, iso_ms(at))
+    try:
+        value = _absolute[text] = None if at is None else (at, iso_ms(at))
+    except (ValueError, OverflowError, OSError):  # a time no datetime holds (year 0, year 10000)
+        value = _absolute[text] = None
     return value
 
 

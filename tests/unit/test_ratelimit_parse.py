@@ -122,6 +122,8 @@ RESETS = [
     ("anthropic", "9999-12-31T23:59:59Z", None),  # beyond a week: garbage
     ("anthropic", "1970-01-01T00:00:00Z", None),
     ("anthropic", "6m0s", None),  # the other wire's form
+    ("anthropic", "0001-01-01T00:00:00+01:00", None),  # parses, but no datetime holds it as UTC
+    ("anthropic", "9999-12-31T23:59:59-01:00", None),
     ("openai", "6m0s", ARRIVAL + 360_000),
     ("openai", "120ms", ARRIVAL + 120),
     ("openai", "0.5s", ARRIVAL + 500),
