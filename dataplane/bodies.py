@@ -205,6 +205,12 @@ async def peek_body(body: bytes) -> BodyPeek:
     holds no GIL of this process, so the loop keeps its latency whatever the body's shape)."""
     if len(body) < OFF_LOOP_BYTES:
         return strict_peek(body)
+    return await peek_off_process(body)
+
+
+async def peek_off_process(body: bytes) -> BodyPeek:
+    """`strict_peek` in a reader process (`dataplane.readers`), whatever the body's size; a
+    reader lost on the way is BodyRefused(internal-error): the body was not read."""
     try:
         answer = _answer_of(await _readers.ask(body))
     except ReaderLost as lost:

@@ -19,6 +19,7 @@ import uvloop
 from aiohttp import HttpVersion11, hdrs, web
 
 from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
+from dataplane.bodies import close_readers
 from dataplane.errors import refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
@@ -239,6 +240,7 @@ async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: 
         await proxy.drained(STOP_GRACE_S)
     await sockets
     await runner.cleanup()
+    await close_readers()  # the body reader processes, if a large body started any
 
 
 async def _fleet_admission(settings: Settings) -> FleetAdmission | None:

@@ -24,6 +24,7 @@ file descriptor), which calls `serve` with its answer function.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import struct
@@ -35,6 +36,7 @@ from pathlib import Path
 READERS = 2  # reader processes at most (the others' bodies wait their turn)
 ANSWER_S = 60.0  # a reader that has not answered by then is lost (a 32 MiB parse takes < 1 s)
 IDLE_S = 60.0  # a reader idle this long exits (its memory returns)
+NICE = 10  # a reader runs at this niceness above its data plane's
 MAX_ANSWER = 1 << 16  # an answer is a few fields
 _HEAD = struct.Struct(">Q")
 _ROOT = str(Path(__file__).resolve().parents[1])
@@ -215,6 +217,7 @@ def serve(fd: int, answer: Callable[[bytes], bytes]) -> None:
     """A reader process's loop: a frame in, `answer(frame)` out, until EOF on `fd`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(NICE)  # its data plane's loop wins a contended core (bench/README.md, Stop 30)
     sock = socket.socket(fileno=fd)
     sock.setblocking(True)
     while True:
