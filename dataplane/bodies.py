@@ -251,9 +251,9 @@ def answer(body: bytes) -> bytes:
     return _encode_answer(_Answer(None, "", *peek))
 
 
-def serve_reader(fd: int, memfd: int) -> None:
+def serve_reader(fd: int) -> None:
     """A reader process's entry (`dataplane.readers` starts it): strict peeks until EOF."""
-    serve(fd, memfd, answer)
+    serve(fd, answer)
 
 
 _readers = Readers("dataplane.bodies:serve_reader")

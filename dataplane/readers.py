@@ -3,8 +3,8 @@
 msgspec holds the GIL for a whole parse, so a parse in a worker thread stalls the event loop as
 long as one on it: ~16-19 ms per MiB of a worst-shaped body (`[0,0,...]`, many tiny members), so
 ~0.6 s for one just under the 32 MiB default limit (bench/README.md, "Stop 30"). A large body is
-read by a reader process instead: the loop hands its bytes over (below) and awaits a small
-answer.
+read by a reader process instead: the loop only writes its bytes to a socket (non-blocking writes
+of slices of it, no copy) and awaits a small answer.
 
 - Lazy: no process exists until the first large body, and one idle for `IDLE_S` exits, so an
   idle data plane holds none.
@@ -16,11 +16,9 @@ answer.
   killed and `ReaderLost` raised (the caller answers 500 `internal-error`, counted in `lost`);
   the next body gets a fresh reader.
 
-A body travels in a memfd the reader holds: one `pwrite` in a worker thread (the kernel copies,
-the GIL is released, the loop takes no part), then its length as an 8-byte big-endian frame on
-the socket; the answer is such a length and that many bytes. This module knows nothing of what
-is read: the child runs `entry` (`"module:function"`, called with the socket's and the memfd's
-file descriptors), which calls `serve` with its answer function.
+A frame either way is an 8-byte big-endian length and that many bytes. This module knows
+nothing of what is read: the child runs `entry` (`"module:function"`, called with the socket's
+file descriptor), which calls `serve` with its answer function.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ NICE = 5  # a reader runs at this niceness above its data plane's
 MAX_ANSWER = 1 << 16  # an answer is a few fields
 _HEAD = struct.Struct(">Q")
 _ROOT = str(Path(__file__).resolve().parents[1])
+_SEND_BUFFER = 1 << 20
 
 
 class ReaderLost(Exception):
@@ -49,31 +48,23 @@ class ReaderLost(Exception):
 
 
 class _Reader:
-    __slots__ = ("popen", "sock", "memfd", "idle_since", "_writing")
+    __slots__ = ("popen", "sock", "idle_since")
 
-    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket, memfd: int) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], sock: socket.socket) -> None:
         self.popen = popen
         self.sock = sock
-        self.memfd = memfd  # the body travels here: one write in a thread, the GIL released
         self.idle_since = 0.0
-        self._writing: asyncio.Future[None] | None = None
 
     def close(self, kill: bool) -> None:
-        """Close its socket (it exits at EOF); kill it too if it may be mid-read. Its memfd is
-        closed once no thread writes to it (a number reused meanwhile would be written to)."""
+        """Close its socket (it exits at EOF); kill it too if it may be mid-read."""
         self.sock.close()
         if kill and self.popen.poll() is None:
             self.popen.kill()
-        if self._writing is not None and not self._writing.done():
-            self._writing.add_done_callback(lambda _: os.close(self.memfd))
-        else:
-            os.close(self.memfd)
 
     async def exchange(self, payload: bytes) -> bytes:
         loop = asyncio.get_running_loop()
-        self._writing = loop.run_in_executor(None, _write_all, self.memfd, payload)
-        await self._writing
         await loop.sock_sendall(self.sock, _HEAD.pack(len(payload)))
+        await loop.sock_sendall(self.sock, memoryview(payload))
         (size,) = _HEAD.unpack(await self._exactly(_HEAD.size))
         if size > MAX_ANSWER:
             raise ReaderLost(f"an answer of {size} bytes")
@@ -90,14 +81,6 @@ class _Reader:
                 raise ReaderLost("the reader closed its socket")
             got += n
         return data
-
-
-def _write_all(fd: int, payload: bytes) -> None:
-    """`payload` at the start of the memfd `fd` (the kernel copies it; the GIL is released)."""
-    view = memoryview(payload)
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], done)
 
 
 class Readers:
@@ -160,28 +143,31 @@ class Readers:
 
     def _start(self) -> _Reader:
         ours, theirs = socket.socketpair()
-        memfd = os.memfd_create("leasehold-body", os.MFD_CLOEXEC)
         module, function = self.entry.split(":")
-        call = f"{function}({theirs.fileno()}, {memfd})"
-        code = f"import sys; sys.path.insert(0, {_ROOT!r}); from {module} import {function}; {call}"
+        code = (
+            f"import sys; sys.path.insert(0, {_ROOT!r}); from {module} import {function}; {function}({theirs.fileno()})"
+        )
         try:
             popen = subprocess.Popen(
                 [sys.executable, "-I", "-c", code],
-                pass_fds=(theirs.fileno(), memfd),
+                pass_fds=(theirs.fileno(),),
                 env={},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
             )
         except OSError as exc:
             ours.close()
-            os.close(memfd)
             self.lost += 1
             raise ReaderLost(f"no reader process could start ({exc.strerror})") from None
         finally:
             theirs.close()
         self.started += 1
+        try:
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+        except OSError:
+            pass
         ours.setblocking(False)
-        return _Reader(popen, ours, memfd)
+        return _Reader(popen, ours)
 
     def _drop(self, reader: _Reader, kill: bool) -> None:
         reader.close(kill)
@@ -227,9 +213,8 @@ class Readers:
                 await asyncio.to_thread(popen.wait, timeout_s)
 
 
-def serve(fd: int, memfd: int, answer: Callable[[bytes], bytes]) -> None:
-    """A reader process's loop: a body's length on `fd` (the body in `memfd`), `answer(body)`
-    back, until EOF on `fd` (the memfd's memory returns when both ends have closed it)."""
+def serve(fd: int, answer: Callable[[bytes], bytes]) -> None:
+    """A reader process's loop: a frame in, `answer(frame)` out, until EOF on `fd`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)  # its data plane's loop wins a contended core (bench/README.md, Stop 30)
@@ -239,9 +224,10 @@ def serve(fd: int, memfd: int, answer: Callable[[bytes], bytes]) -> None:
         head = _read(sock, _HEAD.size)
         if head is None:
             return
-        (size,) = _HEAD.unpack(head)
-        body = os.pread(memfd, size, 0)  # the memfd keeps its pages for the next body
-        out = answer(body) if len(body) == size else b""
+        body = _read(sock, _HEAD.unpack(head)[0])
+        if body is None:
+            return
+        out = answer(bytes(body))
         try:
             sock.sendall(_HEAD.pack(len(out)) + out)
         except OSError:

@@ -93,7 +93,7 @@ def test_a_near_limit_body_of_the_costliest_shape_is_read() -> None:
 # ---- broken readers: answered, never hung; the next body gets a fresh reader -----------------
 
 
-def crashy_reader(fd: int, memfd: int) -> None:
+def crashy_reader(fd: int) -> None:
     """A reader that dies on `crash`, hangs on `hang`, answers garbage to `garbage`, and
     answers anything else with its environment (JSON)."""
 
@@ -106,7 +106,7 @@ def crashy_reader(fd: int, memfd: int) -> None:
             return b"\xff" * 10
         return json.dumps(dict(os.environ)).encode()
 
-    readers.serve(fd, memfd, answer)
+    readers.serve(fd, answer)
 
 
 def _run(pool: Readers, work: Callable[[Readers], Awaitable[T]]) -> T:
