@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from dataplane.readers import ReaderLost, Readers, serve
+from dataplane.readers import ReaderLost, Readers
 from shared.codes import Refusal
 
 # Each inflation step produces at most this much and reads at most `STEP_IN` of input.
@@ -211,10 +211,7 @@ async def peek_body(body: bytes) -> BodyPeek:
 async def peek_off_process(body: bytes) -> BodyPeek:
     """`strict_peek` in a reader process (`dataplane.readers`), whatever the body's size; a
     reader lost on the way is BodyRefused(internal-error): the body was not read."""
-    try:
-        answer = _answer_of(await _readers.ask(body))
-    except ReaderLost as lost:
-        raise BodyRefused(Refusal.INTERNAL_ERROR, f"the gateway could not read the request body: {lost}") from None
+    answer = _answer_of(await ask_reader(body))
     if answer.refusal is not None:
         raise BodyRefused(answer.refusal, answer.message)
     return BodyPeek(answer.model, answer.stream, answer.include_usage, answer.stream_options)
@@ -235,11 +232,11 @@ _encode_answer = msgspec.msgpack.Encoder().encode
 _decode_answer = msgspec.msgpack.Decoder(_Answer).decode
 
 
-def _answer_of(data: bytes) -> _Answer:
+def _answer_of(data: bytearray) -> _Answer:
     try:
         return _decode_answer(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise ReaderLost("its answer is out of protocol") from None
+        raise BodyRefused(Refusal.INTERNAL_ERROR, "the gateway could not read the request body") from None
 
 
 def answer(body: bytes) -> bytes:
@@ -251,12 +248,16 @@ def answer(body: bytes) -> bytes:
     return _encode_answer(_Answer(None, "", *peek))
 
 
-def serve_reader(fd: int) -> None:
-    """A reader process's entry (`dataplane.readers` starts it): strict peeks until EOF."""
-    serve(fd, answer)
+_readers = Readers("dataplane.bodyreader:serve_reader")
 
 
-_readers = Readers("dataplane.bodies:serve_reader")
+async def ask_reader(body: bytes, kind: int = 0, most: int = 1 << 16) -> bytearray:
+    """A reader process's answer to a request of `kind` about `body` (`dataplane.bodyreader`
+    names the kinds; 0 is `answer`); a reader lost on the way is BodyRefused(internal-error)."""
+    try:
+        return await _readers.ask(body, kind, most)
+    except ReaderLost as lost:
+        raise BodyRefused(Refusal.INTERNAL_ERROR, f"the gateway could not read the request body: {lost}") from None
 
 
 async def close_readers() -> None:

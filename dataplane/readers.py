@@ -16,9 +16,9 @@ of slices of it, no copy) and awaits a small answer.
   killed and `ReaderLost` raised (the caller answers 500 `internal-error`, counted in `lost`);
   the next body gets a fresh reader.
 
-A frame either way is an 8-byte big-endian length and that many bytes. This module knows
-nothing of what is read: the child runs `entry` (`"module:function"`, called with the socket's
-file descriptor), which calls `serve` with its answer function.
+A request is a kind byte, an 8-byte big-endian length and that many bytes; an answer the same.
+This module knows nothing of what is read: the child runs `entry` (`"module:function"`, called
+with the socket's file descriptor), which calls `serve` with its answer function.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ READERS = 2  # reader processes at most (the others' bodies wait their turn)
 ANSWER_S = 60.0  # a reader that has not answered by then is lost (a 32 MiB parse takes < 1 s)
 IDLE_S = 60.0  # a reader idle this long exits (its memory returns)
 NICE = 5  # a reader runs at this niceness above its data plane's
-MAX_ANSWER = 1 << 16  # an answer is a few fields
-_HEAD = struct.Struct(">Q")
+_HEAD = struct.Struct(">BQ")  # a request: its kind and its length
 _ROOT = str(Path(__file__).resolve().parents[1])
 _SEND_BUFFER = 1 << 20
 
@@ -61,14 +60,14 @@ class _Reader:
         if kill and self.popen.poll() is None:
             self.popen.kill()
 
-    async def exchange(self, payload: bytes) -> bytes:
+    async def exchange(self, kind: int, payload: bytes, most: int) -> bytearray:
         loop = asyncio.get_running_loop()
-        await loop.sock_sendall(self.sock, _HEAD.pack(len(payload)))
+        await loop.sock_sendall(self.sock, _HEAD.pack(kind, len(payload)))
         await loop.sock_sendall(self.sock, memoryview(payload))
-        (size,) = _HEAD.unpack(await self._exactly(_HEAD.size))
-        if size > MAX_ANSWER:
+        _, size = _HEAD.unpack(await self._exactly(_HEAD.size))
+        if size > most:
             raise ReaderLost(f"an answer of {size} bytes")
-        return bytes(await self._exactly(size))
+        return await self._exactly(size)  # no copy: a rewritten body is as large as the body
 
     async def _exactly(self, size: int) -> bytearray:
         loop = asyncio.get_running_loop()
@@ -104,15 +103,16 @@ class Readers:
         """The reader processes alive now (idle or busy)."""
         return [r.popen.pid for r in (*self._idle, *self._busy) if r.popen.poll() is None]
 
-    async def ask(self, payload: bytes) -> bytes:
-        """The answer of a reader to `payload`; ReaderLost if it cannot be had."""
+    async def ask(self, payload: bytes, kind: int = 0, most: int = 1 << 16) -> bytearray:
+        """A reader's answer (at most `most` bytes) to a request of `kind` (its entry's own
+        vocabulary) about `payload`; ReaderLost if it cannot be had."""
         turns = self._turns_here()
         async with turns:
             reader = self._take()
             self._busy.add(reader)
             try:
                 async with asyncio.timeout(self.answer_s):
-                    answer = await reader.exchange(payload)
+                    answer = await reader.exchange(kind, payload, most)
             except BaseException as exc:  # mid-frame: the reader cannot be reused
                 self._busy.discard(reader)
                 self._drop(reader, kill=True)
@@ -213,8 +213,8 @@ class Readers:
                 await asyncio.to_thread(popen.wait, timeout_s)
 
 
-def serve(fd: int, answer: Callable[[bytes], bytes]) -> None:
-    """A reader process's loop: a frame in, `answer(frame)` out, until EOF on `fd`."""
+def serve(fd: int, answer: Callable[[int, bytes], bytes]) -> None:
+    """A reader process's loop: a request in, `answer(kind, payload)` out, until EOF on `fd`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(NICE)  # its data plane's loop wins a contended core (bench/README.md, Stop 30)
@@ -224,12 +224,14 @@ def serve(fd: int, answer: Callable[[bytes], bytes]) -> None:
         head = _read(sock, _HEAD.size)
         if head is None:
             return
-        body = _read(sock, _HEAD.unpack(head)[0])
+        kind, size = _HEAD.unpack(head)
+        body = _read(sock, size)
         if body is None:
             return
-        out = answer(bytes(body))
+        out = answer(kind, bytes(body))
         try:
-            sock.sendall(_HEAD.pack(len(out)) + out)
+            sock.sendall(_HEAD.pack(kind, len(out)))
+            sock.sendall(out)
         except OSError:
             return
 

@@ -22,6 +22,7 @@ import pytest
 from dataplane import bodies, readers
 from dataplane.bodies import OFF_LOOP_BYTES, BodyPeek, BodyRefused, peek_body, peek_off_process, strict_peek
 from dataplane.readers import ReaderLost, Readers
+from dataplane.usage_ask import asks_usage, with_usage, with_usage_off_loop
 from shared.codes import Refusal
 from tests.hostile.test_strict_bodies import READ, REFUSED
 from tests.support.waits import until
@@ -97,7 +98,7 @@ def crashy_reader(fd: int) -> None:
     """A reader that dies on `crash`, hangs on `hang`, answers garbage to `garbage`, and
     answers anything else with its environment (JSON)."""
 
-    def answer(body: bytes) -> bytes:
+    def answer(kind: int, body: bytes) -> bytes:
         if body == b"crash":
             os._exit(3)
         if body == b"hang":
@@ -207,3 +208,33 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# ---- a chat stream's usage asked for on a large body, in a reader process too ------------------
+
+USAGE_BODIES = [
+    b'{"model":"gpt-5-mini","stream":true,"x":"%s","stream_options":{"include_usage":false}}',
+    b'{"model":"gpt-5-mini","stream":true,"stream_options":null,"x":"%s"}',
+    b'{"stream_options" : {"other":1, "include_usage":null} ,"model":"m","stream":true,"x":["%s"]}',
+    b'{"model":"m","stream":true,"x":{"stream_options":"%s"},"stream_options":{"a":"\\u00e9"}}',
+    b'{"model":"m","stream":true,"x":[0,"%s",0],"stream_options":{}}',
+]
+
+
+@pytest.mark.parametrize("template", USAGE_BODIES)
+def test_usage_is_asked_for_alike_in_a_reader_process(template: bytes) -> None:
+    body = template % (b"a" * OFF_LOOP_BYTES)
+    peek = strict_peek(body)
+    assert peek.stream_options and asks_usage("/v1/chat/completions", peek)
+
+    async def run() -> bytes | None:
+        try:
+            return await with_usage_off_loop(body, peek)
+        finally:
+            await bodies.close_readers()
+
+    expected = with_usage(body, peek)
+    assert asyncio.run(run()) == expected
+    assert bodies._readers.started >= 1  # it did go to a reader
+    if expected is not None:
+        assert strict_peek(expected).include_usage

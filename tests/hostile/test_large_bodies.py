@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from dataplane.bodies import OFF_LOOP_BYTES
-from tests.hostile.conftest import HAIKU, OPUS, mint_v2, post_raw, start_hostile_gateway
-from tests.support.attempts import A_HEADERS
+from tests.hostile.conftest import HAIKU, MINI, OPUS, mint_v2, post_raw, start_hostile_gateway
+from tests.hostile.test_usage_asked import UPSTREAM, WITHOUT_USAGE_CHUNK
+from tests.support.attempts import A_HEADERS, step
 from tests.support.harness import Gateway, Stub
 from tests.support.waits import wait_until
 
@@ -108,6 +109,27 @@ def test_a_large_hostile_body_is_refused_as_a_small_one(
         assert (got, json.loads(answer)["error"]["code"] if got >= 400 else None) == (status, code), answer[:300]
         assert headers.get("x-should-retry") == "false"
     assert clean_stub.requests() == []
+
+
+def test_a_large_chat_stream_is_asked_for_usage_by_way_of_a_reader(lgw: Gateway, clean_stub: Stub) -> None:
+    """Its `stream_options` is found by a scan of the top level, in a reader process (SPEC §19)."""
+    token = mint_v2(lgw, MINI, "d-large-usage")["token"]
+    body = (
+        b'{"model":"gpt-5-mini","stream":true,"messages":[{"role":"user","content":"'
+        + TEXT.encode()
+        + b'"}],"stream_options":{"include_usage":false}}'
+    )
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json", **step(body=UPSTREAM)}
+    for gzipped in (False, True):
+        clean_stub.reset()
+        sent = gzip.compress(body) if gzipped else body
+        extra = {"content-encoding": "gzip"} if gzipped else {}
+        status, _, received = post_raw(lgw, "/v1/chat/completions", sent, {**headers, **extra}, timeout_s=60)
+        assert status == 200 and received.decode() == WITHOUT_USAGE_CHUNK
+        (entry,) = clean_stub.requests()
+        asked = body.replace(b'"include_usage":false}}', b'"include_usage":true}}')
+        assert (entry["body_len"], entry["body_crc32"]) == (len(asked), zlib.crc32(asked))
+        assert "content-encoding" not in entry["headers"]
 
 
 def test_a_reader_killed_is_replaced_and_the_next_body_read(lgw: Gateway, clean_stub: Stub) -> None:
