@@ -108,9 +108,10 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     server.stop()
 
 
-def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis) -> None:
+def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis, tmp_path: Path) -> None:
     url = tls_redis.url()
-    settings = load_settings({"GATEWAY_FLEET_REDIS_URL": url}, role="dataplane")  # accepted as it is
+    env = {"GATEWAY_FLEET_REDIS_URL": url, "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path))}
+    settings = load_settings(env, role="dataplane")  # accepted as it is
     client = connect_sync(settings.fleet_redis_url or "")
     try:
         assert client.acl_whoami() in ("leasehold", b"leasehold")  # over TLS, as the ACL user
