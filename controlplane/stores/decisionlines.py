@@ -71,7 +71,7 @@ def retain(
     """Of the journal's `decisions`, the ones whose key is `live` (every decision of a live key:
     its grant's and its hops') or `ended` under an hour ago. A decision whose key is neither (a
     record whose grant never happened, a key ended over an hour ago) is dropped, and so is its
-    evidence."""
+    evidence; the evidence kept is each condition once (`_distinct`)."""
     ends = {key: at for key, at in ended.items() if key not in live and kept_after_end(at, now_ms)}
     kept = tuple(d for d in decisions if d.key_id is not None and (d.key_id in live or d.key_id in ends))
     ids = {d.mint_decision_id for d in kept}
@@ -79,8 +79,14 @@ def retain(
     return Kept(
         decisions=kept,
         ended={key: at for key, at in ends.items() if key in keys},
-        evidence={i: tuple(c) for i, c in evidence.items() if i in ids and c},
+        evidence={i: _distinct(c) for i, c in evidence.items() if i in ids and c},
     )
+
+
+def _distinct(conditions: Sequence[Condition | None]) -> tuple[Condition | None, ...]:
+    """A decision's evidence as a citation's verdict reads it (`authorise_fallback`: is there
+    any, and does any qualify): each condition once, in the order it first arrived."""
+    return tuple(dict.fromkeys(conditions))
 
 
 def lines_of(kept: Kept) -> list[Line]:

@@ -8,6 +8,7 @@ format and what a compaction keeps are `controlplane/stores/decisionlines.py`'s 
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from controlplane.decisions import Decision, lease_decisions
@@ -33,11 +34,12 @@ log = get_logger("control")
 
 LEASE_DECISIONS_FILE = "lease-decisions.jsonl"
 # The journal gains a line per selected decision (a mint, a renewal, a hop), per key end and per
-# terminal row's evidence (embedded), and is rewritten from memory once its lines reach this or
-# twice the lines it keeps, whichever is more: never past max(4,096, 2 x kept) lines, where kept
-# is what the live leases and the leases ended within the hour need.
+# new condition of a decision's evidence (embedded), and is rewritten from memory at a key's end
+# (off the mint's path: a mint writes its one line, as it always did) once its lines reach this or
+# twice the lines it keeps, whichever is more. Every line but an end's adds to what is kept, and
+# only an end lets go of any, so the journal stays within about max(4,096, 2 x kept) lines, kept
+# being what the live leases and those ended within the hour need.
 COMPACT_MIN_LINES = 4_096
-PRUNE_EVERY_MS = 60_000  # how often memory lets go of the decisions whose key ended over an hour ago
 
 
 class LeaseDecisions:
@@ -48,16 +50,18 @@ class LeaseDecisions:
     Each live key has its current decision (`of_key`): the one it was granted, then the one a
     hop re-bound it to; every decision of a live key stays findable by id (`get`). When a key
     ends (not when a hop lets go of its lease: the key stays and is re-bound) an `Ended` line
-    is written, and its decisions (and their evidence) stay for `ENDED_KEPT_MS`, then memory and
-    the next compaction let them go. Journalled, so they survive a control restart — also one
-    while Redis lost its data: `$GATEWAY_STATE_DIR/lease-decisions.jsonl`, 0600, one line each
-    (ids, lineage, position, conditions; nothing secret), appended without an fsync (as the key
-    table's journal), and rewritten from memory at `load` and whenever it has grown past
-    `COMPACT_MIN_LINES` and twice what it keeps. At load the key table says which leases are
-    live and which decision each holds (`controlplane/decisions.lease_decisions`); a decision of
-    a key neither live nor ended within the hour (a crash between a record and its grant) is
-    dropped, and a line that does not decode is skipped and counted (`skipped`). A journal that
-    cannot be written or read is logged and memory goes on.
+    is written, and its decisions (and their evidence: the distinct conditions of their terminal
+    rows, all a citation's verdict reads) stay for `ENDED_KEPT_MS`; then memory lets them go
+    (oldest end first, at the next end) and the next compaction drops them. Journalled,
+    so they survive a control restart — also one while Redis lost its data:
+    `$GATEWAY_STATE_DIR/lease-decisions.jsonl`, 0600, one line each (ids, lineage, position,
+    conditions; nothing secret), appended without an fsync (as the key table's journal), and
+    rewritten from memory at `load` and when it has grown past `COMPACT_MIN_LINES` and twice
+    what it keeps. At load the key table says which leases are live and which decision each
+    holds (`controlplane/decisions.lease_decisions`); a decision of a key neither live nor ended
+    within the hour (a crash between a record and its grant) is dropped, and a line that does
+    not decode is skipped and counted (`skipped`). A journal that cannot be written or read is
+    logged and memory goes on.
     """
 
     def __init__(
@@ -69,12 +73,15 @@ class LeaseDecisions:
         self.skipped = 0  # journal lines that did not decode, since start
         self._by_key: dict[str, Decision] = {}  # live key -> its current decision
         self._by_id: dict[str, Decision] = {}  # every decision kept, in the order recorded
+        self._ids_of_key: dict[str, list[str]] = {}  # key -> its decisions kept
         self._ended: dict[str, int] = {}  # key -> when it ended (kept under an hour)
-        self._evidence: dict[str, list[Condition | None]] = {}
+        # the ends, oldest first: a deque, whose first is found in constant time however many
+        # were let go before it (a dict's first is not: it skips the slots of every one deleted)
+        self._end_order: deque[tuple[str, int]] = deque()
+        self._evidence: dict[str, list[Condition | None]] = {}  # distinct, in arrival order
         self._evidence_lines = 0
         self._fd: int | None = None
         self._lines = 0
-        self._next_prune = 0
         self._loaded = False  # nothing is rewritten before `load` read what is there
 
     def load(self, leases: Sequence[Lease], ended: Mapping[str, int] | None = None) -> list[str]:
@@ -103,13 +110,15 @@ class LeaseDecisions:
         return missing
 
     def add(self, decision: Decision) -> None:
-        """A lease-bearing decision, recorded (a mint's, a renewal's or a hop's)."""
+        """A lease-bearing decision, recorded (a mint's, a renewal's or a hop's): one line."""
         assert decision.key_id is not None
-        self._prune()
-        if self._loaded and (self._fd is None or self._lines >= self._bound()):
+        if self._loaded and self._fd is None:  # a write failed: rewritten, then reopened
             self._compact()  # before the new line: a crash before its grant finds the old one
         self._append(decision)
         self._by_key[decision.key_id] = decision
+        self._ended.pop(decision.key_id, None)  # live (again): never let go while it is
+        if decision.mint_decision_id not in self._by_id:
+            self._ids_of_key.setdefault(decision.key_id, []).append(decision.mint_decision_id)
         self._by_id[decision.mint_decision_id] = decision
 
     def forget(self, key_id: str) -> None:
@@ -120,14 +129,20 @@ class LeaseDecisions:
         del self._by_key[key_id]
         at_ms = self.clock()
         self._ended[key_id] = at_ms
+        self._end_order.append((key_id, at_ms))
         self._append(Ended(key_id=key_id, at_ms=at_ms))
         self._prune()
+        if self._lines >= self._bound():
+            self._compact()
 
     def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
         """One terminal row's condition for a kept decision (embedded mode: a citation after a
-        restart reads it); for a decision not kept, nothing."""
-        if mint_decision_id in self._by_id:
-            self._evidence.setdefault(mint_decision_id, []).append(condition)
+        restart reads it): a line when it is new for that decision; otherwise nothing."""
+        if mint_decision_id not in self._by_id:
+            return
+        conditions = self._evidence.setdefault(mint_decision_id, [])
+        if condition not in conditions:
+            conditions.append(condition)
             self._evidence_lines += 1
             self._append(Evidence(mint_decision_id=mint_decision_id, condition=condition))
 
@@ -168,21 +183,27 @@ class LeaseDecisions:
 
     def _adopt(self, kept: Kept) -> None:
         self._by_id = {decision.mint_decision_id: decision for decision in kept.decisions}
+        self._ids_of_key = {}
+        for decision in kept.decisions:
+            assert decision.key_id is not None  # `retain` keeps only lease-bearing decisions
+            self._ids_of_key.setdefault(decision.key_id, []).append(decision.mint_decision_id)
         self._ended = dict(kept.ended)
+        self._end_order = deque(sorted(kept.ended.items(), key=lambda item: item[1]))
         self._evidence = {decision_id: list(conditions) for decision_id, conditions in kept.evidence.items()}
         self._evidence_lines = sum(len(conditions) for conditions in kept.evidence.values())
 
-    def _kept(self) -> Kept:
-        return retain(self._by_id.values(), self._ended, self._evidence, self._by_key.keys(), self.clock())
-
     def _prune(self) -> None:
-        """At most once a minute: let go of the decisions whose key ended over an hour ago."""
+        """Let go of the decisions whose key ended an hour ago or more, oldest end first (each
+        is let go once: amortised, a constant per end)."""
         now = self.clock()
-        if now < self._next_prune:
-            return
-        self._next_prune = now + PRUNE_EVERY_MS
-        if any(not kept_after_end(at_ms, now) for at_ms in self._ended.values()):
-            self._adopt(self._kept())
+        while self._end_order and not kept_after_end(self._end_order[0][1], now):
+            key_id, at_ms = self._end_order.popleft()
+            if self._ended.get(key_id) != at_ms:
+                continue  # live again since (a fleet host's re-registration)
+            del self._ended[key_id]
+            for decision_id in self._ids_of_key.pop(key_id, ()):
+                self._by_id.pop(decision_id, None)
+                self._evidence_lines -= len(self._evidence.pop(decision_id, ()))
 
     def _bound(self) -> int:
         kept = len(self._by_id) + len(self._ended) + self._evidence_lines
@@ -202,7 +223,7 @@ class LeaseDecisions:
         if self.path is None:
             return
         self.close()
-        kept = self._kept()
+        kept = retain(self._by_id.values(), self._ended, self._evidence, self._by_key.keys(), self.clock())
         self._adopt(kept)
         lines = lines_of(kept)
         tmp = self.path + ".tmp"

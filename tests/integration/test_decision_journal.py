@@ -85,6 +85,7 @@ def test_an_ended_keys_decisions_and_evidence_outlive_a_restart_for_an_hour(
     record.add(_decision(2, "K1"))  # a hop re-bound K1
     live["K1"] = _lease("K1", "md_2")
     record.add_evidence("md_1", RL)
+    record.add_evidence("md_1", RL)  # a condition already in its evidence: no line
     record.add_evidence("md_2", None)
     del live["K1"]
     record.forget("K1")
@@ -122,12 +123,15 @@ def test_memory_lets_go_an_hour_after_the_end_without_a_restart(tmp_path: Path) 
     path, record = _journal(tmp_path, live, clock)
     record.add(_decision(1, "K1"))
     record.forget("K1")
+    record.add_evidence("md_1", RL)
     clock.now += HOUR - 1
     record.add(_decision(2, "K2"))
-    assert record.get("md_1") is not None
-    clock.now += leasedecisions.PRUNE_EVERY_MS
+    record.forget("K2")
+    assert record.get("md_1") is not None and record.evidence() == {"md_1": (RL,)}
+    clock.now += 1
     record.add(_decision(3, "K3"))
-    assert record.get("md_1") is None and record.get("md_2") is not None
+    record.forget("K3")  # an end lets go of those ended an hour ago or more
+    assert record.get("md_1") is None and record.get("md_2") is not None and record.evidence() == {}
     record.close()
 
 

@@ -107,10 +107,12 @@ def test_a_record_before_its_grant_leaves_the_previous_decision_for_a_crash(
         record.add(_decision(n, f"K{n}"))
         record.forget(f"K{n}")
     clock[0] += ENDED_KEPT_MS  # their hour is over
-    record.add(_decision(5, "K1"))  # compacts, then records; the key table still names md_1
+    record.add(_decision(5, "K5"))
+    record.forget("K5")  # lets go of K2-K4: 9 lines, past twice the 3 kept; compacted
+    record.add(_decision(6, "K1"))  # records; the key table still names md_1
     record.close()
     with open(path, "rb") as handle:
-        assert len(handle.readlines()) == 2  # md_1 (compacted), md_5
+        assert len(handle.readlines()) == 4  # md_1, md_5, K5's end (compacted), md_6
     restored = LeaseDecisions(path, leases.get)
     assert restored.load(list(leases.values())) == []
     assert restored.of_key("K1") == _decision(1, "K1")

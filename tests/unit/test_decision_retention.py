@@ -98,6 +98,11 @@ RETAIN_CASES = [
         Kept(decisions=(), ended={}, evidence={}),
     ),
     Case(
+        "evidence kept is each condition once, in the order it first arrived",
+        ([_d(1, "K1")], {}, {"md_1": [None, RL, None, RL, OV]}, {"K1"}),
+        Kept(decisions=(_d(1, "K1"),), ended={}, evidence={"md_1": (None, RL, OV)}),
+    ),
+    Case(
         "the order recorded is kept",
         ([_d(3, "K3"), _d(1, "K1"), _d(2, "K2")], {"K2": NOW - 1}, {}, {"K1", "K3"}),
         Kept(decisions=(_d(3, "K3"), _d(1, "K1"), _d(2, "K2")), ended={"K2": NOW - 1}, evidence={}),
