@@ -3,7 +3,10 @@ daemons, two stub upstreams (`legacy-anthropic`, then `anthropic-team-b`) and th
 mode keeps (`lease-decisions.jsonl`). After control restarts, a caller-driven lease renews on its
 account and position, a dispatch key extends, and a 429 on the dispatch key still hops it to the
 sibling: the worker's own retry is served there. Before, each answered 404 `decision-unknown`
-(or never hopped)."""
+(or never hopped). And a retry or a supersede citing a lease released before the restart (its
+decision and evidence kept an hour after its key ended) is answered exactly as its twin was
+before the restart, also when junk was appended to the journal meanwhile; before, each was
+`fallback-lineage-unknown`."""
 
 from __future__ import annotations
 
