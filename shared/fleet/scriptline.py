@@ -299,6 +299,8 @@ class ScriptLine:
         self._opening = None
         if not task.cancelled() and task.exception() is None:  # (an exception is its callers')
             self._wire = task.result()
+            if self.closed:  # closed while it opened
+                self._wire.fail(StateUnavailable("script line: closed"))
 
     async def _connect(self) -> _Wire:
         target = self.target
