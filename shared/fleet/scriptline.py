@@ -13,9 +13,10 @@ The same bounds and the same failure vocabulary as `shared/fleet/redis_client.py
 - a reply waits at most `timeout_s`: a timeout fails every call still waiting on the connection
   (`StateUnavailable`; their outcome is unknown, as a timed-out redis-py call's) and drops the
   connection (a late reply would answer the wrong call); never retried;
-- a connection opens within `connect_timeout_s`, with the client's own settings (TLS with its
-  three files, the ACL user and password, the database): `LineTarget.of` reads them from the
-  redis-py pool the rest of the process uses, so both connect alike;
+- a connection opens within `connect_timeout_s` (an open that timed out sent nothing: it is
+  tried once more), with the client's own settings (TLS with its three files, the ACL user and
+  password, the database): `LineTarget.of` reads them from the redis-py pool the rest of the
+  process uses, so both connect alike;
 - a call that finds its connection broken (a restarted server) is sent once more on a fresh one,
   as redis-py's one retry on a connection error; every hot script is idempotent (holder-keyed);
 - a script Redis does not know (`NOSCRIPT`: a restart, `SCRIPT FLUSH`) is sent once as `EVAL`;
@@ -304,16 +305,14 @@ class ScriptLine:
 
     async def _connect(self) -> _Wire:
         target = self.target
-        loop = asyncio.get_running_loop()
         wire = _Wire(target.timeout_s)
         try:
-            async with asyncio.timeout(target.connect_timeout_s):
-                if target.path:
-                    await loop.create_unix_connection(lambda: wire, target.path)
-                else:
-                    context = target.ssl_context()
-                    await loop.create_connection(lambda: wire, target.host, target.port, ssl=context,
-                                                 server_hostname=target.host if context else None)
+            try:
+                await self._establish(wire)
+            except TimeoutError:  # an open that timed out sent nothing: tried once more
+                wire.fail(_Broken())
+                wire = _Wire(target.timeout_s)
+                await self._establish(wire)
             for command in target.handshake():
                 reply = await wire.send(command)
                 if isinstance(reply, ErrorReply):
@@ -325,6 +324,18 @@ class ScriptLine:
             wire.fail(_Broken())
             raise
         return wire
+
+    async def _establish(self, wire: _Wire) -> None:
+        """Open the socket (and TLS) within `connect_timeout_s`."""
+        target = self.target
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(target.connect_timeout_s):
+            if target.path:
+                await loop.create_unix_connection(lambda: wire, target.path)
+            else:
+                context = target.ssl_context()
+                await loop.create_connection(lambda: wire, target.host, target.port, ssl=context,
+                                             server_hostname=target.host if context else None)
 
     def close(self) -> None:
         """Close the connection (calls still waiting fail `StateUnavailable`); no reopening."""

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from shared.capacity import StateUnavailable
@@ -113,3 +114,32 @@ async def test_a_closed_line_refuses(line) -> None:
     hot.close()
     with pytest.raises(StateUnavailable):
         await hot.run(client.register_script(ECHO), [], [1])
+
+
+class _SlowFirstOpen(ScriptLine):
+    """A line whose first open times out (a loaded host's first request)."""
+
+    opens = 0
+
+    async def _establish(self, wire) -> None:  # type: ignore[no-untyped-def]
+        self.opens += 1
+        if self.opens == 1:
+            raise TimeoutError()
+        await super()._establish(wire)
+
+
+async def test_an_open_that_timed_out_is_tried_once_more(line) -> None:
+    _server, hot, client = line
+    slow = _SlowFirstOpen(hot.target)
+    try:
+        assert await slow.run(client.register_script(ECHO), [], [5]) == 5 and slow.opens == 2
+    finally:
+        slow.close()
+
+
+async def test_an_open_that_never_completes_is_unavailable(line) -> None:
+    _server, hot, client = line
+    never = ScriptLine(msgspec.structs.replace(hot.target, connect_timeout_s=1e-9))
+    with pytest.raises(StateUnavailable, match="connect TimeoutError"):
+        await never.run(client.register_script(ECHO), [], [1])
+    never.close()
