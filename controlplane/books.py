@@ -1,5 +1,5 @@
 """`Books`: spend and budgets (SPEC §18), headroom (SPEC §22), and in fleet mode their fleet-wide
-halves, built by `build_books` for `controlplane.main.wire` before the service whose row sinks
+halves, built by `build_books` for `controlplane.wiring.wire` before the service whose row sinks
 they are. None of them sees the service: rows reach them through `ControlService.row_sinks`.
 """
 

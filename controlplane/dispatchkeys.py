@@ -12,7 +12,8 @@ import msgspec
 
 from controlplane.answers import MintAnswer
 from controlplane.core.hop import FallbackDriver, hop_conditions
-from controlplane.core.mint import decide_mint
+from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
+from controlplane.core.selection import Candidate
 from controlplane.decisions import Decision
 from shared.capacity import StateUnavailable
 from shared.clock import iso_ms, now_ms
@@ -118,17 +119,7 @@ class DispatchKeys:
             assert account is not None
             claimed = await self._claim(account, lease.key_id, account.lease_capacity, lineage, None)
             if claimed is None:
-                decision = msgspec.structs.replace(
-                    base, outcome=Outcome.SELECTED, account_id=account.id, fallback_position=chosen.position,
-                    hop=verdict.hop, key_id=lease.key_id, effective_model=chosen.effective_model)
-                await self.decisions.record(decision)
-                self._log(decision)
-                facts = gathered.facts
-                moved = msgspec.structs.replace(
-                    lease, account_id=account.id, mint_decision_id=decision.mint_decision_id,
-                    hop=verdict.hop,
-                    hop_on=hop_on(FallbackDriver.GATEWAY, facts.fallback_on, verdict.hop, facts.max_hops))
-                return Hop(lease=moved, decision=decision, moved=True)
+                return await self._moved(lease, base, verdict, chosen, gathered.facts)
             refusal = claimed[0]
         decision = msgspec.structs.replace(base, outcome=Outcome.REJECTED if refusal in REJECTIONS else Outcome.HELD,
                                            refusal_reason=refusal or Refusal.NO_ELIGIBLE_ACCOUNT)
@@ -136,6 +127,19 @@ class DispatchKeys:
         self._log(decision)
         await self._rebind(lease, prior)
         return Hop(lease=lease, decision=decision, moved=False)
+
+    async def _moved(self, lease: Lease, base: Decision, verdict: MintVerdict, chosen: Candidate,
+                     facts: MintFacts) -> Hop:
+        """The hop selected a sibling: its decision recorded, the key's lease moved to it."""
+        decision = msgspec.structs.replace(
+            base, outcome=Outcome.SELECTED, account_id=chosen.account_id, fallback_position=chosen.position,
+            hop=verdict.hop, key_id=lease.key_id, effective_model=chosen.effective_model)
+        await self.decisions.record(decision)
+        self._log(decision)
+        moved = msgspec.structs.replace(
+            lease, account_id=chosen.account_id, mint_decision_id=decision.mint_decision_id,
+            hop=verdict.hop, hop_on=hop_on(FallbackDriver.GATEWAY, facts.fallback_on, verdict.hop, facts.max_hops))
+        return Hop(lease=moved, decision=decision, moved=True)
 
     async def _rebind(self, lease: Lease, prior: Decision) -> None:
         """A hop that did not happen: the key keeps its account, slot and decision. The slot is

@@ -1,7 +1,7 @@
 """`Grants`: a lease stored and pushed to the data plane, re-bound, or its slot let go — what the
 mint desk, the dispatch keys' hops and the v1 mint need of the key table and the link.
 
-Apart from `ControlService` so that `controlplane.main.wire` can build the desk and the hopper
+Apart from `ControlService` so that `controlplane.wiring.wire` can build the desk and the hopper
 (the service's settle hook) before the service, each handed what it uses. Ending a key is not
 here: that is the release seam, `ControlService.end_keys`, which settles the rows first.
 """

@@ -15,26 +15,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Annotated, Protocol
 
 import msgspec
 
 from controlplane.answers import MintAnswer
 from controlplane.circuits import CircuitRegistry
 from controlplane.core.fallback import Lineage
-from controlplane.core.hop import FallbackDriver
 from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
 from controlplane.core.selection import LiveFacts, Skipped
 from controlplane.decisions import Decision, DecisionStore
 from controlplane.dispatchkeys import DispatchKeys
 from controlplane.dispatchkeys import hop_on as lease_hop_on
 from controlplane.mintfacts import FactDesk, _none, _true
+from controlplane.mintshapes import HOLD_RETRY_S, Granter, MintV2, lineage_of, refused_body, selected_body
 from controlplane.overlays import AdminOverlay, BudgetFacts, HeadroomFacts, NoBudgets, NoHeadroom, PolicySource
 from controlplane.registry import AccountSpec, Registry
 from controlplane.stores.keys import KeyTable
-from shared.bounds import TtlSeconds, retry_after_ms
+from shared.bounds import retry_after_ms
 from shared.capacity import CapacityStore, StateUnavailable
-from shared.clock import iso_ms, now_ms
+from shared.clock import now_ms
 from shared.codes import HTTP_STATUS, ErrorCode, Outcome, Refusal, Skip
 from shared.errors import GatewayError
 from shared.logging import get_logger
@@ -43,52 +42,6 @@ from shared.tokens import new_token, new_ulid
 from shared.wire import Lease
 
 log = get_logger("control")
-
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
-
-# Retry-After of each hold, in seconds, when nothing more precise is known.
-HOLD_RETRY_S: dict[Refusal, int] = {
-    Refusal.NO_ELIGIBLE_ACCOUNT: 5,
-    Refusal.ACCOUNT_STATE_UNAVAILABLE: 10,
-    Refusal.POLICY_UNAVAILABLE: 10,
-    Refusal.FALLBACK_LINEAGE_UNKNOWN: 30,
-    Refusal.FALLBACK_LEASE_STILL_HELD: 1,
-    Refusal.FALLBACK_NOT_AUTHORISED: 2,
-    Refusal.FALLBACK_BUDGET_EXHAUSTED: 60,
-    Refusal.BUDGET_EXHAUSTED: 60,      # the decision says until the window resets; this is a floor
-    Refusal.FLEET_STATE_UNAVAILABLE: 1,   # a Redis reply waits 1 s at most; recovery is automatic
-}
-
-
-class MintV2(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    dispatch_id: Name
-    repo_slug: Name
-    principal_kind: Name
-    principal_id: Name
-    worker_role: Name | None = None
-    model: Name | None = None
-    model_class: Name | None = None
-    ttl_seconds: TtlSeconds | None = None
-    retry_of_mint_decision_id: Name | None = None
-    supersedes_mint_decision_id: Name | None = None
-    fallback_driver: FallbackDriver = FallbackDriver.CALLER
-
-
-class Granter(Protocol):
-    """What the desk needs of the service: store and replicate a lease, release a slot."""
-
-    async def grant(self, lease: Lease, account: AccountSpec, token: str) -> object: ...
-    async def release(self, lease: Lease) -> None: ...
-    async def rebind(self, lease: Lease) -> None: ...
-
-
-def lineage_of(dispatch_id: str, repo_slug: str, model: str | None, model_class: str | None) -> Lineage:
-    return Lineage(dispatch_id, repo_slug, model if model is not None else "class:" + str(model_class))
-
-
-def skips_view(skipped: tuple[Skipped, ...]) -> list[dict]:
-    return [{"account_id": s.account_id, "position": s.position, "code": str(s.code)} for s in skipped]
-
 
 class MintDesk(DispatchKeys, FactDesk):
     """The v2 mint and renewal; the dispatch keys' extension and hop are `DispatchKeys`'s."""
@@ -189,14 +142,7 @@ class MintDesk(DispatchKeys, FactDesk):
             skipped = base.skipped if skip is None else base.skipped + (
                 Skipped(account_id=account.id, position=chosen.position, code=skip),)
             return await self._refuse(msgspec.structs.replace(base, skipped=skipped), Outcome.HELD, code)
-        ttl_s = body.ttl_seconds or self.settings.key_ttl_seconds
-        lease = Lease(key_id=key_id, digest=digest, account_id=account.id,
-                      expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=body.principal_kind,
-                      principal_id=body.principal_id, repo_slug=body.repo_slug,
-                      dispatch_id=body.dispatch_id, mint_decision_id=base.mint_decision_id,
-                      worker_role=body.worker_role, hop=verdict.hop,
-                      hop_on=hop_on if facts is None else lease_hop_on(body.fallback_driver, facts.fallback_on,
-                                                                  verdict.hop, facts.max_hops))
+        lease = self._lease(body, base, verdict, account.id, key_id, digest, hop_on, facts)
         decision = msgspec.structs.replace(
             base, outcome=Outcome.SELECTED, account_id=account.id, fallback_position=chosen.position,
             hop=verdict.hop, key_id=key_id, effective_model=chosen.effective_model)
@@ -207,21 +153,20 @@ class MintDesk(DispatchKeys, FactDesk):
             raise
         self._log(decision)
         minted = await self.granter.grant(lease, account, token)
-        return MintAnswer(201, {
-            "outcome": str(Outcome.SELECTED),
-            "mint_decision_id": decision.mint_decision_id,
-            "account_id": account.id,
-            "fallback_position": chosen.position,
-            "hop": verdict.hop,
-            "token": token,
-            "key_id": key_id,
-            "expires_at": iso_ms(lease.expires_at_ms),
-            "base_url": minted.base_url,  # type: ignore[attr-defined]
-            "effective_model": chosen.effective_model,
-            "skipped": skips_view(verdict.skipped),
-            "policy_revision": decision.policy_revision,
-            "fallback_driver": decision.driver,
-        })
+        base_url: str = minted.base_url  # type: ignore[attr-defined]
+        return MintAnswer(201, selected_body(decision, lease, token, base_url, verdict.skipped))
+
+    def _lease(self, body: MintV2, base: Decision, verdict: MintVerdict, account_id: str, key_id: str,
+               digest: bytes, hop_on: tuple[str, ...], facts: MintFacts | None) -> Lease:
+        """The lease a selected mint grants: its principal, lineage, TTL and hops (SPEC §5, §8)."""
+        ttl_s = body.ttl_seconds or self.settings.key_ttl_seconds
+        return Lease(key_id=key_id, digest=digest, account_id=account_id,
+                     expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=body.principal_kind,
+                     principal_id=body.principal_id, repo_slug=body.repo_slug,
+                     dispatch_id=body.dispatch_id, mint_decision_id=base.mint_decision_id,
+                     worker_role=body.worker_role, hop=verdict.hop,
+                     hop_on=hop_on if facts is None else lease_hop_on(body.fallback_driver, facts.fallback_on,
+                                                                 verdict.hop, facts.max_hops))
 
     async def _claim(self, account: AccountSpec, key_id: str, ceiling: int | None, lineage: Lineage,
                      predecessor: str | None, *, probe: bool = True) -> tuple[Refusal, Skip | None] | None:
@@ -271,9 +216,7 @@ class MintDesk(DispatchKeys, FactDesk):
         decision = msgspec.structs.replace(base, outcome=outcome, refusal_reason=refusal)
         await self.decisions.record(decision)
         self._log(decision)
-        body = {"outcome": str(outcome), "refusal_reason": str(refusal),
-                "mint_decision_id": decision.mint_decision_id, "skipped": skips_view(decision.skipped),
-                "policy_revision": decision.policy_revision}
+        body = refused_body(decision)
         if outcome == Outcome.REJECTED:   # 409, or 403 `model-unpriced`, which no retry changes
             return MintAnswer(HTTP_STATUS[refusal], body, no_retry=refusal == Refusal.MODEL_UNPRICED)
         return MintAnswer(503, body, retry_after_s=await self._retry_after(refusal, decision.skipped, wait_s,
@@ -285,9 +228,7 @@ class MintDesk(DispatchKeys, FactDesk):
                                            refusal_reason=Refusal.FLEET_STATE_UNAVAILABLE)
         log.warning("fleet_state_unavailable", mint_decision_id=decision.mint_decision_id, error=str(exc))
         self._log(decision)
-        body = {"outcome": str(Outcome.HELD), "refusal_reason": str(Refusal.FLEET_STATE_UNAVAILABLE),
-                "mint_decision_id": decision.mint_decision_id, "skipped": [],
-                "policy_revision": decision.policy_revision}
+        body = refused_body(decision)
         return MintAnswer(503, body, retry_after_s=HOLD_RETRY_S[Refusal.FLEET_STATE_UNAVAILABLE])
 
     def _log(self, decision: Decision) -> None:
@@ -325,5 +266,3 @@ class MintDesk(DispatchKeys, FactDesk):
                 wait = min(waits)
         return retry_after_ms(int(wait) * 1000)
 
-
-assert all(HTTP_STATUS[r] == 503 for r in HOLD_RETRY_S)

@@ -1,6 +1,6 @@
 """The control daemon's ports: the narrow faces its parts see of one another, instead of the hub.
 
-`controlplane.main.wire` builds every collaborator and hands each the ports it uses, never the
+`controlplane.wiring.wire` builds every collaborator and hands each the ports it uses, never the
 `ControlService` itself; `tests/unit/test_ports.py` fails when a module outside `main.py` and
 this one reaches `service.` for anything. What each port holds:
 - reads: `AccountReads` (the registry), `LeaseReads` (the key table), `FlightReads` and

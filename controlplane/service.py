@@ -3,7 +3,7 @@
 HTTP handlers and the RPC call these; this module does the I/O ordering (key table → capacity
 → replication) and leaves decisions to `core`. Every path that ends a key goes through
 `end_keys`, the one release seam. Storing and pushing a lease is `controlplane/grants.Grants`'s.
-Built by `controlplane.main.wire` with every collaborator, and seen by the rest of the daemon
+Built by `controlplane.wiring.wire` with every collaborator, and seen by the rest of the daemon
 only through the ports of `controlplane/ports.py`.
 """
 
@@ -57,7 +57,7 @@ LOST_ROUTE_GRACE_S = 5.0
 
 
 class ControlService:
-    """Keys, the release seam and the attempt rows. Built by `controlplane.main.wire`, which
+    """Keys, the release seam and the attempt rows. Built by `controlplane.wiring.wire`, which
     hands it every collaborator; it builds none of them, and binds none (the link is bound to it
     by `wire`)."""
 

@@ -202,6 +202,15 @@ class Proxy:
             hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
+        refused = await self._admit(attempt, account)
+        if refused is not None:
+            return refused
+        path_qs = upstream_path_qs(request.rel_url, presented)
+        return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+
+    async def _admit(self, attempt: Attempt, account: AccountRoute) -> web.StreamResponse | None:
+        """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
+        account has a ceiling); the refusal when the slot cannot be taken, else None."""
         fleet = self.fleet
         held = fleet.hold() if fleet is not None and (account.request_capacity is not None
                                                       or account.lease_capacity is not None) else None
@@ -222,8 +231,7 @@ class Proxy:
         if not admitted:
             return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,
                           f"account {account.id} is at its request capacity", retry_after_s=1)
-        path_qs = upstream_path_qs(request.rel_url, presented)
-        return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+        return None
 
     async def _read_strictly(self, request: web.Request, attempt: Attempt, account: AccountRoute,
                              body: bytes) -> bytes | web.Response:

@@ -1,4 +1,4 @@
-"""What `controlplane.main.wire` hands the service, the desk and the stores: the shared state's
+"""What `controlplane.wiring.wire` hands the service, the desk and the stores: the shared state's
 homes (SPEC §16), and embedded mode's in-process ones.
 
 Fleet mode's Redis homes are built by `controlplane/fleet/wiring.fleet`, which `main` imports

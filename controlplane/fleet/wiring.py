@@ -1,6 +1,6 @@
 """The fleet set: every Redis backend one control daemon uses, built in one place (SPEC §16).
 
-`controlplane.main.wire` asks `backends_for(settings, keys)` for the state it shares: without
+`controlplane.wiring.wire` asks `backends_for(settings, keys)` for the state it shares: without
 `GATEWAY_FLEET_REDIS_URL`, the in-process tables (`backends.embedded`, which never imports this
 module nor Redis; the live leases' decisions journalled as in fleet mode, SPEC §5); with it, the
 Redis ones behind the same interfaces (`fleet`): the lease table (fenced by this host's

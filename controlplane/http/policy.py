@@ -27,7 +27,7 @@ from controlplane.events import EventKind
 from controlplane.http.appkeys import DESK, HUB, POLICY_STORE
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.http.spend import budgets_on_chain
-from controlplane.mint import lineage_of, skips_view
+from controlplane.mintshapes import lineage_of, skips_view
 from controlplane.stores.policy import PolicyStore, Resolution
 from shared.clock import iso_ms, now_ms
 from shared.codes import ErrorCode, Refusal, Scope

@@ -16,8 +16,9 @@ import pytest
 
 from controlplane.core.windows import Window, window_at
 from controlplane.events import EventKind
-from controlplane.main import Control, build_app
+from controlplane.main import build_app
 from controlplane.stores.ledger import Ledger
+from controlplane.wiring import Control
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.clock import iso_ms, now_ms

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.pricing import PriceTable
-from controlplane.main import Control
-from controlplane.mint import MintV2
+from controlplane.mintshapes import MintV2
 from controlplane.registry import AccountSpec, Registry
+from controlplane.wiring import Control
 from shared.codes import AuthStyle, Binding, EndReason
 from shared.tokens import new_ulid
 from shared.wire import AttemptRow

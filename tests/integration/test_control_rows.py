@@ -10,9 +10,9 @@ from pathlib import Path
 
 import msgspec
 
-from controlplane.main import Control
 from controlplane.routebook import RouteView
 from controlplane.service import ControlService
+from controlplane.wiring import Control
 from shared.codes import CostReason
 from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
 from tests.support.control import make_control
@@ -108,7 +108,7 @@ async def test_route_events_are_projected_once_and_only_when_read(tmp_path: Path
 
 
 async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remembered_outcome(tmp_path: Path) -> None:
-    from controlplane.mint import MintV2
+    from controlplane.mintshapes import MintV2
 
     control = _control(tmp_path)  # only the anthropic credential is set: an OpenAI model is held
     service, desk = control.service, control.desk

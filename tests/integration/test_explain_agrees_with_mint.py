@@ -18,8 +18,9 @@ from typing import Any, NamedTuple
 import pytest
 
 from controlplane.core.pricing import Price, PriceTable
-from controlplane.main import Control, build_app
+from controlplane.main import build_app
 from controlplane.registry import AccountSpec, Registry
+from controlplane.wiring import Control
 from shared.clock import iso_ms, now_ms
 from shared.codes import HTTP_STATUS, AdminState, AuthStyle, Binding, Refusal
 from shared.tokens import new_ulid

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.pricing import PriceTable
-from controlplane.mint import MintV2
+from controlplane.mintshapes import MintV2
 from controlplane.registry import AccountSpec, Registry
 from dataplane.leases import LeaseReplica
 from shared.codes import AuthStyle, Binding, EndReason

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from controlplane.core.pricing import PriceTable
-from controlplane.main import Control, wire
 from controlplane.prices import load_prices
 from controlplane.registry import Registry
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
+from controlplane.wiring import Control, wire
 from shared.clock import now_ms
 from shared.settings import load_settings
 

@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from controlplane.main import Control
-from controlplane.mint import MintAnswer, MintV2
+from controlplane.answers import MintAnswer
+from controlplane.mintshapes import MintV2
 from controlplane.registry import AccountSpec, Registry
+from controlplane.wiring import Control
 from shared.codes import AuthStyle, Binding
 from tests.support.control import close_control, make_control
 from tests.support.fleet import fleet_secret_file

@@ -2,7 +2,7 @@
 
 Importing the Redis client (with the OpenTelemetry API it pulls in) and fleet mode's modules cost
 control ~9 MiB of idle RSS and ~130 modules at every start. They are imported only when
-`GATEWAY_FLEET_REDIS_URL` is set (`controlplane.main.backends_for`, the data plane's admission
+`GATEWAY_FLEET_REDIS_URL` is set (`controlplane.wiring.backends_for`, the data plane's admission
 set-up). Each check runs in a fresh interpreter, so what an earlier test imported cannot hide a
 regression.
 

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from controlplane.metrics import RowLabels, row_labels
+from controlplane.rowcounts import RowLabels, row_labels
 
 KNOWN = frozenset({"legacy-anthropic", "team-b"})
 

@@ -21,7 +21,7 @@ def _reference_exposition(rows: list[AttemptRow], accounts: frozenset[str]) -> b
     row counts replaced), to prove the plain counts render the same series and values."""
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-    from controlplane.metrics import OVERHEAD_BUCKETS_S, TOKEN_KINDS, row_labels
+    from controlplane.rowcounts import OVERHEAD_BUCKETS_S, TOKEN_KINDS, row_labels
     r = CollectorRegistry()
     attempts = Counter("leasehold_attempts", "Terminal attempt rows.", ["account_id", "wire", "status", "condition"], registry=r)
     refusals = Counter("leasehold_refusals", "Gateway-authored terminals, by refusal code.", ["code"], registry=r)
@@ -52,7 +52,7 @@ def _reference_exposition(rows: list[AttemptRow], accounts: frozenset[str]) -> b
 def test_row_counts_render_what_prometheus_instruments_would() -> None:
     from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 
-    from controlplane.metrics import _RowCollector, _RowCounts
+    from controlplane.rowcounts import RowCollector, RowCounts
     disable_created_metrics()
     accounts = frozenset({"legacy-anthropic", "legacy-openai"})
     rows = [
@@ -63,9 +63,9 @@ def test_row_counts_render_what_prometheus_instruments_would() -> None:
         _row(6, status="upstream_error", condition="rate-limited", usage=None, overhead_ms=0.0),
         _row(7, status="refused", refusal_reason="control-unavailable", usage=None, cost_usd=0.1),
     ]
-    counts = _RowCounts(accounts)
+    counts = RowCounts(accounts)
     for row in rows * 3:
         counts.add(row)
     ours = CollectorRegistry()
-    ours.register(_RowCollector(counts))
+    ours.register(RowCollector(counts))
     assert generate_latest(ours) == _reference_exposition(rows * 3, accounts)
