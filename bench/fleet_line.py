@@ -46,12 +46,14 @@ async def measure(url: str, rounds: int, each: int, gap_s: float) -> dict[str, o
     client = connect(url)
     line = ScriptLine.of(client)
     keys = FleetKeys("bench-line")
-    paths = {"pool": RedisCapacity(client, keys, Ceiling.REQUEST, "h"),
-             "line": RedisCapacity(client, keys, Ceiling.REQUEST, "h", line=line)}
+    paths = {
+        "pool": RedisCapacity(client, keys, Ceiling.REQUEST, "h"),
+        "line": RedisCapacity(client, keys, Ceiling.REQUEST, "h", line=line),
+    }
     samples: dict[str, list[float]] = {name: [] for name in paths}
     ratios = []
     try:
-        for index in range(rounds + 1):   # the first round warms both up, dropped
+        for index in range(rounds + 1):  # the first round warms both up, dropped
             got = {name: await _timed(capacity, each, gap_s, f"{name}-{index}") for name, capacity in paths.items()}
             if index:
                 for name, values in got.items():
@@ -75,6 +77,7 @@ def main() -> None:
         server = RedisServer(Path(tmp) / "redis").start()
         try:
             import uvloop  # the data plane's loop
+
             result = uvloop.run(measure(server.url, args.rounds, args.each, args.gap_ms / 1000))
         finally:
             server.stop()

@@ -50,8 +50,12 @@ request_capacity = 1
 def _quantiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return {"n": len(ordered), "p50_ms": round(statistics.median(ordered), 2),
-            "p99_ms": round(p99, 2), "max_ms": round(ordered[-1], 2)}
+    return {
+        "n": len(ordered),
+        "p50_ms": round(statistics.median(ordered), 2),
+        "p99_ms": round(p99, 2),
+        "max_ms": round(ordered[-1], 2),
+    }
 
 
 async def _healthz_latency(url: str, token: str, seconds: float, bombers: int) -> dict[str, Any]:
@@ -63,8 +67,11 @@ async def _healthz_latency(url: str, token: str, seconds: float, bombers: int) -
         nonlocal bombs
         while time.monotonic() < stop:
             try:
-                async with session.post(url + "/v1/messages", data=BOMB, headers={
-                        **A_HEADERS, "x-api-key": token, "content-encoding": "gzip"}) as response:
+                async with session.post(
+                    url + "/v1/messages",
+                    data=BOMB,
+                    headers={**A_HEADERS, "x-api-key": token, "content-encoding": "gzip"},
+                ) as response:
                     await response.read()
                 bombs += 1
             except aiohttp.ClientError:
@@ -79,8 +86,10 @@ async def _healthz_latency(url: str, token: str, seconds: float, bombers: int) -
             await asyncio.sleep(0.01)
 
     timeout = aiohttp.ClientTimeout(total=120)
-    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as bombing, \
-            aiohttp.ClientSession(timeout=timeout) as probing:
+    async with (
+        aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as bombing,
+        aiohttp.ClientSession(timeout=timeout) as probing,
+    ):
         await asyncio.gather(probe(probing), *(bomb(bombing) for _ in range(bombers)))
     return {**_quantiles(samples), "bombers": bombers, "bombs_answered": bombs}
 
@@ -94,8 +103,13 @@ def _idle_rss(gw: Gateway, count: int) -> dict[str, Any]:
     for sock in held:
         sock.close()
     per = max(0.01, (after - before) / count)
-    return {"connections": count, "rss_before_kib": before, "rss_after_kib": after,
-            "kib_per_idle_connection": round(per, 2), "cap_24_gib_holds": int(GIB24_KIB / per)}
+    return {
+        "connections": count,
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "kib_per_idle_connection": round(per, 2),
+        "cap_24_gib_holds": int(GIB24_KIB / per),
+    }
 
 
 def _cap_held(gw: Gateway, cap: int) -> dict[str, Any]:
@@ -113,9 +127,17 @@ def _cap_held(gw: Gateway, cap: int) -> dict[str, Any]:
 
 def _mint_one_slot(gw: Gateway) -> str:
     """A v2 lease: the platform policy puts `bench-one-slot` (request capacity 1) first."""
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": f"bench-{time.monotonic_ns()}", "repo_slug": "bench/run", "principal_kind": "worker",
-        "principal_id": "bench", "model": "claude-sonnet-4-6"})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": f"bench-{time.monotonic_ns()}",
+            "repo_slug": "bench/run",
+            "principal_kind": "worker",
+            "principal_id": "bench",
+            "model": "claude-sonnet-4-6",
+        },
+    )
     assert status == 201 and body["account_id"] == "bench-one-slot", body
     return body["token"]
 
@@ -123,7 +145,8 @@ def _mint_one_slot(gw: Gateway) -> str:
 def _stalled_slot(gw: Gateway, stub: Stub, wait_s: float) -> dict[str, Any]:
     token = _mint_one_slot(gw)
     event = "event: content_block_delta\ndata: " + json.dumps(
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x" * 65536}})
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x" * 65536}}
+    )
     stub.script({"body": (event + "\n\n") * 128})
     body = json.dumps({"model": "claude-sonnet-4-6", "max_tokens": 8, "stream": True, "messages": []})
     sock = socket.socket()
@@ -131,14 +154,14 @@ def _stalled_slot(gw: Gateway, stub: Stub, wait_s: float) -> dict[str, Any]:
     sock.connect(("127.0.0.1", gw.dataplane_port))
     head = "".join(f"{k}: {v}\r\n" for k, v in {**A_HEADERS, "x-api-key": token}.items())
     t0 = time.monotonic()
-    sock.send(f"POST /v1/messages HTTP/1.1\r\nHost: x\r\n{head}content-length: {len(body)}\r\n\r\n{body}"
-              .encode())
+    sock.send(f"POST /v1/messages HTTP/1.1\r\nHost: x\r\n{head}content-length: {len(body)}\r\n\r\n{body}".encode())
     freed = None
     plain = json.dumps({"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": []})
     time.sleep(0.2)  # the stalled stream has begun (a measurement pace, not a synchronisation)
     while time.monotonic() - t0 < wait_s:
-        status, _, _ = http("POST", gw.dataplane_url + "/v1/messages", plain.encode(),
-                            {**A_HEADERS, "x-api-key": token})
+        status, _, _ = http(
+            "POST", gw.dataplane_url + "/v1/messages", plain.encode(), {**A_HEADERS, "x-api-key": token}
+        )
         if status == 200:
             freed = round(time.monotonic() - t0, 2)
             break
@@ -147,18 +170,37 @@ def _stalled_slot(gw: Gateway, stub: Stub, wait_s: float) -> dict[str, Any]:
     return {"stall_bound_s": 1, "slot_freed_after_s": freed, "waited_up_to_s": wait_s}
 
 
-def measure(stub: Stub, workdir: Path, tree: Path | None = None, seconds: float = 4.0,
-            idle: int = 1000, cap: int = 64, slot_wait_s: float = 10.0, say=print) -> dict[str, Any]:
+def measure(
+    stub: Stub,
+    workdir: Path,
+    tree: Path | None = None,
+    seconds: float = 4.0,
+    idle: int = 1000,
+    cap: int = 64,
+    slot_wait_s: float = 10.0,
+    say=print,
+) -> dict[str, Any]:
     accounts = workdir / "accounts.toml"
     workdir.mkdir(parents=True, exist_ok=True)
     accounts.write_text(ACCOUNTS.format(url=stub.url))
-    env = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_BENCH_ONE_KEY": stub.anthropic_key or "",
-           "GATEWAY_MAX_CONNECTIONS": str(cap), "GATEWAY_CLIENT_STALL_SECONDS": "1"}
+    env = {
+        "GATEWAY_ACCOUNTS_FILE": str(accounts),
+        "GATEWAY_BENCH_ONE_KEY": stub.anthropic_key or "",
+        "GATEWAY_MAX_CONNECTIONS": str(cap),
+        "GATEWAY_CLIENT_STALL_SECONDS": "1",
+    }
     gw = start_gateway(workdir / "gateway", stub, env, tree)
     try:
-        status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-            "name": "platform", "expected_revision": 0, "reason": "bench",
-            "document": {"account_order": ["bench-one-slot"]}})
+        status, _, body = gw.api(
+            "PUT",
+            "/control/v2/policy/level",
+            {
+                "name": "platform",
+                "expected_revision": 0,
+                "reason": "bench",
+                "document": {"account_order": ["bench-one-slot"]},
+            },
+        )
         assert status == 200, body
         token = gw.mint("anthropic")["token"]
         say("hostile: /healthz alone, then under 8 gzip bombs ...")

@@ -24,22 +24,41 @@ from shared.clock import now_ms
 ROUNDS = 7
 NUMBER = 20_000
 
-COMMON = {"date": "Tue, 01 Dec 2026 21:00:00 GMT", "content-type": "application/json",
-          "content-length": "512", "connection": "keep-alive", "request-id": "req_011CUxyz",
-          "x-request-id": "req_abc", "cf-ray": "8f00-LHR", "server": "cloudflare",
-          "anthropic-organization-id": "org-uuid", "via": "1.1 google", "cf-cache-status": "DYNAMIC",
-          "x-envoy-upstream-service-time": "412", "strict-transport-security": "max-age=31536000"}
-ANTHROPIC = {f"anthropic-ratelimit-{kind}-{part}": value
-             for kind in ("requests", "tokens", "input-tokens", "output-tokens")
-             for part, value in (("limit", "4000"), ("remaining", "3999"), ("reset", "2026-12-01T21:01:00Z"))}
-OPENAI = {"x-ratelimit-limit-requests": "10000", "x-ratelimit-remaining-requests": "9999",
-          "x-ratelimit-reset-requests": "6ms", "x-ratelimit-limit-tokens": "30000000",
-          "x-ratelimit-remaining-tokens": "29999000", "x-ratelimit-reset-tokens": "2m0.5s"}
+COMMON = {
+    "date": "Tue, 01 Dec 2026 21:00:00 GMT",
+    "content-type": "application/json",
+    "content-length": "512",
+    "connection": "keep-alive",
+    "request-id": "req_011CUxyz",
+    "x-request-id": "req_abc",
+    "cf-ray": "8f00-LHR",
+    "server": "cloudflare",
+    "anthropic-organization-id": "org-uuid",
+    "via": "1.1 google",
+    "cf-cache-status": "DYNAMIC",
+    "x-envoy-upstream-service-time": "412",
+    "strict-transport-security": "max-age=31536000",
+}
+ANTHROPIC = {
+    f"anthropic-ratelimit-{kind}-{part}": value
+    for kind in ("requests", "tokens", "input-tokens", "output-tokens")
+    for part, value in (("limit", "4000"), ("remaining", "3999"), ("reset", "2026-12-01T21:01:00Z"))
+}
+OPENAI = {
+    "x-ratelimit-limit-requests": "10000",
+    "x-ratelimit-remaining-requests": "9999",
+    "x-ratelimit-reset-requests": "6ms",
+    "x-ratelimit-limit-tokens": "30000000",
+    "x-ratelimit-remaining-tokens": "29999000",
+    "x-ratelimit-reset-tokens": "2m0.5s",
+}
 
-CASES = (("no rate-limit header (anthropic wire)", "anthropic", COMMON),
-         ("no rate-limit header (openai wire)", "openai", COMMON),
-         ("anthropic, every kind", "anthropic", {**COMMON, **ANTHROPIC}),
-         ("openai, both kinds", "openai", {**COMMON, **OPENAI}))
+CASES = (
+    ("no rate-limit header (anthropic wire)", "anthropic", COMMON),
+    ("no rate-limit header (openai wire)", "openai", COMMON),
+    ("anthropic, every kind", "anthropic", {**COMMON, **ANTHROPIC}),
+    ("openai, both kinds", "openai", {**COMMON, **OPENAI}),
+)
 
 
 def per_call_ns(wire: str, pairs: dict[str, str], rounds: int, number: int) -> float:

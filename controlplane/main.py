@@ -143,12 +143,15 @@ async def _join_fleet(fleet: FleetHost, settings: Settings) -> None:
     is served (a duplicate host id never serves its data plane)."""
     from controlplane.fleet.recovery import FleetUnreachable
     from shared.fleet.membership import HostIdTaken
+
     try:
         await fleet.start()
     except HostIdTaken as exc:
-        raise StartupError(f"GATEWAY_HOST_ID={settings.host_id} is already held by a live pair of fleet "
-                           f"{settings.fleet_id} ({exc}); give this pair its own GATEWAY_HOST_ID, or stop "
-                           "the other pair") from exc
+        raise StartupError(
+            f"GATEWAY_HOST_ID={settings.host_id} is already held by a live pair of fleet "
+            f"{settings.fleet_id} ({exc}); give this pair its own GATEWAY_HOST_ID, or stop "
+            "the other pair"
+        ) from exc
     except FleetUnreachable as exc:
         raise StartupError(f"{exc} (GATEWAY_FLEET_REDIS_URL)") from exc
 
@@ -162,8 +165,9 @@ async def serve(control: Control) -> None:
     try:
         await listener.start()
     except OSError as exc:
-        raise StartupError(f"cannot open the RPC socket {settings.rpc_socket} "
-                           f"(GATEWAY_RPC_SOCKET / GATEWAY_RUNTIME_DIR): {exc}") from exc
+        raise StartupError(
+            f"cannot open the RPC socket {settings.rpc_socket} (GATEWAY_RPC_SOCKET / GATEWAY_RUNTIME_DIR): {exc}"
+        ) from exc
     runner = web.AppRunner(build_app(control), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, settings.control_host, settings.control_port, reuse_address=True)
@@ -171,12 +175,17 @@ async def serve(control: Control) -> None:
         await site.start()
     except OSError as exc:
         listener.close()
-        raise StartupError(f"cannot listen on {settings.control_host}:{settings.control_port} "
-                           f"(GATEWAY_CONTROL_LISTEN): {exc}") from exc
+        raise StartupError(
+            f"cannot listen on {settings.control_host}:{settings.control_port} (GATEWAY_CONTROL_LISTEN): {exc}"
+        ) from exc
     reaper = asyncio.create_task(_reaper(service, listener))
-    log.info("control_started", listen=f"{settings.control_host}:{settings.control_port}",
-             rpc_socket=settings.rpc_socket, state_dir=settings.state_dir,
-             accounts=[a.id for a in service.registry.accounts])
+    log.info(
+        "control_started",
+        listen=f"{settings.control_host}:{settings.control_port}",
+        rpc_socket=settings.rpc_socket,
+        state_dir=settings.state_dir,
+        accounts=[a.id for a in service.registry.accounts],
+    )
     settle_heap()  # start-up's objects never scanned again by the collector (issue 27)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -239,13 +248,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     credential_values = [os.environ.get(a.credential_env) for a in registry.accounts]
     collector_keys = [value for _, value in settings.traces.headers] if settings.traces else []
-    configure_logging("leasehold-control", settings.log_level,
-                      secrets=[settings.control_token, settings.mint_token, settings.read_token,
-                               *credential_values, *collector_keys])
+    configure_logging(
+        "leasehold-control",
+        settings.log_level,
+        secrets=[settings.control_token, settings.mint_token, settings.read_token, *credential_values, *collector_keys],
+    )
     for name in unknown_variables(os.environ):
         if name not in {a.credential_env for a in registry.accounts}:
             log.warning("setting_unknown", variable=name)
-    private_dir(settings.state_dir)   # 0700, even when it already existed (SPEC §19)
+    private_dir(settings.state_dir)  # 0700, even when it already existed (SPEC §19)
     keys = KeyTable(os.path.join(settings.state_dir, "keys.jsonl"))
     keys.load(now_ms())
     ledger = Ledger(os.path.join(settings.state_dir, "ledger.jsonl"), retention_days=settings.ledger_retention_days)

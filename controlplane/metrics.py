@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from controlplane.decisions import Decision
 
+
 class Refreshed(Protocol):
     async def refresh(self) -> None: ...
     def collect(self) -> Iterator[Metric]: ...
@@ -54,9 +55,17 @@ class GatewayMetrics:
     """The registry, the row-fed instruments, and the scrape-time gauges over the read ports;
     `spend` and `budgets` add spend's gauges, `collectors` the others' (headroom, traces)."""
 
-    def __init__(self, reads: ControlReads, hub: EventHub, circuits: CircuitRegistry,
-                 admin_state_of: Callable[[str], AdminState] | None = None, *, spend: _Book | None = None,
-                 budgets: BudgetWatch | None = None, collectors: Iterable[Collector] = ()) -> None:
+    def __init__(
+        self,
+        reads: ControlReads,
+        hub: EventHub,
+        circuits: CircuitRegistry,
+        admin_state_of: Callable[[str], AdminState] | None = None,
+        *,
+        spend: _Book | None = None,
+        budgets: BudgetWatch | None = None,
+        collectors: Iterable[Collector] = (),
+    ) -> None:
         self.reads = reads
         self.hub = hub
         self.circuits = circuits
@@ -69,10 +78,18 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.rows = RowCounts(self.accounts)
         self.registry.register(RowCollector(self.rows))
-        self.decisions = Counter("leasehold_mint_decisions", "v2 mint decisions, by outcome and refusal code.",
-                                 ["outcome", "code"], registry=self.registry)
-        self.hops = Counter("leasehold_dispatch_hops", "Dispatch keys moved by the gateway, by condition.",
-                            ["condition"], registry=self.registry)
+        self.decisions = Counter(
+            "leasehold_mint_decisions",
+            "v2 mint decisions, by outcome and refusal code.",
+            ["outcome", "code"],
+            registry=self.registry,
+        )
+        self.hops = Counter(
+            "leasehold_dispatch_hops",
+            "Dispatch keys moved by the gateway, by condition.",
+            ["condition"],
+            registry=self.registry,
+        )
         self.registry.register(_LiveCollector(self))
         if spend is not None and budgets is not None:
             self.registry.register(_SpendCollector(spend, budgets, self.accounts))
@@ -83,8 +100,9 @@ class GatewayMetrics:
     async def refresh(self) -> None:
         """Read what the scrape-time gauges need from the stores that may be remote."""
         now = now_ms()
-        self.circuit_phases = {account_id: (await self.circuits.get(account_id, now)).phase
-                               for account_id in self.accounts}
+        self.circuit_phases = {
+            account_id: (await self.circuits.get(account_id, now)).phase for account_id in self.accounts
+        }
         for collector in self._watched:
             await collector.refresh()
 
@@ -97,8 +115,7 @@ class GatewayMetrics:
         self.hops.labels(bounded(hop.condition, CONDITIONS)).inc()
 
     def on_decision(self, decision: Decision) -> None:
-        code = bounded(None if decision.refusal_reason is None else str(decision.refusal_reason),
-                        REFUSAL_CODES)
+        code = bounded(None if decision.refusal_reason is None else str(decision.refusal_reason), REFUSAL_CODES)
         self.decisions.labels(str(decision.outcome), code).inc()
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
@@ -122,8 +139,11 @@ class _SpendCollector:
     def collect(self) -> Iterator[Metric]:
         now = self.book.clock()
         for window in (Window.DAY, Window.MONTH):
-            gauge = GaugeMetricFamily(f"leasehold_spend_{window}_usd",
-                                      f"Priced spend in the current UTC {window}, by account.", labels=["account_id"])
+            gauge = GaugeMetricFamily(
+                f"leasehold_spend_{window}_usd",
+                f"Priced spend in the current UTC {window}, by account.",
+                labels=["account_id"],
+            )
             cells = self.book.fold.cells(key_at(window, now), Dim.ACCOUNT)
             totals = dict.fromkeys(sorted(self.accounts), 0.0)
             for account, cell in cells.items():
@@ -132,8 +152,9 @@ class _SpendCollector:
             for account, usd in totals.items():
                 gauge.add_metric([account], round(usd, 8))
             yield gauge
-        states = GaugeMetricFamily("leasehold_budgets", "Policy budgets by state now (ok, warning: 80 % "
-                                   "reached, exhausted).", labels=["state"])
+        states = GaugeMetricFamily(
+            "leasehold_budgets", "Policy budgets by state now (ok, warning: 80 % reached, exhausted).", labels=["state"]
+        )
         for state, count in self.watch.states().items():
             states.add_metric([state], count)
         yield states
@@ -154,12 +175,17 @@ class _LiveCollector:
         leases = reads.keys.count_by_account()
         g_flight = GaugeMetricFamily("leasehold_in_flight", "Attempts streaming now.", labels=["account_id"])
         g_leased = GaugeMetricFamily("leasehold_leases", "Unexpired leases (virtual keys).", labels=["account_id"])
-        g_conf = GaugeMetricFamily("leasehold_account_configured",
-                                   "1 when the account's credential is set.", labels=["account_id"])
-        g_circuit = GaugeMetricFamily("leasehold_circuit_state", "1 for the circuit's current state.",
-                                      labels=["account_id", "state"])
-        g_admin = GaugeMetricFamily("leasehold_account_administrative_state",
-                                    "1 for the account's administrative state.", labels=["account_id", "state"])
+        g_conf = GaugeMetricFamily(
+            "leasehold_account_configured", "1 when the account's credential is set.", labels=["account_id"]
+        )
+        g_circuit = GaugeMetricFamily(
+            "leasehold_circuit_state", "1 for the circuit's current state.", labels=["account_id", "state"]
+        )
+        g_admin = GaugeMetricFamily(
+            "leasehold_account_administrative_state",
+            "1 for the account's administrative state.",
+            labels=["account_id", "state"],
+        )
         for account in reads.registry.accounts:
             g_flight.add_metric([account.id], in_flight.get(account.id, 0))
             g_leased.add_metric([account.id], leases.get(account.id, 0))
@@ -184,30 +210,41 @@ class _LiveCollector:
 
     def _daemon(self, reads: ControlReads) -> Iterator[Metric]:
         hub = self.m.hub
-        yield GaugeMetricFamily("leasehold_dataplane_connected", "1 while the data plane is connected.",
-                                value=1 if reads.link.connected else 0)
-        yield GaugeMetricFamily("leasehold_ledger_ok", "1 while the ledger accepts appends.",
-                                value=1 if reads.ledger.ok else 0)
-        yield GaugeMetricFamily("leasehold_event_subscribers", "Open event feed readers.",
-                                value=len(hub.subscribers))
-        yield GaugeMetricFamily("leasehold_event_queue_depth_max",
-                                "Deepest queue among open event feed readers.",
-                                value=max((len(s.queue) for s in hub.subscribers), default=0))
-        yield GaugeMetricFamily("leasehold_event_queue_high_water",
-                                "Deepest any reader's event queue has been since start.",
-                                value=hub.queue_high_water)
-        yield GaugeMetricFamily("leasehold_event_queue_limit", "Per-reader event queue bound.",
-                                value=hub.queue_max)
-        closed = CounterMetricFamily("leasehold_event_subscribers_closed",
-                                     "Event feed readers closed, by reason.", labels=["reason"])
+        yield GaugeMetricFamily(
+            "leasehold_dataplane_connected",
+            "1 while the data plane is connected.",
+            value=1 if reads.link.connected else 0,
+        )
+        yield GaugeMetricFamily(
+            "leasehold_ledger_ok", "1 while the ledger accepts appends.", value=1 if reads.ledger.ok else 0
+        )
+        yield GaugeMetricFamily("leasehold_event_subscribers", "Open event feed readers.", value=len(hub.subscribers))
+        yield GaugeMetricFamily(
+            "leasehold_event_queue_depth_max",
+            "Deepest queue among open event feed readers.",
+            value=max((len(s.queue) for s in hub.subscribers), default=0),
+        )
+        yield GaugeMetricFamily(
+            "leasehold_event_queue_high_water",
+            "Deepest any reader's event queue has been since start.",
+            value=hub.queue_high_water,
+        )
+        yield GaugeMetricFamily("leasehold_event_queue_limit", "Per-reader event queue bound.", value=hub.queue_max)
+        closed = CounterMetricFamily(
+            "leasehold_event_subscribers_closed", "Event feed readers closed, by reason.", labels=["reason"]
+        )
         for reason in CloseReason:
             closed.add_metric([str(reason)], hub.closed_by_reason[reason])
         yield closed
-        yield CounterMetricFamily("leasehold_events_published", "Events published on the feed.",
-                                  value=hub.published)
-        bounds = reads.routes.connections   # SPEC §19, as the data plane last reported them
-        yield CounterMetricFamily("leasehold_connections_refused", "Data plane connections answered "
-                                  "503 connection-limit (GATEWAY_MAX_CONNECTIONS).", value=bounds.refused)
-        yield CounterMetricFamily("leasehold_header_timeouts", "Data plane connections closed for a "
-                                  "request head not complete in time (GATEWAY_HEADER_TIMEOUT_SECONDS).",
-                                  value=bounds.head_timeouts)
+        yield CounterMetricFamily("leasehold_events_published", "Events published on the feed.", value=hub.published)
+        bounds = reads.routes.connections  # SPEC §19, as the data plane last reported them
+        yield CounterMetricFamily(
+            "leasehold_connections_refused",
+            "Data plane connections answered 503 connection-limit (GATEWAY_MAX_CONNECTIONS).",
+            value=bounds.refused,
+        )
+        yield CounterMetricFamily(
+            "leasehold_header_timeouts",
+            "Data plane connections closed for a request head not complete in time (GATEWAY_HEADER_TIMEOUT_SECONDS).",
+            value=bounds.head_timeouts,
+        )

@@ -29,8 +29,8 @@ HOLD_RETRY_S: dict[Refusal, int] = {
     Refusal.FALLBACK_LEASE_STILL_HELD: 1,
     Refusal.FALLBACK_NOT_AUTHORISED: 2,
     Refusal.FALLBACK_BUDGET_EXHAUSTED: 60,
-    Refusal.BUDGET_EXHAUSTED: 60,      # the decision says until the window resets; this is a floor
-    Refusal.FLEET_STATE_UNAVAILABLE: 1,   # a Redis reply waits 1 s at most; recovery is automatic
+    Refusal.BUDGET_EXHAUSTED: 60,  # the decision says until the window resets; this is a floor
+    Refusal.FLEET_STATE_UNAVAILABLE: 1,  # a Redis reply waits 1 s at most; recovery is automatic
 }
 
 
@@ -64,8 +64,7 @@ def skips_view(skipped: tuple[Skipped, ...]) -> list[dict]:
     return [{"account_id": s.account_id, "position": s.position, "code": str(s.code)} for s in skipped]
 
 
-def selected_body(decision: Decision, lease: Lease, token: str, base_url: str,
-                  skipped: tuple[Skipped, ...]) -> dict:
+def selected_body(decision: Decision, lease: Lease, token: str, base_url: str, skipped: tuple[Skipped, ...]) -> dict:
     """201: the account chosen and the key that reaches it (SPEC §5)."""
     return {
         "outcome": str(Outcome.SELECTED),
@@ -86,9 +85,13 @@ def selected_body(decision: Decision, lease: Lease, token: str, base_url: str,
 
 def refused_body(decision: Decision) -> dict:
     """A hold (503) or a rejection: the outcome, its reason and what was skipped."""
-    return {"outcome": str(decision.outcome), "refusal_reason": str(decision.refusal_reason),
-            "mint_decision_id": decision.mint_decision_id, "skipped": skips_view(decision.skipped),
-            "policy_revision": decision.policy_revision}
+    return {
+        "outcome": str(decision.outcome),
+        "refusal_reason": str(decision.refusal_reason),
+        "mint_decision_id": decision.mint_decision_id,
+        "skipped": skips_view(decision.skipped),
+        "policy_revision": decision.policy_revision,
+    }
 
 
 assert all(HTTP_STATUS[r] == 503 for r in HOLD_RETRY_S)

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from controlplane.grants import Minted
     from controlplane.registry import AccountSpec
 
-RowSink = Callable[[AttemptRow], None]   # a recorded terminal row (a sink's bug never costs its Ack)
-SettleHook = Callable[[list[AttemptRow]], Awaitable[None]]   # a settle's rows, folded, not yet acked
-Configured = Callable[["AccountSpec"], bool]   # whether an account's credential is set
+RowSink = Callable[[AttemptRow], None]  # a recorded terminal row (a sink's bug never costs its Ack)
+SettleHook = Callable[[list[AttemptRow]], Awaitable[None]]  # a settle's rows, folded, not yet acked
+Configured = Callable[["AccountSpec"], bool]  # whether an account's credential is set
 
 
 class AccountReads(Protocol):
@@ -65,8 +65,8 @@ class RouteReads(FlightReads, Protocol):
     active: dict[str, AttemptRow]
     recent: deque[AttemptRow]
     sockets_open: dict[str, int]
-    connections: ConnectionCounts   # the data plane's SPEC §19 counters, as last reported
-    dataplane_loops: list[LoopReport]   # fleet mode: the data plane's Redis loops, as last reported
+    connections: ConnectionCounts  # the data plane's SPEC §19 counters, as last reported
+    dataplane_loops: list[LoopReport]  # fleet mode: the data plane's Redis loops, as last reported
 
     def recent_view(self, limit: int) -> tuple[list[AttemptRow], bool, int, str | None]: ...
 
@@ -114,8 +114,9 @@ class BudgetPort(Protocol):
 class V1Keys(Protocol):
     """SPEC §5: the v1 mint and revoke (`POST`/`DELETE /control/v1/keys`)."""
 
-    async def mint_v1(self, binding: Binding, principal_kind: str, principal_id: str,
-                      repo_slug: str, ttl_seconds: int | None) -> Minted: ...
+    async def mint_v1(
+        self, binding: Binding, principal_kind: str, principal_id: str, repo_slug: str, ttl_seconds: int | None
+    ) -> Minted: ...
     async def revoke(self, key_id: str) -> bool: ...
 
 

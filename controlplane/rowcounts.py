@@ -48,8 +48,14 @@ def bounded(value: str | None, allowed: Iterable[str], absent: str = NONE) -> st
     return value if value in allowed else OTHER
 
 
-def row_labels(account_id: str, wire: str, status: str | None, condition: str | None,
-               refusal_reason: str | None, known_accounts: frozenset[str]) -> RowLabels:
+def row_labels(
+    account_id: str,
+    wire: str,
+    status: str | None,
+    condition: str | None,
+    refusal_reason: str | None,
+    known_accounts: frozenset[str],
+) -> RowLabels:
     """The label values one terminal row counts under, each from a closed vocabulary."""
     return RowLabels(
         account_id=bounded(account_id, known_accounts),
@@ -75,7 +81,7 @@ class RowCounts:
         self.accounts = accounts
         self.attempts: dict[tuple[str, str, str, str], int] = {}
         self.refusals: dict[str, int] = {}
-        self.tokens: dict[str, list[int]] = {}      # account → one total per TOKEN_KINDS
+        self.tokens: dict[str, list[int]] = {}  # account → one total per TOKEN_KINDS
         self.cost: dict[str, float] = {}
         self.unpriced: dict[str, int] = {}
         self.overhead: dict[str, list[float]] = {}  # wire → bucket counts (+Inf last), then sum
@@ -119,31 +125,39 @@ class RowCounts:
             counts[-1] += seconds
 
     def collect(self) -> Iterator[Metric]:
-        attempts = CounterMetricFamily("leasehold_attempts", "Terminal attempt rows.",
-                                       labels=["account_id", "wire", "status", "condition"])
+        attempts = CounterMetricFamily(
+            "leasehold_attempts", "Terminal attempt rows.", labels=["account_id", "wire", "status", "condition"]
+        )
         for series, count in self.attempts.items():
             attempts.add_metric(series, count)
-        refusals = CounterMetricFamily("leasehold_refusals", "Gateway-authored terminals, by refusal code.",
-                                       labels=["code"])
+        refusals = CounterMetricFamily(
+            "leasehold_refusals", "Gateway-authored terminals, by refusal code.", labels=["code"]
+        )
         for code, count in self.refusals.items():
             refusals.add_metric([code], count)
-        tokens = CounterMetricFamily("leasehold_tokens", "Tokens the upstream reported, by kind.",
-                                     labels=["account_id", "kind"])
+        tokens = CounterMetricFamily(
+            "leasehold_tokens", "Tokens the upstream reported, by kind.", labels=["account_id", "kind"]
+        )
         for account, totals in self.tokens.items():
             for kind, total in zip(TOKEN_KINDS, totals):
                 tokens.add_metric([account, kind], total)
-        cost = CounterMetricFamily("leasehold_cost_usd", "Priced cost of terminal attempts in USD.",
-                                   labels=["account_id"])
+        cost = CounterMetricFamily(
+            "leasehold_cost_usd", "Priced cost of terminal attempts in USD.", labels=["account_id"]
+        )
         for account, usd in self.cost.items():
             cost.add_metric([account], usd)
-        unpriced = CounterMetricFamily("leasehold_attempts_unpriced",
-                                       "Attempts with usage but no price (cost null, never counted as 0).",
-                                       labels=["account_id"])
+        unpriced = CounterMetricFamily(
+            "leasehold_attempts_unpriced",
+            "Attempts with usage but no price (cost null, never counted as 0).",
+            labels=["account_id"],
+        )
         for account, count in self.unpriced.items():
             unpriced.add_metric([account], count)
-        overhead = HistogramMetricFamily("leasehold_dataplane_overhead_seconds",
-                                         "The data plane's own time before the first upstream byte.",
-                                         labels=["wire"])
+        overhead = HistogramMetricFamily(
+            "leasehold_dataplane_overhead_seconds",
+            "The data plane's own time before the first upstream byte.",
+            labels=["wire"],
+        )
         for wire, counts in self.overhead.items():
             cumulative, buckets = 0.0, []
             for bound, in_bucket in zip(_BUCKET_NAMES, counts):

@@ -70,28 +70,31 @@ def hold_reason(lapsed: bool, failing: Sequence[str]) -> str | None:
     if lapsed:
         return "this gateway host's place in the fleet has lapsed (its control is not heartbeating)"
     if failing:
-        return (f"this gateway host's fleet loop{'s' if len(failing) > 1 else ''} {', '.join(failing)} "
-                f"keep{'' if len(failing) > 1 else 's'} failing, so its fleet state is not current")
+        return (
+            f"this gateway host's fleet loop{'s' if len(failing) > 1 else ''} {', '.join(failing)} "
+            f"keep{'' if len(failing) > 1 else 's'} failing, so its fleet state is not current"
+        )
     return None
 
 
 class FleetAdmission:
-    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10,
-                 entries: FleetEntries | None = None) -> None:
+    def __init__(
+        self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10, entries: FleetEntries | None = None
+    ) -> None:
         self.client = client
         self.keys = FleetKeys(fleet_id)
         self.ttl_ms = int(ttl_s * 1000)
         self.check_interval_s = ttl_s / 12
         self.hosts = HostRegistry(client, self.keys, ttl_s, tables=(), entries=entries)  # sealed beats only
-        self.lapsed = False   # this host's control lost its place: ceilinged accounts refused
-        self.supervisor = Supervisor()   # this data plane's Redis loops (SPEC §19)
+        self.lapsed = False  # this host's control lost its place: ceilinged accounts refused
+        self.supervisor = Supervisor()  # this data plane's Redis loops (SPEC §19)
         self.incarnation = Incarnation()
         # the hot scripts (reserve, the window's release) on a connection of their own (issue 27)
         self.line = ScriptLine.of(client)
         self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation, self.line)
-        self.held: dict[str, tuple[str, int]] = {}   # attempt id → (account, ceiling), in flight here
-        self.pending_release: set[str] = set()       # releases that could not reach Redis yet
-        self.owed: list[str] = []                    # answered; released by the next reserve or flush
+        self.held: dict[str, tuple[str, int]] = {}  # attempt id → (account, ceiling), in flight here
+        self.pending_release: set[str] = set()  # releases that could not reach Redis yet
+        self.owed: list[str] = []  # answered; released by the next reserve or flush
         self._flush: asyncio.TimerHandle | None = None
         self._releases: set[asyncio.Task[None]] = set()
         self.started = False  # `start` done: a previous instance's holders released
@@ -173,8 +176,12 @@ class FleetAdmission:
         lapsed = has_lapsed(age, self.ttl_ms)
         if lapsed != self.lapsed:
             if lapsed:
-                log.warning("fleet_place_lapsed", host_id=self.capacity.host_id, heartbeat_age_ms=age,
-                            action="ceilinged accounts refused until the heartbeat is fresh")
+                log.warning(
+                    "fleet_place_lapsed",
+                    host_id=self.capacity.host_id,
+                    heartbeat_age_ms=age,
+                    action="ceilinged accounts refused until the heartbeat is fresh",
+                )
             else:
                 log.info("fleet_place_restored", host_id=self.capacity.host_id, heartbeat_age_ms=age)
             self.lapsed = lapsed

@@ -60,10 +60,10 @@ class BodyRefused(Exception):
 
 
 class BodyPeek(NamedTuple):
-    model: str | None          # the top-level `model` (None: the body names none)
-    stream: bool               # `"stream": true`
-    include_usage: bool        # `stream_options.include_usage` is true
-    stream_options: bool       # a top-level `stream_options` member is present
+    model: str | None  # the top-level `model` (None: the body names none)
+    stream: bool  # `"stream": true`
+    include_usage: bool  # `stream_options.include_usage` is true
+    stream_options: bool  # a top-level `stream_options` member is present
 
 
 class _Member:
@@ -109,8 +109,7 @@ def _once(kind: Any, value: Any) -> Any:
     return kind(value)
 
 
-_NAMES = {_Model: "top-level 'model'", _Stream: "top-level 'stream'",
-          _Usage: "stream_options.include_usage"}
+_NAMES = {_Model: "top-level 'model'", _Stream: "top-level 'stream'", _Usage: "stream_options.include_usage"}
 _decode = msgspec.json.Decoder(_Peek, dec_hook=_once).decode
 
 
@@ -124,7 +123,7 @@ def _check_utf8(body: bytes) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     try:
         for start in range(0, len(body), UTF8_PIECE):
-            decoder.decode(body[start:start + UTF8_PIECE])
+            decoder.decode(body[start : start + UTF8_PIECE])
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
         raise _invalid("the request body is not valid UTF-8") from None
@@ -152,8 +151,7 @@ def _members(pairs: list[tuple[str, Any]]) -> _Members:
 
 def _check_repeats(body: bytes) -> None:
     """The slow path: Python's json, with a hook that sees each object's members in order."""
-    top = json.loads(body, object_pairs_hook=_members, parse_int=lambda _: 0,
-                     parse_float=lambda _: 0.0)
+    top = json.loads(body, object_pairs_hook=_members, parse_int=lambda _: 0, parse_float=lambda _: 0.0)
     if "stream_options" in top.repeated:
         raise _invalid("the request body has more than one top-level 'stream_options'")
 
@@ -165,8 +163,9 @@ def strict_peek(body: bytes) -> BodyPeek:
     try:
         peek = _decode(body)
     except msgspec.ValidationError as exc:
-        raise _invalid(f"the request body is not a JSON object with an object or null "
-                       f"stream_options ({str(exc)[:96]})") from None
+        raise _invalid(
+            f"the request body is not a JSON object with an object or null stream_options ({str(exc)[:96]})"
+        ) from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise _invalid(f"the request body is not strict JSON ({str(exc)[:96]})") from None
     options = peek.stream_options
@@ -178,8 +177,11 @@ def strict_peek(body: bytes) -> BodyPeek:
         if not isinstance(model, str):
             raise _invalid("the request body's model is not a string")
     stream = peek.stream is not msgspec.UNSET and peek.stream.value is True
-    include = (isinstance(options, _Options) and options.include_usage is not msgspec.UNSET
-               and options.include_usage.value is True)
+    include = (
+        isinstance(options, _Options)
+        and options.include_usage is not msgspec.UNSET
+        and options.include_usage.value is True
+    )
     return BodyPeek(model, stream, include, options is not msgspec.UNSET)
 
 
@@ -201,9 +203,10 @@ def coding_of(values: list[str]) -> str:
     coding = ",".join(values).strip().lower()
     if coding in ("", "identity") or coding in _GZIP or coding == "deflate":
         return "" if coding == "identity" else coding
-    raise BodyRefused(Refusal.UNSUPPORTED_CONTENT_ENCODING,
-                      f"content-encoding {coding[:64]!r} is not decoded by the gateway "
-                      f"(identity, gzip or deflate)")
+    raise BodyRefused(
+        Refusal.UNSUPPORTED_CONTENT_ENCODING,
+        f"content-encoding {coding[:64]!r} is not decoded by the gateway (identity, gzip or deflate)",
+    )
 
 
 async def decode_body(body: bytes, coding: str, limit: int) -> bytes:
@@ -232,7 +235,7 @@ def _inflate(body: bytes, coding: str, limit: int) -> bytes:
         pending = b""
         while True:
             if not pending and pos < len(data):
-                pending = bytes(data[pos:pos + STEP_IN])
+                pending = bytes(data[pos : pos + STEP_IN])
                 pos += len(pending)
             try:
                 piece = inflate.decompress(pending, STEP_OUT)

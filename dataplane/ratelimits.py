@@ -25,10 +25,10 @@ from typing import NamedTuple
 
 from shared.wire import RateLimit, RateLimits
 
-MAX_COUNT = 10**12                 # no provider states a limit near this; larger is garbage
+MAX_COUNT = 10**12  # no provider states a limit near this; larger is garbage
 MAX_DIGITS = len(str(MAX_COUNT))
-MAX_RESET_MS = 7 * 86_400_000      # a reset further than a week from the answer is garbage
-MAX_RESET_TEXT = 40                # longer than any RFC 3339 time or duration a provider sends
+MAX_RESET_MS = 7 * 86_400_000  # a reset further than a week from the answer is garbage
+MAX_RESET_TEXT = 40  # longer than any RFC 3339 time or duration a provider sends
 
 # (kind, limit header, remaining header, reset header): a wire's names (`dataplane/wires/`).
 Names = tuple[tuple[str, str, str, str], ...]
@@ -42,10 +42,18 @@ class RateLimitHeaders(NamedTuple):
     absolute_reset: bool
 
 
-MEMO_MAX = 512                     # entries per memo; cleared when full
+MEMO_MAX = 512  # entries per memo; cleared when full
 
-_UNIT_MS = {"h": 3_600_000.0, "m": 60_000.0, "s": 1000.0, "ms": 1.0,
-            "us": 0.001, "µs": 0.001, "μs": 0.001, "ns": 0.000001}
+_UNIT_MS = {
+    "h": 3_600_000.0,
+    "m": 60_000.0,
+    "s": 1000.0,
+    "ms": 1.0,
+    "us": 0.001,
+    "µs": 0.001,
+    "μs": 0.001,
+    "ns": 0.000001,
+}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s|us|µs|μs|ns)")
 
 
@@ -86,8 +94,8 @@ def parse_rfc3339_ms(text: str) -> int | None:
         return None
 
 
-_parsed: dict[tuple[bool, str], int | float | None] = {}   # (anthropic?, text) → ms or None
-_seconds: dict[int, str] = {}                               # epoch second → its ISO text
+_parsed: dict[tuple[bool, str], int | float | None] = {}  # (anthropic?, text) → ms or None
+_seconds: dict[int, str] = {}  # epoch second → its ISO text
 
 
 def _parse_reset(anthropic: bool, text: str) -> int | float | None:
@@ -127,8 +135,7 @@ def reset_at_ms(text: str | None, absolute: bool, arrival_ms: int) -> int | None
     return int(at)
 
 
-def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders,
-                   clock: Callable[[], int]) -> RateLimits | None:
+def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders, clock: Callable[[], int]) -> RateLimits | None:
     """The answer's rate limits (headers named as `wire` names them), or None when it carried
     no usable `remaining` header. `clock()` (epoch ms: the answer's arrival) is read only when
     one is present."""
@@ -136,7 +143,7 @@ def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders,
     get = headers.get
     found: dict[str, RateLimit] | None = None
     arrival_ms = 0
-    resets: dict[str | None, str | None] = {}   # this answer's reset texts (kinds often share one)
+    resets: dict[str | None, str | None] = {}  # this answer's reset texts (kinds often share one)
     for kind, limit_name, remaining_name, reset_name in names:
         raw = get(remaining_name)
         if raw is None:

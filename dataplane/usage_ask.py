@@ -72,7 +72,7 @@ def with_usage(body: bytes, peek: BodyPeek) -> bytes | None:
     `stream_options` that is neither an object nor null: the upstream refuses the body)."""
     if not peek.stream_options:
         opening = body.index(b"{")
-        return body[:opening] + b"{" + _ASKED + body[opening + 1:]
+        return body[:opening] + b"{" + _ASKED + body[opening + 1 :]
     span = _value_span(body, b'"stream_options"')
     if span is None:
         return None
@@ -132,13 +132,13 @@ class UsageStrip:
                 return data
             self.held = data
             return b""
-        whole, self.held = data[:last.end()], data[last.end():]
+        whole, self.held = data[: last.end()], data[last.end() :]
         if not _EMPTY_CHOICES.search(whole):
             return whole
         kept: list[bytes] = []
         start = 0
         for end in _EVENT_END.finditer(whole):
-            event = whole[start:end.end()]
+            event = whole[start : end.end()]
             if _usage_only(event):
                 self.dropped += 1
             else:

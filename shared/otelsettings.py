@@ -13,18 +13,24 @@ from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
-            "parentbased_traceidratio")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
 
 
 class TraceSettings(msgspec.Struct, frozen=True, kw_only=True):
     """SPEC §21's export, from the standard `OTEL_*` variables, handed to the SDK explicitly
     (controlplane/tracing/export.py never lets the SDK read the environment itself)."""
 
-    endpoint: str                     # the full OTLP/HTTP traces URL (…/v1/traces)
-    headers: tuple[tuple[str, str], ...] = ()   # may hold a collector's API key: never logged
+    endpoint: str  # the full OTLP/HTTP traces URL (…/v1/traces)
+    headers: tuple[tuple[str, str], ...] = ()  # may hold a collector's API key: never logged
     timeout_s: float = 10.0
-    compression: str = "none"         # none | gzip
+    compression: str = "none"  # none | gzip
     certificate_file: str | None = None
     client_key_file: str | None = None
     client_certificate_file: str | None = None
@@ -34,8 +40,8 @@ class TraceSettings(msgspec.Struct, frozen=True, kw_only=True):
     bsp_max_queue_size: int = 2048
     bsp_max_export_batch_size: int = 512
     bsp_export_timeout_ms: int = 30000
-    sampler: str = "parentbased_always_on"   # OTEL_TRACES_SAMPLER (shared/spans.SAMPLERS)
-    sampler_ratio: float = 1.0               # OTEL_TRACES_SAMPLER_ARG, for the *traceidratio ones
+    sampler: str = "parentbased_always_on"  # OTEL_TRACES_SAMPLER (shared/spans.SAMPLERS)
+    sampler_ratio: float = 1.0  # OTEL_TRACES_SAMPLER_ARG, for the *traceidratio ones
 
 
 def _otel(env: Mapping[str, str], name: str) -> str | None:
@@ -57,8 +63,10 @@ def _otel_pairs(raw: str | None, variable: str, problems: list[str], *, secret: 
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            problems.append(f"{variable} must be key=value pairs separated by commas"
-                            + ("" if secret else f" (got {item.strip()!r})"))
+            problems.append(
+                f"{variable} must be key=value pairs separated by commas"
+                + ("" if secret else f" (got {item.strip()!r})")
+            )
             return ()
         pairs.append((unquote(key.strip()), unquote(value.strip())))
     return tuple(pairs)
@@ -82,8 +90,11 @@ def traces_of(env: Mapping[str, str], problems: list[str]) -> TraceSettings | No
         problems.append(f"OTEL_TRACES_EXPORTER={exporter!r}: only otlp (or none) is supported")
     signal_url = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
     base_url = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    if (not signal_url and not base_url) or exporter != "otlp" \
-            or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+    if (
+        (not signal_url and not base_url)
+        or exporter != "otlp"
+        or env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    ):
         return None
     endpoint = signal_url or base_url.rstrip("/") + "/v1/traces"  # the generic one is a base URL
     variable = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" if signal_url else "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -113,10 +124,14 @@ def traces_of(env: Mapping[str, str], problems: list[str]) -> TraceSettings | No
         problems.append(f"OTEL_TRACES_SAMPLER_ARG={ratio_raw!r} must be a ratio in 0..1")
         ratio = 1.0
     return TraceSettings(
-        endpoint=endpoint, sampler=sampler, sampler_ratio=ratio,
+        endpoint=endpoint,
+        sampler=sampler,
+        sampler_ratio=ratio,
         headers=_otel_pairs(_otel(env, "HEADERS"), "OTEL_EXPORTER_OTLP_HEADERS", problems, secret=True),
-        timeout_s=int(timeout_ms) / 1000, compression=compression,
-        certificate_file=_otel(env, "CERTIFICATE"), client_key_file=_otel(env, "CLIENT_KEY"),
+        timeout_s=int(timeout_ms) / 1000,
+        compression=compression,
+        certificate_file=_otel(env, "CERTIFICATE"),
+        client_key_file=_otel(env, "CLIENT_KEY"),
         client_certificate_file=_otel(env, "CLIENT_CERTIFICATE"),
         service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "leasehold",
         resource=_otel_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"), "OTEL_RESOURCE_ATTRIBUTES", problems, secret=False),

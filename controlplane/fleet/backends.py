@@ -34,9 +34,9 @@ class Backends(msgspec.Struct, frozen=True, kw_only=True):
     lease_capacity: CapacityStore
     decisions: DecisionStore
     circuits: Callable[[int, OnTransition], CircuitRegistry]
-    admin_chain: ChainStorage | None = None      # None: the state dir's files
+    admin_chain: ChainStorage | None = None  # None: the state dir's files
     policy_chain: ChainStorage | None = None
-    chain_recent_s: float | None = None          # None: every loop read asks the (local) storage
+    chain_recent_s: float | None = None  # None: every loop read asks the (local) storage
     # fleet mode: `controlplane.fleet.wiring.FleetBackends` (not named here: wiring imports this)
     fleet: Any = None
 
@@ -48,6 +48,10 @@ def embedded(settings: Settings, keys: KeyTable) -> Backends:
     journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
     decisions = JournalledDecisions(LeaseDecisions(journal, keys.get))
     decisions.restore(keys.all())
-    return Backends(lease_capacity=LocalCapacity(), decisions=decisions,
-                    circuits=lambda cooldown_s, on_transition: CircuitRegistry(LocalCircuits(), cooldown_s,
-                                                                               on_transition=on_transition))
+    return Backends(
+        lease_capacity=LocalCapacity(),
+        decisions=decisions,
+        circuits=lambda cooldown_s, on_transition: CircuitRegistry(
+            LocalCircuits(), cooldown_s, on_transition=on_transition
+        ),
+    )

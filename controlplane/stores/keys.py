@@ -47,7 +47,7 @@ class KeyTable:
                 self._leases.pop(entry.key_id, None)
         self._leases = {k: v for k, v in self._leases.items() if v.expires_at_ms > now_ms}
         tmp = self.path + ".tmp"
-        with create_private(tmp) as handle:   # 0600 from its creation (SPEC §19)
+        with create_private(tmp) as handle:  # 0600 from its creation (SPEC §19)
             for lease in self._leases.values():
                 handle.write(_encode(_Entry(op="add", lease=lease)) + b"\n")
             handle.flush()

@@ -52,7 +52,7 @@ class LeaseDecisions:
         self._by_id: dict[str, Decision] = {}
         self._fd: int | None = None
         self._lines = 0
-        self._loaded = False         # nothing is rewritten before `load` read what is there
+        self._loaded = False  # nothing is rewritten before `load` read what is there
 
     def load(self, leases: Sequence[Lease]) -> list[str]:
         """Replay the journal, keep the decisions `leases` (the restored key table) hold, rewrite
@@ -74,7 +74,7 @@ class LeaseDecisions:
         """A lease-bearing decision, recorded (a mint's, a renewal's or a hop's)."""
         assert decision.key_id is not None
         if self._loaded and (self._fd is None or self._lines >= max(COMPACT_MIN_LINES, 2 * len(self._by_key))):
-            self._compact()   # before the new line: a crash before its grant finds the old one
+            self._compact()  # before the new line: a crash before its grant finds the old one
         self._append(decision)
         self._remember(decision)
 
@@ -123,7 +123,7 @@ class LeaseDecisions:
         self.close()
         tmp = self.path + ".tmp"
         try:
-            with create_private(tmp) as handle:   # 0600 from its creation (SPEC §19)
+            with create_private(tmp) as handle:  # 0600 from its creation (SPEC §19)
                 for decision in self._by_key.values():
                     handle.write(_encode_line(decision) + b"\n")
                 handle.flush()

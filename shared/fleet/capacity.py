@@ -65,10 +65,13 @@ end
 """
 
 # KEYS: incarnation; ARGV: cap prefix, account, holder, host, ceiling ('' none), incarnation ('' unfenced)
-RESERVE = _TAKE_FN + """
+RESERVE = (
+    _TAKE_FN
+    + """
 if fenced(KEYS[1], ARGV[6]) then return -1 end
 return take(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
+)
 
 # Release one holder (the same steps as RELEASE below); 1 released, 0 it held nothing.
 _RELEASE_FN = """
@@ -91,18 +94,25 @@ end
 # A reserve carrying the releases owed since the last round trip (issue 27: one round trip per
 # request instead of two). KEYS: incarnation; ARGV: as RESERVE, then the holders to release
 # first. Fenced like RESERVE, before anything is released (-1: nothing done).
-RESERVE_RELEASING = _TAKE_FN + _RELEASE_FN + """
+RESERVE_RELEASING = (
+    _TAKE_FN
+    + _RELEASE_FN
+    + """
 if fenced(KEYS[1], ARGV[6]) then return -1 end
 for i = 7, #ARGV do release(ARGV[1], ARGV[i]) end
 return take(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
+)
 
 # ARGV: cap prefix, then holders. Answers how many it released.
-RELEASE_ALL = _RELEASE_FN + """
+RELEASE_ALL = (
+    _RELEASE_FN
+    + """
 local released = 0
 for i = 2, #ARGV do released = released + release(ARGV[1], ARGV[i]) end
 return released
 """
+)
 
 # KEYS: owner; ARGV: cap prefix, holder. 1 released, 0 it held nothing.
 RELEASE = """
@@ -145,7 +155,9 @@ return out
 
 # KEYS: incarnation; ARGV: cap prefix, host, incarnation, then (account, holder, ceiling)...
 # Answers the holders it could not take back (-1 alone when fenced).
-REREGISTER = _TAKE_FN + """
+REREGISTER = (
+    _TAKE_FN
+    + """
 if fenced(KEYS[1], ARGV[3]) then return -1 end
 local refused = {}
 for i = 4, #ARGV, 3 do
@@ -155,6 +167,7 @@ for i = 4, #ARGV, 3 do
 end
 return refused
 """
+)
 
 
 class Incarnation:
@@ -176,8 +189,15 @@ class RedisCapacity:
     at the proxy), each holder tagged with `host_id`. With a `line` (the data plane's), reserve
     and `release_all` go over that dedicated connection instead of the pool (issue 27)."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, table: Ceiling, host_id: str,
-                 incarnation: Incarnation | None = None, line: ScriptLine | None = None) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        table: Ceiling,
+        host_id: str,
+        incarnation: Incarnation | None = None,
+        line: ScriptLine | None = None,
+    ) -> None:
         self.client = client
         self.line = line
         self.keys = keys
@@ -195,8 +215,7 @@ class RedisCapacity:
 
     # ---- the CapacityStore contract --------------------------------------------------------
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None,
-                      releasing: Sequence[str] = ()) -> bool:
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()) -> bool:
         """Take a slot; `releasing`: holders to release first, in the same script (one round
         trip; nothing is released when the reserve is fenced, `StateLost`)."""
         args = [self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()]
@@ -264,8 +283,9 @@ class RedisCapacity:
             flat = await self._retain_only(args=[self._cap, self.host_id, *holders])
         return _pairs(flat)
 
-    async def reregister(self, holders: Sequence[tuple[str, str, int | None]], *,
-                         incarnation: str | None = None) -> list[str]:
+    async def reregister(
+        self, holders: Sequence[tuple[str, str, int | None]], *, incarnation: str | None = None
+    ) -> list[str]:
         """Take back this host's own live holders, `(account, holder, ceiling)` each, after
         Redis lost its data or after this host was declared dead; answers the holders refused.
 

@@ -37,10 +37,10 @@ import msgspec
 
 from shared.capacity import StateUnavailable
 
-MAX_BULK = 1 << 20    # the longest bulk reply accepted (the hot scripts answer integers)
-MAX_ITEMS = 1 << 16   # the longest array reply accepted
-MAX_DEPTH = 4         # nested arrays
-MAX_LINE = 4096       # the longest header or status line
+MAX_BULK = 1 << 20  # the longest bulk reply accepted (the hot scripts answer integers)
+MAX_ITEMS = 1 << 16  # the longest array reply accepted
+MAX_DEPTH = 4  # nested arrays
+MAX_LINE = 4096  # the longest header or status line
 
 
 class ProtocolError(Exception):
@@ -49,6 +49,7 @@ class ProtocolError(Exception):
 
 class ErrorReply(msgspec.Struct, frozen=True):
     """An error reply (`-ERR ...`); `message` is its first line."""
+
     message: str
 
 
@@ -72,7 +73,7 @@ def parse(buf: bytes | bytearray, pos: int = 0, depth: int = 0) -> tuple[Reply, 
         if len(buf) - pos > MAX_LINE + 1:
             raise ProtocolError("a reply line is too long")
         return None
-    kind, line = buf[pos:pos + 1], bytes(buf[pos + 1:end])
+    kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
     after = end + 2
     if kind == b"+":
         return line, after
@@ -88,9 +89,9 @@ def parse(buf: bytes | bytearray, pos: int = 0, depth: int = 0) -> tuple[Reply, 
             raise ProtocolError(f"a bulk reply of {size} bytes")
         if len(buf) < after + size + 2:
             return None
-        if buf[after + size:after + size + 2] != b"\r\n":
+        if buf[after + size : after + size + 2] != b"\r\n":
             raise ProtocolError("a bulk reply not ended by CRLF")
-        return bytes(buf[after:after + size]), after + size + 2
+        return bytes(buf[after : after + size]), after + size + 2
     if kind == b"*":
         return _array(buf, _integer(line), after, depth)
     raise ProtocolError(f"an unknown reply type {kind!r}")
@@ -120,15 +121,16 @@ def _integer(line: bytes) -> int:
 
 class LineTarget(msgspec.Struct, frozen=True):
     """Where and how to connect: the settings of the pooled client's connections."""
+
     host: str = ""
     port: int = 6379
-    path: str = ""                 # a Unix socket (then no host)
+    path: str = ""  # a Unix socket (then no host)
     tls: bool = False
     ca_certs: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
     username: str | None = None
-    password: str | None = None    # never logged (registered with the redactor by `connect`)
+    password: str | None = None  # never logged (registered with the redactor by `connect`)
     db: int = 0
     timeout_s: float = 1.0
     connect_timeout_s: float = 0.5
@@ -138,13 +140,20 @@ class LineTarget(msgspec.Struct, frozen=True):
         """From a redis-py pool's `connection_class.__name__` and `connection_kwargs`."""
         if kind not in ("Connection", "SSLConnection", "UnixDomainSocketConnection"):
             raise ValueError(f"no script line over a {kind}")
-        return cls(host=kwargs.get("host") or "", port=int(kwargs.get("port") or 6379),
-                   path=kwargs.get("path") or "", tls=kind == "SSLConnection",
-                   ca_certs=kwargs.get("ssl_ca_certs"), certfile=kwargs.get("ssl_certfile"),
-                   keyfile=kwargs.get("ssl_keyfile"), username=kwargs.get("username"),
-                   password=kwargs.get("password"), db=int(kwargs.get("db") or 0),
-                   timeout_s=float(kwargs.get("socket_timeout") or 1.0),
-                   connect_timeout_s=float(kwargs.get("socket_connect_timeout") or 0.5))
+        return cls(
+            host=kwargs.get("host") or "",
+            port=int(kwargs.get("port") or 6379),
+            path=kwargs.get("path") or "",
+            tls=kind == "SSLConnection",
+            ca_certs=kwargs.get("ssl_ca_certs"),
+            certfile=kwargs.get("ssl_certfile"),
+            keyfile=kwargs.get("ssl_keyfile"),
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+            db=int(kwargs.get("db") or 0),
+            timeout_s=float(kwargs.get("socket_timeout") or 1.0),
+            connect_timeout_s=float(kwargs.get("socket_connect_timeout") or 0.5),
+        )
 
     def handshake(self) -> list[bytes]:
         """The commands a fresh connection sends before any script."""
@@ -167,6 +176,7 @@ class LineTarget(msgspec.Struct, frozen=True):
 
 class Script(Protocol):
     """What a registered redis-py script gives: its SHA1 and its text."""
+
     sha: str
     script: str | bytes
 
@@ -334,8 +344,13 @@ class ScriptLine:
                 await loop.create_unix_connection(lambda: wire, target.path)
             else:
                 context = target.ssl_context()
-                await loop.create_connection(lambda: wire, target.host, target.port, ssl=context,
-                                             server_hostname=target.host if context else None)
+                await loop.create_connection(
+                    lambda: wire,
+                    target.host,
+                    target.port,
+                    ssl=context,
+                    server_hostname=target.host if context else None,
+                )
 
     def close(self) -> None:
         """Close the connection (calls still waiting fail `StateUnavailable`); no reopening."""

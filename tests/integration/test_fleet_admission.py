@@ -136,7 +136,7 @@ async def test_a_reserve_redis_ran_after_its_timeout_is_released(tmp_path: Path)
     fleet = Fleet(server)
     admission = plane(fleet, "host-a", server.url)
     try:
-        assert await admission.reserve(ACCOUNT, "warm", 1)   # a pooled connection, ready to send on
+        assert await admission.reserve(ACCOUNT, "warm", 1)  # a pooled connection, ready to send on
         admission.release_soon("warm")
         await until(lambda: _count_is(admission, 0), 10, "the warm-up slot back")
         server.pause()
@@ -146,7 +146,7 @@ async def test_a_reserve_redis_ran_after_its_timeout_is_released(tmp_path: Path)
         server.resume()
         await until(_retried(admission), 10, "the timed-out reserve's holder released")
         assert await admission.capacity.count(ACCOUNT) == 0
-        assert await admission.reserve(ACCOUNT, "att-next", 1)   # the slot was never lost
+        assert await admission.reserve(ACCOUNT, "att-next", 1)  # the slot was never lost
     finally:
         server.resume()
         await admission.close()
@@ -163,7 +163,7 @@ async def test_a_reserve_cancelled_in_flight_is_released_never_leaked(tmp_path: 
     admission = plane(fleet, "host-a", server.url)
     try:
         assert await admission.reserve(ACCOUNT, "att-1", 2)
-        admission.release_soon("att-1")   # owed: rides with the next reserve
+        admission.release_soon("att-1")  # owed: rides with the next reserve
         server.pause()
         out = asyncio.ensure_future(admission.reserve(ACCOUNT, "att-gone", 2))
         await until(lambda: not admission.owed, 10, "the reserve sent, carrying the release")
@@ -189,6 +189,7 @@ def _retried(admission: FleetAdmission):
     async def probe() -> bool:
         await admission.retry_pending()
         return not admission.pending_release
+
     return probe
 
 

@@ -20,7 +20,9 @@ from tests.support.fleet import Fleet
 from tests.support.redis_server import RedisServer
 
 
-def _table(fleet: Fleet, host: str, table: Ceiling = Ceiling.LEASE, incarnation: Incarnation | None = None) -> RedisCapacity:
+def _table(
+    fleet: Fleet, host: str, table: Ceiling = Ceiling.LEASE, incarnation: Incarnation | None = None
+) -> RedisCapacity:
     return RedisCapacity(fleet.client, fleet.keys, table, host, incarnation)
 
 
@@ -65,8 +67,9 @@ async def test_reregistration_honours_the_ceiling_oldest_first(fleet: Fleet) -> 
     away, other = _table(fleet, "away"), _table(fleet, "other")
     await other.reserve("acct", "o1", 3)
     await other.reserve("acct", "o2", 3)
-    refused = await away.reregister([("acct", "old", 3), ("acct", "newer", 3), ("acct", "newest", 3),
-                                     ("free", "f1", None)])
+    refused = await away.reregister(
+        [("acct", "old", 3), ("acct", "newer", 3), ("acct", "newest", 3), ("free", "f1", None)]
+    )
     assert refused == ["newer", "newest"]
     assert await away.count("acct") == 3 and await away.holds("old") and await away.holds("f1")
 

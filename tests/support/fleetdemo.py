@@ -36,8 +36,7 @@ def main() -> int:
     try:
         redis = RedisServer(VAR / "redis").start()
         started.append(redis)
-        fleet = FleetPairs(VAR, stub, redis, 2, fleet_id="demo",
-                           extra_env={"GATEWAY_FLEET_HOST_TTL_SECONDS": "10"})
+        fleet = FleetPairs(VAR, stub, redis, 2, fleet_id="demo", extra_env={"GATEWAY_FLEET_HOST_TTL_SECONDS": "10"})
         fleet.control_token = _token()
         for gw in fleet.pairs:
             gw.control_token = fleet.control_token
@@ -71,8 +70,10 @@ def _stop(started: list[object]) -> None:
 def banner(fleet: FleetPairs, redis: RedisServer) -> str:
     a, b = fleet[0], fleet[1]
     auth = '-H "Authorization: Bearer $(cat var/fleet/control-token)"'
-    mint = (f"-H 'Content-Type: application/json' -d '{{\"dispatch_id\":\"d-1\",\"repo_slug\":\"demo/repo\","
-            f"\"principal_kind\":\"worker\",\"principal_id\":\"me\",\"model\":\"{MODEL}\"}}'")
+    mint = (
+        f'-H \'Content-Type: application/json\' -d \'{{"dispatch_id":"d-1","repo_slug":"demo/repo",'
+        f'"principal_kind":"worker","principal_id":"me","model":"{MODEL}"}}\''
+    )
     return f"""
 A Leasehold fleet is running on loopback (fleet id demo, stub upstream, logs under var/fleet/)
   redis     {redis.url}

@@ -20,9 +20,18 @@ RATE_LIMITED = json.dumps({"status": 429, "headers": {"retry-after": "1"}})
 
 
 def mint(gw: Gateway, dispatch: str, driver: str) -> dict:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": MODEL, "fallback_driver": driver})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": MODEL,
+            "fallback_driver": driver,
+        },
+    )
     assert status == 201, body
     return body
 
@@ -54,12 +63,12 @@ def test_renew_extend_and_a_hop_after_a_control_restart(make_gateway, tmp_path, 
     assert status == 200, extended
     assert extended["mint_decision_id"] == keyed["mint_decision_id"]
 
-    assert call(gw, keyed["token"], RATE_LIMITED) == 429          # a qualifying terminal: the key hops
+    assert call(gw, keyed["token"], RATE_LIMITED) == 429  # a qualifying terminal: the key hops
     wait_until(lambda: call(gw, keyed["token"]) == 200, 15, "the worker's retry served")
     served = [r for r in gw.wait_rows(2) if r["key_id"] == keyed["key_id"] and r["status"] == "completed"]
     assert served and served[-1]["account_id"] == B, served
     assert len(second_stub.requests()) >= 1
 
-    restart_control(gw)                                          # the hop's decision is the one kept
+    restart_control(gw)  # the hop's decision is the one kept
     status, _, again = gw.api("POST", f"/control/v2/keys/{keyed['key_id']}/extend", {"ttl_seconds": 7200})
     assert (status, again.get("account_id")) == (200, B), again

@@ -30,16 +30,30 @@ from tests.support.waits import wait_until
 FORBIDDEN_FIELD = re.compile(r"token|secret|api_key|digest|fingerprint")
 # Billing counts are not credentials: a usage field is named `<kind>_tokens`.
 BILLING_FIELD = re.compile(r"^(input|output|cache_read|cache_creation)_tokens$")
-PROJECTION_MODULES = ["controlplane/http/accounts.py", "controlplane/http/views.py",
-                      "controlplane/http/events.py", "controlplane/http/metrics.py",
-                      "controlplane/http/dashboard.py", "controlplane/http/admin.py",
-                      "controlplane/http/policy.py", "controlplane/http/fleet.py",
-                      "controlplane/http/traces.py"]
-READ_ROUTES = ["/healthz", "/control/v2/accounts", "/control/v2/routes/active",
-               "/control/v2/routes/recent?limit=200", "/control/v2/accounts/admin",
-               "/control/v2/accounts/audit", "/control/v2/policy", "/control/v2/policy/audit",
-               "/control/v2/policy/explain?repo_slug=acme/app&model=claude-sonnet-4-6", "/metrics",
-               "/control/v2/fleet"]
+PROJECTION_MODULES = [
+    "controlplane/http/accounts.py",
+    "controlplane/http/views.py",
+    "controlplane/http/events.py",
+    "controlplane/http/metrics.py",
+    "controlplane/http/dashboard.py",
+    "controlplane/http/admin.py",
+    "controlplane/http/policy.py",
+    "controlplane/http/fleet.py",
+    "controlplane/http/traces.py",
+]
+READ_ROUTES = [
+    "/healthz",
+    "/control/v2/accounts",
+    "/control/v2/routes/active",
+    "/control/v2/routes/recent?limit=200",
+    "/control/v2/accounts/admin",
+    "/control/v2/accounts/audit",
+    "/control/v2/policy",
+    "/control/v2/policy/audit",
+    "/control/v2/policy/explain?repo_slug=acme/app&model=claude-sonnet-4-6",
+    "/metrics",
+    "/control/v2/fleet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +66,15 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
     collector = OtlpReceiver().start()
     collector_key = credential_like("hc_")
     prompt = "prompt-" + secrets.token_hex(16)
-    gw = Gateway(workdir / "gw", stub, {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
-                                        "OTEL_BSP_SCHEDULE_DELAY": "50",
-                                        "OTEL_EXPORTER_OTLP_HEADERS": f"x-collector-key={collector_key}"})
+    gw = Gateway(
+        workdir / "gw",
+        stub,
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+            "OTEL_EXPORTER_OTLP_HEADERS": f"x-collector-key={collector_key}",
+        },
+    )
     gw.control_token = control_token
     gw.env["GATEWAY_CONTROL_TOKEN"] = control_token
     gw.start()
@@ -63,22 +83,46 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
         token = minted["token"]
         body = {"model": "claude-sonnet-4-6", "max_tokens": 5, "messages": [{"role": "user", "content": prompt}]}
         assert http("POST", gw.dataplane_url + "/v1/messages", body, {"x-api-key": token})[0] == 200
-        assert http("POST", gw.dataplane_url + "/v1/messages", body,
-                    {"Authorization": f"Bearer {token}", "x-stub-step": '{"status": 401}'})[0] == 401
+        assert (
+            http(
+                "POST",
+                gw.dataplane_url + "/v1/messages",
+                body,
+                {"Authorization": f"Bearer {token}", "x-stub-step": '{"status": 401}'},
+            )[0]
+            == 401
+        )
         assert http("POST", gw.dataplane_url + "/v1/messages", body, {"x-api-key": token + "x"})[0] == 401
-        live = threading.Thread(daemon=True, target=lambda: http(
-            "POST", gw.dataplane_url + "/v1/messages", {**body, "stream": True},
-            {"x-api-key": token, "x-stub-step": '{"stall_after_events": 2, "stall_s": 2}'}))
+        live = threading.Thread(
+            daemon=True,
+            target=lambda: http(
+                "POST",
+                gw.dataplane_url + "/v1/messages",
+                {**body, "stream": True},
+                {"x-api-key": token, "x-stub-step": '{"stall_after_events": 2, "stall_s": 2}'},
+            ),
+        )
         live.start()
         wait_until(lambda: gw.active()["count"] == 1, 10, "an in-flight stream")
-        payloads = {route: http("GET", gw.control_url + route, headers={"Authorization": f"Bearer {control_token}"})
-                    for route in READ_ROUTES}
+        payloads = {
+            route: http("GET", gw.control_url + route, headers={"Authorization": f"Bearer {control_token}"})
+            for route in READ_ROUTES
+        }
         live.join(15)
-        payloads["recent-after"] = http("GET", gw.control_url + "/control/v2/routes/recent",
-                                        headers={"Authorization": f"Bearer {control_token}"})
-        v2 = gw.api("POST", "/control/v2/mint", {"dispatch_id": "d", "repo_slug": "acme/app",
-                                                 "principal_kind": "worker", "principal_id": "w",
-                                                 "model": "claude-sonnet-4-6"})[2]
+        payloads["recent-after"] = http(
+            "GET", gw.control_url + "/control/v2/routes/recent", headers={"Authorization": f"Bearer {control_token}"}
+        )
+        v2 = gw.api(
+            "POST",
+            "/control/v2/mint",
+            {
+                "dispatch_id": "d",
+                "repo_slug": "acme/app",
+                "principal_kind": "worker",
+                "principal_id": "w",
+                "model": "claude-sonnet-4-6",
+            },
+        )[2]
         assert gw.revoke(v2["key_id"])
         rows = gw.ledger()
         wait_until(lambda: all(collector.span_of(r["attempt_id"]) for r in rows), 15, "every row's span")
@@ -88,17 +132,28 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
         collector.close()
     files = {str(p): p.read_bytes().decode("utf-8", "replace") for p in gw.state_dir.rglob("*") if p.is_file()}
     return {
-        "secrets": {"provider key": provider_key, "control token": control_token, "minted token": token,
-                    "secret half": token.split(".", 1)[1], "v2 token": v2["token"],
-                    "v2 secret half": v2["token"].split(".", 1)[1]},
+        "secrets": {
+            "provider key": provider_key,
+            "control token": control_token,
+            "minted token": token,
+            "secret half": token.split(".", 1)[1],
+            "v2 token": v2["token"],
+            "v2 secret half": v2["token"].split(".", 1)[1],
+        },
         "key_id": minted["key_id"],
         "payloads": {route: f"{status} {headers} {body}" for route, (status, headers, body) in payloads.items()},
         "files": files,
         "logs": gw.logs(),
-        "otlp": {"bodies": b"".join(collector.bodies).decode("latin-1"), "spans": repr(collector.spans),
-                 "spans_count": len(collector.spans)},
-        "otlp_only": {"token digest": hashlib.sha256(token.encode()).hexdigest(),
-                      "collector key": collector_key, "prompt": prompt},
+        "otlp": {
+            "bodies": b"".join(collector.bodies).decode("latin-1"),
+            "spans": repr(collector.spans),
+            "spans_count": len(collector.spans),
+        },
+        "otlp_only": {
+            "token digest": hashlib.sha256(token.encode()).hexdigest(),
+            "collector key": collector_key,
+            "prompt": prompt,
+        },
     }
 
 
@@ -149,8 +204,11 @@ def read_models() -> list[type[msgspec.Struct]]:
                 models.append(value)
     for name in ("controlplane.events", "controlplane.routebook", "controlplane.circuits"):  # read models' rooms
         module = importlib.import_module(name)
-        models += [v for v in vars(module).values()
-                   if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == module.__name__]
+        models += [
+            v
+            for v in vars(module).values()
+            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == module.__name__
+        ]
     return models
 
 

@@ -40,20 +40,23 @@ def reaches(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("source", "count"), [
-    ("service.keys.all()", 1),
-    ("self.service.routes", 1),
-    ("request.app[SERVICE].link.connected", 1),
-    ("from controlplane.service import ControlService", 1),
-    ("import controlplane.service", 1),
-    ("def f(s: ControlService) -> None: ...", 1),
-    ("x = self.service.keys.count_by_account()", 1),
-    ("service.link.connected and service.ledger.ok", 2),
-    ("self.keys.all(); self.seam.end_keys([], reason)", 0),
-    ('attrs["service.name"] = name', 0),
-    ('"""reaches `service.row_sinks` in prose"""', 0),
-    ("service_name = config.service_name", 0),
-])
+@pytest.mark.parametrize(
+    ("source", "count"),
+    [
+        ("service.keys.all()", 1),
+        ("self.service.routes", 1),
+        ("request.app[SERVICE].link.connected", 1),
+        ("from controlplane.service import ControlService", 1),
+        ("import controlplane.service", 1),
+        ("def f(s: ControlService) -> None: ...", 1),
+        ("x = self.service.keys.count_by_account()", 1),
+        ("service.link.connected and service.ledger.ok", 2),
+        ("self.keys.all(); self.seam.end_keys([], reason)", 0),
+        ('attrs["service.name"] = name', 0),
+        ('"""reaches `service.row_sinks` in prose"""', 0),
+        ("service_name = config.service_name", 0),
+    ],
+)
 def test_the_detector(source: str, count: int) -> None:
     assert len(reaches(source)) == count, reaches(source)
 
@@ -69,7 +72,7 @@ def test_no_module_outside_the_wiring_reaches_through_the_service() -> None:
         hits = reaches(path.read_text())
         if hits:
             found[name] = hits
-    assert swept >= 100   # every module of the daemon, not a corner of it
+    assert swept >= 100  # every module of the daemon, not a corner of it
     assert found == {}, f"reaching through the service instead of a port (controlplane/ports.py): {found}"
 
 
