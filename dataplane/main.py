@@ -87,9 +87,9 @@ def build_server(settings: Settings, proxy: Proxy) -> web.Server:
         max_line_size=MAX_HEADER_BYTES,
         keepalive_timeout=settings.keepalive_seconds,
     )
-    server.bounds = ConnectionBounds(
+    server.bounds = ConnectionBounds(  # type: ignore[attr-defined]
         settings.header_timeout_seconds,
-        settings.max_connections,  # type: ignore[attr-defined]
+        settings.max_connections,
         connection_limit_answer,
     )
     return server

@@ -104,8 +104,8 @@ def is_low(observation: Observation, floor_percent: int, now_ms: int) -> bool:
     return (
         floor_percent > 0
         and current(observation, now_ms)
-        and observation.remaining * 100 < floor_percent * observation.limit
-    )  # type: ignore[operator]
+        and observation.remaining * 100 < floor_percent * observation.limit  # type: ignore[operator]
+    )
 
 
 def low_kinds(observations: Mapping[str, Observation], floor_percent: int, now_ms: int) -> tuple[str, ...]:

@@ -197,8 +197,8 @@ class Folding:
             rows=self.rows,
             windows=windows,  # type: ignore[arg-type]
             tail_ids=list(self.tail),
-            **identity,
-        )  # type: ignore[arg-type]
+            **identity,  # type: ignore[arg-type]
+        )
 
 
 def fold_file(path: str, start: int = 0, folding: Folding | None = None) -> tuple[Folding, int]:

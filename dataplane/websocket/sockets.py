@@ -158,9 +158,9 @@ class Sockets:
         found = gates.hold(
             self.replica,
             attempt.lease,
-            account,
+            account,  # type: ignore[arg-type]
             None,
-            now_ms(),  # type: ignore[arg-type]
+            now_ms(),
             self.fleet,
         )
         if found is not None:
