@@ -252,11 +252,8 @@ async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
     from shared.fleet.redis_client import connect, describe
     from shared.fleet.secret import Keyring
 
-    entries = (
-        None
-        if settings.fleet_secret is None
-        else FleetEntries(Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
-    )
+    assert settings.fleet_secret is not None  # settings require it (SPEC §19): beats always checked
+    entries = FleetEntries(Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
     fleet = FleetAdmission(
         connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id, settings.fleet_host_ttl_seconds, entries
     )  # SPEC §19: sealed heartbeats
