@@ -545,6 +545,7 @@ def _route(wire: str | None, kind: str):
                 "path": request.path_qs,
                 "headers": headers_in,
                 "body_len": len(raw),
+                "body_crc32": zlib.crc32(raw),  # a large body, compared without recording it
                 "model": model,
                 "stream": stream,
                 "wire": w,
