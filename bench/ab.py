@@ -59,9 +59,19 @@ def main(argv: list[str] | None = None) -> int:
             ctx = Context(plan=PLANS["default"], layout=layout, servers=servers, targets=targets)
             for index in range(args.rounds):
                 # odd rounds run the columns in reverse, so no column always follows the same one
-                for target in (targets if index % 2 == 0 else targets[::-1]):
-                    run = run_loadgen(_job(ctx, target, "saturate", stream=False, step=None,
-                                           connections=64, warmup_s=0.5, duration_s=args.seconds))
+                for target in targets if index % 2 == 0 else targets[::-1]:
+                    run = run_loadgen(
+                        _job(
+                            ctx,
+                            target,
+                            "saturate",
+                            stream=False,
+                            step=None,
+                            connections=64,
+                            warmup_s=0.5,
+                            duration_s=args.seconds,
+                        )
+                    )
                     if run["errors"] or not run["rps"]:
                         print(f"{target.name}: errors {run['errors']}")
                         return 1
@@ -69,13 +79,17 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(target.name, []).append((run["rps"], cpu))
         finally:
             servers.close()
-    print(f"saturation, {args.rounds} interleaved rounds of {args.seconds} s, "
-          f"{'proxy alone on its core' if args.alone else 'servers sharing one core'}")
+    print(
+        f"saturation, {args.rounds} interleaved rounds of {args.seconds} s, "
+        f"{'proxy alone on its core' if args.alone else 'servers sharing one core'}"
+    )
     for name, runs in results.items():
         rps = [r for r, _ in runs]
         cpu = {k: statistics.mean(c.get(k, 0.0) for _, c in runs) for k in runs[0][1]}
-        print(f"  {name:28s} {statistics.mean(rps):7,.0f} req/s (rounds {', '.join(f'{r:,.0f}' for r in rps)})  "
-              + "  ".join(f"{k} {v:.0f} µs" for k, v in cpu.items()))
+        print(
+            f"  {name:28s} {statistics.mean(rps):7,.0f} req/s (rounds {', '.join(f'{r:,.0f}' for r in rps)})  "
+            + "  ".join(f"{k} {v:.0f} µs" for k, v in cpu.items())
+        )
     rps_of = {name: [r for r, _ in runs] for name, runs in results.items()}
     for other in [n for n in rps_of if n != "leasehold"]:
         print(ratio_line(f"leasehold / {other}", round_ratios(rps_of["leasehold"], rps_of[other])))
@@ -89,8 +103,10 @@ def round_ratios(a: list[float], b: list[float]) -> list[float]:
 
 def ratio_line(label: str, ratios: list[float]) -> str:
     """`label: median (min–max) over N rounds; rounds r1 r2 ...` — every round, not only the median."""
-    return (f"  {label:40s} {statistics.median(ratios):.3f}x ({min(ratios):.3f}–{max(ratios):.3f}) "
-            f"over {len(ratios)} rounds; rounds {' '.join(f'{r:.3f}' for r in ratios)}")
+    return (
+        f"  {label:40s} {statistics.median(ratios):.3f}x ({min(ratios):.3f}–{max(ratios):.3f}) "
+        f"over {len(ratios)} rounds; rounds {' '.join(f'{r:.3f}' for r in ratios)}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,16 +34,14 @@ def baseline_commit() -> str:
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
 def build(commit: str, into: Path) -> Path:
     """A detached worktree of `commit` at `into`, with `.venv` holding its dependencies."""
     _git("worktree", "add", "--detach", "--force", str(into), commit)
     subprocess.run([sys.executable, "-m", "venv", str(into / ".venv")], check=True)
-    pip = [str(into / ".venv" / "bin" / "python"), "-m", "pip", "install", "--quiet",
-           "--disable-pip-version-check"]
+    pip = [str(into / ".venv" / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     # -e: the tree's own modules are what run; the install brings its dependency pins.
     done = subprocess.run([*pip, "-e", str(into)], cwd=str(into), capture_output=True, text=True)
     if done.returncode != 0:
@@ -52,8 +50,7 @@ def build(commit: str, into: Path) -> Path:
 
 
 def remove(tree: Path) -> None:
-    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                   capture_output=True)
+    subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
     subprocess.run(["git", "-C", str(REPO), "worktree", "prune"], capture_output=True)
 
 

@@ -42,21 +42,31 @@ def start_to_ready(stub: Stub, workdir: Path, trials: int, cpus: set[int]) -> di
             try:
                 wait_until(lambda: gw.healthz() is not None, 30, "control healthz", interval_s=0.002)
                 control_s.append(time.perf_counter() - t0)
-                wait_until(lambda: (gw.healthz() or {}).get("dataplane_connected")
-                           and _accepts(gw.dataplane_port), 30, "data plane ready", interval_s=0.002)
+                wait_until(
+                    lambda: (gw.healthz() or {}).get("dataplane_connected") and _accepts(gw.dataplane_port),
+                    30,
+                    "data plane ready",
+                    interval_s=0.002,
+                )
                 ready_s.append(time.perf_counter() - t0)
             finally:
                 gw.stop()
     finally:
         os.sched_setaffinity(0, previous)
-    return {"trials": trials, "control_ready_ms": summarize_ms(control_s),
-            "gateway_ready_ms": summarize_ms(ready_s)}
+    return {"trials": trials, "control_ready_ms": summarize_ms(control_s), "gateway_ready_ms": summarize_ms(ready_s)}
 
 
 def mint_revoke(gateway: Gateway, layout: Layout, warmup: int, iterations: int) -> dict[str, Any]:
-    job = {"kind": "mint_revoke", "host": "127.0.0.1", "port": gateway.control_port,
-           "token": gateway.control_token, "mint_body": MINT_BODY, "warmup": warmup,
-           "iterations": iterations, "cpus": list(layout.generator_cpus or ())}
+    job = {
+        "kind": "mint_revoke",
+        "host": "127.0.0.1",
+        "port": gateway.control_port,
+        "token": gateway.control_token,
+        "mint_body": MINT_BODY,
+        "warmup": warmup,
+        "iterations": iterations,
+        "cpus": list(layout.generator_cpus or ()),
+    }
     return run_loadgen(job)
 
 

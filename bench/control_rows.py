@@ -58,16 +58,19 @@ class _Conn:
         self.sent += len(message.req_ids) if isinstance(message, Acks) else 1
 
 
-BUDGETS = [("team:widgets", {"repos": ["acme/widgets"], "budgets": [{"window": "day", "usd": 1e9}]}),
-           ("platform", {"budgets": [{"window": "month", "usd": 1e9}]}),
-           ("repo:acme/widgets", {"budgets": [{"window": "hour", "usd": 1e9}, {"window": "day", "usd": 1e9}]})]
+BUDGETS = [
+    ("team:widgets", {"repos": ["acme/widgets"], "budgets": [{"window": "day", "usd": 1e9}]}),
+    ("platform", {"budgets": [{"window": "month", "usd": 1e9}]}),
+    ("repo:acme/widgets", {"budgets": [{"window": "hour", "usd": 1e9}, {"window": "day", "usd": 1e9}]}),
+]
 
 
 async def _write_budgets(state: str) -> None:
     store = PolicyStore(state, ["anthropic-default"], Ceiling(fallback_on=frozenset(Condition), max_fallback_hops=1))
     for revision, (name, document) in enumerate(BUDGETS):
-        await store.put_level(name, document, expected_revision=revision, reason="bench", actor=None,
-                              authenticated_by="control-token")
+        await store.put_level(
+            name, document, expected_revision=revision, reason="bench", actor=None, authenticated_by="control-token"
+        )
 
 
 def _frames(count: int) -> list[bytes]:
@@ -76,17 +79,43 @@ def _frames(count: int) -> list[bytes]:
     for _ in range(count):
         attempt_id = "att_" + new_ulid()
         row = AttemptRow(
-            attempt_id=attempt_id, key_id="key_" + new_ulid(), account_id="anthropic-default",
-            mint_decision_id=None, dispatch_id=None, repo_slug="acme/widgets", principal_id="bench",
-            wire="anthropic", path="/v1/messages", requested_model="claude-sonnet-4-5",
-            served_model=None, stream=False, started_at="2026-11-30T12:00:00.000Z", finished_at=None,
-            status=None, http_status=None, condition=None, refusal_reason=None, usage=None,
-            cost_usd=None, cost_reason=None, overhead_ms=None, principal_kind="user")
-        done = AttemptRow(**{**{f: getattr(row, f) for f in row.__struct_fields__},
-                             "served_model": "claude-sonnet-4-5-20250929",
-                             "finished_at": stamp, "status": "completed",
-                             "http_status": 200, "usage": Usage(input_tokens=12, output_tokens=30),
-                             "overhead_ms": 0.21, "duration_ms": 3.9, "bytes_out": 512})
+            attempt_id=attempt_id,
+            key_id="key_" + new_ulid(),
+            account_id="anthropic-default",
+            mint_decision_id=None,
+            dispatch_id=None,
+            repo_slug="acme/widgets",
+            principal_id="bench",
+            wire="anthropic",
+            path="/v1/messages",
+            requested_model="claude-sonnet-4-5",
+            served_model=None,
+            stream=False,
+            started_at="2026-11-30T12:00:00.000Z",
+            finished_at=None,
+            status=None,
+            http_status=None,
+            condition=None,
+            refusal_reason=None,
+            usage=None,
+            cost_usd=None,
+            cost_reason=None,
+            overhead_ms=None,
+            principal_kind="user",
+        )
+        done = AttemptRow(
+            **{
+                **{f: getattr(row, f) for f in row.__struct_fields__},
+                "served_model": "claude-sonnet-4-5-20250929",
+                "finished_at": stamp,
+                "status": "completed",
+                "http_status": 200,
+                "usage": Usage(input_tokens=12, output_tokens=30),
+                "overhead_ms": 0.21,
+                "duration_ms": 3.9,
+                "bytes_out": 512,
+            }
+        )
         frames.append(encode_frame(AttemptStarted(row=row)))
         frames.append(encode_frame(AttemptFinished(req_id=len(frames), row=done)))
     return frames
@@ -96,7 +125,7 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
     conn = _Conn()
     started = time.perf_counter()
     for n, frame in enumerate(frames, 1):
-        await service.on_message(conn, decode_body(frame[_HEADER.size:]))  # type: ignore[arg-type]
+        await service.on_message(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
         if n % per_read == 0:
             await asyncio.sleep(0)  # the end of one RPC read: staged rows are written and acked
     await service.settle()
@@ -112,15 +141,19 @@ def _receiver(state: str) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def measure(rows: int, rounds: int = 3, per_read: int = 16, budgets: bool = False,
-                  traces: bool = False) -> tuple[float, float]:
+async def measure(
+    rows: int, rounds: int = 3, per_read: int = 16, budgets: bool = False, traces: bool = False
+) -> tuple[float, float]:
     """µs per attempt on the event loop (best round) and the process's CPU µs per attempt (best
     round; with `traces`, the exporter thread's included: each round ends with a flush)."""
     with tempfile.TemporaryDirectory() as state:
         if budgets:
             await _write_budgets(state)
-        env = {"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state,
-               "GATEWAY_CONTROL_TOKEN": "bench-token-" + "x" * 24}
+        env = {
+            "GATEWAY_STATE_DIR": state,
+            "GATEWAY_RUNTIME_DIR": state,
+            "GATEWAY_CONTROL_TOKEN": "bench-token-" + "x" * 24,
+        }
         receiver = None
         if traces:
             receiver, endpoint = _receiver(state)
@@ -130,8 +163,14 @@ async def measure(rows: int, rounds: int = 3, per_read: int = 16, budgets: bool 
         keys.load(0)
         ledger = Ledger(os.path.join(state, "ledger.jsonl"))
         ledger.open()
-        control = wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(),
-                       env={"GATEWAY_ANTHROPIC_API_KEY": "x"})
+        control = wire(
+            settings,
+            Registry.from_settings(settings),
+            keys,
+            ledger,
+            load_prices(),
+            env={"GATEWAY_ANTHROPIC_API_KEY": "x"},
+        )
         if control.traces is not None:
             control.traces.start()
         best, best_cpu = float("inf"), float("inf")
@@ -162,13 +201,16 @@ def main() -> None:
     parser.add_argument("--budgets", action="store_true", help="budgets on every level of the rows' chain")
     parser.add_argument("--traces", action="store_true", help="span export on, to an OTLP receiver (SPEC §21)")
     args = parser.parse_args()
-    per_attempt, cpu = asyncio.run(measure(args.rows, per_read=args.per_read, budgets=args.budgets,
-                                           traces=args.traces))
+    per_attempt, cpu = asyncio.run(measure(args.rows, per_read=args.per_read, budgets=args.budgets, traces=args.traces))
     extras = (", budgets on the chain" if args.budgets else "") + (", span export on" if args.traces else "")
-    print(f"control: {per_attempt:.1f} µs per attempt (started + finished report, {args.per_read} frames "
-          f"per read, best of 3 rounds of {args.rows:,}{extras})")
-    print(f"control: {cpu:.1f} µs of CPU per attempt" + (" including the exporter thread (spans flushed to "
-                                                         "the receiver each round)" if args.traces else ""))
+    print(
+        f"control: {per_attempt:.1f} µs per attempt (started + finished report, {args.per_read} frames "
+        f"per read, best of 3 rounds of {args.rows:,}{extras})"
+    )
+    print(
+        f"control: {cpu:.1f} µs of CPU per attempt"
+        + (" including the exporter thread (spans flushed to the receiver each round)" if args.traces else "")
+    )
 
 
 if __name__ == "__main__":

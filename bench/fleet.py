@@ -53,9 +53,16 @@ def explain(gw: Gateway, repo: str) -> dict[str, Any]:
 
 def narrow(gw: Gateway, repo: str, account: str) -> None:
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-        "name": f"repo:{repo}", "expected_revision": revision, "reason": "bench",
-        "document": {"account_order": [account]}})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": f"repo:{repo}",
+            "expected_revision": revision,
+            "reason": "bench",
+            "document": {"account_order": [account]},
+        },
+    )
     assert status == 200, body
 
 
@@ -69,6 +76,7 @@ def first_true(probe: Any, started: list[float], stop: threading.Event) -> list[
                 seen.append(time.perf_counter())
                 return
             time.sleep(POLL_S)
+
     threading.Thread(target=run, daemon=True).start()
     return seen
 
@@ -96,8 +104,9 @@ def revoke_to_refused(fleet: FleetPairs, rounds: int) -> tuple[list[float], list
     everyone, answered = [], []
     for n in range(rounds):
         keys = [(gw, mint(gw, f"rv-{n}-{i}", repo_slug="bench/revoke")[2]) for i, gw in enumerate(fleet.pairs)]
-        assert all(m["account_id"] == "team-a" for _, m in keys) and all(call(gw, m["token"])[0] == 200
-                                                                        for gw, m in keys)
+        assert all(m["account_id"] == "team-a" for _, m in keys) and all(
+            call(gw, m["token"])[0] == 200 for gw, m in keys
+        )
         started: list[float] = []
         stop = threading.Event()
         seens = [first_true(lambda gw=gw, m=m: call(gw, m["token"])[0] == 401, started, stop) for gw, m in keys]
@@ -122,24 +131,27 @@ def circuit_to_skipped(fleet: FleetPairs, rounds: int) -> list[float]:
             assert call(a, lease["token"], '{"status": 529}')[0] == 529
         started: list[float] = []
         stop = threading.Event()
-        seen = first_true(lambda: any(s["code"] == "circuit-open" for s in explain(b, "bench/circuit")["skipped"]),
-                          started, stop)
+        seen = first_true(
+            lambda: any(s["code"] == "circuit-open" for s in explain(b, "bench/circuit")["skipped"]), started, stop
+        )
         started.append(time.perf_counter())
         assert call(a, lease["token"], '{"status": 529}')[0] == 529
         wait_until(lambda: seen, 5, "B to skip the open circuit")
         stop.set()
         samples.append(seen[0] - started[0])
         assert a.revoke(lease["key_id"])
-        probe = wait_until(lambda: (m := mint(a, f"probe-{n}", repo_slug="bench/circuit")[2]).get("key_id") and m,
-                           10, "the probe lease")     # half-open after the 1 s cooldown
-        assert call(a, probe["token"])[0] == 200 and a.revoke(probe["key_id"])   # its success closes it
+        probe = wait_until(
+            lambda: (m := mint(a, f"probe-{n}", repo_slug="bench/circuit")[2]).get("key_id") and m,
+            10,
+            "the probe lease",
+        )  # half-open after the 1 s cooldown
+        assert call(a, probe["token"])[0] == 200 and a.revoke(probe["key_id"])  # its success closes it
     return samples
 
 
-BUDGET_USD = 0.00015          # the second priced request (0.00010185 each) exhausts it
-PRICES = ('[[price]]\nmodels = ["team-*"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\n'
-          'cache_creation = 3.75\n')
-FREE = '{"status": 400}'     # the stub's answer without usage: an attempt that spends nothing
+BUDGET_USD = 0.00015  # the second priced request (0.00010185 each) exhausts it
+PRICES = '[[price]]\nmodels = ["team-*"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\ncache_creation = 3.75\n'
+FREE = '{"status": 400}'  # the stub's answer without usage: an attempt that spends nothing
 
 
 def budget_to_refused(fleet: FleetPairs, rounds: int) -> list[float]:
@@ -148,9 +160,16 @@ def budget_to_refused(fleet: FleetPairs, rounds: int) -> list[float]:
     for n in range(rounds):
         repo = f"bench/budget-{n}"
         revision = a.api("GET", "/control/v2/policy")[2]["revision"]
-        status, _, body = a.api("PUT", "/control/v2/policy/level", {
-            "name": f"repo:{repo}", "expected_revision": revision, "reason": "bench",
-            "document": {"budgets": [{"window": "month", "usd": BUDGET_USD}]}})
+        status, _, body = a.api(
+            "PUT",
+            "/control/v2/policy/level",
+            {
+                "name": f"repo:{repo}",
+                "expected_revision": revision,
+                "reason": "bench",
+                "document": {"budgets": [{"window": "month", "usd": BUDGET_USD}]},
+            },
+        )
         assert status == 200, body
         wait_until(lambda: b.api("GET", "/control/v2/policy")[2]["revision"] > revision, 5, "B folds the budget")
         on_b = mint(b, f"bud-b-{n}", repo_slug=repo)[2]
@@ -178,11 +197,18 @@ def dead_host_slots_back(fleet: FleetPairs, rounds: int) -> list[float]:
         killed = time.perf_counter()
         for proc in (c.dataplane, c.control):
             proc.stop(signal.SIGKILL)
-        back = wait_until(lambda: (m := mint(fleet[0], f"back-{n}-{time.perf_counter()}", repo_slug="bench/dead")[2])
-                          .get("account_id") == "team-d" and m, 20, "the slot back")
+        back = wait_until(
+            lambda: (
+                (m := mint(fleet[0], f"back-{n}-{time.perf_counter()}", repo_slug="bench/dead")[2]).get("account_id")
+                == "team-d"
+                and m
+            ),
+            20,
+            "the slot back",
+        )
         samples.append(time.perf_counter() - killed)
         assert fleet[0].revoke(back["key_id"])
-        c.start()            # its journal's lease fits again at re-registration (the slot is free)
+        c.start()  # its journal's lease fits again at re-registration (the slot is free)
         c.revoke(lease["key_id"])
         fleet.wait_hosts_live(3, among=[fleet[0]])
     return samples
@@ -199,8 +225,9 @@ def mint_cost(gw: Gateway, rounds: int, first: int = 0) -> list[float]:
     return samples
 
 
-def interleaved(gateways: dict[str, Gateway], rounds: int, each: int,
-                measure: Callable[[str, Gateway, int], list[float]]) -> dict[str, list[float]]:
+def interleaved(
+    gateways: dict[str, Gateway], rounds: int, each: int, measure: Callable[[str, Gateway, int], list[float]]
+) -> dict[str, list[float]]:
     """`measure(mode, gw, n)` `each` times per mode per round, the modes in turn (the machine's
     drift falls on every mode alike); the first round is a warm-up, dropped."""
     samples: dict[str, list[float]] = {mode: [] for mode in gateways}
@@ -219,8 +246,14 @@ def request_cost(gateways: dict[str, Gateway], rounds: int, each: int) -> dict[s
         host, port = gw.dataplane_url.removeprefix("http://").split(":")
         conns[mode] = (fleet_requests._mint(gw, CAPPED_MODEL), http.client.HTTPConnection(host, int(port)))
     try:
-        return interleaved(gateways, rounds, each, lambda mode, _gw, _n: [
-            fleet_requests._timed(conns[mode][1], conns[mode][0], CAPPED_MODEL) / 1000 for _ in range(each)])
+        return interleaved(
+            gateways,
+            rounds,
+            each,
+            lambda mode, _gw, _n: [
+                fleet_requests._timed(conns[mode][1], conns[mode][0], CAPPED_MODEL) / 1000 for _ in range(each)
+            ],
+        )
     finally:
         for _, conn in conns.values():
             conn.close()
@@ -233,7 +266,7 @@ def added(samples: dict[str, list[float]]) -> dict[str, Any]:
 
 
 CAPPED_MODEL = "capped-1"
-CAPPED = '''
+CAPPED = """
 [[account]]
 id = "capped"
 provider_binding = "anthropic"
@@ -242,10 +275,10 @@ auth_style = "x-api-key"
 credential_env = "GATEWAY_TEAM_B_KEY"
 models = ["capped-*"]
 request_capacity = 64
-'''
+"""
 
 
-EXTRA = '''
+EXTRA = """
 [[account]]
 id = "team-c"
 provider_binding = "anthropic"
@@ -262,7 +295,7 @@ auth_style = "x-api-key"
 credential_env = "GATEWAY_TEAM_B_KEY"
 models = ["team-*"]
 lease_capacity = 1
-'''
+"""
 
 
 def run(rounds: int, work: Path, cost_only: bool = False) -> dict[str, Any]:
@@ -270,19 +303,28 @@ def run(rounds: int, work: Path, cost_only: bool = False) -> dict[str, Any]:
     redis = RedisServer(work / "redis").start()
     results: dict[str, Any] = {}
     try:
-        embedded = Gateway(work / "embedded", stub, {
-            "GATEWAY_ACCOUNTS_FILE": str(_accounts(work, stub)), "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
-            "GATEWAY_TEAM_B_KEY": stub.anthropic_key or ""}).start()
+        embedded = Gateway(
+            work / "embedded",
+            stub,
+            {
+                "GATEWAY_ACCOUNTS_FILE": str(_accounts(work, stub)),
+                "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
+                "GATEWAY_TEAM_B_KEY": stub.anthropic_key or "",
+            },
+        ).start()
         fleet = None
         try:
             extra = EXTRA.format(url=stub.url) + CAPPED.format(url=stub.url)
-            fleet = FleetPairs(work / "fleet", stub, redis, 3,
-                               accounts=accounts_toml(stub, lease_capacity=None, extra=extra),
-                               extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1",
-                                          "GATEWAY_PRICES_FILE": str(_prices(work))}).start()
+            fleet = FleetPairs(
+                work / "fleet",
+                stub,
+                redis,
+                3,
+                accounts=accounts_toml(stub, lease_capacity=None, extra=extra),
+                extra_env={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1", "GATEWAY_PRICES_FILE": str(_prices(work))},
+            ).start()
             both = {"embedded": embedded, "fleet": fleet[0]}
-            results["mint_ms"] = added(interleaved(both, 5, rounds,
-                                                   lambda _m, gw, n: mint_cost(gw, rounds, n)))
+            results["mint_ms"] = added(interleaved(both, 5, rounds, lambda _m, gw, n: mint_cost(gw, rounds, n)))
             results["request_ms"] = added(request_cost(both, 5, rounds * 3))
         except BaseException:
             if fleet is not None:

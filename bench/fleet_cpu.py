@@ -34,7 +34,7 @@ def measure(gw: Gateway, pids: dict[str, int], n: int) -> dict[str, float]:
         gw.revoke(mint(gw, f"warm-{i}", repo_slug="bench/cpu")[2]["key_id"])
     start = {name: cpu_s(pid) for name, pid in pids.items()}
     time.sleep(1.0)
-    idle = {name: cpu_s(pid) - start[name] for name, pid in pids.items()}   # per second
+    idle = {name: cpu_s(pid) - start[name] for name, pid in pids.items()}  # per second
     start = {name: cpu_s(pid) for name, pid in pids.items()}
     began = time.perf_counter()
     latencies = []
@@ -57,14 +57,22 @@ def run(mode: str, n: int, work: Path) -> dict[str, float]:
     pairs = gw = None
     try:
         if mode == "fleet":
-            pairs = FleetPairs(work / "fleet", stub, redis, 1, accounts=accounts_toml(stub, lease_capacity=None)).start()
+            pairs = FleetPairs(
+                work / "fleet", stub, redis, 1, accounts=accounts_toml(stub, lease_capacity=None)
+            ).start()
             gw = pairs[0]
         else:
             accounts = work / "accounts.toml"
             accounts.write_text(accounts_toml(stub, lease_capacity=None))
-            gw = Gateway(work / "embedded", stub, {
-                "GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
-                "GATEWAY_TEAM_B_KEY": stub.anthropic_key or ""}).start()
+            gw = Gateway(
+                work / "embedded",
+                stub,
+                {
+                    "GATEWAY_ACCOUNTS_FILE": str(accounts),
+                    "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
+                    "GATEWAY_TEAM_B_KEY": stub.anthropic_key or "",
+                },
+            ).start()
         assert gw.control is not None and gw.dataplane is not None and redis.popen is not None
         pids = {"control": gw.control.popen.pid, "dataplane": gw.dataplane.popen.pid}
         if mode == "fleet":

@@ -39,7 +39,7 @@ class _NoRedis:
 
 def per_call_us(fn: Callable[[], object], n: int) -> float:
     best = float("inf")
-    for _ in range(5):   # the best of five runs: the machine is shared
+    for _ in range(5):  # the best of five runs: the machine is shared
         started = time.perf_counter()
         for _ in range(n):
             fn()
@@ -50,9 +50,19 @@ def per_call_us(fn: Callable[[], object], n: int) -> float:
 def chain_lines(count: int, auth: ChainAuth | None) -> tuple[list[bytes], bytes]:
     records, prev = [], "0" * 64
     for n in range(count):
-        record = seal({"action": "set-state", "account_id": f"acct-{n % 7}", "state": "disabled",
-                       "actor": "operator", "actor_authenticated_by": "admin", "reason": "bench",
-                       "at": "2026-12-01T00:00:00.000Z"}, n + 1, prev)
+        record = seal(
+            {
+                "action": "set-state",
+                "account_id": f"acct-{n % 7}",
+                "state": "disabled",
+                "actor": "operator",
+                "actor_authenticated_by": "admin",
+                "reason": "bench",
+                "at": "2026-12-01T00:00:00.000Z",
+            },
+            n + 1,
+            prev,
+        )
         if auth is not None:
             record["mac"] = auth.mac(record)
         records.append(encode_record(record))
@@ -64,12 +74,20 @@ def chain_lines(count: int, auth: ChainAuth | None) -> tuple[list[bytes], bytes]
 def measure(n: int) -> dict[str, float]:
     entries = FleetEntries(Keyring(SECRET, "bench"))
     table = RedisDecisions(_NoRedis(), FleetKeys("bench"), entries=entries)  # type: ignore[arg-type]  (no I/O)
-    decision = Decision(mint_decision_id="md_01J00000000000000000000000", outcome=Outcome.SELECTED,
-                        lineage=Lineage("dispatch-1", "org/repo", "claude-sonnet-4-6"), at_ms=1,
-                        key_id="01J00000000000000000000000", account_id="team-a", fallback_position=0)
+    decision = Decision(
+        mint_decision_id="md_01J00000000000000000000000",
+        outcome=Outcome.SELECTED,
+        lineage=Lineage("dispatch-1", "org/repo", "claude-sonnet-4-6"),
+        at_ms=1,
+        key_id="01J00000000000000000000000",
+        account_id="team-a",
+        fallback_position=0,
+    )
     signed = table._sign.signed(decision)
-    out = {"decision_sign_us": per_call_us(lambda: table._sign.signed(decision), n),
-           "decision_check_us": per_call_us(lambda: table._sign.decision_of(decision.mint_decision_id, signed), n)}
+    out = {
+        "decision_sign_us": per_call_us(lambda: table._sign.signed(decision), n),
+        "decision_check_us": per_call_us(lambda: table._sign.decision_of(decision.mint_decision_id, signed), n),
+    }
     auth = ChainAuth(SECRET.key("bench", "chain/account-admin"))
     for count in (100, 1000):
         lines, anchor = chain_lines(count, auth)

@@ -29,9 +29,17 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _mint(gw: Gateway, model: str) -> str:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "bench-" + model, "repo_slug": "bench/fleet", "principal_kind": "worker",
-        "principal_id": "b", "model": model})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "bench-" + model,
+            "repo_slug": "bench/fleet",
+            "principal_kind": "worker",
+            "principal_id": "b",
+            "model": model,
+        },
+    )
     assert status == 201, body
     return body["token"]
 
@@ -52,21 +60,34 @@ def measure(requests: int, rounds: int = 5) -> dict:
         stub = Stub(work / "stub", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
         redis = RedisServer(work / "redis").start()
         accounts = work / "accounts.toml"
-        accounts.write_text(f'[[account]]\nid = "capped"\nprovider_binding = "anthropic"\nbase_url = "{stub.url}"\n'
-                            'auth_style = "x-api-key"\ncredential_env = "GATEWAY_CAPPED_KEY"\n'
-                            'models = ["capped-*"]\nrequest_capacity = 64\n')
+        accounts.write_text(
+            f'[[account]]\nid = "capped"\nprovider_binding = "anthropic"\nbase_url = "{stub.url}"\n'
+            'auth_style = "x-api-key"\ncredential_env = "GATEWAY_CAPPED_KEY"\n'
+            'models = ["capped-*"]\nrequest_capacity = 64\n'
+        )
         common = {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": stub.anthropic_key}
-        gateways = {"embedded": Gateway(work / "embedded", stub, common).start(),
-                    "fleet": Gateway(work / "fleet", stub, {
-                        **common, "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_HOST_ID": "bench-a",
-                        "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(work))}).start()}
+        gateways = {
+            "embedded": Gateway(work / "embedded", stub, common).start(),
+            "fleet": Gateway(
+                work / "fleet",
+                stub,
+                {
+                    **common,
+                    "GATEWAY_FLEET_REDIS_URL": redis.url,
+                    "GATEWAY_HOST_ID": "bench-a",
+                    "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(work)),
+                },
+            ).start(),
+        }
         samples: dict[tuple[str, str], list[float]] = {}
         try:
             targets = []
             for mode, gw in gateways.items():
                 host, port = gw.dataplane_url.removeprefix("http://").split(":")
                 for account, model in (("ceilinged", "capped-1"), ("uncapped", "claude-sonnet-4-6")):
-                    targets.append((mode, account, model, _mint(gw, model), http.client.HTTPConnection(host, int(port))))
+                    targets.append(
+                        (mode, account, model, _mint(gw, model), http.client.HTTPConnection(host, int(port)))
+                    )
             for _ in range(rounds):  # interleaved: the machine's drift falls on every column alike
                 for mode, account, model, token, conn in targets:
                     for _ in range(requests // rounds):
@@ -76,10 +97,14 @@ def measure(requests: int, rounds: int = 5) -> dict:
                 gw.stop()
             redis.stop()
             stub.stop()
-    table = {f"{mode}/{account}": {"p50_ms": round(_pct(v, 0.5), 3), "p99_ms": round(_pct(v, 0.99), 3)}
-             for (mode, account), v in samples.items()}
-    added = {account: round(table[f"fleet/{account}"]["p50_ms"] - table[f"embedded/{account}"]["p50_ms"], 3)
-             for account in ("ceilinged", "uncapped")}
+    table = {
+        f"{mode}/{account}": {"p50_ms": round(_pct(v, 0.5), 3), "p99_ms": round(_pct(v, 0.99), 3)}
+        for (mode, account), v in samples.items()
+    }
+    added = {
+        account: round(table[f"fleet/{account}"]["p50_ms"] - table[f"embedded/{account}"]["p50_ms"], 3)
+        for account in ("ceilinged", "uncapped")
+    }
     return {"requests_per_column": requests, "latency": table, "fleet_added_p50_ms": added}
 
 

@@ -24,7 +24,7 @@ from tests.support.fleetpairs import FleetPairs, accounts_toml, mint
 from tests.support.harness import Stub, credential_like
 from tests.support.redis_server import RedisServer
 
-CAPPED = '''
+CAPPED = """
 [[account]]
 id = "capped"
 provider_binding = "anthropic"
@@ -33,7 +33,7 @@ auth_style = "x-api-key"
 credential_env = "GATEWAY_TEAM_B_KEY"
 models = ["capped-*"]
 request_capacity = 8
-'''
+"""
 
 
 def monitor(port: int, lines: list[tuple[float, str]], stop: threading.Event) -> None:
@@ -90,10 +90,11 @@ def main() -> int:
             time.sleep(0.3)  # a measurement's quiet gap, not synchronisation
             windows = []
             minted: dict = {}
-            for name, op in (("mint (v2)", lambda: mint(gw, "trip", repo_slug="bench/trips")[2]),
-                             ("two ceilinged requests",
-                              lambda: [_timed(conn, token, "capped-1") for _ in range(2)]),
-                             ("revoke", None)):
+            for name, op in (
+                ("mint (v2)", lambda: mint(gw, "trip", repo_slug="bench/trips")[2]),
+                ("two ceilinged requests", lambda: [_timed(conn, token, "capped-1") for _ in range(2)]),
+                ("revoke", None),
+            ):
                 t0 = time.perf_counter()
                 result = op() if op is not None else gw.revoke(minted["key_id"])
                 if name.startswith("mint"):

@@ -62,17 +62,30 @@ class Provider:
         if not spent:
             self.left[key] -= 1
         reset = datetime.fromtimestamp(int(self.reset_at), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        headers = {"anthropic-ratelimit-requests-limit": str(self.limit[key]),
-                   "anthropic-ratelimit-requests-remaining": str(self.left[key]),
-                   "anthropic-ratelimit-requests-reset": reset}
+        headers = {
+            "anthropic-ratelimit-requests-limit": str(self.limit[key]),
+            "anthropic-ratelimit-requests-remaining": str(self.left[key]),
+            "anthropic-ratelimit-requests-reset": reset,
+        }
         if spent:
             headers["retry-after"] = str(max(1, int(self.reset_at - time.time())))
-            return web.json_response({"type": "error", "error": {"type": "rate_limit_error",
-                                                                 "message": "rate limited"}},
-                                     status=429, headers=headers)
-        return web.json_response({"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL,
-                                  "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
-                                  "usage": {"input_tokens": 5, "output_tokens": 1}}, headers=headers)
+            return web.json_response(
+                {"type": "error", "error": {"type": "rate_limit_error", "message": "rate limited"}},
+                status=429,
+                headers=headers,
+            )
+        return web.json_response(
+            {
+                "id": "msg_1",
+                "type": "message",
+                "role": "assistant",
+                "model": MODEL,
+                "content": [{"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn",
+                "usage": {"input_tokens": 5, "output_tokens": 1},
+            },
+            headers=headers,
+        )
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -91,7 +104,8 @@ class Provider:
 
 
 def accounts_toml(url: str) -> str:
-    return "".join(f'''
+    return "".join(
+        f'''
 [[account]]
 id = "{name}"
 provider_binding = "anthropic"
@@ -99,21 +113,34 @@ base_url = "{url}"
 auth_style = "x-api-key"
 credential_env = "GATEWAY_{name.upper().replace("-", "_")}_KEY"
 models = ["team-*"]
-''' for name in ("team-a", "team-b"))
+'''
+        for name in ("team-a", "team-b")
+    )
 
 
 def worker(gw: Gateway, index: int, count: int, tally: Counter, lock: threading.Lock) -> None:
     for n in range(count):
-        status, _, minted = gw.api("POST", "/control/v2/mint", {
-            "dispatch_id": f"w{index}-{n}", "repo_slug": "bench/headroom", "principal_kind": "worker",
-            "principal_id": f"w{index}", "model": MODEL})
+        status, _, minted = gw.api(
+            "POST",
+            "/control/v2/mint",
+            {
+                "dispatch_id": f"w{index}-{n}",
+                "repo_slug": "bench/headroom",
+                "principal_kind": "worker",
+                "principal_id": f"w{index}",
+                "model": MODEL,
+            },
+        )
         if status != 201:
             with lock:
                 tally[f"mint {status} {minted.get('refusal_reason')}"] += 1
             continue
-        answer, _, _ = http("POST", gw.dataplane_url + "/v1/messages",
-                            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-                            {"x-api-key": minted["token"]})
+        answer, _, _ = http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+            {"x-api-key": minted["token"]},
+        )
         gw.revoke(minted["key_id"])
         with lock:
             tally["requests"] += 1
@@ -128,14 +155,29 @@ def run(workdir: Path, requests: int, floor: int) -> dict[str, Any]:
     accounts = workdir / "accounts.toml"
     workdir.mkdir(parents=True, exist_ok=True)
     accounts.write_text(accounts_toml(provider.url))
-    gw = Gateway(workdir / "gw", None, {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_TEAM_A_KEY": key_a,
-                                         "GATEWAY_TEAM_B_KEY": key_b, "GATEWAY_LOG_LEVEL": "warning"})
+    gw = Gateway(
+        workdir / "gw",
+        None,
+        {
+            "GATEWAY_ACCOUNTS_FILE": str(accounts),
+            "GATEWAY_TEAM_A_KEY": key_a,
+            "GATEWAY_TEAM_B_KEY": key_b,
+            "GATEWAY_LOG_LEVEL": "warning",
+        },
+    )
     try:
         gw.start()
         if floor:
-            status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-                "name": "platform", "expected_revision": 0, "document": {"min_headroom_percent": floor},
-                "reason": "bench"})
+            status, _, body = gw.api(
+                "PUT",
+                "/control/v2/policy/level",
+                {
+                    "name": "platform",
+                    "expected_revision": 0,
+                    "document": {"min_headroom_percent": floor},
+                    "reason": "bench",
+                },
+            )
             assert status == 200, body
         tally: Counter = Counter()
         lock = threading.Lock()

@@ -33,9 +33,18 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _mint(gw: Gateway, dispatch: str, driver: str) -> dict:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch, "repo_slug": "bench/hops", "principal_kind": "worker", "principal_id": "b",
-        "model": MODEL, "fallback_driver": driver})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch,
+            "repo_slug": "bench/hops",
+            "principal_kind": "worker",
+            "principal_id": "b",
+            "model": MODEL,
+            "fallback_driver": driver,
+        },
+    )
     assert status == 201, body
     return body
 
@@ -55,11 +64,16 @@ def measure(rounds: int) -> dict:
         stub_a = Stub(work / "a", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
         stub_b = Stub(work / "b", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
         accounts = work / "accounts.toml"
-        accounts.write_text(f'[[account]]\nid = "anthropic-b"\nprovider_binding = "anthropic"\n'
-                            f'base_url = "{stub_b.url}"\nauth_style = "x-api-key"\n'
-                            f'credential_env = "GATEWAY_ANTHROPIC_B_KEY"\nmodels = ["claude-*"]\n')
-        gw = Gateway(work / "gw", stub_a, {"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                                           "GATEWAY_ANTHROPIC_B_KEY": stub_b.anthropic_key}).start()
+        accounts.write_text(
+            f'[[account]]\nid = "anthropic-b"\nprovider_binding = "anthropic"\n'
+            f'base_url = "{stub_b.url}"\nauth_style = "x-api-key"\n'
+            f'credential_env = "GATEWAY_ANTHROPIC_B_KEY"\nmodels = ["claude-*"]\n'
+        )
+        gw = Gateway(
+            work / "gw",
+            stub_a,
+            {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_ANTHROPIC_B_KEY": stub_b.anthropic_key},
+        ).start()
         hop_fail, caller_fail, to_sibling, pending = [], [], [], 0
         try:
             for n in range(rounds):
@@ -88,8 +102,13 @@ def measure(rounds: int) -> dict:
 
     def summary(values: list[float]) -> dict:
         return {"p50": round(_pct(values, 0.5), 3), "p99": round(_pct(values, 0.99), 3)}
-    return {"rounds": rounds, "failed_answer_ms": {"dispatch_key": summary(hop_fail), "caller_driven": summary(caller_fail)},
-            "failure_to_sibling_ms": summary(to_sibling), "pending_answers": pending}
+
+    return {
+        "rounds": rounds,
+        "failed_answer_ms": {"dispatch_key": summary(hop_fail), "caller_driven": summary(caller_fail)},
+        "failure_to_sibling_ms": summary(to_sibling),
+        "pending_answers": pending,
+    }
 
 
 def main() -> None:

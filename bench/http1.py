@@ -26,8 +26,9 @@ class ProtocolError(Exception):
     """The server's bytes are not a valid HTTP/1.1 answer."""
 
 
-def build_request(method: str, path: str, host: str, headers: Mapping[str, str] | None = None,
-                  body: bytes = b"") -> bytes:
+def build_request(
+    method: str, path: str, host: str, headers: Mapping[str, str] | None = None, body: bytes = b""
+) -> bytes:
     """The exact bytes of one request; Content-Length is added when there is a body."""
     lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
@@ -39,8 +40,7 @@ def build_request(method: str, path: str, host: str, headers: Mapping[str, str] 
 class ResponseParser:
     """Incremental framing of one HTTP/1.1 response; `feed` returns True once it is complete."""
 
-    __slots__ = ("_buf", "_state", "_remaining", "status", "body_bytes", "keep_body", "body",
-                 "close_after")
+    __slots__ = ("_buf", "_state", "_remaining", "status", "body_bytes", "keep_body", "body", "close_after")
 
     def __init__(self, keep_body: bool = False) -> None:
         self._buf = bytearray()
@@ -106,7 +106,7 @@ class ResponseParser:
                 pos = end + 4
             elif state == _LENGTH:
                 take = min(self._remaining, len(buf) - pos)
-                self._take_length(buf[pos:pos + take])
+                self._take_length(buf[pos : pos + take])
                 pos += take
                 if self._state == _LENGTH:
                     break
@@ -130,7 +130,7 @@ class ResponseParser:
                 take = min(self._remaining, len(buf) - pos)
                 if take == 0:
                     break
-                self._count(memoryview(buf)[pos:pos + take])
+                self._count(memoryview(buf)[pos : pos + take])
                 pos += take
                 self._remaining -= take
                 if self._remaining == 0:
@@ -138,7 +138,7 @@ class ResponseParser:
             elif state == _CHUNK_END:
                 if len(buf) - pos < 2:
                     break
-                if buf[pos:pos + 2] != b"\r\n":
+                if buf[pos : pos + 2] != b"\r\n":
                     raise ProtocolError("chunk not followed by CRLF")
                 pos += 2
                 self._state = _CHUNK_SIZE
@@ -169,7 +169,7 @@ class ResponseParser:
                 self._state = _UNTIL_CLOSE
                 return
             end = lower.find(b"\r\n", at + 2)
-            value = lower[at + 17:end if end >= 0 else len(lower)].strip()
+            value = lower[at + 17 : end if end >= 0 else len(lower)].strip()
             if not value.isdigit():
                 raise ProtocolError(f"bad Content-Length {value[:20]!r}")
             self._remaining = int(value)

@@ -37,13 +37,18 @@ _TOTALS = re.compile(r"^(?:totals|summary):\s*(\d+)", re.M)
 
 
 def _callgrind(argv: list[str], out: Path) -> list[str]:
-    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no",
-            f"--callgrind-out-file={out}", *argv]
+    return [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--dump-instr=no",
+        f"--callgrind-out-file={out}",
+        *argv,
+    ]
 
 
 def _control(pid: int, *args: str) -> None:
-    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True,
-                   timeout=120)
+    subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True, timeout=120)
 
 
 def _total(out: Path) -> int:
@@ -65,6 +70,7 @@ async def _drive(port: int, request: bytes, connections: int, per_connection: in
         for _ in range(per_connection):
             answer = await conn.send(request)
             ok += answer.ok
+
     await asyncio.gather(*(one(c) for c in conns))
     for conn in conns:
         conn.close()
@@ -77,16 +83,21 @@ def measure(tree: Path | None, workdir: Path, args: argparse.Namespace) -> dict[
     outs = {"dataplane": workdir / "dataplane.cg", "control": workdir / "control.cg"}
     try:
         control_argv = module_argv("controlplane.main", tree)
-        gw.control = Proc(_callgrind(control_argv, outs["control"]) if args.control else control_argv,
-                          gw.env, gw.workdir / "control.log")
+        gw.control = Proc(
+            _callgrind(control_argv, outs["control"]) if args.control else control_argv,
+            gw.env,
+            gw.workdir / "control.log",
+        )
         wait_until(lambda: gw.healthz() is not None, 240, "control healthz")
-        gw.dataplane = Proc(_callgrind(module_argv("dataplane.main", tree), outs["dataplane"]),
-                            gw.env, gw.workdir / "dataplane.log")
+        gw.dataplane = Proc(
+            _callgrind(module_argv("dataplane.main", tree), outs["dataplane"]), gw.env, gw.workdir / "dataplane.log"
+        )
         gw.wait_synchronised(timeout_s=240)
         token = mint_token(gw)
         body = request_body(PLANS["default"], False).encode()
-        request = build_request("POST", "/v1/messages", f"127.0.0.1:{gw.dataplane_port}",
-                                {**ANTHROPIC_HEADERS, "x-api-key": token}, body)
+        request = build_request(
+            "POST", "/v1/messages", f"127.0.0.1:{gw.dataplane_port}", {**ANTHROPIC_HEADERS, "x-api-key": token}, body
+        )
         per = max(1, args.requests // args.connections)
         warm = asyncio.run(_drive(gw.dataplane_port, request, args.connections, max(5, per // 4)))
         pids = {"dataplane": gw.dataplane.popen.pid}
@@ -137,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in columns:
             with tempfile.TemporaryDirectory(prefix="leasehold-ir-") as tmp:
                 per = measure(tree, Path(tmp), args)
-            print(f"  {name:40s} " + "  ".join(f"{k} {v / 1e3:,.1f} k instr/req" for k, v in per.items()),
-                  flush=True)
+            print(f"  {name:40s} " + "  ".join(f"{k} {v / 1e3:,.1f} k instr/req" for k, v in per.items()), flush=True)
     return 0
 
 

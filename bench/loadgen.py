@@ -80,8 +80,7 @@ def request_bytes(job: dict[str, Any], extra_headers: dict[str, str] | None = No
     headers = dict(job.get("headers") or {})
     headers.update(extra_headers or {})
     body = (job.get("body") or "").encode()
-    return build_request(job.get("method", "POST"), job["path"], f"{job['host']}:{job['port']}",
-                         headers, body)
+    return build_request(job.get("method", "POST"), job["path"], f"{job['host']}:{job['port']}", headers, body)
 
 
 async def open_many(host: str, port: int, count: int) -> list[Http1Connection]:
@@ -141,9 +140,15 @@ async def saturate(job: dict[str, Any]) -> dict[str, Any]:
     for conn in conns:
         conn.close()
     ok = [a for a in kept if a.ok]
-    return {"requests": len(ok), "rps": round(len(ok) / duration_s, 1),
-            "latency_ms": summarize_ms([a.total_s for a in ok]), "errors": _errors(failures),
-            "cpu": usage, "context_switches": switches, "connections": len(conns)}
+    return {
+        "requests": len(ok),
+        "rps": round(len(ok) / duration_s, 1),
+        "latency_ms": summarize_ms([a.total_s for a in ok]),
+        "errors": _errors(failures),
+        "cpu": usage,
+        "context_switches": switches,
+        "connections": len(conns),
+    }
 
 
 async def rate(job: dict[str, Any]) -> dict[str, Any]:
@@ -190,11 +195,18 @@ async def rate(job: dict[str, Any]) -> dict[str, Any]:
     for conn in idle:
         conn.close()
     ok = [a for a in answers if a.ok]
-    return {"requests": len(ok), "rate": job["rate"], "latency_ms": summarize_ms([a.total_s for a in ok]),
-            "ttfb_ms": summarize_ms([a.ttfb_s for a in ok]),
-            "raw_latency_s": [round(a.total_s, 7) for a in ok], "raw_ttfb_s": [round(a.ttfb_s, 7) for a in ok],
-            "errors": _errors(answers), "send_lateness_ms": summarize_ms(lateness),
-            "extra_connections": opened_extra, "cpu": usage}
+    return {
+        "requests": len(ok),
+        "rate": job["rate"],
+        "latency_ms": summarize_ms([a.total_s for a in ok]),
+        "ttfb_ms": summarize_ms([a.ttfb_s for a in ok]),
+        "raw_latency_s": [round(a.total_s, 7) for a in ok],
+        "raw_ttfb_s": [round(a.ttfb_s, 7) for a in ok],
+        "errors": _errors(answers),
+        "send_lateness_ms": summarize_ms(lateness),
+        "extra_connections": opened_extra,
+        "cpu": usage,
+    }
 
 
 async def streams(job: dict[str, Any]) -> dict[str, Any]:
@@ -206,10 +218,14 @@ async def streams(job: dict[str, Any]) -> dict[str, Any]:
     for conn in conns:
         conn.close()
     ok = [a for a in answers if a.ok]
-    return {"streams": len(ok), "ttfb_ms": summarize_ms([a.ttfb_s for a in ok]),
-            "total_ms": summarize_ms([a.total_s for a in ok]),
-            "body_bytes_p50": sorted(a.body_bytes for a in ok)[len(ok) // 2] if ok else 0,
-            "errors": _errors(list(answers)), "cpu": usage}
+    return {
+        "streams": len(ok),
+        "ttfb_ms": summarize_ms([a.ttfb_s for a in ok]),
+        "total_ms": summarize_ms([a.total_s for a in ok]),
+        "body_bytes_p50": sorted(a.body_bytes for a in ok)[len(ok) // 2] if ok else 0,
+        "errors": _errors(list(answers)),
+        "cpu": usage,
+    }
 
 
 async def hold(job: dict[str, Any]) -> dict[str, Any]:
@@ -225,8 +241,7 @@ async def hold(job: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(0.02)
     started = sum(1 for c in conns if c.streaming)
     ended_early = [f.result() for f in answers if f.done()]
-    print(json.dumps({"held": started, "ended_early": len(ended_early),
-                      "errors": _errors(ended_early)}), flush=True)
+    print(json.dumps({"held": started, "ended_early": len(ended_early), "errors": _errors(ended_early)}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     for conn in conns:
         conn.close()
@@ -260,12 +275,16 @@ async def mint_revoke(job: dict[str, Any]) -> dict[str, Any]:
             revokes.append(revoked.total_s)
             both.append(revoked.done_at - minted.sent_at)
     conn.close()
-    return {"iterations": len(both), "mint_ms": summarize_ms(mints), "revoke_ms": summarize_ms(revokes),
-            "mint_revoke_ms": summarize_ms(both), "errors": _errors(failures)}
+    return {
+        "iterations": len(both),
+        "mint_ms": summarize_ms(mints),
+        "revoke_ms": summarize_ms(revokes),
+        "mint_revoke_ms": summarize_ms(both),
+        "errors": _errors(failures),
+    }
 
 
-SCENARIOS = {"saturate": saturate, "rate": rate, "streams": streams, "hold": hold,
-             "mint_revoke": mint_revoke}
+SCENARIOS = {"saturate": saturate, "rate": rate, "streams": streams, "hold": hold, "mint_revoke": mint_revoke}
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -21,10 +21,22 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", str)
 
@@ -33,8 +45,13 @@ async def relay(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
     session = request.app[SESSION]
-    async with session.request(request.method, request.app[UPSTREAM] + request.path_qs,
-                               data=body or None, headers=headers, allow_redirects=False) as upstream:
+    async with session.request(
+        request.method,
+        request.app[UPSTREAM] + request.path_qs,
+        data=body or None,
+        headers=headers,
+        allow_redirects=False,
+    ) as upstream:
         out = [(k, v) for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP]
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=out)
         length = upstream.headers.get("Content-Length")
@@ -49,10 +66,12 @@ async def relay(request: web.Request) -> web.StreamResponse:
 
 async def _session_ctx(app: web.Application):
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-    app[SESSION] = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                         timeout=aiohttp.ClientTimeout(total=None),
-                                         skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding",
-                                                            "Content-Type"))
+    app[SESSION] = aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+    )
     yield
     await app[SESSION].close()
 
@@ -66,8 +85,9 @@ def make_app(upstream: str) -> web.Application:
 
 
 async def serve(upstream: str, host: str, port: int, port_file: str | None) -> None:
-    runner = web.AppRunner(make_app(upstream), access_log=None, handle_signals=False,
-                           handler_cancellation=True, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        make_app(upstream), access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=1.0
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()
@@ -86,8 +106,7 @@ async def serve(upstream: str, host: str, port: int, port_file: str | None) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.minimal_proxy",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.minimal_proxy", description=__doc__.split("\n")[0])
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

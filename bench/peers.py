@@ -40,9 +40,11 @@ def ensure_litellm(spec: str, say) -> Path:
     if exe.exists() and stamp.exists() and stamp.read_text().strip() == spec:
         return exe
     say(f"installing {spec} into {venv} (first use; a few minutes) ...")
-    steps = [[sys.executable, "-m", "venv", "--clear", str(venv)],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", spec]]
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(venv)],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", spec],
+    ]
     for argv in steps:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S)
@@ -59,11 +61,17 @@ def ensure_litellm(spec: str, say) -> Path:
 def litellm_config(stub_url: str) -> dict[str, Any]:
     """LiteLLM's proxy config (JSON is YAML): one model, served by the stub, no retries."""
     return {
-        "model_list": [{"model_name": "claude-sonnet-4-6", "litellm_params": {
-            "model": "anthropic/claude-sonnet-4-6", "api_base": stub_url,
-            "api_key": "os.environ/BENCH_STUB_ANTHROPIC_KEY"}}],
-        "litellm_settings": {"num_retries": 0, "request_timeout": 600, "telemetry": False,
-                             "drop_params": True},
+        "model_list": [
+            {
+                "model_name": "claude-sonnet-4-6",
+                "litellm_params": {
+                    "model": "anthropic/claude-sonnet-4-6",
+                    "api_base": stub_url,
+                    "api_key": "os.environ/BENCH_STUB_ANTHROPIC_KEY",
+                },
+            }
+        ],
+        "litellm_settings": {"num_retries": 0, "request_timeout": 600, "telemetry": False, "drop_params": True},
         "general_settings": {"master_key": "os.environ/BENCH_LITELLM_MASTER_KEY"},
     }
 
@@ -77,17 +85,30 @@ def start_litellm(exe: Path, workdir: Path, servers: Servers) -> tuple[Proc, int
     port = free_port()
     env = base_env()
     env.pop("PYTHONPATH", None)
-    env.update({"BENCH_STUB_ANTHROPIC_KEY": servers.stub.anthropic_key or "",
-                "BENCH_LITELLM_MASTER_KEY": master, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                "LITELLM_TELEMETRY": "False", "DISABLE_ADMIN_UI": "True", "LITELLM_LOG": "ERROR",
-                "NO_DOCS": "True"})
+    env.update(
+        {
+            "BENCH_STUB_ANTHROPIC_KEY": servers.stub.anthropic_key or "",
+            "BENCH_LITELLM_MASTER_KEY": master,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "DISABLE_ADMIN_UI": "True",
+            "LITELLM_LOG": "ERROR",
+            "NO_DOCS": "True",
+        }
+    )
     t0 = time.perf_counter()
-    proc = Proc([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                 "--num_workers", "1"], env, workdir / "litellm.log")
+    proc = Proc(
+        [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        env,
+        workdir / "litellm.log",
+    )
     try:
-        wait_until(lambda: not proc.alive or http("GET", f"http://127.0.0.1:{port}/health/liveliness",
-                                                  timeout_s=2)[0] == 200,
-                   START_TIMEOUT_S, "LiteLLM liveliness", interval_s=0.05)
+        wait_until(
+            lambda: not proc.alive or http("GET", f"http://127.0.0.1:{port}/health/liveliness", timeout_s=2)[0] == 200,
+            START_TIMEOUT_S,
+            "LiteLLM liveliness",
+            interval_s=0.05,
+        )
     except AssertionError as exc:
         proc.stop()
         raise PeerUnavailable(f"LiteLLM did not become live: {exc}") from None
@@ -105,11 +126,18 @@ def litellm_target(workdir: Path, servers: Servers, spec: str | None, say) -> tu
         say("starting LiteLLM's proxy ...")
         proc, port, master, ready_s = start_litellm(exe, workdir / "litellm", servers)
         servers.add(proc.stop)
-        headers = {"anthropic-version": "2023-06-01", "content-type": "application/json",
-                   "Authorization": f"Bearer {master}"}
-        status, _, body = http("POST", f"http://127.0.0.1:{port}/v1/messages",
-                               {"model": "claude-sonnet-4-6", "max_tokens": 8,
-                                "messages": [{"role": "user", "content": "hi"}]}, headers, timeout_s=60)
+        headers = {
+            "anthropic-version": "2023-06-01",
+            "content-type": "application/json",
+            "Authorization": f"Bearer {master}",
+        }
+        status, _, body = http(
+            "POST",
+            f"http://127.0.0.1:{port}/v1/messages",
+            {"model": "claude-sonnet-4-6", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+            headers,
+            timeout_s=60,
+        )
         if status != 200:
             raise PeerUnavailable(f"LiteLLM answered {status} to a first /v1/messages: {str(body)[:300]}")
     except PeerUnavailable as exc:
@@ -117,7 +145,13 @@ def litellm_target(workdir: Path, servers: Servers, spec: str | None, say) -> tu
         info["litellm"]["unavailable"] = str(exc)
         return info, None
     info["litellm"].update({"start_to_ready_s": round(ready_s, 2), "version": spec.split("==")[-1]})
-    target = Target(name="litellm", host="127.0.0.1", port=port, path="/v1/messages", headers=headers,
-                    pids={"litellm": proc.popen.pid, "stub": servers.stub.proc.popen.pid},
-                    stream_step_header=False)
+    target = Target(
+        name="litellm",
+        host="127.0.0.1",
+        port=port,
+        path="/v1/messages",
+        headers=headers,
+        pids={"litellm": proc.popen.pid, "stub": servers.stub.proc.popen.pid},
+        stream_step_header=False,
+    )
     return info, target

@@ -65,21 +65,29 @@ class Context(msgspec.Struct, kw_only=True):
 
 def request_body(plan: Plan, stream: bool) -> str:
     """An Anthropic Messages request of about `plan.body_bytes` bytes."""
-    base = {"model": MODEL, "max_tokens": 64, "stream": stream,
-            "messages": [{"role": "user", "content": ""}]}
+    base = {"model": MODEL, "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": ""}]}
     pad = max(0, plan.body_bytes - len(json.dumps(base)))
     base["messages"][0]["content"] = "x" * pad
     return json.dumps(base)
 
 
-def _job(ctx: Context, target: Target, kind: str, *, stream: bool, step: dict[str, Any] | None,
-         **params: Any) -> dict[str, Any]:
+def _job(
+    ctx: Context, target: Target, kind: str, *, stream: bool, step: dict[str, Any] | None, **params: Any
+) -> dict[str, Any]:
     headers = dict(target.headers)
     if step is not None and target.stream_step_header:
         headers["x-stub-step"] = json.dumps(step)
-    return {"kind": kind, "host": target.host, "port": target.port, "path": target.path,
-            "headers": headers, "body": request_body(ctx.plan, stream), "watch_pids": target.pids,
-            "cpus": list(ctx.layout.generator_cpus or ()), **params}
+    return {
+        "kind": kind,
+        "host": target.host,
+        "port": target.port,
+        "path": target.path,
+        "headers": headers,
+        "body": request_body(ctx.plan, stream),
+        "watch_pids": target.pids,
+        "cpus": list(ctx.layout.generator_cpus or ()),
+        **params,
+    }
 
 
 def _scripted(ctx: Context, target: Target, step: dict[str, Any] | None, count: int) -> None:
@@ -123,8 +131,7 @@ def held_streams(ctx: Context) -> dict[str, Any]:
     for target in ctx.targets:
         _scripted(ctx, target, step, count)
         idle = {name: rss_kib(pid) for name, pid in target.pids.items()}
-        held = HeldStreams(_job(ctx, target, "hold", stream=True, step=step, count=count,
-                                timeout_s=60))
+        held = HeldStreams(_job(ctx, target, "hold", stream=True, step=step, count=count, timeout_s=60))
         during = {name: rss_kib(pid) for name, pid in target.pids.items()}
         peak = {name: hwm_kib(pid) for name, pid in target.pids.items()}
         released = held.release()
@@ -132,11 +139,15 @@ def held_streams(ctx: Context) -> dict[str, Any]:
         daemons = {}
         for name in target.pids:
             before, now = idle[name], during[name]
-            daemons[name] = {"rss_idle_kib": before, "rss_held_kib": now, "peak_rss_kib": peak[name],
-                             "kib_per_stream": None if before is None or now is None or not held.state["held"]
-                             else round((now - before) / held.state["held"], 2)}
-        out[target.name] = {"streams_open": held.state["held"], "errors": released["errors"],
-                            "daemons": daemons}
+            daemons[name] = {
+                "rss_idle_kib": before,
+                "rss_held_kib": now,
+                "peak_rss_kib": peak[name],
+                "kib_per_stream": None
+                if before is None or now is None or not held.state["held"]
+                else round((now - before) / held.state["held"], 2),
+            }
+        out[target.name] = {"streams_open": held.state["held"], "errors": released["errors"], "daemons": daemons}
         gateway = ctx.servers.gateway_named(target.name)
         if gateway is not None:
             out[target.name]["settled"] = leasehold_settled(gateway)
@@ -155,17 +166,41 @@ def _in_rounds(ctx: Context, one) -> dict[str, list[dict[str, Any]]]:
 
 def saturation(ctx: Context) -> dict[str, Any]:
     plan = ctx.plan
-    runs = _in_rounds(ctx, lambda t, share: run_loadgen(_job(
-        ctx, t, "saturate", stream=False, step=None, connections=plan.saturate_connections,
-        warmup_s=plan.saturate_warmup_s, duration_s=plan.saturate_s * share)))
+    runs = _in_rounds(
+        ctx,
+        lambda t, share: run_loadgen(
+            _job(
+                ctx,
+                t,
+                "saturate",
+                stream=False,
+                step=None,
+                connections=plan.saturate_connections,
+                warmup_s=plan.saturate_warmup_s,
+                duration_s=plan.saturate_s * share,
+            )
+        ),
+    )
     return {name: merge_saturation(parts) for name, parts in runs.items()}
 
 
 def fixed_rate(ctx: Context) -> dict[str, Any]:
     plan = ctx.plan
-    runs = _in_rounds(ctx, lambda t, share: run_loadgen(_job(
-        ctx, t, "rate", stream=False, step=None, rate=plan.rate, warmup_s=plan.rate_warmup_s,
-        duration_s=plan.rate_s * share)))
+    runs = _in_rounds(
+        ctx,
+        lambda t, share: run_loadgen(
+            _job(
+                ctx,
+                t,
+                "rate",
+                stream=False,
+                step=None,
+                rate=plan.rate,
+                warmup_s=plan.rate_warmup_s,
+                duration_s=plan.rate_s * share,
+            )
+        ),
+    )
     return {name: merge_rate(parts) for name, parts in runs.items()}
 
 
@@ -178,8 +213,18 @@ def stream_rate(ctx: Context) -> dict[str, Any]:
         count = int((plan.rate_warmup_s + plan.stream_rate_s * share) * plan.stream_rate) + 1
         _scripted(ctx, t, step, count)
         try:
-            return run_loadgen(_job(ctx, t, "rate", stream=True, step=step, rate=plan.stream_rate,
-                                    warmup_s=plan.rate_warmup_s, duration_s=plan.stream_rate_s * share))
+            return run_loadgen(
+                _job(
+                    ctx,
+                    t,
+                    "rate",
+                    stream=True,
+                    step=step,
+                    rate=plan.stream_rate,
+                    warmup_s=plan.rate_warmup_s,
+                    duration_s=plan.stream_rate_s * share,
+                )
+            )
         finally:
             _unscripted(ctx, t)
 

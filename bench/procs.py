@@ -21,8 +21,13 @@ import msgspec
 
 from tests.support.harness import REPO, Gateway, Proc, Stub, base_env, credential_like, wait_until
 
-MINT_BODY = {"provider_binding": "anthropic", "principal_kind": "worker", "principal_id": "bench",
-             "repo_slug": "bench/run", "ttl_seconds": 86400}
+MINT_BODY = {
+    "provider_binding": "anthropic",
+    "principal_kind": "worker",
+    "principal_id": "bench",
+    "repo_slug": "bench/run",
+    "ttl_seconds": 86400,
+}
 
 
 class Layout(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,8 +46,10 @@ class Layout(msgspec.Struct, frozen=True, kw_only=True):
     def describe(self) -> str:
         if self.generator_cpus is None:
             return "unpinned (generator and servers share every core)"
-        return (f"generator pinned to CPU {','.join(map(str, self.generator_cpus))}; "
-                f"servers to CPU {','.join(map(str, self.server_cpus or ()))}")
+        return (
+            f"generator pinned to CPU {','.join(map(str, self.generator_cpus))}; "
+            f"servers to CPU {','.join(map(str, self.server_cpus or ()))}"
+        )
 
 
 # ---- /proc ------------------------------------------------------------------------------------
@@ -76,8 +83,15 @@ LOADGEN_ARGV = [sys.executable, "-m", "bench.loadgen"]
 
 def run_loadgen(job: dict[str, Any], timeout_s: float = 300) -> dict[str, Any]:
     """Run one scenario in a fresh generator process (job on stdin) and return its result."""
-    done = subprocess.run(LOADGEN_ARGV, input=json.dumps(job) + "\n", env=base_env(), cwd=str(REPO),
-                          capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+        LOADGEN_ARGV,
+        input=json.dumps(job) + "\n",
+        env=base_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"load generator failed ({done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])["result"]
@@ -87,9 +101,15 @@ class HeldStreams:
     """A `hold` scenario: streams stay open until `release()`."""
 
     def __init__(self, job: dict[str, Any]) -> None:
-        self.popen = subprocess.Popen(LOADGEN_ARGV, env=base_env(), cwd=str(REPO), text=True,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE)
+        self.popen = subprocess.Popen(
+            LOADGEN_ARGV,
+            env=base_env(),
+            cwd=str(REPO),
+            text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert self.popen.stdin is not None and self.popen.stdout is not None
         self.popen.stdin.write(json.dumps(job) + "\n")
         self.popen.stdin.flush()
@@ -121,14 +141,19 @@ class Target(msgspec.Struct, kw_only=True):
 
 
 def start_stub(workdir: Path) -> Stub:
-    return Stub(workdir, anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
+    """The stub as the benchmark's provider: every answer carries a real provider's full
+    rate-limit header set, so the data plane parses them as it does in production (SPEC §22)."""
+    return Stub(workdir, anthropic_key=credential_like("sk-ant-api03-"), openai_key=None, rate_limit_headers=True)
 
 
 def start_minimal_proxy(workdir: Path, upstream: str) -> tuple[Proc, int]:
     """The floor proxy as a process; returns (process, port)."""
     port_file = workdir / "minimal-proxy.port"
-    proc = Proc([sys.executable, "-m", "bench.minimal_proxy", "--upstream", upstream,
-                 "--port-file", str(port_file)], base_env(), workdir / "minimal-proxy.log")
+    proc = Proc(
+        [sys.executable, "-m", "bench.minimal_proxy", "--upstream", upstream, "--port-file", str(port_file)],
+        base_env(),
+        workdir / "minimal-proxy.log",
+    )
     wait_until(lambda: port_file.exists() or not proc.alive, 20, "minimal proxy port")
     assert proc.alive, proc.output()
     return proc, int(port_file.read_text())
@@ -145,13 +170,14 @@ def module_argv(module: str, tree: Path | None = None) -> list[str]:
     """`python -m module`, or the same module imported from another checkout `tree`."""
     if tree is None:
         return [sys.executable, "-m", module]
-    code = (f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); "
-            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    code = (
+        f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
     return [tree_python(tree), "-c", code]
 
 
-def start_gateway(workdir: Path, stub: Stub, env: dict[str, str] | None = None,
-                  tree: Path | None = None) -> Gateway:
+def start_gateway(workdir: Path, stub: Stub, env: dict[str, str] | None = None, tree: Path | None = None) -> Gateway:
     """Control + data plane as the system tests run them (logs to files in `workdir`); with
     `tree`, the daemons' code comes from that checkout (to compare two versions in one run)."""
     gw = Gateway(workdir, stub, env)
@@ -173,8 +199,7 @@ class Servers:
     """The stub, the minimal proxy and Leasehold (plus any variants), up for the whole run;
     `close()` stops all. A variant is Leasehold from another checkout: ("leasehold@NAME", tree)."""
 
-    def __init__(self, workdir: Path, gateway_env: dict[str, str] | None = None,
-                 trees: tuple[Path, ...] = ()) -> None:
+    def __init__(self, workdir: Path, gateway_env: dict[str, str] | None = None, trees: tuple[Path, ...] = ()) -> None:
         self.workdir = workdir
         self._stack = ExitStack()
         try:
@@ -201,12 +226,26 @@ class Servers:
         key = {"x-api-key": self.stub.anthropic_key or ""}
         gw = self.gateway
         return [
-            Target(name="direct", host="127.0.0.1", port=stub_port, path=path,
-                   headers={**common, **key}, pids={"stub": stub_pid}),
-            Target(name="minimal-proxy", host="127.0.0.1", port=self.minimal_port, path=path,
-                   headers={**common, **key}, pids={"minimal-proxy": self.minimal.popen.pid, "stub": stub_pid}),
-            *(_leasehold_target(name, variant, token, path, common, stub_pid)
-              for name, variant, token in [("leasehold", gw, self.token), *self.variants]),
+            Target(
+                name="direct",
+                host="127.0.0.1",
+                port=stub_port,
+                path=path,
+                headers={**common, **key},
+                pids={"stub": stub_pid},
+            ),
+            Target(
+                name="minimal-proxy",
+                host="127.0.0.1",
+                port=self.minimal_port,
+                path=path,
+                headers={**common, **key},
+                pids={"minimal-proxy": self.minimal.popen.pid, "stub": stub_pid},
+            ),
+            *(
+                _leasehold_target(name, variant, token, path, common, stub_pid)
+                for name, variant, token in [("leasehold", gw, self.token), *self.variants]
+            ),
         ]
 
     def gateway_named(self, name: str) -> Gateway | None:
@@ -221,13 +260,16 @@ class Servers:
         self._stack.close()
 
 
-def _leasehold_target(name: str, gw: Gateway, token: str, path: str, common: dict[str, str],
-                      stub_pid: int) -> Target:
+def _leasehold_target(name: str, gw: Gateway, token: str, path: str, common: dict[str, str], stub_pid: int) -> Target:
     assert gw.dataplane is not None and gw.control is not None
-    return Target(name=name, host="127.0.0.1", port=gw.dataplane_port, path=path,
-                  headers={**common, "x-api-key": token},
-                  pids={"dataplane": gw.dataplane.popen.pid, "control": gw.control.popen.pid,
-                        "stub": stub_pid})
+    return Target(
+        name=name,
+        host="127.0.0.1",
+        port=gw.dataplane_port,
+        path=path,
+        headers={**common, "x-api-key": token},
+        pids={"dataplane": gw.dataplane.popen.pid, "control": gw.control.popen.pid, "stub": stub_pid},
+    )
 
 
 def pin_self(cpus: tuple[int, ...] | None) -> None:

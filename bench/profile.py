@@ -67,9 +67,25 @@ def top(counts: Counter[str], total: int, limit: int) -> list[tuple[str, float]]
 
 
 def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([_py_spy() or "py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                             "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [
+            _py_spy() or "py-spy",
+            "record",
+            "--pid",
+            str(pid),
+            "--duration",
+            str(int(seconds)),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,9 +119,18 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(rounds):
                 run_loadgen(phases._job(ctx, target, "streams", stream=True, step=step, count=plan.streams))
         else:
-            run_loadgen(phases._job(ctx, target, "saturate", stream=False, step=None,
-                                    connections=plan.saturate_connections, warmup_s=0.2,
-                                    duration_s=args.seconds))
+            run_loadgen(
+                phases._job(
+                    ctx,
+                    target,
+                    "saturate",
+                    stream=False,
+                    step=None,
+                    connections=plan.saturate_connections,
+                    warmup_s=0.2,
+                    duration_s=args.seconds,
+                )
+            )
         for name, spy in spies.items():
             _, err = spy.communicate(timeout=args.seconds + 60)
             if spy.returncode != 0 or not outs[name].exists():

@@ -14,8 +14,7 @@ from typing import Any
 from bench.stats import Verdict, added, fmt, ratio, verdicts
 
 # Which process carries a column's per-stream memory (the proxy, or the stub itself).
-MAIN_DAEMON = {"direct": "stub", "minimal-proxy": "minimal-proxy", "leasehold": "dataplane",
-               "litellm": "litellm"}
+MAIN_DAEMON = {"direct": "stub", "minimal-proxy": "minimal-proxy", "leasehold": "dataplane", "litellm": "litellm"}
 
 
 def _get(d: Any, *path: str) -> Any:
@@ -47,10 +46,13 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
         row["throughput_vs_direct"] = ratio(rps, rps_direct)
         row["throughput_vs_minimal"] = ratio(rps, _get(results, "saturation", "minimal-proxy", "rps"))
         for q in ("p50", "p90", "p99"):
-            row[f"added_latency_{q}_ms"] = added(_get(results, "fixed_rate", name, "latency_ms", q),
-                                                 _get(results, "fixed_rate", "direct", "latency_ms", q))
-            row[f"added_stream_ttfb_{q}_ms"] = added(_get(results, "stream_rate", name, "ttfb_ms", q),
-                                                     _get(results, "stream_rate", "direct", "ttfb_ms", q))
+            row[f"added_latency_{q}_ms"] = added(
+                _get(results, "fixed_rate", name, "latency_ms", q),
+                _get(results, "fixed_rate", "direct", "latency_ms", q),
+            )
+            row[f"added_stream_ttfb_{q}_ms"] = added(
+                _get(results, "stream_rate", name, "ttfb_ms", q), _get(results, "stream_rate", "direct", "ttfb_ms", q)
+            )
         for metric in ("ttfb_ms", "total_ms"):
             for q in ("p50", "p99"):
                 mine = _get(results, "streams", name, metric, q)
@@ -67,16 +69,18 @@ def derive(results: dict[str, Any]) -> dict[str, Any]:
 def aims(results: dict[str, Any], derived: dict[str, Any]) -> list[Verdict]:
     lh = derived.get("leasehold", {})
     ready_ms = _get(results, "start", "gateway_ready_ms", "p50")
-    return verdicts({
-        "throughput vs minimal proxy": lh.get("throughput_vs_minimal"),
-        "added p50 at fixed rate": lh.get("added_latency_p50_ms"),
-        "added p99 at fixed rate": lh.get("added_latency_p99_ms"),
-        "data plane RSS per open stream": lh.get("kib_per_stream"),
-        "start to ready": None if ready_ms is None else round(ready_ms / 1000, 3),
-        "mint + revoke p50": _get(results, "mint_revoke", "mint_revoke_ms", "p50"),
-        "added TTFB p50 for streams": lh.get("added_stream_ttfb_p50_ms"),
-        "errors": lh.get("errors"),
-    })
+    return verdicts(
+        {
+            "throughput vs minimal proxy": lh.get("throughput_vs_minimal"),
+            "added p50 at fixed rate": lh.get("added_latency_p50_ms"),
+            "added p99 at fixed rate": lh.get("added_latency_p99_ms"),
+            "data plane RSS per open stream": lh.get("kib_per_stream"),
+            "start to ready": None if ready_ms is None else round(ready_ms / 1000, 3),
+            "mint + revoke p50": _get(results, "mint_revoke", "mint_revoke_ms", "p50"),
+            "added TTFB p50 for streams": lh.get("added_stream_ttfb_p50_ms"),
+            "errors": lh.get("errors"),
+        }
+    )
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -93,8 +97,7 @@ def _cell(value: Any, base: Any, mode: str, name: str) -> str:
     return f"{text} ({'+' if a is not None and a >= 0 else ''}{fmt(a)})" if a is not None else text
 
 
-def _row(results: dict[str, Any], names: list[str], label: str, path: tuple[str, ...],
-         mode: str, width: int) -> str:
+def _row(results: dict[str, Any], names: list[str], label: str, path: tuple[str, ...], mode: str, width: int) -> str:
     phase, rest = path[0], path[1:]
     base = _get(results, phase, "direct", *rest)
     cells = [_cell(_get(results, phase, n, *rest), base, mode, n) for n in names]
@@ -130,10 +133,12 @@ def render(results: dict[str, Any]) -> str:
             if daemon == "stub" and name != "direct":
                 continue
             label = name if daemon == name else f"{name} / {daemon}"
-            lines.append(f"  {label:<40}idle {fmt(_kib_mib(fig['rss_idle_kib']))} MiB, "
-                         f"held {fmt(_kib_mib(fig['rss_held_kib']))} MiB, "
-                         f"peak {fmt(_kib_mib(fig['peak_rss_kib']))} MiB, "
-                         f"{fmt(fig['kib_per_stream'])} KiB/stream")
+            lines.append(
+                f"  {label:<40}idle {fmt(_kib_mib(fig['rss_idle_kib']))} MiB, "
+                f"held {fmt(_kib_mib(fig['rss_held_kib']))} MiB, "
+                f"peak {fmt(_kib_mib(fig['peak_rss_kib']))} MiB, "
+                f"{fmt(fig['kib_per_stream'])} KiB/stream"
+            )
     lines += _control_lines(results)
     lines += _hostile_lines(results.get("hostile"))
     lines += _websocket_lines(results)
@@ -141,14 +146,14 @@ def render(results: dict[str, Any]) -> str:
         if "unavailable" in info:
             lines.append(f"  {peer + ' (peer)':<40}unavailable: {info['unavailable'][:200]}")
         else:
-            lines.append(f"  {peer + ' start to ready, ms':<40}{fmt(info['start_to_ready_s'] * 1000)} "
-                         f"({info['spec']})")
+            lines.append(f"  {peer + ' start to ready, ms':<40}{fmt(info['start_to_ready_s'] * 1000)} ({info['spec']})")
     lines += _generator_lines(results, names)
     lines.append("Aims (issue 9; Leasehold)")
     for v in results.get("aims") or []:
         mark = {True: "met", False: "MISSED", None: "not measured"}[v["met"]]
-        lines.append(f"  {v['name']:<40}{fmt(v['measured']):>12} {v['unit']:<6} aim {v['op']} "
-                     f"{fmt(v['limit'])}  {mark}")
+        lines.append(
+            f"  {v['name']:<40}{fmt(v['measured']):>12} {v['unit']:<6} aim {v['op']} {fmt(v['limit'])}  {mark}"
+        )
     return "\n".join(lines)
 
 
@@ -197,19 +202,26 @@ def _generator_lines(results: dict[str, Any], names: list[str]) -> list[str]:
         sat = _get(results, "saturation", name) or {}
         cpu, us = sat.get("cpu") or {}, sat.get("cpu_us_per_request") or {}
         switches = sat.get("switches_per_request") or {}
-        servers = ", ".join(f"{k} {fmt(v)} ({fmt(us.get(k), 0)} µs, {fmt(switches.get(k), 1)} cs)"
-                            for k, v in cpu.items() if k != "generator")
+        servers = ", ".join(
+            f"{k} {fmt(v)} ({fmt(us.get(k), 0)} µs, {fmt(switches.get(k), 1)} cs)"
+            for k, v in cpu.items()
+            if k != "generator"
+        )
         lines.append(f"  {name:<{max(22, len(name) + 1)}}generator {fmt(cpu.get('generator'))}; {servers}")
     check = results.get("generator_check") or {}
     lines.append(f"  verdict: {check.get('verdict', '—')}")
     noise = results.get("noise") or {}
     if noise:
-        lines.append(f"  other processes on this machine used {fmt(noise.get('foreign_cpu_share'))} of "
-                     f"{fmt(noise.get('cores'))} cores during the run (load avg {noise.get('loadavg_start')} → "
-                     f"{noise.get('loadavg_end')})")
+        lines.append(
+            f"  other processes on this machine used {fmt(noise.get('foreign_cpu_share'))} of "
+            f"{fmt(noise.get('cores'))} cores during the run (load avg {noise.get('loadavg_start')} → "
+            f"{noise.get('loadavg_end')})"
+        )
         if is_noisy(noise):
-            lines.append("  WARNING: the machine was busy with other work; latency tails and throughput are "
-                         "skewed — rerun with --wait-quiet on a quiet machine")
+            lines.append(
+                "  WARNING: the machine was busy with other work; latency tails and throughput are "
+                "skewed — rerun with --wait-quiet on a quiet machine"
+            )
     return lines
 
 
@@ -223,8 +235,11 @@ def generator_check(results: dict[str, Any]) -> dict[str, Any]:
     shares = {n: _get(results, "saturation", n, "cpu", "generator") for n in results["targets"]}
     worst = max((v for v in shares.values() if v is not None), default=None)
     ok = worst is not None and worst < 0.9
-    verdict = (f"generator at most {fmt(worst)} of its core: not the bottleneck" if ok else
-               f"generator reached {fmt(worst)} of its core: figures may be generator-bound")
+    verdict = (
+        f"generator at most {fmt(worst)} of its core: not the bottleneck"
+        if ok
+        else f"generator reached {fmt(worst)} of its core: figures may be generator-bound"
+    )
     return {"generator_cpu": shares, "max": worst, "not_bottleneck": ok, "verdict": verdict}
 
 
@@ -247,14 +262,19 @@ def _websocket_lines(results: dict[str, Any]) -> list[str]:
     n = ws["plan"]["sockets"]
     cols = ("direct", "naive relay", "leasehold")
     lines = ["Responses WebSocket, per message (direct / naive aiohttp relay / Leasehold)"]
-    for label, key in (("latency p50, ms", "p50_ms"), ("latency p99, ms", "p99_ms"),
-                       ("msgs/s, one socket", "msgs_per_s_one_socket"),
-                       (f"msgs/s, {n} sockets", f"msgs_per_s_{n}_sockets"),
-                       ("RSS per open socket, KiB", "rss_kib_per_open_socket")):
+    for label, key in (
+        ("latency p50, ms", "p50_ms"),
+        ("latency p99, ms", "p99_ms"),
+        ("msgs/s, one socket", "msgs_per_s_one_socket"),
+        (f"msgs/s, {n} sockets", f"msgs_per_s_{n}_sockets"),
+        ("RSS per open socket, KiB", "rss_kib_per_open_socket"),
+    ):
         lines.append(f"  {label:<40}" + " / ".join(fmt(ws[c][key]) for c in cols))
     d = ws["derived"]
-    lines.append(f"  {'added p50 / p99 over direct, ms':<40}naive {fmt(d['naive_added_p50_ms'])} / "
-                 f"{fmt(d['naive_added_p99_ms'])}, Leasehold {fmt(d['leasehold_added_p50_ms'])} / "
-                 f"{fmt(d['leasehold_added_p99_ms'])} (aim: ≤ naive + 0.2 ms: "
-                 f"{'met' if d['aim_met'] else 'not met'})")
+    lines.append(
+        f"  {'added p50 / p99 over direct, ms':<40}naive {fmt(d['naive_added_p50_ms'])} / "
+        f"{fmt(d['naive_added_p99_ms'])}, Leasehold {fmt(d['leasehold_added_p50_ms'])} / "
+        f"{fmt(d['leasehold_added_p99_ms'])} (aim: ≤ naive + 0.2 ms: "
+        f"{'met' if d['aim_met'] else 'not met'})"
+    )
     return lines

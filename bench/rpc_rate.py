@@ -23,14 +23,28 @@ from shared.rpc import Connection, start_unix_server
 from shared.wire import Ack, AttemptFinished, AttemptRow, AttemptStarted, Message, Usage
 
 ROW = AttemptRow(
-    attempt_id="att_01JBENCH0000000000000000000", key_id="01JBENCH0000000000000000001",
-    account_id="legacy-anthropic", mint_decision_id=None, dispatch_id="dispatch-bench",
-    repo_slug="bench/run", principal_id="bench", wire="anthropic", path="/v1/messages",
-    requested_model="claude-sonnet-4-6", served_model="claude-sonnet-4-6", stream=True,
-    started_at="2026-01-01T00:00:00.000Z", finished_at="2026-01-01T00:00:01.000Z",
-    status="completed", http_status=200, condition=None, refusal_reason=None,
+    attempt_id="att_01JBENCH0000000000000000000",
+    key_id="01JBENCH0000000000000000001",
+    account_id="legacy-anthropic",
+    mint_decision_id=None,
+    dispatch_id="dispatch-bench",
+    repo_slug="bench/run",
+    principal_id="bench",
+    wire="anthropic",
+    path="/v1/messages",
+    requested_model="claude-sonnet-4-6",
+    served_model="claude-sonnet-4-6",
+    stream=True,
+    started_at="2026-01-01T00:00:00.000Z",
+    finished_at="2026-01-01T00:00:01.000Z",
+    status="completed",
+    http_status=200,
+    condition=None,
+    refusal_reason=None,
     usage=Usage(input_tokens=12, output_tokens=44, cache_read_tokens=7, cache_creation_tokens=5),
-    cost_usd=None, cost_reason=None, overhead_ms=0.4,
+    cost_usd=None,
+    cost_reason=None,
+    overhead_ms=0.4,
 )
 
 
@@ -102,8 +116,12 @@ async def measure(duration_s: float = 1.0, in_flight: int = 64, sequential: int 
             os.rmdir(directory)
         except OSError:
             pass
-    return {"one_way_msgs_per_s": round(one_way), "round_trips_per_s": round(round_trips),
-            "in_flight": in_flight, "sequential_round_trip_ms": summarize_ms(samples)}
+    return {
+        "one_way_msgs_per_s": round(one_way),
+        "round_trips_per_s": round(round_trips),
+        "in_flight": in_flight,
+        "sequential_round_trip_ms": summarize_ms(samples),
+    }
 
 
 def run(duration_s: float = 1.0, in_flight: int = 64, sequential: int = 500) -> dict[str, Any]:

@@ -38,26 +38,72 @@ QUIET_CORES = 0.25
 
 PLANS = {
     "default": Plan(),
-    "quick": Plan(rounds=1, saturate_warmup_s=0.5, saturate_s=1.5, rate_warmup_s=0.5, rate_s=3.0,
-                  stream_rate_s=2.0, streams=100, held_streams=300, mint_warmup=5,
-                  mint_iterations=50, start_trials=1, rpc_s=0.3, rpc_sequential=100,
-                  ws_turns=2, ws_events=100, ws_burst=2000, ws_sockets=100),
-    "smoke": Plan(body_bytes=512, rounds=1, warm_requests=2, saturate_connections=2, saturate_warmup_s=0.1,
-                  saturate_s=0.2, rate=50, rate_warmup_s=0.05, rate_s=0.2, stream_rate=20,
-                  stream_rate_s=0.2, streams=3, stream_chunks=8, stream_gap_s=0.0, held_streams=3,
-                  hold_stall_s=30.0, mint_warmup=1, mint_iterations=3, start_trials=1, rpc_s=0.05,
-                  rpc_sequential=5, hostile_s=0.0, ws_turns=1, ws_events=10, ws_burst=50, ws_sockets=3),
+    "quick": Plan(
+        rounds=1,
+        saturate_warmup_s=0.5,
+        saturate_s=1.5,
+        rate_warmup_s=0.5,
+        rate_s=3.0,
+        stream_rate_s=2.0,
+        streams=100,
+        held_streams=300,
+        mint_warmup=5,
+        mint_iterations=50,
+        start_trials=1,
+        rpc_s=0.3,
+        rpc_sequential=100,
+        ws_turns=2,
+        ws_events=100,
+        ws_burst=2000,
+        ws_sockets=100,
+    ),
+    "smoke": Plan(
+        body_bytes=512,
+        rounds=1,
+        warm_requests=2,
+        saturate_connections=2,
+        saturate_warmup_s=0.1,
+        saturate_s=0.2,
+        rate=50,
+        rate_warmup_s=0.05,
+        rate_s=0.2,
+        stream_rate=20,
+        stream_rate_s=0.2,
+        streams=3,
+        stream_chunks=8,
+        stream_gap_s=0.0,
+        held_streams=3,
+        hold_stall_s=30.0,
+        mint_warmup=1,
+        mint_iterations=3,
+        start_trials=1,
+        rpc_s=0.05,
+        rpc_sequential=5,
+        hostile_s=0.0,
+        ws_turns=1,
+        ws_events=10,
+        ws_burst=50,
+        ws_sockets=3,
+    ),
 }
 
 
 def versions() -> dict[str, str]:
-    return {"python": platform.python_version(), "aiohttp": aiohttp.__version__,
-            "msgspec": msgspec.__version__, "uvloop": uvloop.__version__}
+    return {
+        "python": platform.python_version(),
+        "aiohttp": aiohttp.__version__,
+        "msgspec": msgspec.__version__,
+        "uvloop": uvloop.__version__,
+    }
 
 
 def machine() -> dict[str, Any]:
-    return {"cores": os.cpu_count(), "usable_cpus": sorted(os.sched_getaffinity(0)),
-            "platform": platform.platform(), "processor": platform.processor() or platform.machine()}
+    return {
+        "cores": os.cpu_count(),
+        "usable_cpus": sorted(os.sched_getaffinity(0)),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+    }
 
 
 class Noise:
@@ -77,8 +123,13 @@ class Noise:
         machine_busy_s = (busy1 - self.busy0) / tck
         ours_s = _our_cpu_s() - self.ours0
         foreign = max(0.0, machine_busy_s - ours_s) / max(wall, 1e-9)
-        return {"cores": cores, "wall_s": round(wall, 1), "foreign_cpu_share": round(foreign, 2),
-                "loadavg_start": self.load0, "loadavg_end": _loadavg()}
+        return {
+            "cores": cores,
+            "wall_s": round(wall, 1),
+            "foreign_cpu_share": round(foreign, 2),
+            "loadavg_start": self.load0,
+            "loadavg_end": _loadavg(),
+        }
 
 
 def busy_cores(seconds: float = 1.0) -> float:
@@ -116,23 +167,34 @@ def _loadavg() -> str:
         return " ".join(fh.read().split()[:3])
 
 
-def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str | None,
-            say=print, quiet_wait_s: float = 0.0, gateway_env: dict[str, str] | None = None,
-            trees: tuple[Path, ...] = ()) -> dict[str, Any]:
+def measure(
+    plan: Plan,
+    workdir: Path,
+    pin: bool,
+    peers: bool,
+    peers_spec: str | None,
+    say=print,
+    quiet_wait_s: float = 0.0,
+    gateway_env: dict[str, str] | None = None,
+    trees: tuple[Path, ...] = (),
+) -> dict[str, Any]:
     """Run every phase and return the results dict (the JSON file's content)."""
     all_cpus = os.sched_getaffinity(0)
     layout = Layout.decide(all_cpus, pin)
     preflight = wait_quiet(quiet_wait_s, say) if quiet_wait_s > 0 else None
     noise = Noise()
     results: dict[str, Any] = {
-        "schema": 1, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine(), "versions": versions(), "layout": layout.describe(),
-        "layout_cpus": msgspec.to_builtins(layout), "plan": msgspec.to_builtins(plan),
+        "schema": 1,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "versions": versions(),
+        "layout": layout.describe(),
+        "layout_cpus": msgspec.to_builtins(layout),
+        "plan": msgspec.to_builtins(plan),
     }
     pin_self(layout.server_cpus)  # the servers started below inherit it
     try:
-        _measure_pinned(results, plan, layout, workdir, all_cpus, peers, peers_spec, say,
-                        gateway_env, trees)
+        _measure_pinned(results, plan, layout, workdir, all_cpus, peers, peers_spec, say, gateway_env, trees)
     finally:
         os.sched_setaffinity(0, all_cpus)
     results["noise"] = {**noise.result(), "busy_cores_before": preflight, "quiet_threshold": QUIET_CORES}
@@ -142,14 +204,24 @@ def measure(plan: Plan, workdir: Path, pin: bool, peers: bool, peers_spec: str |
     return results
 
 
-def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir: Path,
-                    all_cpus: set[int], peers: bool, peers_spec: str | None, say,
-                    gateway_env: dict[str, str] | None, trees: tuple[Path, ...]) -> None:
+def _measure_pinned(
+    results: dict[str, Any],
+    plan: Plan,
+    layout: Layout,
+    workdir: Path,
+    all_cpus: set[int],
+    peers: bool,
+    peers_spec: str | None,
+    say,
+    gateway_env: dict[str, str] | None,
+    trees: tuple[Path, ...],
+) -> None:
     say("rpc: messages per second over a Unix socket ...")
     results["rpc"] = rpc_rate.run(plan.rpc_s, sequential=plan.rpc_sequential)
     say("starting stub, minimal proxy, Leasehold ...")
-    results["leasehold_env"] = {k: ("<redacted>" if "TOKEN" in k or "KEY" in k else v)
-                                for k, v in (gateway_env or {}).items()}
+    results["leasehold_env"] = {
+        k: ("<redacted>" if "TOKEN" in k or "KEY" in k else v) for k, v in (gateway_env or {}).items()
+    }
     results["compare_trees"] = [str(t) for t in trees]
     servers = Servers(workdir, gateway_env, trees)
     try:
@@ -163,8 +235,7 @@ def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir
         results["targets"] = [t.name for t in targets]
         ctx = Context(plan=plan, layout=layout, servers=servers, targets=targets)
         say("start to ready ...")
-        results["start"] = control_ops.start_to_ready(servers.stub, workdir / "start", plan.start_trials,
-                                                      all_cpus)
+        results["start"] = control_ops.start_to_ready(servers.stub, workdir / "start", plan.start_trials, all_cpus)
         say("warming up ...")
         phases.warm(ctx)
         for key, label, run in (
@@ -177,16 +248,19 @@ def _measure_pinned(results: dict[str, Any], plan: Plan, layout: Layout, workdir
             say(f"{label} ...")
             results[key] = run(ctx)
         say("mint + revoke ...")
-        results["mint_revoke"] = control_ops.mint_revoke(servers.gateway, layout, plan.mint_warmup,
-                                                         plan.mint_iterations)
+        results["mint_revoke"] = control_ops.mint_revoke(
+            servers.gateway, layout, plan.mint_warmup, plan.mint_iterations
+        )
         if plan.hostile_s > 0:  # issue 21: bombs, idle connections, the cap, a stalled reader
-            results["hostile"] = hostile.measure(servers.stub, workdir / "hostile", seconds=plan.hostile_s,
-                                                 say=say)
+            results["hostile"] = hostile.measure(servers.stub, workdir / "hostile", seconds=plan.hostile_s, say=say)
     finally:
         servers.close()
     say("websocket: direct vs a naive relay vs Leasehold ...")
-    results["websocket"] = websocket.run(workdir / "ws", websocket.WsPlan(
-        turns=plan.ws_turns, events=plan.ws_events, burst=plan.ws_burst, sockets=plan.ws_sockets), say)
+    results["websocket"] = websocket.run(
+        workdir / "ws",
+        websocket.WsPlan(turns=plan.ws_turns, events=plan.ws_events, burst=plan.ws_burst, sockets=plan.ws_sockets),
+        say,
+    )
 
 
 def write(results: dict[str, Any], out_dir: Path) -> Path:
@@ -208,21 +282,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pin", action="store_true", help="do not pin generator and servers to cores")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory")
     parser.add_argument("--keep-workdir", action="store_true", help="keep daemon logs and state")
-    parser.add_argument("--leasehold-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="extra GATEWAY_* setting for the Leasehold columns (repeatable)")
-    parser.add_argument("--compare-tree", action="append", default=[], type=Path, metavar="PATH",
-                        help="add a column running Leasehold's daemons from another checkout")
-    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                        help="first wait up to SECONDS for other processes to leave the CPUs idle")
+    parser.add_argument(
+        "--leasehold-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra GATEWAY_* setting for the Leasehold columns (repeatable)",
+    )
+    parser.add_argument(
+        "--compare-tree",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="add a column running Leasehold's daemons from another checkout",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS for other processes to leave the CPUs idle",
+    )
     args = parser.parse_args(argv)
     plan = PLANS[args.preset or ("quick" if args.quick else "default")]
     workdir = Path(tempfile.mkdtemp(prefix="leasehold-bench-"))
     try:
-        results = measure(plan, workdir, not args.no_pin, args.peers, args.peers_spec,
-                          say=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True),
-                          quiet_wait_s=args.wait_quiet,
-                          gateway_env=dict(item.split("=", 1) for item in args.leasehold_env),
-                          trees=tuple(args.compare_tree))
+        results = measure(
+            plan,
+            workdir,
+            not args.no_pin,
+            args.peers,
+            args.peers_spec,
+            say=lambda m: print(f"bench: {m}", file=sys.stderr, flush=True),
+            quiet_wait_s=args.wait_quiet,
+            gateway_env=dict(item.split("=", 1) for item in args.leasehold_env),
+            trees=tuple(args.compare_tree),
+        )
     finally:
         if args.keep_workdir:
             print(f"bench: logs and state kept in {workdir}", file=sys.stderr)

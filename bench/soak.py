@@ -77,8 +77,11 @@ class Soak:
         self.lanes: list[soak_v2.DispatchLane] = []
 
     async def mint(self, session: aiohttp.ClientSession) -> None:
-        async with session.post(self.gw.control_url + "/control/v1/keys", json=MINT_BODY,
-                                headers={"Authorization": f"Bearer {self.gw.control_token}"}) as r:
+        async with session.post(
+            self.gw.control_url + "/control/v1/keys",
+            json=MINT_BODY,
+            headers={"Authorization": f"Bearer {self.gw.control_token}"},
+        ) as r:
             body = await r.json()
             if r.status != 201:
                 self.surprises.append(f"mint answered {r.status}")
@@ -92,8 +95,10 @@ class Soak:
         deadline = time.monotonic() + 30
         while self.in_use[key["key_id"]] and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        async with session.delete(self.gw.control_url + f"/control/v1/keys/{key['key_id']}",
-                                  headers={"Authorization": f"Bearer {self.gw.control_token}"}) as r:
+        async with session.delete(
+            self.gw.control_url + f"/control/v1/keys/{key['key_id']}",
+            headers={"Authorization": f"Bearer {self.gw.control_token}"},
+        ) as r:
             if r.status != 200 or (await r.json()).get("revoked") is not True:
                 self.surprises.append(f"revoke answered {r.status}")
         self.revoked_tokens.append(key["token"])
@@ -114,16 +119,16 @@ class Soak:
         headers = {"x-api-key": token, "anthropic-version": "2023-06-01"}
         if step is not None:
             headers["x-stub-step"] = json.dumps(step)
-        body = {"model": MODEL, "max_tokens": 16, "stream": stream,
-                "messages": [{"role": "user", "content": "soak"}]}
+        body = {"model": MODEL, "max_tokens": 16, "stream": stream, "messages": [{"role": "user", "content": "soak"}]}
         try:
             await self._exchange(session, kind, headers, body)
         finally:
             if key_id is not None:
                 self.in_use[key_id] -= 1
 
-    async def _exchange(self, session: aiohttp.ClientSession, kind: str, headers: dict[str, str],
-                        body: dict[str, Any]) -> None:
+    async def _exchange(
+        self, session: aiohttp.ClientSession, kind: str, headers: dict[str, str], body: dict[str, Any]
+    ) -> None:
         try:
             async with session.post(self.gw.dataplane_url + "/v1/messages", json=body, headers=headers) as r:
                 want = {"revoked": 401, "429": 429, "500": 500}.get(kind, 200)
@@ -170,12 +175,17 @@ class Soak:
                         on_sample(seconds - (stop_at - time.monotonic()), sum(self.expected.values()))
 
             control = soak_v2.Control(self.gw, session)
-            self.lanes = [soak_v2.DispatchLane(f"lane{i}", self.gw, control, random.Random(self.rng.random()))
-                          for i in range(2)]
+            self.lanes = [
+                soak_v2.DispatchLane(f"lane{i}", self.gw, control, random.Random(self.rng.random())) for i in range(2)
+            ]
             operator = soak_v2.Operator(control)
             loop_stop = asyncio.get_running_loop().time() + seconds
-            await asyncio.gather(key_churn(), *(worker() for _ in range(self.workers)),
-                                 *(lane.run(loop_stop) for lane in self.lanes), operator.run(loop_stop))
+            await asyncio.gather(
+                key_churn(),
+                *(worker() for _ in range(self.workers)),
+                *(lane.run(loop_stop) for lane in self.lanes),
+                operator.run(loop_stop),
+            )
             self.v2_results = await soak_v2.final_checks(control, operator, self.lanes, len(self.live))
 
     def expected_rows(self) -> collections.Counter[tuple[str, str | None]]:
@@ -197,20 +207,29 @@ def check(gw: Gateway, soak: Soak, rss_warm: dict[str, int | None]) -> list[tupl
     ids = [r["attempt_id"] for r in rows]
     active = gw.active().get("count")
     rss_end = {name: rss_kib(p.popen.pid) for name, p in (("dataplane", gw.dataplane), ("control", gw.control))}
-    growth = {n: None if not rss_warm.get(n) or not rss_end[n] else (rss_end[n] - rss_warm[n]) / rss_warm[n]
-              for n in rss_end}
+    growth = {
+        n: None if not rss_warm.get(n) or not rss_end[n] else (rss_end[n] - rss_warm[n]) / rss_warm[n] for n in rss_end
+    }
     judged = soak.seconds >= RSS_MIN_SECONDS
     return [
         ("ledger rows == attempts accepted", len(rows) == total, f"{len(rows)} rows, {total} attempts"),
         ("one row per attempt id", len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicates"),
-        ("rows by status/condition as sent", got == expected,
-         ", ".join(f"{s}/{c}: {got[(s, c)]} of {n}" for (s, c), n in sorted(expected.items(), key=str))),
+        (
+            "rows by status/condition as sent",
+            got == expected,
+            ", ".join(f"{s}/{c}: {got[(s, c)]} of {n}" for (s, c), n in sorted(expected.items(), key=str)),
+        ),
         ("nothing in flight", active == 0, f"{active} active routes"),
         ("no unexpected answer", not soak.surprises, "; ".join(soak.surprises[:5]) or "none"),
-        *((f"{name} RSS growth < 5% after warm-up", not judged or (g is not None and g < RSS_GROWTH_LIMIT),
-           f"{rss_warm.get(name)} → {rss_end[name]} KiB ({'—' if g is None else f'{100 * g:+.1f}%'})"
-           + ("" if judged else f"; not judged under {RSS_MIN_SECONDS} s"))
-          for name, g in growth.items()),
+        *(
+            (
+                f"{name} RSS growth < 5% after warm-up",
+                not judged or (g is not None and g < RSS_GROWTH_LIMIT),
+                f"{rss_warm.get(name)} → {rss_end[name]} KiB ({'—' if g is None else f'{100 * g:+.1f}%'})"
+                + ("" if judged else f"; not judged under {RSS_MIN_SECONDS} s"),
+            )
+            for name, g in growth.items()
+        ),
         *soak.v2_results,
     ]
 
@@ -219,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--fleet" in argv:
         from bench import soak_fleet  # redis-server and three pairs: only when asked for
+
         return soak_fleet.main([a for a in argv if a != "--fleet"])
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
-    parser.add_argument("--fleet", action="store_true",
-                        help="run the fleet variant (bench/soak_fleet.py; --fleet --help for its options)")
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="run the fleet variant (bench/soak_fleet.py; --fleet --help for its options)",
+    )
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=None, help="overrides --minutes")
     parser.add_argument("--seed", type=int, default=None)
@@ -236,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     accounts = workdir / "accounts.toml"
     workdir.mkdir(parents=True, exist_ok=True)
     accounts.write_text(soak_v2.accounts_file(stub.url))
-    gw = Gateway(workdir / "gw", stub, {"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                                        "GATEWAY_ANTHROPIC_SOAK_B_KEY": stub.anthropic_key or ""})
+    gw = Gateway(
+        workdir / "gw",
+        stub,
+        {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_ANTHROPIC_SOAK_B_KEY": stub.anthropic_key or ""},
+    )
     try:
         gw.start()
         soak = Soak(gw, seed, args.workers)
@@ -251,8 +277,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def on_sample(at_s: float, attempts: int) -> None:
             assert gw.dataplane is not None and gw.control is not None
-            timeline.append(f"{at_s:6.0f} s {attempts:>9,} attempts  dataplane {rss_kib(gw.dataplane.popen.pid)} KiB"
-                            f"  control {rss_kib(gw.control.popen.pid)} KiB")
+            timeline.append(
+                f"{at_s:6.0f} s {attempts:>9,} attempts  dataplane {rss_kib(gw.dataplane.popen.pid)} KiB"
+                f"  control {rss_kib(gw.control.popen.pid)} KiB"
+            )
 
         asyncio.run(soak.run(seconds, on_warm, on_sample))
         results = check(gw, soak, rss_warm)

@@ -72,12 +72,15 @@ MIX = {kind: (WEIGHTS[kind], *rest) for kind, (_, *rest) in soak.MIX.items()}
 def accounts_toml(stub_url: str) -> str:
     def account(name: str, ceilings: str) -> str:
         env = f"GATEWAY_{name.upper().replace('-', '_')}_KEY"
-        return (f'[[account]]\nid = "{name}"\nprovider_binding = "anthropic"\nbase_url = "{stub_url}"\n'
-                f'auth_style = "x-api-key"\ncredential_env = "{env}"\nmodels = ["team-*"]\n{ceilings}\n')
+        return (
+            f'[[account]]\nid = "{name}"\nprovider_binding = "anthropic"\nbase_url = "{stub_url}"\n'
+            f'auth_style = "x-api-key"\ncredential_env = "{env}"\nmodels = ["team-*"]\n{ceilings}\n'
+        )
+
     return account(CAPPED, f"lease_capacity = {LEASE_CAP}\nrequest_capacity = {REQUEST_CAP}\n") + account(OPEN, "")
 
 
-Row = tuple[str, str | None, str | None]   # (status, condition, refusal_reason) of a ledger row
+Row = tuple[str, str | None, str | None]  # (status, condition, refusal_reason) of a ledger row
 
 
 @dataclass(eq=False)
@@ -85,11 +88,11 @@ class Host:
     index: int
     gw: Gateway
     up: bool = True
-    draining: bool = False       # being taken down: nothing new is sent to it
-    busy: int = 0                # requests and control calls of the soak in flight on it
+    draining: bool = False  # being taken down: nothing new is sent to it
+    busy: int = 0  # requests and control calls of the soak in flight on it
     expected: collections.Counter[Row] = field(default_factory=collections.Counter)
     refusal_ids: list[str] = field(default_factory=list)
-    lost: int = 0                # accepted attempts cut with its SIGKILLed data plane (no row owed)
+    lost: int = 0  # accepted attempts cut with its SIGKILLed data plane (no row owed)
 
     @property
     def name(self) -> str:
@@ -101,38 +104,39 @@ class Host:
 
 
 class FleetSoak(FleetOps, FleetFaults, HostileWriter):
-    def __init__(self, fleet: FleetPairs, stub: Stub, redis: RedisServer, seed: int, workers: int,
-                 seconds: float) -> None:
+    def __init__(
+        self, fleet: FleetPairs, stub: Stub, redis: RedisServer, seed: int, workers: int, seconds: float
+    ) -> None:
         self.fleet, self.stub, self.redis = fleet, stub, redis
         self.rng = random.Random(seed)
         self.workers, self.seconds = workers, seconds
         self.hosts = [Host(i, gw) for i, gw in enumerate(fleet.pairs)]
         self.keys = FleetKeys(fleet.fleet_id)
         self.auth = {"Authorization": f"Bearer {fleet.control_token}"}
-        self.pool: list[Lease] = []                  # in use
-        self.expiring: list[Lease] = []              # left to expire by themselves
-        self.revoked: list[tuple[int, str]] = []     # (host, token) of revoked keys
-        self.revoke_later: list[Lease] = []          # a revoke the host could not answer
+        self.pool: list[Lease] = []  # in use
+        self.expiring: list[Lease] = []  # left to expire by themselves
+        self.revoked: list[tuple[int, str]] = []  # (host, token) of revoked keys
+        self.revoke_later: list[Lease] = []  # a revoke the host could not answer
         self.windows: list[Window] = []
         self.faults: list[dict[str, Any]] = []
-        self.grow = asyncio.Lock()                   # held by whatever adds a lease to a key table
-        self.refused_at: dict[str, float] = {}       # attempt id -> when the gateway refused it
-        self.holder_seen: dict[str, float] = {}      # a suspect holder in Redis -> first seen
-        self.leaked: set[str] = set()                # holders reported as leaked (below)
-        self.unknown_leases: list[str] = []          # lease holders of keys no answer ever named
-        self.minted_ids: set[str] = set()            # every key id a mint or renewal answered
+        self.grow = asyncio.Lock()  # held by whatever adds a lease to a key table
+        self.refused_at: dict[str, float] = {}  # attempt id -> when the gateway refused it
+        self.holder_seen: dict[str, float] = {}  # a suspect holder in Redis -> first seen
+        self.leaked: set[str] = set()  # holders reported as leaked (below)
+        self.unknown_leases: list[str] = []  # lease holders of keys no answer ever named
+        self.minted_ids: set[str] = set()  # every key id a mint or renewal answered
         self.renewals_started = self.renewals_done = 0
         self.t0 = self.stop_at = 0.0
         self.session: aiohttp.ClientSession | None = None
         self.sampler_redis: Any = None
         self.n = 0
         self.tally: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-        self.samples: dict[str, list[int]] = {}      # name -> [samples, max, over the ceiling renewing]
+        self.samples: dict[str, list[int]] = {}  # name -> [samples, max, over the ceiling renewing]
         self.violations: list[str] = []
         self.surprises: list[str] = []
         self.gaps: dict[str, list[str]] = {name: [] for name in REGRESSIONS}
-        self.forged_hashes: set[str] = set()         # the hostile writer's chain records (SPEC §19)
-        self.hostile_mirrored: list[str] = []        # any a host copied into its mirror
+        self.forged_hashes: set[str] = set()  # the hostile writer's chain records (SPEC §19)
+        self.hostile_mirrored: list[str] = []  # any a host copied into its mirror
         self.hostile_rounds = 0
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -162,13 +166,18 @@ class FleetSoak(FleetOps, FleetFaults, HostileWriter):
             self.pool.remove(lease)
         lease.retired = True
         now = self.now()
-        causes = [w.kind for w in self.windows
-                  if (w.host is None or w.host == lease.host) and w.overlaps(lease.last_live, now)]
+        causes = [
+            w.kind
+            for w in self.windows
+            if (w.host is None or w.host == lease.host) and w.overlaps(lease.last_live, now)
+        ]
         if causes:
             self.tally["leases ended by a fault"][f"{causes[-1]} ({how})"] += 1
         else:
-            self.surprise(f"{how} on {lease.key_id} ({lease.account_id} on {self.hosts[lease.host].name}), "
-                          f"live {now - lease.last_live:.1f} s before, outside every fault")
+            self.surprise(
+                f"{how} on {lease.key_id} ({lease.account_id} on {self.hosts[lease.host].name}), "
+                f"live {now - lease.last_live:.1f} s before, outside every fault"
+            )
 
     # ---- the data plane -------------------------------------------------------------------
 
@@ -210,7 +219,7 @@ class FleetSoak(FleetOps, FleetFaults, HostileWriter):
             self.surprise(f"a revoked key answered {r.status} on {host.name}")
         if r.status >= 400 and r.content_type == "application/json":
             code = ((await r.json()).get("error") or {}).get("code")
-            if code:   # gateway-authored: the upstream's error bodies carry no code
+            if code:  # gateway-authored: the upstream's error bodies carry no code
                 self.gateway_refusal(host, lease, code, r.headers.get("request-id"))
                 return
         if lease is not None:
@@ -233,8 +242,7 @@ class FleetSoak(FleetOps, FleetFaults, HostileWriter):
         if attempt_id:
             host.refusal_ids.append(attempt_id)
             self.refused_at[attempt_id] = self.now()
-        expected = (code == "request-capacity-exhausted" or
-                    (code == "fleet-state-unavailable" and self.in_redis_fault()))
+        expected = code == "request-capacity-exhausted" or (code == "fleet-state-unavailable" and self.in_redis_fault())
         if lease is not None:
             lease.last_live = self.now()
             expected = expected and lease.account_id == CAPPED
@@ -262,8 +270,9 @@ class FleetSoak(FleetOps, FleetFaults, HostileWriter):
 
     # ---- the control plane ----------------------------------------------------------------
 
-    async def api(self, host: Host, method: str, path: str, body: Any = None, *,
-                  counted: bool = True) -> tuple[int, Any, dict[str, str]]:
+    async def api(
+        self, host: Host, method: str, path: str, body: Any = None, *, counted: bool = True
+    ) -> tuple[int, Any, dict[str, str]]:
         """One control call; (0, None, {}) when the host does not answer. `counted`: the call
         can change what the host holds (the host kill waits for those to end)."""
         assert self.session is not None
@@ -289,8 +298,9 @@ class FleetSoak(FleetOps, FleetFaults, HostileWriter):
     async def run(self) -> list[tuple[str, bool, str]]:
         self.t0 = self.now()
         self.stop_at = self.t0 + self.seconds
-        self.sampler_redis = aredis.Redis(host="127.0.0.1", port=self.redis.port, socket_timeout=0.3,
-                                          socket_connect_timeout=0.3)
+        self.sampler_redis = aredis.Redis(
+            host="127.0.0.1", port=self.redis.port, socket_timeout=0.3, socket_connect_timeout=0.3
+        )
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
             self.session = session
@@ -300,16 +310,28 @@ class FleetSoak(FleetOps, FleetFaults, HostileWriter):
                         self.surprise(f"the first write of repo:{repo} was refused")
                 for turn in range(POOL_TARGET):
                     await self.mint(self.hosts[turn % HOSTS])
-                await asyncio.gather(self.schedule(), self.keeper(), self.operator(), self.sampler(), self.hostile(),
-                                     *(self.worker() for _ in range(self.workers)))
+                await asyncio.gather(
+                    self.schedule(),
+                    self.keeper(),
+                    self.operator(),
+                    self.sampler(),
+                    self.hostile(),
+                    *(self.worker() for _ in range(self.workers)),
+                )
                 return [*await checks.settle_and_check(self), *await hostile_results(self)]
             finally:
                 await self.sampler_redis.aclose()
 
 
 def start_fleet(workdir: Path, stub: Stub, redis: RedisServer) -> FleetPairs:
-    fleet = FleetPairs(workdir / "fleet", stub, redis, HOSTS, accounts=accounts_toml(stub.url), extra_env={
-        "GATEWAY_FLEET_HOST_TTL_SECONDS": str(HOST_TTL_S), "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "2"})
+    fleet = FleetPairs(
+        workdir / "fleet",
+        stub,
+        redis,
+        HOSTS,
+        accounts=accounts_toml(stub.url),
+        extra_env={"GATEWAY_FLEET_HOST_TTL_SECONDS": str(HOST_TTL_S), "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "2"},
+    )
     try:
         return fleet.start()
     except BaseException:

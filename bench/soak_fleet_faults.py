@@ -48,15 +48,15 @@ if TYPE_CHECKING:
 
 CAPPED, OPEN = "team-a", "team-b"
 LEASE_CAP, REQUEST_CAP = 3, 4
-HOST_TTL_S = 4          # a beat every 4/3 s: a killed host is reaped within ~5.3 s
-PAUSE_S = 2.0           # twice the 1 s reply timeout (shared/fleet/redis_client.TIMEOUT_S), under the TTL
+HOST_TTL_S = 4  # a beat every 4/3 s: a killed host is reaped within ~5.3 s
+PAUSE_S = 2.0  # twice the 1 s reply timeout (shared/fleet/redis_client.TIMEOUT_S), under the TTL
 KILL_STREAMS = 2
 SAMPLE_PACE_S = 0.3
-LEAK_GRACE_S = 2.5      # a release retried by the data plane's upkeep (1 s) is done by then
+LEAK_GRACE_S = 2.5  # a release retried by the data plane's upkeep (1 s) is done by then
 FAULTS = ("redis-restart", "host-kill", "redis-pause")
 FAULT_COST_S = {"redis-restart": 3.0, "host-kill": HOST_TTL_S + 5.0, "redis-pause": PAUSE_S + 3.0}
 RECOVERY_DEADLINE_S = 30.0
-FAULT_GRACE_S = 3.0     # after a fault's recovery is seen, answers it caused may still arrive
+FAULT_GRACE_S = 3.0  # after a fault's recovery is seen, answers it caused may still arrive
 REDIS_FAULTS = ("redis-restart", "redis-pause")
 LEASES_GAUGE = re.compile(r'^leasehold_leases\{account_id="([^"]+)"\} ([0-9.e+]+)$', re.M)
 
@@ -66,7 +66,7 @@ class Window:
     """A fault's time, monotonic: from its start until the fleet was seen recovered."""
 
     kind: str
-    host: int | None             # the killed host; None: a Redis fault, every host
+    host: int | None  # the killed host; None: a Redis fault, every host
     start: float
     end: float | None = None
 
@@ -124,8 +124,9 @@ class FleetFaults:
         record: dict[str, Any] = {"kind": kind, "at_s": self.at()}
         started = self.now()
         try:
-            await {"redis-restart": self.redis_restart, "redis-pause": self.redis_pause,
-                   "host-kill": self.host_kill}[kind](record)
+            await {"redis-restart": self.redis_restart, "redis-pause": self.redis_pause, "host-kill": self.host_kill}[
+                kind
+            ](record)
             await until(self.recovered, RECOVERY_DEADLINE_S, "every host available with 3 live", interval_s=0.1)
             record["recovered"] = True
         except AssertionError as exc:
@@ -142,7 +143,7 @@ class FleetFaults:
         await asyncio.to_thread(self.redis.stop)
         await until(self.all_unavailable, 10, "every host to say unavailable", interval_s=0.05)
         record["down_s"] = round(self.now() - self.windows[-1].start, 2)
-        await asyncio.to_thread(self.redis.restart)   # same port, nothing kept
+        await asyncio.to_thread(self.redis.restart)  # same port, nothing kept
 
     async def redis_pause(self: FleetSoak, record: dict[str, Any]) -> None:
         self.windows.append(Window("redis-pause", None, self.now()))
@@ -158,7 +159,7 @@ class FleetFaults:
     async def host_kill(self: FleetSoak, record: dict[str, Any]) -> None:
         usable = [h for h in self.hosts if h.usable]
         holding = [h for h in usable if any(x.host == h.index and x.account_id == CAPPED for x in self.pool)]
-        target = self.rng.choice(holding or usable)   # one with team-a leases, for its return to end
+        target = self.rng.choice(holding or usable)  # one with team-a leases, for its return to end
         record["host"] = target.name
         # team-b's fleet-wide circuit may be open: every qualifying terminal of its older leases
         # moves the reopen time later (SPEC §7), so a mint may wait for a quiet moment
@@ -175,7 +176,7 @@ class FleetFaults:
             for name in names:
                 await asyncio.to_thread(self.stub.release, name)
             if not target.up:
-                async with self.grow:    # its journal's leases come back: nothing else may grow meanwhile
+                async with self.grow:  # its journal's leases come back: nothing else may grow meanwhile
                     await asyncio.to_thread(target.gw.start)
                     target.up = True
                 record["down_s"] = round(self.now() - self.windows[-1].start, 2)
@@ -187,7 +188,7 @@ class FleetFaults:
 
     async def has_lease_on(self: FleetSoak, target: Host) -> bool:
         if not self.streamable(target):
-            await self.mint(target, repo="acme/uncapped")   # something to stream on
+            await self.mint(target, repo="acme/uncapped")  # something to stream on
         return bool(self.streamable(target))
 
     async def fill_capped(self: FleetSoak) -> int:
@@ -207,17 +208,21 @@ class FleetFaults:
         mine = self.streamable(target)
         started: list[bool] = []
         names.extend(f"kill-{len(self.faults)}-{i}" for i in range(min(KILL_STREAMS, len(mine))))
-        streams = [asyncio.create_task(self.kill_stream(target, lease, name, started))
-                   for lease, name in zip(mine, names)]
+        streams = [
+            asyncio.create_task(self.kill_stream(target, lease, name, started)) for lease, name in zip(mine, names)
+        ]
         try:
             await until(lambda: len(started) == len(streams), 15, "the kill streams mid-answer", interval_s=0.01)
-            await until(lambda: target.busy == sum(started), 30, f"{target.name}'s other calls to end",
-                        interval_s=0.01)
-            await until(lambda: len(rows_on_disk(target.gw.state_dir)) >= sum(target.expected.values()), 15,
-                        f"{target.name}'s ledger to hold every finished attempt", interval_s=0.05)
+            await until(lambda: target.busy == sum(started), 30, f"{target.name}'s other calls to end", interval_s=0.01)
+            await until(
+                lambda: len(rows_on_disk(target.gw.state_dir)) >= sum(target.expected.values()),
+                15,
+                f"{target.name}'s ledger to hold every finished attempt",
+                interval_s=0.05,
+            )
         finally:
             killed = self.now()
-            target.up = False             # from now on a call that finds it gone is no surprise
+            target.up = False  # from now on a call that finds it gone is no surprise
             await asyncio.to_thread(self.sigkill, target.gw)
             record["streams_cut"] = sum(started)
             await asyncio.gather(*streams)
@@ -225,23 +230,29 @@ class FleetFaults:
 
     @staticmethod
     def sigkill(gw: Gateway) -> None:
-        for proc in (gw.dataplane, gw.control):   # the data plane first, as a host losing power would
+        for proc in (gw.dataplane, gw.control):  # the data plane first, as a host losing power would
             assert proc is not None
             proc.stop(signal.SIGKILL)
 
     async def reaped(self: FleetSoak, target: Host) -> bool:
         """The other hosts see two live and nothing held by `target`; Redis holds nothing of it."""
         views = await asyncio.gather(*(self.fleet_view(h) for h in self.hosts if h is not target))
-        gone = all(v.get("hosts_live") == len(self.hosts) - 1 and target.name not in
-                   [x["host_id"] for x in v.get("hosts", []) if x["live"] or x["lease_count"]] for v in views)
-        return gone and not await self.sampler_redis.exists(self.keys.cap_host(Ceiling.LEASE, target.name),
-                                                           self.keys.cap_host(Ceiling.REQUEST, target.name))
+        gone = all(
+            v.get("hosts_live") == len(self.hosts) - 1
+            and target.name not in [x["host_id"] for x in v.get("hosts", []) if x["live"] or x["lease_count"]]
+            for v in views
+        )
+        return gone and not await self.sampler_redis.exists(
+            self.keys.cap_host(Ceiling.LEASE, target.name), self.keys.cap_host(Ceiling.REQUEST, target.name)
+        )
 
     async def kill_stream(self: FleetSoak, host: Host, lease: Lease, hold: str, started: list[bool]) -> None:
         """A stream the stub holds after two events, on the host about to be killed: accepted,
         then cut by the SIGKILL before its data plane could report it (`host.lost`)."""
-        headers = {"x-api-key": lease.token,
-                   "x-stub-step": json.dumps({"deltas": 20, "hold_after_events": 2, "hold": hold})}
+        headers = {
+            "x-api-key": lease.token,
+            "x-stub-step": json.dumps({"deltas": 20, "hold_after_events": 2, "hold": hold}),
+        }
         body = {"model": MODEL, "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "kill"}]}
         assert self.session is not None
         host.busy += 1
@@ -296,23 +307,38 @@ class FleetFaults:
             async with self.grow:
                 done = self.renewals_done
                 tables = await asyncio.gather(*(self.key_table(h) for h in self.hosts))
-                self.sample("leases of team-a in the hosts' key tables", sum(t.get(CAPPED, 0) for t in tables),
-                            self.lease_limit(done), str([t.get(CAPPED, 0) for t in tables]), ceiling=LEASE_CAP)
+                self.sample(
+                    "leases of team-a in the hosts' key tables",
+                    sum(t.get(CAPPED, 0) for t in tables),
+                    self.lease_limit(done),
+                    str([t.get(CAPPED, 0) for t in tables]),
+                    ceiling=LEASE_CAP,
+                )
             host = self.hosts[turn % len(self.hosts)]
             if host.up:
                 done = self.renewals_done
                 status, view, _ = await self.api(host, "GET", "/control/v2/accounts", counted=False)
                 if status == 200:
                     row = next(a for a in view["accounts"] if a["id"] == CAPPED)
-                    self.sample("team-a lease_count in an accounts view", row["lease_count"],
-                                self.lease_limit(done), host.name, ceiling=LEASE_CAP)
+                    self.sample(
+                        "team-a lease_count in an accounts view",
+                        row["lease_count"],
+                        self.lease_limit(done),
+                        host.name,
+                        ceiling=LEASE_CAP,
+                    )
 
     async def sample_redis(self: FleetSoak) -> None:
         registry = self.sampler_redis
         done = self.renewals_done
         leases = await registry.hgetall(self.keys.cap_account(Ceiling.LEASE, CAPPED))
-        self.sample("redis lease holders of team-a", len(leases), self.lease_limit(done),
-                    str(sorted(k.decode() for k in leases)), ceiling=LEASE_CAP)
+        self.sample(
+            "redis lease holders of team-a",
+            len(leases),
+            self.lease_limit(done),
+            str(sorted(k.decode() for k in leases)),
+            ceiling=LEASE_CAP,
+        )
         holders = await registry.hkeys(self.keys.cap_account(Ceiling.REQUEST, CAPPED))
         self.sample("redis request holders of team-a", len(holders), REQUEST_CAP)
         self.note_leaks([h.decode() for h in holders])
@@ -346,5 +372,6 @@ class FleetFaults:
                     self.leaked.add(holder)
                     self.gaps["request-holder-leak"].append(
                         f"{self.at()} s: {holder} held since {now - first:.1f} s, refused "
-                        f"{now - self.refused_at[holder]:.1f} s before")
+                        f"{now - self.refused_at[holder]:.1f} s before"
+                    )
         return leaked

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from bench.soak_fleet import FleetSoak
 
 HOSTILE_PACE_S = 3.0
-CHAIN_EVERY = 4            # a forged chain record every fourth round
-FORGE_HOLD_S = 3.0         # the longest a forged record stays (every host reads it corrupt first)
+CHAIN_EVERY = 4  # a forged chain record every fourth round
+FORGE_HOLD_S = 3.0  # the longest a forged record stays (every host reads it corrupt first)
 KINDS = ("revoke", "event", "spend")
 REJECTED = re.compile(r'^leasehold_fleet_entries_rejected_total\{kind="([^"]+)"\} ([0-9.e+]+)$', re.M)
 
@@ -67,7 +67,7 @@ class HostileWriter:
     async def hostile(self: FleetSoak) -> None:
         turn = 0
         while self.now() + HOSTILE_PACE_S + FORGE_HOLD_S < self.stop_at:
-            await asyncio.sleep(HOSTILE_PACE_S)   # pacing: a writer's round every few seconds
+            await asyncio.sleep(HOSTILE_PACE_S)  # pacing: a writer's round every few seconds
             if self.in_redis_fault():
                 continue
             turn += 1
@@ -82,10 +82,15 @@ class HostileWriter:
         r, k = self.sampler_redis, self.keys
         await r.xadd(k.revoke, {"request_id": "x", "account_id": "y"})
         await r.xadd(k.revoke, {"request_id": b"\xff\xfe", "account_id": "team-a", "from_host": "gw-a", "mac": "m"})
-        await r.xadd(k.revoke, {"request_id": "rv-" + "0" * 16, "account_id": "team-a", "from_host": "gw-a",
-                                "mac": "A" * 43})
-        forged_event = {"kind": "account.state", "host_id": "gw-a", "data": {"account_id": "team-a",
-                                                                              "state": "enabled"}, "mac": "A" * 43}
+        await r.xadd(
+            k.revoke, {"request_id": "rv-" + "0" * 16, "account_id": "team-a", "from_host": "gw-a", "mac": "A" * 43}
+        )
+        forged_event = {
+            "kind": "account.state",
+            "host_id": "gw-a",
+            "data": {"account_id": "team-a", "state": "enabled"},
+            "mac": "A" * 43,
+        }
         for message in (b"not json", json.dumps(forged_event).encode(), b"\xc1"):
             await r.publish(k.events, message)
         await r.publish(k.spend_moved, b"\xff")
@@ -108,22 +113,33 @@ class HostileWriter:
         lines = before.splitlines()
         last = json.loads(lines[-1]) if lines else {}
         fields = {key: value for key, value in last.items() if key not in ("seq", "prev_hash", "hash", "mac")}
-        fields.update({"account_id": "team-a", "action": "set-state", "state": "enabled", "actor": "alice",
-                       "actor_authenticated_by": "control-token", "reason": "hostile writer"})
+        fields.update(
+            {
+                "account_id": "team-a",
+                "action": "set-state",
+                "state": "enabled",
+                "actor": "alice",
+                "actor_authenticated_by": "control-token",
+                "reason": "hostile writer",
+            }
+        )
         record = seal(fields, len(lines) + 1, last.get("hash", "0" * 64))
         line = encode_record(record)
-        if not await r.eval(FORGE, 3, records_key, anchor_key, rev_key, before, line,
-                            encode_anchor(len(lines) + 1, record["hash"])):
+        if not await r.eval(
+            FORGE, 3, records_key, anchor_key, rev_key, before, line, encode_anchor(len(lines) + 1, record["hash"])
+        ):
             self.tally["hostile writer"]["forge skipped (a write moved the chain)"] += 1
             return
         self.forged_hashes.add(record["hash"])
         try:
             corrupt = await self.wait_all_corrupt(FORGE_HOLD_S)
-            self.tally["hostile writer"]["forged records, every host corrupt" if corrupt
-                                         else "forged records, not every host looked in time"] += 1
+            self.tally["hostile writer"][
+                "forged records, every host corrupt" if corrupt else "forged records, not every host looked in time"
+            ] += 1
         finally:
-            undone = await r.eval(UNFORGE, 3, records_key, anchor_key, rev_key, before + line, before,
-                                  anchor_before or b"")
+            undone = await r.eval(
+                UNFORGE, 3, records_key, anchor_key, rev_key, before + line, before, anchor_before or b""
+            )
             if not undone:
                 self.surprise("the forged admin record could not be removed (the chain moved under it)")
         for host in self.hosts:
@@ -134,11 +150,12 @@ class HostileWriter:
     async def wait_all_corrupt(self: FleetSoak, timeout_s: float) -> bool:
         deadline = self.now() + timeout_s
         while self.now() < deadline:
-            views = await asyncio.gather(*(self.api(h, "GET", "/control/v2/accounts/audit", counted=False)
-                                           for h in self.hosts if h.usable))
+            views = await asyncio.gather(
+                *(self.api(h, "GET", "/control/v2/accounts/audit", counted=False) for h in self.hosts if h.usable)
+            )
             if all((v or {}).get("chain_verdict") == "corrupt" for _, v, _ in views):
                 return True
-            await asyncio.sleep(0.1)   # pacing: the hosts' chain poll is 0.5 s
+            await asyncio.sleep(0.1)  # pacing: the hosts' chain poll is 0.5 s
         return False
 
     async def rejected_by_host(self: FleetSoak) -> dict[str, dict[str, float]]:
@@ -160,10 +177,18 @@ async def hostile_results(soak: FleetSoak) -> list[tuple[str, bool, str]]:
     missing += [f"{host}: nothing" for host, kinds in counts.items() if not any(kinds.values()) and host not in killed]
     rounds = soak.tally["hostile writer"]["garbage rounds"]
     forged = sum(n for what, n in soak.tally["hostile writer"].items() if what.startswith("forged records"))
-    shown = "; ".join(f"{h}: {', '.join(f'{k} {int(v)}' for k, v in sorted(c.items()) if v)}" for h, c in counts.items())
+    shown = "; ".join(
+        f"{h}: {', '.join(f'{k} {int(v)}' for k, v in sorted(c.items()) if v)}" for h, c in counts.items()
+    )
     return [
-        ("hostile writer: no forged record mirrored", not soak.hostile_mirrored,
-         "; ".join(soak.hostile_mirrored[:3]) or f"{forged} forged records, none mirrored"),
-        ("hostile writer: every kind rejected and counted on every host", rounds > 0 and not missing,
-         f"{rounds} rounds; " + ("missing " + ", ".join(missing[:6]) if missing else shown)),
+        (
+            "hostile writer: no forged record mirrored",
+            not soak.hostile_mirrored,
+            "; ".join(soak.hostile_mirrored[:3]) or f"{forged} forged records, none mirrored",
+        ),
+        (
+            "hostile writer: every kind rejected and counted on every host",
+            rounds > 0 and not missing,
+            f"{rounds} rounds; " + ("missing " + ", ".join(missing[:6]) if missing else shown),
+        ),
     ]

@@ -28,11 +28,11 @@ if TYPE_CHECKING:
 
 CAPPED, OPEN = "team-a", "team-b"
 CAPPED_REPO, OPEN_REPO = "acme/capped", "acme/open"
-UNCAPPED_REPO = "acme/uncapped"   # policy: team-b only (what a host kill streams on)
+UNCAPPED_REPO = "acme/uncapped"  # policy: team-b only (what a host kill streams on)
 POOL_TARGET = 6
 POOL_MIN = 3
 SHORT_TTL_S, LONG_TTL_S = 60, 600
-EXPIRY_MARGIN_S = 5.0   # a lease leaves use this long before it expires: no request races its expiry
+EXPIRY_MARGIN_S = 5.0  # a lease leaves use this long before it expires: no request races its expiry
 KEEPER_PACE_S, OPERATOR_PACE_S = 0.25, 1.5
 
 
@@ -41,15 +41,15 @@ class Lease:
     key_id: str
     token: str
     account_id: str
-    host: int                    # the index of the host that minted it (only its data plane serves it)
+    host: int  # the index of the host that minted it (only its data plane serves it)
     ttl_s: int
-    minted_at: float             # monotonic
-    expires_at: float            # monotonic, as this process estimates it
-    last_live: float             # monotonic: when an answer last showed the lease live
-    to_expire: bool = False      # left to expire: the keeper never retires nor renews it
-    renewable: bool = True       # False once a renewal found no decision for it
-    in_use: int = 0              # requests on it in flight
-    retired: bool = False        # out of use: revoked, ended or left to expire
+    minted_at: float  # monotonic
+    expires_at: float  # monotonic, as this process estimates it
+    last_live: float  # monotonic: when an answer last showed the lease live
+    to_expire: bool = False  # left to expire: the keeper never retires nor renews it
+    renewable: bool = True  # False once a renewal found no decision for it
+    in_use: int = 0  # requests on it in flight
+    retired: bool = False  # out of use: revoked, ended or left to expire
 
 
 def unavailable_reason(host: Host) -> str:
@@ -66,8 +66,9 @@ def unavailable_reason(host: Host) -> str:
 class FleetOps:
     """Mints, renewals, revokes, expiries and the operator's writes; `self` is the `FleetSoak`."""
 
-    def held(self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str],
-             host: Host | None = None) -> None:
+    def held(
+        self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str], host: Host | None = None
+    ) -> None:
         """A control answer other than success: counted, and judged against the fault windows."""
         reason = (payload or {}).get("refusal_reason") or ((payload or {}).get("error") or {}).get("code")
         self.tally[what][f"{status} {reason}"] += 1
@@ -85,8 +86,14 @@ class FleetOps:
         self.n += 1
         draw = self.rng.random()
         ttl = SHORT_TTL_S if draw < 1 / 3 else LONG_TTL_S
-        body = {"dispatch_id": f"fs-{self.n}", "repo_slug": repo or self.rng.choice((CAPPED_REPO, OPEN_REPO)),
-                "principal_kind": "worker", "principal_id": "soak", "model": MODEL, "ttl_seconds": ttl}
+        body = {
+            "dispatch_id": f"fs-{self.n}",
+            "repo_slug": repo or self.rng.choice((CAPPED_REPO, OPEN_REPO)),
+            "principal_kind": "worker",
+            "principal_id": "soak",
+            "model": MODEL,
+            "ttl_seconds": ttl,
+        }
         async with self.grow:
             status, payload, headers = await self.api(host, "POST", "/control/v2/mint", body)
             if status != 201:
@@ -99,8 +106,16 @@ class FleetOps:
 
     def lease_of(self: FleetSoak, payload: dict[str, Any], host: Host, ttl_s: int) -> Lease:
         now = self.now()
-        lease = Lease(key_id=payload["key_id"], token=payload["token"], account_id=payload["account_id"],
-                      host=host.index, ttl_s=ttl_s, minted_at=now, expires_at=now + ttl_s, last_live=now)
+        lease = Lease(
+            key_id=payload["key_id"],
+            token=payload["token"],
+            account_id=payload["account_id"],
+            host=host.index,
+            ttl_s=ttl_s,
+            minted_at=now,
+            expires_at=now + ttl_s,
+            last_live=now,
+        )
         self.pool.append(lease)
         self.minted_ids.add(lease.key_id)
         return lease
@@ -113,8 +128,9 @@ class FleetOps:
         self.renewals_started += 1
         try:
             async with self.grow:
-                status, payload, headers = await self.api(host, "POST", f"/control/v2/keys/{lease.key_id}/renew",
-                                                          {"ttl_seconds": lease.ttl_s})
+                status, payload, headers = await self.api(
+                    host, "POST", f"/control/v2/keys/{lease.key_id}/renew", {"ttl_seconds": lease.ttl_s}
+                )
                 successor = self.lease_of(payload, host, lease.ttl_s) if status == 201 else None
             if successor is not None:
                 self.tally["renewals"][f"201 {successor.account_id}"] += 1
@@ -193,7 +209,7 @@ class FleetOps:
                 continue
             tick += 1
             host = self.rng.choice(hosts)
-            if tick % 2:   # draining for one tick in three of these
+            if tick % 2:  # draining for one tick in three of these
                 await self.set_state(host, "draining" if tick % 6 == 1 else "enabled")
             else:
                 await self.write_policy(host, with_hop=tick % 4 == 0)
@@ -202,27 +218,36 @@ class FleetOps:
         status, view, _ = await self.api(host, "GET", "/control/v2/accounts/admin")
         if status != 200:
             return False
-        status, payload, headers = await self.api(host, "PATCH", f"/control/v2/accounts/{OPEN}/state", {
-            "state": state, "reason": "soak", "actor": "soak", "expected_revision": view["revision"]})
+        status, payload, headers = await self.api(
+            host,
+            "PATCH",
+            f"/control/v2/accounts/{OPEN}/state",
+            {"state": state, "reason": "soak", "actor": "soak", "expected_revision": view["revision"]},
+        )
         self.write_done("admin writes", status, payload, headers, host)
         return status == 200
 
-    async def write_policy(self: FleetSoak, host: Host, *, with_hop: bool, repo: str = CAPPED_REPO,
-                           account: str = CAPPED) -> bool:
+    async def write_policy(
+        self: FleetSoak, host: Host, *, with_hop: bool, repo: str = CAPPED_REPO, account: str = CAPPED
+    ) -> bool:
         status, view, _ = await self.api(host, "GET", "/control/v2/policy")
         if status != 200:
             return False
         document: dict[str, Any] = {"account_order": [account]}
         if with_hop:
             document["max_fallback_hops"] = 0
-        status, payload, headers = await self.api(host, "PUT", "/control/v2/policy/level", {
-            "name": f"repo:{repo}", "expected_revision": view["revision"], "document": document,
-            "reason": "soak"})
+        status, payload, headers = await self.api(
+            host,
+            "PUT",
+            "/control/v2/policy/level",
+            {"name": f"repo:{repo}", "expected_revision": view["revision"], "document": document, "reason": "soak"},
+        )
         self.write_done("policy writes", status, payload, headers, host)
         return status == 200
 
-    def write_done(self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str],
-                   host: Host | None = None) -> None:
+    def write_done(
+        self: FleetSoak, what: str, status: int, payload: Any, headers: dict[str, str], host: Host | None = None
+    ) -> None:
         if status == 200:
             self.tally[what]["200"] += 1
         elif status == 409 and self.tally[what]["503 fleet-state-unavailable"]:

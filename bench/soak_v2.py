@@ -50,8 +50,7 @@ class Control:
         self.headers = {"Authorization": f"Bearer {gw.control_token}"}
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, dict[str, Any]]:
-        async with self.session.request(method, self.gw.control_url + path, json=body,
-                                        headers=self.headers) as r:
+        async with self.session.request(method, self.gw.control_url + path, json=body, headers=self.headers) as r:
             return r.status, await r.json()
 
 
@@ -68,8 +67,14 @@ class DispatchLane:
         self.dispatches = 0
 
     def _body(self, dispatch: str, **cite: str) -> dict[str, Any]:
-        return {"dispatch_id": dispatch, "repo_slug": REPO, "principal_kind": "worker",
-                "principal_id": self.name, "model": MODEL, **cite}
+        return {
+            "dispatch_id": dispatch,
+            "repo_slug": REPO,
+            "principal_kind": "worker",
+            "principal_id": self.name,
+            "model": MODEL,
+            **cite,
+        }
 
     async def mint(self, dispatch: str, **cite: str) -> dict[str, Any] | None:
         status, body = await self.control.call("POST", "/control/v2/mint", self._body(dispatch, **cite))
@@ -93,8 +98,7 @@ class DispatchLane:
         if step is not None:
             headers["x-stub-step"] = json.dumps(step)
         body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "soak"}]}
-        async with self.control.session.post(self.gw.dataplane_url + "/v1/messages", json=body,
-                                             headers=headers) as r:
+        async with self.control.session.post(self.gw.dataplane_url + "/v1/messages", json=body, headers=headers) as r:
             await r.read()
             if r.status in ROW_OF_STATUS:
                 self.expected[ROW_OF_STATUS[r.status]] += 1
@@ -155,8 +159,11 @@ class Operator:
 
     async def toggle(self, state: str) -> None:
         _, view = await self.control.call("GET", "/control/v2/accounts/admin")
-        status, body = await self.control.call("PATCH", f"/control/v2/accounts/{POOL_ACCOUNT}/state", {
-            "state": state, "reason": "soak", "actor": "soak", "expected_revision": view["revision"]})
+        status, body = await self.control.call(
+            "PATCH",
+            f"/control/v2/accounts/{POOL_ACCOUNT}/state",
+            {"state": state, "reason": "soak", "actor": "soak", "expected_revision": view["revision"]},
+        )
         if status == 200:
             self.admin_writes += 1
         else:
@@ -164,9 +171,16 @@ class Operator:
 
     async def write_policy(self, order: list[str]) -> None:
         _, view = await self.control.call("GET", "/control/v2/policy")
-        status, body = await self.control.call("PUT", "/control/v2/policy/level", {
-            "name": f"repo:{REPO}", "expected_revision": view["revision"],
-            "document": {"account_order": order}, "reason": "soak"})
+        status, body = await self.control.call(
+            "PUT",
+            "/control/v2/policy/level",
+            {
+                "name": f"repo:{REPO}",
+                "expected_revision": view["revision"],
+                "document": {"account_order": order},
+                "reason": "soak",
+            },
+        )
         if status == 200:
             self.policy_writes += 1
         else:
@@ -185,8 +199,9 @@ class Operator:
         await self.toggle("enabled")
 
 
-async def final_checks(control: Control, operator: Operator, lanes: list[DispatchLane],
-                       live_v1_keys: int) -> list[tuple[str, bool, str]]:
+async def final_checks(
+    control: Control, operator: Operator, lanes: list[DispatchLane], live_v1_keys: int
+) -> list[tuple[str, bool, str]]:
     """Invariants of the v2 side, read back from the gateway once the lanes have stopped."""
     _, admin = await control.call("GET", "/control/v2/accounts/admin")
     _, policy = await control.call("GET", "/control/v2/policy")
@@ -197,20 +212,28 @@ async def final_checks(control: Control, operator: Operator, lanes: list[Dispatc
     outcomes = collections.Counter()
     for lane in lanes:
         outcomes.update(lane.outcomes)
+
     def chain_ok(view: dict[str, Any], writes: int) -> bool:
         verdict = "absent" if writes == 0 else "verified"  # no write yet: no chain file yet
         return view.get("chain_verdict") == verdict and (view.get("revision") or 0) == writes
 
     return [
-        ("never two live leases for one dispatch", not violations, "; ".join(violations[:3]) or
-         f"{sum(lane.dispatches for lane in lanes)} dispatches: {dict(outcomes)}"),
+        (
+            "never two live leases for one dispatch",
+            not violations,
+            "; ".join(violations[:3]) or f"{sum(lane.dispatches for lane in lanes)} dispatches: {dict(outcomes)}",
+        ),
         ("lease counts back to what is held", leases == live_v1_keys, f"{leases} leases, {live_v1_keys} held"),
         ("in-flight counts back to zero", in_flight == 0, f"{in_flight} in flight"),
-        ("admin chain verified, one record per mutation",
-         chain_ok(admin, operator.admin_writes),
-         f"{admin.get('chain_verdict')}, revision {admin.get('revision')}, {operator.admin_writes} writes"),
-        ("policy chain verified, one record per write",
-         chain_ok(policy, operator.policy_writes),
-         f"{policy.get('chain_verdict')}, revision {policy.get('revision')}, {operator.policy_writes} writes"),
+        (
+            "admin chain verified, one record per mutation",
+            chain_ok(admin, operator.admin_writes),
+            f"{admin.get('chain_verdict')}, revision {admin.get('revision')}, {operator.admin_writes} writes",
+        ),
+        (
+            "policy chain verified, one record per write",
+            chain_ok(policy, operator.policy_writes),
+            f"{policy.get('chain_verdict')}, revision {policy.get('revision')}, {operator.policy_writes} writes",
+        ),
         ("no operator write refused", not operator.failures, "; ".join(operator.failures[:3]) or "none"),
     ]

@@ -39,9 +39,17 @@ from shared.logging import configure_logging
 from shared.wire import AttemptRow, Usage
 
 MONTH_START = "2026-11-01T00:00:00"
-MODELS = ["claude-sonnet-4-6", "claude-opus-4-6", "claude-haiku-4-5", "claude-3-5-haiku-20241022",
-          "gpt-5", "gpt-5-mini", "glm-4.6", "house-model-1"]
-BATCH = 32   # rows per flush, as one RPC read's worth
+MODELS = [
+    "claude-sonnet-4-6",
+    "claude-opus-4-6",
+    "claude-haiku-4-5",
+    "claude-3-5-haiku-20241022",
+    "gpt-5",
+    "gpt-5-mini",
+    "glm-4.6",
+    "house-model-1",
+]
+BATCH = 32  # rows per flush, as one RPC read's worth
 
 
 class Clock:
@@ -72,22 +80,49 @@ def write_month(state: str, rows: int, days: int, seed: int = 17) -> tuple[int, 
         clock.now = int(start + n * step_ms)
         model = rng.choice(MODELS)
         failed = rng.random() < 0.04
-        usage = None if failed else Usage(
-            input_tokens=rng.randrange(50, 4000), output_tokens=rng.randrange(10, 2000),
-            cache_read_tokens=rng.randrange(0, 30_000), cache_creation_tokens=rng.randrange(0, 3000))
+        usage = (
+            None
+            if failed
+            else Usage(
+                input_tokens=rng.randrange(50, 4000),
+                output_tokens=rng.randrange(10, 2000),
+                cache_read_tokens=rng.randrange(0, 30_000),
+                cache_creation_tokens=rng.randrange(0, 3000),
+            )
+        )
         cost, reason = cost_of(price_of, model, usage)
         total += cost or 0.0
         stamp = iso_ms(clock.now)
-        ledger.stage(AttemptRow(
-            attempt_id=f"att_{n:010d}", key_id=f"key_{rng.randrange(5000):05d}", account_id=f"acct-{rng.randrange(6)}",
-            mint_decision_id=f"md_{n:010d}", dispatch_id=f"d-{n // 7}", repo_slug=rng.choice(repos),
-            principal_id=f"worker-{rng.randrange(300)}", wire="anthropic", path="/v1/messages",
-            requested_model=model, served_model=model, stream=rng.random() < 0.7, started_at=stamp, finished_at=stamp,
-            status="upstream-error" if failed else "completed", http_status=529 if failed else 200,
-            condition="overloaded" if failed else None, refusal_reason=None, usage=usage, cost_usd=cost,
-            cost_reason=str(reason), overhead_ms=round(rng.uniform(0.1, 2.0), 3), principal_kind="worker",
-            worker_role=rng.choice([None, "coder", "reviewer", "planner"]), bytes_out=rng.randrange(200, 90_000),
-            duration_ms=round(rng.uniform(200, 90_000), 1)))
+        ledger.stage(
+            AttemptRow(
+                attempt_id=f"att_{n:010d}",
+                key_id=f"key_{rng.randrange(5000):05d}",
+                account_id=f"acct-{rng.randrange(6)}",
+                mint_decision_id=f"md_{n:010d}",
+                dispatch_id=f"d-{n // 7}",
+                repo_slug=rng.choice(repos),
+                principal_id=f"worker-{rng.randrange(300)}",
+                wire="anthropic",
+                path="/v1/messages",
+                requested_model=model,
+                served_model=model,
+                stream=rng.random() < 0.7,
+                started_at=stamp,
+                finished_at=stamp,
+                status="upstream-error" if failed else "completed",
+                http_status=529 if failed else 200,
+                condition="overloaded" if failed else None,
+                refusal_reason=None,
+                usage=usage,
+                cost_usd=cost,
+                cost_reason=str(reason),
+                overhead_ms=round(rng.uniform(0.1, 2.0), 3),
+                principal_kind="worker",
+                worker_role=rng.choice([None, "coder", "reviewer", "planner"]),
+                bytes_out=rng.randrange(200, 90_000),
+                duration_ms=round(rng.uniform(200, 90_000), 1),
+            )
+        )
         if n % BATCH == BATCH - 1:
             ledger.flush()
     ledger.close()
@@ -123,7 +158,7 @@ def decode_everything(state: str) -> tuple[int, float]:
     for name in sorted(os.listdir(state)):
         if name.endswith(".jsonl.gz") or name == "ledger.jsonl":
             path = os.path.join(state, name)
-            with (gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb")) as handle:
+            with gzip.open(path, "rb") if name.endswith(".gz") else open(path, "rb") as handle:
                 for line in handle:
                     decode(line)
                     count += 1
@@ -132,9 +167,11 @@ def decode_everything(state: str) -> tuple[int, float]:
 
 def _figures(label: str, opens: list[float], rebuilds: list[float]) -> str:
     totals = [o + r for o, r in zip(opens, rebuilds)]
-    return (f"{label}: ledger open {statistics.median(opens) * 1000:.0f} ms + spend rebuild "
-            f"{statistics.median(rebuilds) * 1000:.0f} ms = {statistics.median(totals) * 1000:.0f} ms median "
-            f"(best {min(totals) * 1000:.0f}, worst {max(totals) * 1000:.0f}, {len(totals)} rounds)")
+    return (
+        f"{label}: ledger open {statistics.median(opens) * 1000:.0f} ms + spend rebuild "
+        f"{statistics.median(rebuilds) * 1000:.0f} ms = {statistics.median(totals) * 1000:.0f} ms median "
+        f"(best {min(totals) * 1000:.0f}, worst {max(totals) * 1000:.0f}, {len(totals)} rounds)"
+    )
 
 
 def main() -> None:
@@ -152,11 +189,13 @@ def main() -> None:
         written, total, at_ms = write_month(state, args.rows, args.days)
         sizes = {n: os.path.getsize(os.path.join(state, n)) for n in os.listdir(state)}
         live_rows = sum(1 for _ in open(os.path.join(state, "ledger.jsonl"), "rb"))
-        print(f"wrote {written:,} rows over {args.days} days in {time.perf_counter() - began:.0f} s: "
-              f"{sum(1 for n in sizes if n.endswith('.gz'))} segments "
-              f"({sum(v for n, v in sizes.items() if n.endswith('.gz')) / 1e6:.0f} MB gzipped, summaries "
-              f"{sum(v for n, v in sizes.items() if n.endswith('.spend.json')) / 1e6:.1f} MB), live ledger.jsonl "
-              f"{sizes['ledger.jsonl'] / 1e6:.0f} MB ({live_rows:,} rows)")
+        print(
+            f"wrote {written:,} rows over {args.days} days in {time.perf_counter() - began:.0f} s: "
+            f"{sum(1 for n in sizes if n.endswith('.gz'))} segments "
+            f"({sum(v for n, v in sizes.items() if n.endswith('.gz')) / 1e6:.0f} MB gzipped, summaries "
+            f"{sum(v for n, v in sizes.items() if n.endswith('.spend.json')) / 1e6:.1f} MB), live ledger.jsonl "
+            f"{sizes['ledger.jsonl'] / 1e6:.0f} MB ({live_rows:,} rows)"
+        )
         opens, rebuilds, book = rounds(state, at_ms, args.rounds)
         month = book.fold.cell("2026-11", Dim.PLATFORM, "")
         assert month[ATTEMPTS] == written and abs(month[COST] - total) < 1e-6 * max(1.0, total), (month, total)
@@ -167,8 +206,9 @@ def main() -> None:
         book.ledger.close()
         opens, rebuilds, book = rounds(state, at_ms, args.rounds)
         assert book.fold.cell("2026-11", Dim.PLATFORM, "")[ATTEMPTS] == written
-        print(_figures(f"start, summaries + live checkpoint ({book.loaded['live_rows']} rows after it)",
-                       opens, rebuilds))
+        print(
+            _figures(f"start, summaries + live checkpoint ({book.loaded['live_rows']} rows after it)", opens, rebuilds)
+        )
         count, seconds = decode_everything(state)
         print(f"for scale: decoding all {count:,} rows from the files once takes {seconds:.1f} s")
     finally:

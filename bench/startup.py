@@ -44,8 +44,12 @@ def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> 
     try:
         wait_until(lambda: gw.healthz() is not None, 30, "control healthz", interval_s=0.002)
         control_s = time.perf_counter() - t0
-        wait_until(lambda: (gw.healthz() or {}).get("dataplane_connected")
-                   and _accepts(gw.dataplane_port), 30, "data plane ready", interval_s=0.002)
+        wait_until(
+            lambda: (gw.healthz() or {}).get("dataplane_connected") and _accepts(gw.dataplane_port),
+            30,
+            "data plane ready",
+            interval_s=0.002,
+        )
         ready_s = time.perf_counter() - t0
         cpu = {"control_cpu_s": cpu_s(gw.control.popen.pid), "dataplane_cpu_s": cpu_s(gw.dataplane.popen.pid)}
         time.sleep(settle_s)  # a measurement's idle window, not synchronisation
@@ -53,8 +57,14 @@ def one_start(stub: Stub, workdir: Path, tree: Path | None, settle_s: float) -> 
         dataplane = rss_kib(gw.dataplane.popen.pid) or 0
     finally:
         gw.stop()
-    return {"ready_s": ready_s, "link_s": ready_s - control_s, **cpu, "control_mib": control / 1024,
-            "dataplane_mib": dataplane / 1024, "both_mib": (control + dataplane) / 1024}
+    return {
+        "ready_s": ready_s,
+        "link_s": ready_s - control_s,
+        **cpu,
+        "control_mib": control / 1024,
+        "dataplane_mib": dataplane / 1024,
+        "both_mib": (control + dataplane) / 1024,
+    }
 
 
 def run(trees: list[Path | None], trials: int, settle_s: float) -> dict[str, list[dict[str, float]]]:
@@ -67,12 +77,15 @@ def run(trees: list[Path | None], trials: int, settle_s: float) -> dict[str, lis
                     name = "current" if tree is None else f"@{tree.name}"
                     sample = one_start(stub, Path(tmp) / f"{trial}-{index}", tree, settle_s)
                     results.setdefault(name, []).append(sample)
-                    print(f"  trial {trial} {name:24s} ready {sample['ready_s'] * 1000:6.0f} ms "
-                          f"({sample['link_s'] * 1000:4.0f} after control's; CPU "
-                          f"control {sample['control_cpu_s'] * 1000:4.0f}, data plane "
-                          f"{sample['dataplane_cpu_s'] * 1000:4.0f} ms)  "
-                          f"idle RSS control {sample['control_mib']:5.1f} + data plane "
-                          f"{sample['dataplane_mib']:5.1f} = {sample['both_mib']:5.1f} MiB", flush=True)
+                    print(
+                        f"  trial {trial} {name:24s} ready {sample['ready_s'] * 1000:6.0f} ms "
+                        f"({sample['link_s'] * 1000:4.0f} after control's; CPU "
+                        f"control {sample['control_cpu_s'] * 1000:4.0f}, data plane "
+                        f"{sample['dataplane_cpu_s'] * 1000:4.0f} ms)  "
+                        f"idle RSS control {sample['control_mib']:5.1f} + data plane "
+                        f"{sample['dataplane_mib']:5.1f} = {sample['both_mib']:5.1f} MiB",
+                        flush=True,
+                    )
         finally:
             stub.stop()
     return results
@@ -89,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.baseline:
         return report(run(trees, args.trials, args.settle))
     from bench import baseline
+
     with tempfile.TemporaryDirectory(prefix="leasehold-baseline-") as tmp:
         tree = Path(tmp) / f"baseline-{baseline.baseline_commit()}"
         try:
@@ -101,13 +115,17 @@ def main(argv: list[str] | None = None) -> int:
 def report(results: dict[str, list[dict[str, float]]]) -> int:
     print("medians (min–max):")
     for name, samples in results.items():
+
         def fig(key: str, scale: float = 1.0) -> str:
             values = [s[key] * scale for s in samples]
             return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
-        print(f"  {name:24s} ready {fig('ready_s', 1000)} ms ({fig('link_s', 1000)} after control's), "
-              f"CPU to ready control {fig('control_cpu_s', 1000)}, data plane {fig('dataplane_cpu_s', 1000)} ms; "
-              f"idle RSS control {fig('control_mib')}, "
-              f"data plane {fig('dataplane_mib')}, both {fig('both_mib')} MiB")
+
+        print(
+            f"  {name:24s} ready {fig('ready_s', 1000)} ms ({fig('link_s', 1000)} after control's), "
+            f"CPU to ready control {fig('control_cpu_s', 1000)}, data plane {fig('dataplane_cpu_s', 1000)} ms; "
+            f"idle RSS control {fig('control_mib')}, "
+            f"data plane {fig('dataplane_mib')}, both {fig('both_mib')} MiB"
+        )
     return 0
 
 

@@ -93,14 +93,21 @@ def merge_saturation(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     median = ordered[len(ordered) // 2]
     rps = round(sum(r["rps"] for r in rounds) / len(rounds), 1)
     cpu = mean_shares([r.get("cpu") or {} for r in rounds])
-    switches = merge_counts([{k: v for k, v in (r.get("context_switches") or {}).items() if v is not None}
-                             for r in rounds])
+    switches = merge_counts(
+        [{k: v for k, v in (r.get("context_switches") or {}).items() if v is not None} for r in rounds]
+    )
     requests = sum(r["requests"] for r in rounds)
-    return {**median, "rps": rps, "requests": requests, "rounds_rps": [r["rps"] for r in rounds],
-            "errors": merge_counts([r["errors"] for r in rounds]), "cpu": cpu,
-            "context_switches": switches,
-            "cpu_us_per_request": {k: round(v / rps * 1e6, 1) for k, v in cpu.items() if v and rps},
-            "switches_per_request": {k: round(v / requests, 2) for k, v in switches.items() if requests}}
+    return {
+        **median,
+        "rps": rps,
+        "requests": requests,
+        "rounds_rps": [r["rps"] for r in rounds],
+        "errors": merge_counts([r["errors"] for r in rounds]),
+        "cpu": cpu,
+        "context_switches": switches,
+        "cpu_us_per_request": {k: round(v / rps * 1e6, 1) for k, v in cpu.items() if v and rps},
+        "switches_per_request": {k: round(v / requests, 2) for k, v in switches.items() if requests},
+    }
 
 
 def merge_rate(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -108,10 +115,16 @@ def merge_rate(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     latency = [x for r in rounds for x in r.get("raw_latency_s", ())]
     ttfb = [x for r in rounds for x in r.get("raw_ttfb_s", ())]
     first = {k: v for k, v in rounds[0].items() if not k.startswith("raw_")}
-    return {**first, "requests": sum(r["requests"] for r in rounds), "latency_ms": summarize_ms(latency),
-            "ttfb_ms": summarize_ms(ttfb), "errors": merge_counts([r["errors"] for r in rounds]),
-            "extra_connections": sum(r.get("extra_connections", 0) for r in rounds),
-            "cpu": mean_shares([r.get("cpu") or {} for r in rounds]), "rounds": len(rounds)}
+    return {
+        **first,
+        "requests": sum(r["requests"] for r in rounds),
+        "latency_ms": summarize_ms(latency),
+        "ttfb_ms": summarize_ms(ttfb),
+        "errors": merge_counts([r["errors"] for r in rounds]),
+        "extra_connections": sum(r.get("extra_connections", 0) for r in rounds),
+        "cpu": mean_shares([r.get("cpu") or {} for r in rounds]),
+        "rounds": len(rounds),
+    }
 
 
 # ---- aims (issue 9) ----------------------------------------------------------------------------

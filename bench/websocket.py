@@ -44,18 +44,19 @@ def _server(kind: str, workdir: Path, upstream: str | None = None) -> tuple[Proc
     if upstream:
         argv += ["--upstream", upstream]
     proc = Proc(argv, base_env(), workdir / f"ws-{kind}.log")
-    port = wait_until(lambda: proc.require_alive(f"ws {kind}") and port_file.exists() and port_file.read_text(),
-                      20, f"ws {kind} port")
+    port = wait_until(
+        lambda: proc.require_alive(f"ws {kind}") and port_file.exists() and port_file.read_text(), 20, f"ws {kind} port"
+    )
     return proc, f"http://127.0.0.1:{int(port)}"
 
 
 def _create(n: int, gap_ms: float) -> str:
-    return msgspec.json.encode({"type": "response.create", "model": "gpt-5", "input": "hi",
-                                "n": n, "gap_ms": gap_ms}).decode()
+    return msgspec.json.encode(
+        {"type": "response.create", "model": "gpt-5", "input": "hi", "n": n, "gap_ms": gap_ms}
+    ).decode()
 
 
-async def _turn(ws: aiohttp.ClientWebSocketResponse, n: int, gap_ms: float,
-                latencies: list[float] | None) -> int:
+async def _turn(ws: aiohttp.ClientWebSocketResponse, n: int, gap_ms: float, latencies: list[float] | None) -> int:
     """One turn; its message count (and each delta's one-way latency in ms, when asked)."""
     await ws.send_str(_create(n, gap_ms))
     count = 0
@@ -69,13 +70,14 @@ async def _turn(ws: aiohttp.ClientWebSocketResponse, n: int, gap_ms: float,
         if data.startswith('{"type":"response.completed"'):
             return count
         if latencies is not None:
-            latencies.append((now - int(data[data.rindex(":") + 1:-1])) / 1e6)
+            latencies.append((now - int(data[data.rindex(":") + 1 : -1])) / 1e6)
 
 
 async def _column(url: str, token: str, pid: int | None, plan: WsPlan) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}", "openai-beta": "responses_websockets=2026-02-06"}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def connect() -> aiohttp.ClientWebSocketResponse:
             return await session.ws_connect(url + "/v1/responses", headers=headers, max_msg_size=0)
 
@@ -96,10 +98,14 @@ async def _column(url: str, token: str, pid: int | None, plan: WsPlan) -> dict[s
         fan = sum(counts) / (time.perf_counter() - t0)
         await asyncio.gather(*(w.close() for w in many))
     latencies.sort()
-    return {"p50_ms": round(percentile(latencies, 50), 4), "p99_ms": round(percentile(latencies, 99), 4),
-            "messages": len(latencies), "msgs_per_s_one_socket": round(one_socket),
-            f"msgs_per_s_{plan.sockets}_sockets": round(fan),
-            "rss_kib_per_open_socket": None if rss0 is None or rss1 is None else round((rss1 - rss0) / plan.sockets, 1)}
+    return {
+        "p50_ms": round(percentile(latencies, 50), 4),
+        "p99_ms": round(percentile(latencies, 99), 4),
+        "messages": len(latencies),
+        "msgs_per_s_one_socket": round(one_socket),
+        f"msgs_per_s_{plan.sockets}_sockets": round(fan),
+        "rss_kib_per_open_socket": None if rss0 is None or rss1 is None else round((rss1 - rss0) / plan.sockets, 1),
+    }
 
 
 def run(workdir: Path, plan: WsPlan, say=print) -> dict[str, Any]:
@@ -107,14 +113,19 @@ def run(workdir: Path, plan: WsPlan, say=print) -> dict[str, Any]:
     upstream, upstream_url = _server("upstream", workdir)
     relay, relay_url = _server("relay", workdir, upstream_url)
     key = "sk-bench-" + secrets.token_hex(12)
-    gw = Gateway(workdir / "ws-gateway", None, {"GATEWAY_OPENAI_BASE_URL": upstream_url,
-                                                 "GATEWAY_OPENAI_API_KEY": key, "GATEWAY_LOG_LEVEL": "warning"})
+    gw = Gateway(
+        workdir / "ws-gateway",
+        None,
+        {"GATEWAY_OPENAI_BASE_URL": upstream_url, "GATEWAY_OPENAI_API_KEY": key, "GATEWAY_LOG_LEVEL": "warning"},
+    )
     try:
         gw.start()
         token = gw.mint("openai")["token"]
-        columns = {"direct": (upstream_url, key, upstream.popen.pid),
-                   "naive relay": (relay_url, key, relay.popen.pid),
-                   "leasehold": (gw.dataplane_url, token, gw.dataplane.popen.pid)}
+        columns = {
+            "direct": (upstream_url, key, upstream.popen.pid),
+            "naive relay": (relay_url, key, relay.popen.pid),
+            "leasehold": (gw.dataplane_url, token, gw.dataplane.popen.pid),
+        }
         out: dict[str, Any] = {"plan": msgspec.to_builtins(plan)}
         for name, (url, bearer, pid) in columns.items():
             say(f"websocket: {name} ...")
@@ -130,8 +141,11 @@ def run(workdir: Path, plan: WsPlan, say=print) -> dict[str, Any]:
 def derived(out: dict[str, Any]) -> dict[str, Any]:
     """Added latency per message over direct, and the aim: Leasehold ≤ naive + 0.2 ms."""
     d, naive, ours = out["direct"], out["naive relay"], out["leasehold"]
-    added = {f"{name}_added_{q}_ms": round(col[f"{q}_ms"] - d[f"{q}_ms"], 4)
-             for name, col in (("naive", naive), ("leasehold", ours)) for q in ("p50", "p99")}
+    added = {
+        f"{name}_added_{q}_ms": round(col[f"{q}_ms"] - d[f"{q}_ms"], 4)
+        for name, col in (("naive", naive), ("leasehold", ours))
+        for q in ("p50", "p99")
+    }
     added["aim_met"] = all(ours[f"{q}_ms"] <= naive[f"{q}_ms"] + AIM_ADDED_MS for q in ("p50", "p99"))
     return added
 

@@ -23,12 +23,24 @@ import aiohttp
 import uvloop
 from aiohttp import WSMsgType, web
 
-DELTA = ('{"type":"response.output_text.delta","sequence_number":%d,"item_id":"msg_bench0000000001",'
-         '"output_index":0,"content_index":0,"delta":"token ","logprobs":[],"t":%d}')
-COMPLETED = json.dumps({"type": "response.completed", "response": {
-    "id": "resp_bench", "object": "response", "status": "completed", "model": "gpt-5", "output": [],
-    "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 1}}},
-    separators=(",", ":"))
+DELTA = (
+    '{"type":"response.output_text.delta","sequence_number":%d,"item_id":"msg_bench0000000001",'
+    '"output_index":0,"content_index":0,"delta":"token ","logprobs":[],"t":%d}'
+)
+COMPLETED = json.dumps(
+    {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_bench",
+            "object": "response",
+            "status": "completed",
+            "model": "gpt-5",
+            "output": [],
+            "usage": {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 1},
+        },
+    },
+    separators=(",", ":"),
+)
 UPSTREAM = web.AppKey("upstream", str)
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 
@@ -51,8 +63,9 @@ async def upstream(request: web.Request) -> web.StreamResponse:
 
 async def relay(request: web.Request) -> web.StreamResponse:
     headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "openai-beta")}
-    up = await request.app[SESSION].ws_connect(request.app[UPSTREAM] + request.path_qs, headers=headers,
-                                               max_msg_size=64 * 1024 * 1024)
+    up = await request.app[SESSION].ws_connect(
+        request.app[UPSTREAM] + request.path_qs, headers=headers, max_msg_size=64 * 1024 * 1024
+    )
     down = web.WebSocketResponse(max_msg_size=64 * 1024 * 1024)
     await down.prepare(request)
 

@@ -10,4 +10,4 @@ class MintAnswer(msgspec.Struct, frozen=True):
     status: int
     body: dict
     retry_after_s: int | None = None
-    no_retry: bool = False                        # `x-should-retry: false` (model-unpriced)
+    no_retry: bool = False  # `x-should-retry: false` (model-unpriced)

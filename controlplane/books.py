@@ -1,5 +1,5 @@
 """`Books`: spend and budgets (SPEC §18), headroom (SPEC §22), and in fleet mode their fleet-wide
-halves, built by `build_books` for `controlplane.main.wire` before the service whose row sinks
+halves, built by `build_books` for `controlplane.wiring.wire` before the service whose row sinks
 they are. None of them sees the service: rows reach them through `ControlService.row_sinks`.
 """
 
@@ -34,17 +34,28 @@ class Books(NamedTuple):
     fleet_headroom: FleetHeadroom | None
 
 
-def build_books(settings: Settings, shared: backends.Backends, ledger: Ledger, policy: PolicyStore,
-                keys: KeyTable, link: DataPlaneLink, events: EventHub, prices: PriceTable,
-                account_ids: list[str]) -> Books:
+def build_books(
+    settings: Settings,
+    shared: backends.Backends,
+    ledger: Ledger,
+    policy: PolicyStore,
+    keys: KeyTable,
+    link: DataPlaneLink,
+    events: EventHub,
+    prices: PriceTable,
+    account_ids: list[str],
+) -> Books:
     """The spend book, rebuilt before the RPC socket opens (no row is missed), and in fleet mode
     the fleet's spend over it; the budgets over both, the exhausted ones known before the first
     snapshot; headroom. Policy writes reach the budgets and the headroom floors; the fleet's spend
     and the fleet's headroom subscribe to each other's halves (each reads the other)."""
     spend = SpendBook.rebuild(ledger)
     fleet_spend = None if shared.fleet is None else _fleet_spend(shared.fleet, settings, spend)
-    budgets = (BudgetGuard(spend, policy, keys, link, events, prices) if fleet_spend is None else
-               BudgetGuard(spend, policy, keys, link, events, prices, stale=fleet_spend.stale))  # SPEC §19
+    budgets = (
+        BudgetGuard(spend, policy, keys, link, events, prices)
+        if fleet_spend is None
+        else BudgetGuard(spend, policy, keys, link, events, prices, stale=fleet_spend.stale)
+    )  # SPEC §19
     budgets.start()
     headroom = HeadroomBook(frozenset(account_ids), events, policy_floors(policy))  # SPEC §22
     headroom.refresh_floors()
@@ -52,10 +63,12 @@ def build_books(settings: Settings, shared: backends.Backends, ledger: Ledger, p
     fleet_headroom = None
     if shared.fleet is not None and fleet_spend is not None:
         from controlplane.fleet.headroom import FleetHeadroom
+
         fleet_spend.listeners.append(budgets.on_fleet_spend)
         fleet_spend.stale_listeners.append(budgets.on_stale_change)
-        fleet_headroom = FleetHeadroom(shared.fleet.client, shared.fleet.keys, settings.host_id, headroom,
-                                       entries=shared.fleet.entries)
+        fleet_headroom = FleetHeadroom(
+            shared.fleet.client, shared.fleet.keys, settings.host_id, headroom, entries=shared.fleet.entries
+        )
         headroom.observed_listeners.append(fleet_headroom.note)
     return Books(spend, budgets, headroom, fleet_spend, fleet_headroom)
 
@@ -63,5 +76,7 @@ def build_books(settings: Settings, shared: backends.Backends, ledger: Ledger, p
 def _fleet_spend(shared: Any, settings: Settings, spend: SpendBook) -> FleetSpend:
     """Fleet mode (imported only here): the fleet's spend that views and budgets read (SPEC §18)."""
     from controlplane.fleet.spend import FleetSpend
-    return FleetSpend(shared.client, shared.keys, settings.host_id, spend, entries=shared.entries,
-                      supervisor=shared.supervisor)
+
+    return FleetSpend(
+        shared.client, shared.keys, settings.host_id, spend, entries=shared.entries, supervisor=shared.supervisor
+    )

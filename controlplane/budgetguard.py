@@ -50,12 +50,20 @@ from shared.wire import AttemptRow, Lease, LeaseGate
 
 log = get_logger("budgets")
 
-TICK_S = 5.0   # how late a policy write made by another process is seen (its own are at once)
+TICK_S = 5.0  # how late a policy write made by another process is seen (its own are at once)
 
 
 class BudgetGuard:
-    def __init__(self, book: SpendBook, policy: PolicyStore, keys: KeyTable, link: DataPlaneLink,
-                 events: EventHub, prices: PriceTable, stale: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        book: SpendBook,
+        policy: PolicyStore,
+        keys: KeyTable,
+        link: DataPlaneLink,
+        events: EventHub,
+        prices: PriceTable,
+        stale: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.book = book
         self.clock = book.clock
         self.policy = policy
@@ -63,11 +71,11 @@ class BudgetGuard:
         self.link = link
         self.events = events
         self.watch = BudgetWatch()
-        self.revision: int | None = None          # the policy revision the watch was configured at
+        self.revision: int | None = None  # the policy revision the watch was configured at
         self._price_of = PriceLookup(prices)
         self._dirty = False
         self._pushing: asyncio.Task[None] | None = None
-        self.stale = stale   # fleet mode: `FleetSpend.stale` (SPEC §19: stale fleet spend holds budgeted scopes)
+        self.stale = stale  # fleet mode: `FleetSpend.stale` (SPEC §19: stale fleet spend holds budgeted scopes)
         link.priced = sorted({pattern for price in prices.price for pattern in price.models})
 
     # ---- keeping the watch current ----------------------------------------------------------
@@ -78,7 +86,7 @@ class BudgetGuard:
         self.sync(quiet=True)
 
     def on_row(self, row: AttemptRow) -> None:
-        if row.cost_usd and self.watch.budgets:   # else nothing to count: not even the clock is read
+        if row.cost_usd and self.watch.budgets:  # else nothing to count: not even the clock is read
             change = self.watch.add(row, self.book.cells, self.clock())
             if change is not NO_CHANGE:
                 self._apply(change)
@@ -99,11 +107,16 @@ class BudgetGuard:
         state = view.state
         assert state is not None
         budgets = all_budgets(state.documents)
-        change = self.watch.configure(budgets, TenancyMap(team_of=state.team_of, org_of=state.org_of),
-                                      self.book.cells, self.clock(), quiet=quiet)
+        change = self.watch.configure(
+            budgets, TenancyMap(team_of=state.team_of, org_of=state.org_of), self.book.cells, self.clock(), quiet=quiet
+        )
         self.revision = view.check.revision
-        log.info("budgets_configured", policy_revision=self.revision, budgets=len(budgets),
-                 exhausted=len(self.watch.exhausted(budgets, self.clock())))
+        log.info(
+            "budgets_configured",
+            policy_revision=self.revision,
+            budgets=len(budgets),
+            exhausted=len(self.watch.exhausted(budgets, self.clock())),
+        )
         self._apply(change)
 
     def on_fleet_spend(self, quiet: bool = False) -> None:
@@ -122,7 +135,7 @@ class BudgetGuard:
     async def maintain(self, tick_s: float = TICK_S) -> None:
         while True:
             wait_s = tick_s
-            if self.watch.budgets:   # wake at the hour's end: a window may reset then
+            if self.watch.budgets:  # wake at the hour's end: a window may reset then
                 wait_s = min(tick_s, max(0.01, (self.watch.until_ms - self.clock()) / 1000 + 0.01))
             await asyncio.sleep(wait_s)
             try:
@@ -185,7 +198,7 @@ class BudgetGuard:
             if self._pushing is None:
                 try:
                     loop = asyncio.get_running_loop()
-                except RuntimeError:   # wiring, not serving yet: the first snapshot carries the gates
+                except RuntimeError:  # wiring, not serving yet: the first snapshot carries the gates
                     return
                 self._pushing = loop.create_task(self._push())
 
@@ -198,18 +211,34 @@ class BudgetGuard:
                 gates = []
                 for lease in self.keys.all():
                     budgeted, retry_at_ms = self.watch.gate(lease.repo_slug, lease.worker_role, now)
-                    gates.append(LeaseGate(key_id=lease.key_id, budgeted=budgeted, budget_retry_at_ms=retry_at_ms,
-                                           budget_stale=budgeted and stale))
+                    gates.append(
+                        LeaseGate(
+                            key_id=lease.key_id,
+                            budgeted=budgeted,
+                            budget_retry_at_ms=retry_at_ms,
+                            budget_stale=budgeted and stale,
+                        )
+                    )
                 held = await self.link.gates_changed(gates) if gates else True
-                log.info("budget_gates_pushed", leases=len(gates),
-                         held=sum(1 for g in gates if g.budget_retry_at_ms is not None), dataplane=held)
+                log.info(
+                    "budget_gates_pushed",
+                    leases=len(gates),
+                    held=sum(1 for g in gates if g.budget_retry_at_ms is not None),
+                    dataplane=held,
+                )
         finally:
             self._pushing = None
 
     def _announce(self, crossing: Crossing) -> None:
-        fields = {"level": crossing.level, "window": str(crossing.window), "usd": crossing.usd,
-                  "spent_usd": crossing.spent_usd, "threshold": crossing.threshold,
-                  "window_start": iso(crossing.window_start_ms), "resets_at": iso(crossing.resets_at_ms)}
+        fields = {
+            "level": crossing.level,
+            "window": str(crossing.window),
+            "usd": crossing.usd,
+            "spent_usd": crossing.spent_usd,
+            "threshold": crossing.threshold,
+            "window_start": iso(crossing.window_start_ms),
+            "resets_at": iso(crossing.resets_at_ms),
+        }
         if crossing.threshold >= 100:
             log.warning("budget_exhausted", **fields)
         else:

@@ -33,9 +33,9 @@ class CircuitView(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     the `circuit` event (which adds `account_id`) and the metrics' phase."""
 
     state: str
-    opened_at: str | None        # ISO 8601 UTC; null when closed
+    opened_at: str | None  # ISO 8601 UTC; null when closed
     retry_at: str | None
-    opened_by: str | None        # the condition that opened it
+    opened_by: str | None  # the condition that opened it
     account_id: str | None = None
 
 
@@ -46,7 +46,8 @@ def view_of(state: rules.Circuit, account_id: str | None = None) -> CircuitView:
         opened_at=None if closed or state.opened_at_ms is None else iso_ms(state.opened_at_ms),
         retry_at=None if closed or state.retry_at_ms is None else iso_ms(state.retry_at_ms),
         opened_by=None if closed or state.opened_by is None else str(state.opened_by),
-        account_id=account_id)
+        account_id=account_id,
+    )
 
 
 class CircuitStore(Protocol):
@@ -81,16 +82,17 @@ class LocalCircuits:
         return True
 
 
-NOT_PROBES_MAX = 100_000   # leases remembered as no probe; past it, forgotten (a store read each)
+NOT_PROBES_MAX = 100_000  # leases remembered as no probe; past it, forgotten (a store read each)
 
 
 class CircuitRegistry:
-    def __init__(self, store: CircuitStore, cooldown_s: int,
-                 on_transition: Callable[[CircuitView], object] | None = None) -> None:
+    def __init__(
+        self, store: CircuitStore, cooldown_s: int, on_transition: Callable[[CircuitView], object] | None = None
+    ) -> None:
         self.store = store
         self.cooldown_s = cooldown_s
         self.on_transition = on_transition
-        self._last_views: dict[str, CircuitView] = {}   # for `view_or_last`
+        self._last_views: dict[str, CircuitView] = {}  # for `view_or_last`
         # (account, key) of leases this registry admitted without making them the probe: their end
         # asks the store nothing (fleet: one Redis round trip less per revoke; issue 27)
         self._not_probes: set[tuple[str, str]] = set()
@@ -127,11 +129,11 @@ class CircuitRegistry:
             return new
 
         await self._update(account_id, claim, now_ms)
-        if admitted and not probe:   # never the probe: only a mint's claim makes a key the probe
+        if admitted and not probe:  # never the probe: only a mint's claim makes a key the probe
             if len(self._not_probes) >= NOT_PROBES_MAX:
-                self._not_probes.clear()   # forgotten: their ends ask the store, as before
+                self._not_probes.clear()  # forgotten: their ends ask the store, as before
             self._not_probes.add((account_id, key_id))
-        elif probe:   # a key claimed again (a renewal that lost its slot) may become the probe
+        elif probe:  # a key claimed again (a renewal that lost its slot) may become the probe
             self._not_probes.discard((account_id, key_id))
         return admitted
 
@@ -141,8 +143,12 @@ class CircuitRegistry:
         if (account_id, key_id) in self._not_probes:
             self._not_probes.discard((account_id, key_id))
             return
-        await self._update(account_id, lambda s: rules.on_lease_ended(s, now_ms, key_id), now_ms,
-                           only_if=lambda s: s.probe_key == key_id)
+        await self._update(
+            account_id,
+            lambda s: rules.on_lease_ended(s, now_ms, key_id),
+            now_ms,
+            only_if=lambda s: s.probe_key == key_id,
+        )
 
     async def on_row(self, row: AttemptRow, now_ms: int) -> None:
         """Fold one terminal row; gateway-authored rows are not evidence and change nothing."""
@@ -156,18 +162,32 @@ class CircuitRegistry:
             if row.refusal_reason is None:  # gateway-authored rows are not evidence
                 by_account.setdefault(row.account_id, []).append(row)
         for account_id, evidence in by_account.items():
-            await self._update(account_id, lambda s, e=evidence: self._fold(s, e, now_ms),  # type: ignore[misc]
-                               now_ms)
+            await self._update(
+                account_id,
+                lambda s, e=evidence: self._fold(s, e, now_ms),  # type: ignore[misc]
+                now_ms,
+            )
 
     def _fold(self, state: rules.Circuit, rows: list[AttemptRow], now_ms: int) -> rules.Circuit:
         for row in rows:
-            state = rules.on_terminal(state, now_ms, row.key_id, Condition(row.condition) if row.condition else None,
-                                      row.status == AttemptStatus.CLIENT_ABORTED, row.retry_after_s,
-                                      self.cooldown_s)
+            state = rules.on_terminal(
+                state,
+                now_ms,
+                row.key_id,
+                Condition(row.condition) if row.condition else None,
+                row.status == AttemptStatus.CLIENT_ABORTED,
+                row.retry_after_s,
+                self.cooldown_s,
+            )
         return state
 
-    async def _update(self, account_id: str, change: Callable[[rules.Circuit], rules.Circuit], now_ms: int,
-                      only_if: Callable[[rules.Circuit], bool] | None = None) -> None:
+    async def _update(
+        self,
+        account_id: str,
+        change: Callable[[rules.Circuit], rules.Circuit],
+        now_ms: int,
+        only_if: Callable[[rules.Circuit], bool] | None = None,
+    ) -> None:
         for _ in range(SWAP_ATTEMPTS):
             stored = await self.store.load(account_id)
             if only_if is not None and not only_if(rules.current(stored, now_ms)):
@@ -183,8 +203,12 @@ class CircuitRegistry:
     def _changed(self, account_id: str, old: rules.Circuit, new: rules.Circuit) -> None:
         if (old.phase, old.retry_at_ms) == (new.phase, new.retry_at_ms):
             return  # a count or the probe moved: no transition to tell
-        log.info("circuit_changed", account_id=account_id, phase=str(new.phase),
-                 opened_by=None if new.opened_by is None else str(new.opened_by),
-                 retry_at=None if new.retry_at_ms is None else iso_ms(new.retry_at_ms))
+        log.info(
+            "circuit_changed",
+            account_id=account_id,
+            phase=str(new.phase),
+            opened_by=None if new.opened_by is None else str(new.opened_by),
+            retry_at=None if new.retry_at_ms is None else iso_ms(new.retry_at_ms),
+        )
         if self.on_transition is not None:
             self.on_transition(view_of(new, account_id))

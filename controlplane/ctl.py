@@ -18,8 +18,10 @@ from controlplane.cli.exits import EXIT_HELP, CtlError, Exit
 from controlplane.cli.output import warn
 
 GROUPS = (keys, views, execute, admin, policy, spend, fleet, trace)
-TOKEN_FILE_HELP = ("a file holding the bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, "
-                   "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)")
+TOKEN_FILE_HELP = (
+    "a file holding the bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, "
+    "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)"
+)
 
 
 def add_token_options(parser: argparse.ArgumentParser) -> None:
@@ -34,8 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="print the control daemon's raw answer")
     add_token_options(common)
     parser = argparse.ArgumentParser(
-        prog="leaseholdctl", description="Operate a Leasehold gateway through its control API.",
-        epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="leaseholdctl",
+        description="Operate a Leasehold gateway through its control API.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
     for group in GROUPS:
         group.register(sub, common)
@@ -63,8 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return Exit.OK
     except Exception as exc:  # a bug or an answer of an unexpected shape: still one line
-        warn(f"unexpected {type(exc).__name__}: {exc} (a bug in leaseholdctl, or a control daemon "
-             "answering in a shape it does not know)")
+        warn(
+            f"unexpected {type(exc).__name__}: {exc} (a bug in leaseholdctl, or a control daemon "
+            "answering in a shape it does not know)"
+        )
         return Exit.FAILED
 
 

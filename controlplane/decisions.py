@@ -53,8 +53,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     supersedes: str | None = None
     renewal_of: str | None = None
     worker_role: str | None = None
-    driver: str = "caller"                      # `fallback_driver` (SPEC §17)
-    hop_condition: Condition | None = None      # a gateway hop: the condition that started it
+    driver: str = "caller"  # `fallback_driver` (SPEC §17)
+    hop_condition: Condition | None = None  # a gateway hop: the condition that started it
 
 
 class DecisionStore(Protocol):
@@ -83,8 +83,9 @@ class DecisionStore(Protocol):
     async def for_key(self, key_id: str) -> Decision | None: ...
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None: ...
     async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]: ...
-    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *,
-                         allowing: str | None = None) -> bool: ...
+    async def claim_live(
+        self, key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None
+    ) -> bool: ...
     async def note_live(self, key_id: str, repo_slug: str, dispatch_id: str) -> None: ...
     async def end_key(self, key_id: str) -> None: ...
     async def live_keys(self, repo_slug: str, dispatch_id: str) -> set[str]: ...
@@ -113,8 +114,10 @@ def live_groups(leases: Iterable[Lease]) -> list[LiveGroup]:
     for lease in sorted(leases, key=lambda lease: lease.key_id):
         if lease.dispatch_id is not None:
             groups.setdefault((lease.repo_slug, lease.dispatch_id), []).append(lease.key_id)
-    return [LiveGroup(repo_slug=repo, dispatch_id=dispatch, key_ids=tuple(keys))
-            for (repo, dispatch), keys in groups.items()]
+    return [
+        LiveGroup(repo_slug=repo, dispatch_id=dispatch, key_ids=tuple(keys))
+        for (repo, dispatch), keys in groups.items()
+    ]
 
 
 def lease_decisions(leases: Iterable[Lease], known: Mapping[str, Decision]) -> tuple[dict[str, Decision], list[str]]:
@@ -187,8 +190,7 @@ class LocalDecisions:
     async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
         return tuple(self._evidence.get(mint_decision_id, ()))
 
-    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *,
-                         allowing: str | None = None) -> bool:
+    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
         live = self._live_by_dispatch.get((repo_slug, dispatch_id), set())
         if live - {key_id, allowing}:
             return False

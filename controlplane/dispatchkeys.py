@@ -12,7 +12,8 @@ import msgspec
 
 from controlplane.answers import MintAnswer
 from controlplane.core.hop import FallbackDriver, hop_conditions
-from controlplane.core.mint import decide_mint
+from controlplane.core.mint import MintFacts, MintVerdict, decide_mint
+from controlplane.core.selection import Candidate
 from controlplane.decisions import Decision
 from shared.capacity import StateUnavailable
 from shared.clock import iso_ms, now_ms
@@ -35,9 +36,15 @@ class Hop(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # A hop refused on the citation's face (no hop can ever follow it), rather than held.
-REJECTIONS = frozenset({Refusal.FALLBACK_POOL_EXHAUSTED, Refusal.FALLBACK_CITED_DECISION_NOT_SELECTED,
-                        Refusal.FALLBACK_LINEAGE_MISMATCH, Refusal.FALLBACK_RESPONSE_WAS_NOT_LOST,
-                        Refusal.MODEL_NOT_SERVED})
+REJECTIONS = frozenset(
+    {
+        Refusal.FALLBACK_POOL_EXHAUSTED,
+        Refusal.FALLBACK_CITED_DECISION_NOT_SELECTED,
+        Refusal.FALLBACK_LINEAGE_MISMATCH,
+        Refusal.FALLBACK_RESPONSE_WAS_NOT_LOST,
+        Refusal.MODEL_NOT_SERVED,
+    }
+)
 
 
 def hop_on(driver: FallbackDriver, fallback_on: frozenset[Condition], hop: int, max_hops: int) -> tuple[str, ...]:
@@ -65,8 +72,10 @@ class DispatchKeys:
         if lease is None or decision is None or decision.account_id is None:
             raise GatewayError(ErrorCode.DECISION_UNKNOWN, "no live v2 lease with this key_id")
         if decision.driver != FallbackDriver.GATEWAY:
-            raise GatewayError(ErrorCode.NOT_A_DISPATCH_KEY,
-                               "only a dispatch key (fallback_driver \"gateway\") is extended; renew this one")
+            raise GatewayError(
+                ErrorCode.NOT_A_DISPATCH_KEY,
+                'only a dispatch key (fallback_driver "gateway") is extended; renew this one',
+            )
         verdict = decide_mint(await self.keep_facts(lease, decision))
         if verdict.chosen is None:
             assert verdict.refusal is not None
@@ -79,12 +88,17 @@ class DispatchKeys:
             await self.decisions.note_live(key_id, decision.lineage.repo_slug, decision.lineage.dispatch_id)
         except StateUnavailable:
             pass  # Redis away: the next extend (or re-registration after a loss) refreshes them
-        return MintAnswer(200, {"key_id": extended.key_id, "account_id": extended.account_id,
-                                "mint_decision_id": extended.mint_decision_id,
-                                "expires_at": iso_ms(extended.expires_at_ms)})
+        return MintAnswer(
+            200,
+            {
+                "key_id": extended.key_id,
+                "account_id": extended.account_id,
+                "mint_decision_id": extended.mint_decision_id,
+                "expires_at": iso_ms(extended.expires_at_ms),
+            },
+        )
 
-    async def _not_kept(self, key_id: str, outcome: Outcome, refusal: Refusal,
-                        wait_s: int | None = None) -> MintAnswer:
+    async def _not_kept(self, key_id: str, outcome: Outcome, refusal: Refusal, wait_s: int | None = None) -> MintAnswer:
         """An extension refused: `{outcome, refusal_reason}` with the mint's status for it (409
         rejected, 503 held with `Retry-After`)."""
         log.info("extend_refused", key_id=key_id, outcome=str(outcome), refusal_reason=str(refusal))
@@ -103,12 +117,21 @@ class DispatchKeys:
         await self.granter.release(lease)
         lineage = prior.lineage
         model = None if prior.model_class is not None else lineage.model
-        gathered = await self.gather(lineage, prior.worker_role, model, prior.model_class,
-                                     retry_of=prior.mint_decision_id)
-        base = Decision(mint_decision_id="md_" + new_ulid(), outcome=Outcome.HELD, lineage=lineage,
-                        at_ms=now_ms(), model_class=prior.model_class, retry_of=prior.mint_decision_id,
-                        worker_role=prior.worker_role, driver=prior.driver, hop_condition=condition,
-                        policy_revision=0 if gathered.policy is None else gathered.policy.revision)
+        gathered = await self.gather(
+            lineage, prior.worker_role, model, prior.model_class, retry_of=prior.mint_decision_id
+        )
+        base = Decision(
+            mint_decision_id="md_" + new_ulid(),
+            outcome=Outcome.HELD,
+            lineage=lineage,
+            at_ms=now_ms(),
+            model_class=prior.model_class,
+            retry_of=prior.mint_decision_id,
+            worker_role=prior.worker_role,
+            driver=prior.driver,
+            hop_condition=condition,
+            policy_revision=0 if gathered.policy is None else gathered.policy.revision,
+        )
         verdict = decide_mint(gathered.facts)
         base = msgspec.structs.replace(base, skipped=verdict.skipped)
         chosen = verdict.chosen
@@ -118,24 +141,41 @@ class DispatchKeys:
             assert account is not None
             claimed = await self._claim(account, lease.key_id, account.lease_capacity, lineage, None)
             if claimed is None:
-                decision = msgspec.structs.replace(
-                    base, outcome=Outcome.SELECTED, account_id=account.id, fallback_position=chosen.position,
-                    hop=verdict.hop, key_id=lease.key_id, effective_model=chosen.effective_model)
-                await self.decisions.record(decision)
-                self._log(decision)
-                facts = gathered.facts
-                moved = msgspec.structs.replace(
-                    lease, account_id=account.id, mint_decision_id=decision.mint_decision_id,
-                    hop=verdict.hop,
-                    hop_on=hop_on(FallbackDriver.GATEWAY, facts.fallback_on, verdict.hop, facts.max_hops))
-                return Hop(lease=moved, decision=decision, moved=True)
+                return await self._moved(lease, base, verdict, chosen, gathered.facts)
             refusal = claimed[0]
-        decision = msgspec.structs.replace(base, outcome=Outcome.REJECTED if refusal in REJECTIONS else Outcome.HELD,
-                                           refusal_reason=refusal or Refusal.NO_ELIGIBLE_ACCOUNT)
+        decision = msgspec.structs.replace(
+            base,
+            outcome=Outcome.REJECTED if refusal in REJECTIONS else Outcome.HELD,
+            refusal_reason=refusal or Refusal.NO_ELIGIBLE_ACCOUNT,
+        )
         await self.decisions.record(decision)
         self._log(decision)
         await self._rebind(lease, prior)
         return Hop(lease=lease, decision=decision, moved=False)
+
+    async def _moved(
+        self, lease: Lease, base: Decision, verdict: MintVerdict, chosen: Candidate, facts: MintFacts
+    ) -> Hop:
+        """The hop selected a sibling: its decision recorded, the key's lease moved to it."""
+        decision = msgspec.structs.replace(
+            base,
+            outcome=Outcome.SELECTED,
+            account_id=chosen.account_id,
+            fallback_position=chosen.position,
+            hop=verdict.hop,
+            key_id=lease.key_id,
+            effective_model=chosen.effective_model,
+        )
+        await self.decisions.record(decision)
+        self._log(decision)
+        moved = msgspec.structs.replace(
+            lease,
+            account_id=chosen.account_id,
+            mint_decision_id=decision.mint_decision_id,
+            hop=verdict.hop,
+            hop_on=hop_on(FallbackDriver.GATEWAY, facts.fallback_on, verdict.hop, facts.max_hops),
+        )
+        return Hop(lease=moved, decision=decision, moved=True)
 
     async def _rebind(self, lease: Lease, prior: Decision) -> None:
         """A hop that did not happen: the key keeps its account, slot and decision. The slot is

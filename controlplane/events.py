@@ -59,14 +59,14 @@ class EventKind(StrEnum):
 
 
 class GapReason(StrEnum):
-    EVICTED = "evicted"            # the id was issued, but the buffer no longer holds what followed
+    EVICTED = "evicted"  # the id was issued, but the buffer no longer holds what followed
     NEVER_ISSUED = "never-issued"  # not an id of this process (malformed, future, or pre-restart)
 
 
 class CloseReason(StrEnum):
-    QUEUE_FULL = "queue-full"      # the reader stopped reading: dropped
+    QUEUE_FULL = "queue-full"  # the reader stopped reading: dropped
     DISCONNECTED = "disconnected"  # the reader went away
-    SHUTDOWN = "shutdown"          # the control daemon is stopping
+    SHUTDOWN = "shutdown"  # the control daemon is stopping
 
 
 # ---- the sanitized models ------------------------------------------------------------------
@@ -170,8 +170,7 @@ class Event:
 
     __slots__ = ("_data", "_payload", "_source", "kind", "seq", "epoch")
 
-    def __init__(self, epoch: str, seq: int, kind: EventKind, source: Any,
-                 data: msgspec.Struct | None = None) -> None:
+    def __init__(self, epoch: str, seq: int, kind: EventKind, source: Any, data: msgspec.Struct | None = None) -> None:
         self.epoch = epoch
         self.seq = seq
         self.kind = kind
@@ -218,8 +217,9 @@ def parse_event_id(text: str | None) -> tuple[str, int] | None:
     return epoch, int(seq)
 
 
-def resume_from(last_event_id: str | None, epoch: str, oldest_seq: int | None,
-                next_seq: int) -> tuple[GapReason | None, int]:
+def resume_from(
+    last_event_id: str | None, epoch: str, oldest_seq: int | None, next_seq: int
+) -> tuple[GapReason | None, int]:
     """Where a reader presenting `last_event_id` resumes: `(gap reason or None, first seq)`.
 
     No id: live events only. An id of this epoch still covered by the buffer: what followed it.
@@ -282,8 +282,9 @@ class Subscriber:
 
 
 class EventHub:
-    def __init__(self, replay_size: int = REPLAY_SIZE, queue_max: int = SUBSCRIBER_QUEUE_MAX,
-                 epoch: str | None = None) -> None:
+    def __init__(
+        self, replay_size: int = REPLAY_SIZE, queue_max: int = SUBSCRIBER_QUEUE_MAX, epoch: str | None = None
+    ) -> None:
         self.epoch = epoch or secrets.token_hex(4)
         self.replay: deque[Event] = deque(maxlen=replay_size)
         self.queue_max = queue_max
@@ -340,9 +341,15 @@ class EventHub:
         gap, first_seq = resume_from(last_event_id, self.epoch, oldest, self._next_seq)
         backlog = [event for event in self.replay if event.seq >= first_seq]
         if gap is not None:
-            gap_event = self._make(first_seq - 1, EventKind.GAP, GapEvent(
-                reason=str(gap), last_event_id=last_event_id,
-                oldest_retained_id=None if oldest is None else self.id_of(oldest)))
+            gap_event = self._make(
+                first_seq - 1,
+                EventKind.GAP,
+                GapEvent(
+                    reason=str(gap),
+                    last_event_id=last_event_id,
+                    oldest_retained_id=None if oldest is None else self.id_of(oldest),
+                ),
+            )
             backlog.insert(0, gap_event)
             log.info("event_feed_gap", reason=str(gap), peer=peer, replayed=len(backlog) - 1)
         subscriber = Subscriber(peer, self.queue_max)
@@ -360,6 +367,11 @@ class EventHub:
             self.unsubscribe(subscriber, reason)
 
     def _drop(self, subscriber: Subscriber, reason: CloseReason) -> None:
-        log.warning("event_subscriber_dropped", reason=str(reason), peer=subscriber.peer,
-                    queued=len(subscriber.queue), queue_max=subscriber.queue_max)
+        log.warning(
+            "event_subscriber_dropped",
+            reason=str(reason),
+            peer=subscriber.peer,
+            queued=len(subscriber.queue),
+            queue_max=subscriber.queue_max,
+        )
         self.unsubscribe(subscriber, reason)

@@ -53,5 +53,8 @@ class EvidenceBook:
                 break
             counts[kind] += 1
         truncated = self._evicted_ms.get(account_id, -1) >= since_ms
-        return (EvidenceCounts(succeeded=counts[SUCCEEDED], failed=counts[FAILED],
-                               aborted=counts[ABORTED]), last, truncated)
+        return (
+            EvidenceCounts(succeeded=counts[SUCCEEDED], failed=counts[FAILED], aborted=counts[ABORTED]),
+            last,
+            truncated,
+        )

@@ -1,7 +1,7 @@
 """`Grants`: a lease stored and pushed to the data plane, re-bound, or its slot let go — what the
 mint desk, the dispatch keys' hops and the v1 mint need of the key table and the link.
 
-Apart from `ControlService` so that `controlplane.main.wire` can build the desk and the hopper
+Apart from `ControlService` so that `controlplane.wiring.wire` can build the desk and the hopper
 (the service's settle hook) before the service, each handed what it uses. Ending a key is not
 here: that is the release seam, `ControlService.end_keys`, which settles the rows first.
 """
@@ -38,12 +38,21 @@ class Minted(msgspec.Struct, frozen=True, kw_only=True):
 class Grants:
     """The desk's `Granter` (`controlplane/mint.py`): store and replicate a lease, release a slot."""
 
-    def __init__(self, settings: Settings, *, keys: KeyTable, link: DataPlaneLink, gate: Callable[[Lease], Lease],
-                 lease_capacity: CapacityStore, decisions: DecisionStore, circuits: CircuitRegistry) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        keys: KeyTable,
+        link: DataPlaneLink,
+        gate: Callable[[Lease], Lease],
+        lease_capacity: CapacityStore,
+        decisions: DecisionStore,
+        circuits: CircuitRegistry,
+    ) -> None:
         self.settings = settings
         self.keys = keys
         self.link = link
-        self.gate = gate   # SPEC §18: a lease as the data plane must hold it now (`BudgetGuard.gate`)
+        self.gate = gate  # SPEC §18: a lease as the data plane must hold it now (`BudgetGuard.gate`)
         self.lease_capacity = lease_capacity
         self.decisions = decisions
         self.circuits = circuits
@@ -56,8 +65,13 @@ class Grants:
         """Store the lease (its slot already reserved) and wait until the data plane has it."""
         self.keys.add(lease)
         await self.link.lease_added(self.gate(lease))
-        log.info("lease_granted", key_id=lease.key_id, account_id=account.id,
-                 expires_at=iso_ms(lease.expires_at_ms), dataplane=self.link.connected)
+        log.info(
+            "lease_granted",
+            key_id=lease.key_id,
+            account_id=account.id,
+            expires_at=iso_ms(lease.expires_at_ms),
+            dataplane=self.link.connected,
+        )
         return Minted(token=token, lease=lease, account=account, base_url=self.base_url_for(account))
 
     async def rebind(self, lease: Lease) -> None:
@@ -70,5 +84,8 @@ class Grants:
         """The release seam's own part: the lease slot, the dispatch's live key, the circuit's
         probe. `ControlService.end_keys` adds forgetting the key and telling the data plane; a
         dispatch key's hop (SPEC §17) keeps the key and re-binds it instead."""
-        await asyncio.gather(self.lease_capacity.release(lease.key_id), self.decisions.end_key(lease.key_id),
-                             self.circuits.on_lease_ended(lease.account_id, lease.key_id, now_ms()))
+        await asyncio.gather(
+            self.lease_capacity.release(lease.key_id),
+            self.decisions.end_key(lease.key_id),
+            self.circuits.on_lease_ended(lease.account_id, lease.key_id, now_ms()),
+        )

@@ -42,9 +42,9 @@ from shared.wire import RATE_LIMIT_KINDS, AttemptRow
 
 log = get_logger("control")
 
-TICK_S = 0.5   # a skip lifts at its reset: the recovery event is at most this late
+TICK_S = 0.5  # a skip lifts at its reset: the recovery event is at most this late
 
-Observed = Callable[[str, str, Observation], None]   # (account, kind, observation) taken from a row
+Observed = Callable[[str, str, Observation], None]  # (account, kind, observation) taken from a row
 
 
 class KindView(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,22 +54,26 @@ class KindView(msgspec.Struct, frozen=True, kw_only=True):
     remaining: int
     reset_at: str | None
     observed_at: str
-    headroom_percent: float | None      # remaining / limit, capped at 100
-    current: bool                       # judged now: a limit, and the reset still ahead
+    headroom_percent: float | None  # remaining / limit, capped at 100
+    current: bool  # judged now: a limit, and the reset still ahead
 
 
 class HeadroomBook:
-    def __init__(self, accounts: frozenset[str], events: EventHub | None = None,
-                 floors: Callable[[], tuple[int, ...]] = lambda: (),
-                 clock: Callable[[], int] = now_ms) -> None:
+    def __init__(
+        self,
+        accounts: frozenset[str],
+        events: EventHub | None = None,
+        floors: Callable[[], tuple[int, ...]] = lambda: (),
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
         self.accounts = accounts
         self.events = events
         self.floors = floors
         self.clock = clock
         self.held: dict[str, dict[str, Observation]] = {}
         self.observed_listeners: list[Observed] = []
-        self._below: dict[str, frozenset[int]] = {}    # account → floors it is below now
-        self._floors: tuple[int, ...] = ()             # the policy's, as last read (`refresh_floors`)
+        self._below: dict[str, frozenset[int]] = {}  # account → floors it is below now
+        self._floors: tuple[int, ...] = ()  # the policy's, as last read (`refresh_floors`)
 
     # ---- in -------------------------------------------------------------------------------------
 
@@ -108,19 +112,26 @@ class HeadroomBook:
 
     def view(self, account_id: str, now: int) -> dict[str, KindView]:
         """kind → its latest observation (every kind the account's answers reported)."""
-        return {kind: KindView(limit=o.limit, remaining=o.remaining,
-                               reset_at=None if o.reset_at_ms is None else iso_ms(o.reset_at_ms),
-                               observed_at=iso_ms(o.observed_at_ms), headroom_percent=_rounded(o),
-                               current=current(o, now))
-                for kind, o in sorted(self.held.get(account_id, {}).items(),
-                                      key=lambda item: RATE_LIMIT_KINDS.index(item[0]))}
+        return {
+            kind: KindView(
+                limit=o.limit,
+                remaining=o.remaining,
+                reset_at=None if o.reset_at_ms is None else iso_ms(o.reset_at_ms),
+                observed_at=iso_ms(o.observed_at_ms),
+                headroom_percent=_rounded(o),
+                current=current(o, now),
+            )
+            for kind, o in sorted(
+                self.held.get(account_id, {}).items(), key=lambda item: RATE_LIMIT_KINDS.index(item[0])
+            )
+        }
 
     def refresh_floors(self, _written: object = None) -> None:
         """Read the policy's floors (each tick, and after each policy write); a chain that
         cannot be read now leaves the last ones in place."""
         try:
             self._floors = tuple(self.floors())
-        except Exception:   # fleet: not validated yet, Redis away; the next tick reads again
+        except Exception:  # fleet: not validated yet, Redis away; the next tick reads again
             pass
 
     def check(self, account_id: str, now: int, floors: tuple[int, ...]) -> None:
@@ -136,10 +147,17 @@ class HeadroomBook:
         for floor, is_below in crossings(was, below):
             kinds = low_kinds(held, floor, now) if is_below else ()
             lifts = lifts_at(held, floor, now) if is_below else None
-            self.events.publish(EventKind.HEADROOM, {
-                "account_id": account_id, "floor_percent": floor,
-                "state": "below" if is_below else "recovered", "kinds": list(kinds),
-                "lifts_at": None if lifts is None else iso_ms(lifts), "at": iso_ms(now)})
+            self.events.publish(
+                EventKind.HEADROOM,
+                {
+                    "account_id": account_id,
+                    "floor_percent": floor,
+                    "state": "below" if is_below else "recovered",
+                    "kinds": list(kinds),
+                    "lifts_at": None if lifts is None else iso_ms(lifts),
+                    "at": iso_ms(now),
+                },
+            )
 
     def tick(self) -> None:
         """Every account, against the policy's floors now: resets that passed, fleet merges."""
@@ -176,12 +194,16 @@ class HeadroomGauges:
 
     def collect(self) -> Iterator[Metric]:
         now = self.book.clock()
-        remaining = GaugeMetricFamily("leasehold_account_ratelimit_remaining",
-                                      "The provider's rate limit left, by account and kind (latest answer).",
-                                      labels=["account_id", "kind"])
-        limit = GaugeMetricFamily("leasehold_account_ratelimit_limit",
-                                  "The provider's rate limit, by account and kind (latest answer).",
-                                  labels=["account_id", "kind"])
+        remaining = GaugeMetricFamily(
+            "leasehold_account_ratelimit_remaining",
+            "The provider's rate limit left, by account and kind (latest answer).",
+            labels=["account_id", "kind"],
+        )
+        limit = GaugeMetricFamily(
+            "leasehold_account_ratelimit_limit",
+            "The provider's rate limit, by account and kind (latest answer).",
+            labels=["account_id", "kind"],
+        )
         for account_id in sorted(self.book.held):
             for kind, o in sorted(self.book.held[account_id].items()):
                 if o.reset_at_ms is not None and o.reset_at_ms <= now:
@@ -195,9 +217,11 @@ class HeadroomGauges:
 
 def policy_floors(policy: Any) -> Callable[[], tuple[int, ...]]:
     """Every distinct `min_headroom_percent` the policy store's levels set (a `PolicyStore`)."""
+
     def floors() -> tuple[int, ...]:
         view = policy.read()
         if not policy.believable(view):
             return ()
         return floors_of(document.min_headroom_percent for document in view.state.documents.values())
+
     return floors

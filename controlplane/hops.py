@@ -37,16 +37,23 @@ log = get_logger("control")
 
 
 class Hopper:
-    def __init__(self, *, keys: KeyTable, routes: RouteBook, desk: MintDesk,
-                 rebind: Callable[[Lease], Awaitable[None]], events: EventHub,
-                 hop_listeners: tuple[Callable[[DispatchHop], None], ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        keys: KeyTable,
+        routes: RouteBook,
+        desk: MintDesk,
+        rebind: Callable[[Lease], Awaitable[None]],
+        events: EventHub,
+        hop_listeners: tuple[Callable[[DispatchHop], None], ...] = (),
+    ) -> None:
         self.keys = keys
         self.routes = routes
         self.desk = desk
         self.rebind = rebind
         self.events = events
-        self.pending: dict[str, Condition] = {}   # key id → the condition that started its hop
-        self.hop_listeners = hop_listeners   # each hop made, in this order
+        self.pending: dict[str, Condition] = {}  # key id → the condition that started its hop
+        self.hop_listeners = hop_listeners  # each hop made, in this order
 
     async def after_rows(self, rows: list[AttemptRow]) -> None:
         """A settle's hook: note the rows that start hops, then run every hop that may proceed."""
@@ -84,20 +91,36 @@ class Hopper:
             log.warning("dispatch_hop_unavailable", key_id=key_id, condition=str(condition), error=str(exc))
             await self.rebind(lease)  # clears the data plane's pending mark
             return
-        if hop is None:   # no decision to hop from (embedded: a control restart forgot it)
+        if hop is None:  # no decision to hop from (embedded: a control restart forgot it)
             log.warning("dispatch_hop_without_decision", key_id=key_id, condition=str(condition))
             await self.rebind(lease)  # clears the data plane's pending mark: the key stays put
             return
         await self.rebind(hop.lease)  # switches the token, or clears the data plane's pending mark
         if not hop.moved:
-            log.info("dispatch_hop_refused", key_id=key_id, condition=str(condition),
-                     refusal_reason=str(hop.decision.refusal_reason))
+            log.info(
+                "dispatch_hop_refused",
+                key_id=key_id,
+                condition=str(condition),
+                refusal_reason=str(hop.decision.refusal_reason),
+            )
             return
-        event = DispatchHop(dispatch_id=lease.dispatch_id, key_id=key_id, from_account=lease.account_id,
-                            to_account=hop.lease.account_id, condition=str(condition), hop=hop.decision.hop,
-                            mint_decision_id=hop.decision.mint_decision_id)
-        log.info("dispatch_hopped", key_id=key_id, from_account=event.from_account,
-                 to_account=event.to_account, condition=event.condition, hop=event.hop)
+        event = DispatchHop(
+            dispatch_id=lease.dispatch_id,
+            key_id=key_id,
+            from_account=lease.account_id,
+            to_account=hop.lease.account_id,
+            condition=str(condition),
+            hop=hop.decision.hop,
+            mint_decision_id=hop.decision.mint_decision_id,
+        )
+        log.info(
+            "dispatch_hopped",
+            key_id=key_id,
+            from_account=event.from_account,
+            to_account=event.to_account,
+            condition=event.condition,
+            hop=event.hop,
+        )
         self.events.publish(EventKind.DISPATCH_HOP, event)
         for listener in self.hop_listeners:
             listener(event)

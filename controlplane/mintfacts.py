@@ -55,9 +55,16 @@ class FactDesk:
     headroom: HeadroomFacts
     configured: Callable[[AccountSpec], bool]
 
-    async def gather(self, lineage: Lineage, worker_role: str | None, model: str | None,
-                     model_class: str | None, *, retry_of: str | None = None,
-                     supersedes: str | None = None) -> Gathered:
+    async def gather(
+        self,
+        lineage: Lineage,
+        worker_role: str | None,
+        model: str | None,
+        model_class: str | None,
+        *,
+        retry_of: str | None = None,
+        supersedes: str | None = None,
+    ) -> Gathered:
         """Everything `decide_mint` reads, for a mint or for explain's dry run of one."""
         early = self._read_early(lineage, worker_role, model, model_class, retry_of or supersedes)
         try:
@@ -69,11 +76,12 @@ class FactDesk:
         policy_ok = not self.policy.is_unavailable()
         if not policy_ok:
             _discard(early)
-            return Gathered(facts=MintFacts(admin_available=admin_ok, policy_available=False,
-                                            lineage=lineage), policy=None)
+            return Gathered(
+                facts=MintFacts(admin_available=admin_ok, policy_available=False, lineage=lineage), policy=None
+            )
         policy = self.policy.resolve(lineage.repo_slug, worker_role)
         candidates = build_candidates(self.registry.accounts, policy, model, model_class)
-        citation = (CitationKind.RETRY if retry_of else CitationKind.SUPERSEDE if supersedes else None)
+        citation = CitationKind.RETRY if retry_of else CitationKind.SUPERSEDE if supersedes else None
         cited_id = retry_of or supersedes
         # One round (fleet: the reads go to Redis at once, not one after another; issue 27), and
         # that round is the chains' own when the policy's candidates are the ones read early.
@@ -87,13 +95,23 @@ class FactDesk:
             live_keys, cited, live = await asyncio.gather(
                 self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
                 _none() if cited_id is None else self._cited(cited_id, candidates),
-                self.live_facts(candidates, floor=policy.min_headroom_percent) if basis else _empty())
+                self.live_facts(candidates, floor=policy.min_headroom_percent) if basis else _empty(),
+            )
         exhausted, unpriced = self._budget_facts(policy.budgets, policy.revision, candidates)
         facts = MintFacts(
-            admin_available=admin_ok, policy_available=True, lineage=lineage, candidates=candidates,
-            citation=citation, cited=cited, dispatch_live=bool(live_keys), fallback_on=policy.fallback_on,
+            admin_available=admin_ok,
+            policy_available=True,
+            lineage=lineage,
+            candidates=candidates,
+            citation=citation,
+            cited=cited,
+            dispatch_live=bool(live_keys),
+            fallback_on=policy.fallback_on,
             max_hops=min(policy.max_fallback_hops, self.settings.max_fallback_hops),
-            live=live, exhausted=exhausted, unpriced_model=unpriced)
+            live=live,
+            exhausted=exhausted,
+            unpriced_model=unpriced,
+        )
         return Gathered(facts=facts, policy=policy)
 
     async def keep_facts(self, lease: Lease, prior: Decision) -> MintFacts:
@@ -106,28 +124,47 @@ class FactDesk:
         await asyncio.gather(self.admin.refresh(), self.policy.refresh())
         account = self.registry.get(prior.account_id)
         assert account is not None
-        candidate = Candidate(account_id=account.id, position=prior.fallback_position or 0,
-                              provider_binding=str(account.provider_binding),
-                              effective_model=prior.effective_model or "")
+        candidate = Candidate(
+            account_id=account.id,
+            position=prior.fallback_position or 0,
+            provider_binding=str(account.provider_binding),
+            effective_model=prior.effective_model or "",
+        )
         holding = await self.lease_capacity.holds(lease.key_id)
         policy_ok = not self.policy.is_unavailable()
-        exhausted, unpriced = (self._budget_facts(self.budgets.on_chain(lease.repo_slug, lease.worker_role),
-                                                  None, (candidate,)) if policy_ok else ((), None))
-        live = ({account.id: LiveFacts(configured=self.configured(account),
-                                       administrative_state=self.admin.state_of(account.id))} if holding
-                else await self.live_facts((candidate,), renewing=lease.key_id))
-        return MintFacts(admin_available=not self.admin.is_unavailable(), policy_available=policy_ok,
-                         lineage=prior.lineage, candidates=(candidate,), live=live, exhausted=exhausted,
-                         unpriced_model=unpriced, holding=holding)
+        exhausted, unpriced = (
+            self._budget_facts(self.budgets.on_chain(lease.repo_slug, lease.worker_role), None, (candidate,))
+            if policy_ok
+            else ((), None)
+        )
+        live = (
+            {
+                account.id: LiveFacts(
+                    configured=self.configured(account), administrative_state=self.admin.state_of(account.id)
+                )
+            }
+            if holding
+            else await self.live_facts((candidate,), renewing=lease.key_id)
+        )
+        return MintFacts(
+            admin_available=not self.admin.is_unavailable(),
+            policy_available=policy_ok,
+            lineage=prior.lineage,
+            candidates=(candidate,),
+            live=live,
+            exhausted=exhausted,
+            unpriced_model=unpriced,
+            holding=holding,
+        )
 
-    def _budget_facts(self, budgets: tuple[LevelBudget, ...], revision: int | None,
-                      candidates: tuple[Candidate, ...]) -> tuple[tuple[Exhausted, ...], str | None]:
+    def _budget_facts(
+        self, budgets: tuple[LevelBudget, ...], revision: int | None, candidates: tuple[Candidate, ...]
+    ) -> tuple[tuple[Exhausted, ...], str | None]:
         """A chain's exhausted budgets, and a candidate's model with no price (SPEC §18: only
         where the chain holds a budget)."""
         if not budgets:
             return (), None
-        unpriced = next((c.effective_model for c in candidates if not self.budgets.is_priced(c.effective_model)),
-                        None)
+        unpriced = next((c.effective_model for c in candidates if not self.budgets.is_priced(c.effective_model)), None)
         return self.budgets.exhausted(budgets, revision), unpriced
 
     async def _cited(self, decision_id: str, candidates: tuple[Candidate, ...]) -> CitedDecision | None:
@@ -138,17 +175,33 @@ class FactDesk:
                 return None
             # Only the outcome of a refused decision is kept; it alone decides the verdict
             # (`fallback-cited-decision-not-selected` is checked before the rest).
-            return CitedDecision(outcome=refused, lineage=Lineage("", "", ""), hop=0, lease_released=True,
-                                 terminal_conditions=(), position_now=None)
+            return CitedDecision(
+                outcome=refused,
+                lineage=Lineage("", "", ""),
+                hop=0,
+                lease_released=True,
+                terminal_conditions=(),
+                position_now=None,
+            )
         position_now = next((c.position for c in candidates if c.account_id == cited.account_id), None)
         released = cited.key_id is None or not await self.lease_capacity.holds(cited.key_id)
-        return CitedDecision(outcome=cited.outcome, lineage=cited.lineage, hop=cited.hop,
-                             lease_released=released,
-                             terminal_conditions=await self.decisions.evidence(decision_id),
-                             position_now=position_now)
+        return CitedDecision(
+            outcome=cited.outcome,
+            lineage=cited.lineage,
+            hop=cited.hop,
+            lease_released=released,
+            terminal_conditions=await self.decisions.evidence(decision_id),
+            position_now=position_now,
+        )
 
-    def _read_early(self, lineage: Lineage, worker_role: str | None, model: str | None, model_class: str | None,
-                    cited_id: str | None) -> tuple[tuple[str, ...], asyncio.Task[Any]] | None:
+    def _read_early(
+        self,
+        lineage: Lineage,
+        worker_role: str | None,
+        model: str | None,
+        model_class: str | None,
+        cited_id: str | None,
+    ) -> tuple[tuple[str, ...], asyncio.Task[Any]] | None:
         """Fleet mode: the Redis reads of a mint on the candidates of the policy as last validated,
         started beside the chains' refresh (issue 27: one round less). `gather` keeps them when the
         refreshed policy yields the same candidates, and reads again otherwise. Not for a
@@ -159,34 +212,40 @@ class FactDesk:
             admin_ok = not self.admin.is_unavailable()
             policy = self.policy.resolve(lineage.repo_slug, worker_role)
             candidates = build_candidates(self.registry.accounts, policy, model, model_class)
-        except Exception:   # a chain not validated lately, or not believable: nothing early
+        except Exception:  # a chain not validated lately, or not believable: nothing early
             return None
         basis = _basis(candidates, admin_ok)
-        reads = asyncio.gather(self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
-                               self._remote_live(candidates) if basis else _none())
+        reads = asyncio.gather(
+            self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
+            self._remote_live(candidates) if basis else _none(),
+        )
         return basis, asyncio.ensure_future(reads)
 
-    async def live_facts(self, candidates: tuple[Candidate, ...], renewing: str | None = None,
-                         floor: int = 0) -> dict[str, LiveFacts]:
+    async def live_facts(
+        self, candidates: tuple[Candidate, ...], renewing: str | None = None, floor: int = 0
+    ) -> dict[str, LiveFacts]:
         """What is true of each candidate's account now. Every read at once (fleet: one round of
         concurrent Redis commands instead of two per candidate in turn). `floor`: the resolved
         policy's `min_headroom_percent` (a renewal passes none: a running dispatch is never moved
         by headroom alone, SPEC §22)."""
         return self._assemble(candidates, await self._remote_live(candidates, renewing), floor)
 
-    async def _remote_live(self, candidates: tuple[Candidate, ...], renewing: str | None = None
-                           ) -> tuple[bool, list[bool], list[int | None], int]:
+    async def _remote_live(
+        self, candidates: tuple[Candidate, ...], renewing: str | None = None
+    ) -> tuple[bool, list[bool], list[int | None], int]:
         """The shared state's part of the live facts (fleet: Redis), read at `now`."""
         now = now_ms()
         accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
         renewing_holds, admits, counts = await asyncio.gather(
             _false() if renewing is None else self.lease_capacity.holds(renewing),
             asyncio.gather(*(self.circuits.admits(a.id, now) for a in accounts if a is not None)),
-            asyncio.gather(*(self._count_if_ceilinged(a) for a in accounts if a is not None)))
+            asyncio.gather(*(self._count_if_ceilinged(a) for a in accounts if a is not None)),
+        )
         return renewing_holds, admits, counts, now
 
-    def _assemble(self, candidates: tuple[Candidate, ...], remote: tuple[bool, list[bool], list[int | None], int],
-                  floor: int) -> dict[str, LiveFacts]:
+    def _assemble(
+        self, candidates: tuple[Candidate, ...], remote: tuple[bool, list[bool], list[int | None], int], floor: int
+    ) -> dict[str, LiveFacts]:
         """The live facts from the shared state's part and this host's own (admin state, headroom)."""
         renewing_holds, admits, counts, now = remote
         accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
@@ -203,7 +262,8 @@ class FactDesk:
                 circuit_admits=circuit_admits,
                 lease_room=ceiling is None or (count is not None and count < ceiling),
                 headroom_low=self.headroom.low(account.id, floor, now),
-                headroom_lifts_at_ms=self.headroom.lifts_at(account.id, floor, now) if floor else None)
+                headroom_lifts_at_ms=self.headroom.lifts_at(account.id, floor, now) if floor else None,
+            )
         return facts
 
     async def _count_if_ceilinged(self, account: AccountSpec) -> int | None:

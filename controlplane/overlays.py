@@ -15,14 +15,14 @@ from shared.codes import AdminState, Condition
 
 
 class AdminOverlay(Protocol):
-    async def refresh(self) -> None: ...           # read the chain as it is now (fleet: off the loop)
-    def is_unavailable(self) -> bool: ...          # chain verdict corrupt → hold every v2 mint
+    async def refresh(self) -> None: ...  # read the chain as it is now (fleet: off the loop)
+    def is_unavailable(self) -> bool: ...  # chain verdict corrupt → hold every v2 mint
     def state_of(self, account_id: str) -> AdminState: ...
 
 
 class PolicySource(Protocol):
-    async def refresh(self) -> None: ...           # read the chain as it is now (fleet: off the loop)
-    def is_unavailable(self) -> bool: ...          # chain unverifiable → hold every v2 mint
+    async def refresh(self) -> None: ...  # read the chain as it is now (fleet: off the loop)
+    def is_unavailable(self) -> bool: ...  # chain unverifiable → hold every v2 mint
     def resolve(self, repo_slug: str, worker_role: str | None) -> ResolvedPolicy: ...
 
 

@@ -1,6 +1,6 @@
 """The control daemon's ports: the narrow faces its parts see of one another, instead of the hub.
 
-`controlplane.main.wire` builds every collaborator and hands each the ports it uses, never the
+`controlplane.wiring.wire` builds every collaborator and hands each the ports it uses, never the
 `ControlService` itself; `tests/unit/test_ports.py` fails when a module outside `main.py` and
 this one reaches `service.` for anything. What each port holds:
 - reads: `AccountReads` (the registry), `LeaseReads` (the key table), `FlightReads` and
@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from controlplane.grants import Minted
     from controlplane.registry import AccountSpec
 
-RowSink = Callable[[AttemptRow], None]   # a recorded terminal row (a sink's bug never costs its Ack)
-SettleHook = Callable[[list[AttemptRow]], Awaitable[None]]   # a settle's rows, folded, not yet acked
-Configured = Callable[["AccountSpec"], bool]   # whether an account's credential is set
+RowSink = Callable[[AttemptRow], None]  # a recorded terminal row (a sink's bug never costs its Ack)
+SettleHook = Callable[[list[AttemptRow]], Awaitable[None]]  # a settle's rows, folded, not yet acked
+Configured = Callable[["AccountSpec"], bool]  # whether an account's credential is set
 
 
 class AccountReads(Protocol):
@@ -65,8 +65,8 @@ class RouteReads(FlightReads, Protocol):
     active: dict[str, AttemptRow]
     recent: deque[AttemptRow]
     sockets_open: dict[str, int]
-    connections: ConnectionCounts   # the data plane's SPEC §19 counters, as last reported
-    dataplane_loops: list[LoopReport]   # fleet mode: the data plane's Redis loops, as last reported
+    connections: ConnectionCounts  # the data plane's SPEC §19 counters, as last reported
+    dataplane_loops: list[LoopReport]  # fleet mode: the data plane's Redis loops, as last reported
 
     def recent_view(self, limit: int) -> tuple[list[AttemptRow], bool, int, str | None]: ...
 
@@ -114,8 +114,9 @@ class BudgetPort(Protocol):
 class V1Keys(Protocol):
     """SPEC §5: the v1 mint and revoke (`POST`/`DELETE /control/v1/keys`)."""
 
-    async def mint_v1(self, binding: Binding, principal_kind: str, principal_id: str,
-                      repo_slug: str, ttl_seconds: int | None) -> Minted: ...
+    async def mint_v1(
+        self, binding: Binding, principal_kind: str, principal_id: str, repo_slug: str, ttl_seconds: int | None
+    ) -> Minted: ...
     async def revoke(self, key_id: str) -> bool: ...
 
 

@@ -44,10 +44,15 @@ class AccountSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     def route(self) -> AccountRoute:
         return AccountRoute(
-            id=self.id, provider_binding=str(self.provider_binding), wire=self.wire,
-            base_url=self.base_url, auth_style=str(self.auth_style),
-            credential_env=self.credential_env, request_capacity=self.request_capacity,
-            models=self.models, lease_capacity=self.lease_capacity,
+            id=self.id,
+            provider_binding=str(self.provider_binding),
+            wire=self.wire,
+            base_url=self.base_url,
+            auth_style=str(self.auth_style),
+            credential_env=self.credential_env,
+            request_capacity=self.request_capacity,
+            models=self.models,
+            lease_capacity=self.lease_capacity,
         )
 
 
@@ -73,18 +78,33 @@ class RegistryError(Exception):
 
 def legacy_accounts(settings: Settings) -> list[AccountSpec]:
     return [
-        AccountSpec(id="legacy-anthropic", display_name="Anthropic (legacy)",
-                    provider_binding=Binding.ANTHROPIC, base_url=settings.anthropic_base_url,
-                    auth_style=AuthStyle.X_API_KEY, credential_env="GATEWAY_ANTHROPIC_API_KEY",
-                    models=("claude-*",)),
-        AccountSpec(id="legacy-zai-harness", display_name="Z.ai harness (legacy)",
-                    provider_binding=Binding.ZAI_HARNESS, base_url=settings.zai_base_url,
-                    auth_style=AuthStyle.BEARER, credential_env="GATEWAY_ZAI_API_KEY",
-                    models=("glm-*",)),
-        AccountSpec(id="legacy-openai", display_name="OpenAI (legacy)",
-                    provider_binding=Binding.OPENAI, base_url=settings.openai_base_url,
-                    auth_style=AuthStyle.BEARER, credential_env="GATEWAY_OPENAI_API_KEY",
-                    models=("gpt-*", "o[0-9]*", "codex-*", "text-embedding-*")),
+        AccountSpec(
+            id="legacy-anthropic",
+            display_name="Anthropic (legacy)",
+            provider_binding=Binding.ANTHROPIC,
+            base_url=settings.anthropic_base_url,
+            auth_style=AuthStyle.X_API_KEY,
+            credential_env="GATEWAY_ANTHROPIC_API_KEY",
+            models=("claude-*",),
+        ),
+        AccountSpec(
+            id="legacy-zai-harness",
+            display_name="Z.ai harness (legacy)",
+            provider_binding=Binding.ZAI_HARNESS,
+            base_url=settings.zai_base_url,
+            auth_style=AuthStyle.BEARER,
+            credential_env="GATEWAY_ZAI_API_KEY",
+            models=("glm-*",),
+        ),
+        AccountSpec(
+            id="legacy-openai",
+            display_name="OpenAI (legacy)",
+            provider_binding=Binding.OPENAI,
+            base_url=settings.openai_base_url,
+            auth_style=AuthStyle.BEARER,
+            credential_env="GATEWAY_OPENAI_API_KEY",
+            models=("gpt-*", "o[0-9]*", "codex-*", "text-embedding-*"),
+        ),
     ]
 
 
@@ -109,13 +129,19 @@ def load_accounts_file(path: str) -> list[AccountSpec]:
             raise RegistryError(f"{where}: {exc}") from exc
         _check_entry(item, where, seen)
         seen.add(item.id)
-        specs.append(AccountSpec(
-            id=item.id, display_name=item.display_name or item.id,
-            provider_binding=item.provider_binding, base_url=item.base_url.rstrip("/"),
-            auth_style=item.auth_style, credential_env=item.credential_env,
-            models=tuple(item.models), lease_capacity=item.lease_capacity,
-            request_capacity=item.request_capacity,
-        ))
+        specs.append(
+            AccountSpec(
+                id=item.id,
+                display_name=item.display_name or item.id,
+                provider_binding=item.provider_binding,
+                base_url=item.base_url.rstrip("/"),
+                auth_style=item.auth_style,
+                credential_env=item.credential_env,
+                models=tuple(item.models),
+                lease_capacity=item.lease_capacity,
+                request_capacity=item.request_capacity,
+            )
+        )
     return specs
 
 

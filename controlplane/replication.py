@@ -47,11 +47,14 @@ class DataPlaneLink:
         self.conn: Connection | None = None
         self.peer_pid: int | None = None
         self.ready = asyncio.Event()
-        self.priced: list[str] | None = None   # the price table's globs, sent with each snapshot
+        self.priced: list[str] | None = None  # the price table's globs, sent with each snapshot
 
-    def bind(self, snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
-             on_message: Callable[[Connection, Message], Awaitable[None]],
-             on_disconnect: Callable[[], None]) -> None:
+    def bind(
+        self,
+        snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
+        on_message: Callable[[Connection, Message], Awaitable[None]],
+        on_disconnect: Callable[[], None],
+    ) -> None:
         """What the link serves from: the service that owns the leases and takes the rows."""
         self._snapshot = snapshot
         self._on_message = on_message
@@ -90,8 +93,9 @@ class DataPlaneLink:
         try:
             leases, routes, storage_ok = self._snapshot()
             await conn.request(
-                lambda rid: Snapshot(req_id=rid, leases=leases, accounts=routes, storage_ok=storage_ok,
-                                     priced=self.priced),
+                lambda rid: Snapshot(
+                    req_id=rid, leases=leases, accounts=routes, storage_ok=storage_ok, priced=self.priced
+                ),
                 ACK_TIMEOUT_S,
             )
             self.ready.set()

@@ -20,9 +20,23 @@ def as_started(row: AttemptRow) -> AttemptRow:
     """A terminal row as its start was (what the data plane announces before the upstream
     answers): for the `route.started` event of an attempt reported once, by its finished row."""
     return msgspec.structs.replace(
-        row, served_model=None, finished_at=None, status=None, http_status=None, condition=None,
-        refusal_reason=None, usage=None, cost_usd=None, cost_reason=None, overhead_ms=None,
-        retry_after_s=None, bytes_out=0, duration_ms=None, rate_limits=None, first_byte_ms=None)
+        row,
+        served_model=None,
+        finished_at=None,
+        status=None,
+        http_status=None,
+        condition=None,
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=None,
+        retry_after_s=None,
+        bytes_out=0,
+        duration_ms=None,
+        rate_limits=None,
+        first_byte_ms=None,
+    )
 
 
 class RouteBook:
@@ -92,9 +106,9 @@ class RouteView(msgspec.Struct, frozen=True, kw_only=True):
     cost_usd: float | None
     cost_reason: str | None
     overhead_ms: float | None
-    rate_limits: dict | None = None     # the provider's headroom the answer stated (SPEC §22)
-    transport: str = "http"      # SPEC §14, §20: "http" | "websocket"
-    hop: int = 0                 # SPEC §8, §14
+    rate_limits: dict | None = None  # the provider's headroom the answer stated (SPEC §22)
+    transport: str = "http"  # SPEC §14, §20: "http" | "websocket"
+    hop: int = 0  # SPEC §8, §14
     first_byte_ms: float | None = None  # SPEC §14: sent upstream → first response byte
 
 

@@ -3,7 +3,7 @@
 HTTP handlers and the RPC call these; this module does the I/O ordering (key table → capacity
 → replication) and leaves decisions to `core`. Every path that ends a key goes through
 `end_keys`, the one release seam. Storing and pushing a lease is `controlplane/grants.Grants`'s.
-Built by `controlplane.main.wire` with every collaborator, and seen by the rest of the daemon
+Built by `controlplane.wiring.wire` with every collaborator, and seen by the rest of the daemon
 only through the ports of `controlplane/ports.py`.
 """
 
@@ -57,23 +57,38 @@ LOST_ROUTE_GRACE_S = 5.0
 
 
 class ControlService:
-    """Keys, the release seam and the attempt rows. Built by `controlplane.main.wire`, which
+    """Keys, the release seam and the attempt rows. Built by `controlplane.wiring.wire`, which
     hands it every collaborator; it builds none of them, and binds none (the link is bound to it
     by `wire`)."""
 
-    def __init__(self, settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger,
-                 prices: PriceTable, *, routes: RouteBook, lease_capacity: CapacityStore,
-                 circuits: CircuitRegistry, decisions: DecisionStore, evidence: EvidenceBook,
-                 events: EventHub, link: DataPlaneLink, grants: Grants, budgets: BudgetPort,
-                 configured: Configured, row_sinks: tuple[RowSink, ...] = (),
-                 settle_hooks: tuple[SettleHook, ...] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        keys: KeyTable,
+        ledger: Ledger,
+        prices: PriceTable,
+        *,
+        routes: RouteBook,
+        lease_capacity: CapacityStore,
+        circuits: CircuitRegistry,
+        decisions: DecisionStore,
+        evidence: EvidenceBook,
+        events: EventHub,
+        link: DataPlaneLink,
+        grants: Grants,
+        budgets: BudgetPort,
+        configured: Configured,
+        row_sinks: tuple[RowSink, ...] = (),
+        settle_hooks: tuple[SettleHook, ...] = (),
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.keys = keys
         self.ledger = ledger
         self.prices = prices
         self._price_of = PriceLookup(prices)
-        self.configured = configured   # whether an account's credential is set
+        self.configured = configured  # whether an account's credential is set
         self.routes = routes
         self.lease_capacity = lease_capacity
         self.circuits = circuits
@@ -97,8 +112,9 @@ class ControlService:
         """Re-take the lease slots and live dispatch keys of the leases the key journal kept."""
         for lease in self.keys.all():
             account = self.registry.get(lease.account_id)
-            await self.lease_capacity.reserve(lease.account_id, lease.key_id,
-                                              None if account is None else account.lease_capacity)
+            await self.lease_capacity.reserve(
+                lease.account_id, lease.key_id, None if account is None else account.lease_capacity
+            )
             if lease.dispatch_id is not None:
                 await self.decisions.note_live(lease.key_id, lease.repo_slug, lease.dispatch_id)
 
@@ -111,26 +127,39 @@ class ControlService:
 
     # ---- mint and the release seam ------------------------------------------------------
 
-    async def mint_v1(self, binding: Binding, principal_kind: str, principal_id: str,
-                      repo_slug: str, ttl_seconds: int | None) -> Minted:
+    async def mint_v1(
+        self, binding: Binding, principal_kind: str, principal_id: str, repo_slug: str, ttl_seconds: int | None
+    ) -> Minted:
         account = self.registry.legacy_for(binding)
         if not self.configured(account):
-            raise GatewayError(Refusal.ACCOUNT_NOT_CONFIGURED,
-                               f"the legacy account for binding {binding!s} ({account.id}) has no "
-                               f"credential: set {account.credential_env}")
-        held = self.budgets.hold_of(repo_slug, None)   # a v1 mint names no model: its price is the request's check
+            raise GatewayError(
+                Refusal.ACCOUNT_NOT_CONFIGURED,
+                f"the legacy account for binding {binding!s} ({account.id}) has no "
+                f"credential: set {account.credential_env}",
+            )
+        held = self.budgets.hold_of(repo_slug, None)  # a v1 mint names no model: its price is the request's check
         if held:
-            raise GatewayError(Refusal.BUDGET_EXHAUSTED, f"the {exhausted_levels(held)} is exhausted; "
-                               "mints for this scope are held until it resets", retry_after_s=retry_after_s(held),
-                               extra={"budgets": [{"level": e.level, "window": str(e.window)} for e in held]})
+            raise GatewayError(
+                Refusal.BUDGET_EXHAUSTED,
+                f"the {exhausted_levels(held)} is exhausted; mints for this scope are held until it resets",
+                retry_after_s=retry_after_s(held),
+                extra={"budgets": [{"level": e.level, "window": str(e.window)} for e in held]},
+            )
         ttl_s = ttl_seconds or self.settings.key_ttl_seconds
         token, key_id, digest = new_token()
-        lease = Lease(key_id=key_id, digest=digest, account_id=account.id,
-                      expires_at_ms=now_ms() + ttl_s * 1000, principal_kind=principal_kind,
-                      principal_id=principal_id, repo_slug=repo_slug)
+        lease = Lease(
+            key_id=key_id,
+            digest=digest,
+            account_id=account.id,
+            expires_at_ms=now_ms() + ttl_s * 1000,
+            principal_kind=principal_kind,
+            principal_id=principal_id,
+            repo_slug=repo_slug,
+        )
         if not await self.lease_capacity.reserve(account.id, lease.key_id, account.lease_capacity):
-            raise GatewayError(Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity",
-                               retry_after_s=1)
+            raise GatewayError(
+                Refusal.NO_ELIGIBLE_ACCOUNT, f"account {account.id} is at its lease capacity", retry_after_s=1
+            )
         return await self.grants.grant(lease, account, token)
 
     async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
@@ -184,7 +213,7 @@ class ControlService:
             self.routes.sockets_open = {k: v for k, v in message.counts.items() if v > 0}
         elif isinstance(message, ConnectionCounts):
             self.routes.connections = message
-        elif isinstance(message, FleetLoops):   # fleet mode: the data plane's Redis loops (SPEC §19)
+        elif isinstance(message, FleetLoops):  # fleet mode: the data plane's Redis loops (SPEC §19)
             self.routes.dataplane_loops = list(message.loops)
         else:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
@@ -194,8 +223,9 @@ class ControlService:
         schedule the settle that writes it and folds it into the circuits and the decisions
         (`settle` awaits that)."""
         if not self.ledger.has(row.attempt_id):
-            cost, reason = cost_of(self._price_of, row.served_model or row.requested_model, row.usage,
-                                   row.path, row.http_status)
+            cost, reason = cost_of(
+                self._price_of, row.served_model or row.requested_model, row.usage, row.path, row.http_status
+            )
             row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
             self.ledger.stage(row)
             self.routes.finished(row)
@@ -248,8 +278,9 @@ class ControlService:
                     log.exception("settle_hook_failed")
             for conn, req_ids in acks_by_connection(unacked).items():
                 try:  # one frame per connection for the whole settle (issue 27)
-                    conn.send_nowait(Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1
-                                     else Acks(req_ids=req_ids, ok=ok))
+                    conn.send_nowait(
+                        Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1 else Acks(req_ids=req_ids, ok=ok)
+                    )
                 except ConnectionError:
                     pass  # the link went away: the data plane re-sends the row, deduplicated here
         finally:
@@ -293,6 +324,12 @@ class ControlService:
             if row.attempt_id in self.routes.active or self.ledger.has(row.attempt_id):
                 continue
             log.warning("route_lost_with_dataplane", attempt_id=row.attempt_id, account_id=row.account_id)
-            self.record(msgspec.structs.replace(
-                row, finished_at=finished_at, status=str(AttemptStatus.TRANSPORT_ERROR),
-                refusal_reason=str(Refusal.DATAPLANE_LOST), condition=None))
+            self.record(
+                msgspec.structs.replace(
+                    row,
+                    finished_at=finished_at,
+                    status=str(AttemptStatus.TRANSPORT_ERROR),
+                    refusal_reason=str(Refusal.DATAPLANE_LOST),
+                    condition=None,
+                )
+            )

@@ -43,9 +43,9 @@ from shared.wire import AttemptRow
 log = get_logger("spend")
 
 LIVE_CHECKPOINT = "ledger.spend.json"
-TICK_S = 10.0                 # how late after midnight a quiet ledger may rotate
-CHECKPOINT_BYTES = 32 << 20   # ~50k rows: the most of the live file a start re-reads (~0.3 s)
-HEAD_LINE_MAX = 1 << 20   # the checkpoint names its file by inode and by a hash of its first line
+TICK_S = 10.0  # how late after midnight a quiet ledger may rotate
+CHECKPOINT_BYTES = 32 << 20  # ~50k rows: the most of the live file a start re-reads (~0.3 s)
+HEAD_LINE_MAX = 1 << 20  # the checkpoint names its file by inode and by a hash of its first line
 
 _encode = msgspec.json.Encoder().encode
 
@@ -63,9 +63,9 @@ class SpendBook:
         # What views and budgets read: this host's fold, or in fleet mode the fleet's spend
         # (`FleetCells`, kept by `controlplane/fleet/spend.FleetSpend`).
         self.cells: SpendCells = self.fold
-        self.clock: Callable[[], int] = ledger.clock   # one now for the ledger's days and the windows
-        self.loaded = {"segments": 0, "summaries": 0, "live_rows": 0}   # what the rebuild read
-        self._checkpoint: tuple[int, str, int, segments.Folding] | None = None   # inode, head, offset
+        self.clock: Callable[[], int] = ledger.clock  # one now for the ledger's days and the windows
+        self.loaded = {"segments": 0, "summaries": 0, "live_rows": 0}  # what the rebuild read
+        self._checkpoint: tuple[int, str, int, segments.Folding] | None = None  # inode, head, offset
         self._checkpointing = False
 
     def add(self, row: AttemptRow) -> None:
@@ -81,7 +81,7 @@ class SpendBook:
         month_start = key_at(Window.MONTH, at_ms).replace("-", "") + "01"
         state_dir = ledger.state_dir
         for name in segments.segment_names(state_dir):
-            if segments.day_of(name) >= month_start:   # a row is written on or after its day
+            if segments.day_of(name) >= month_start:  # a row is written on or after its day
                 book._load_segment(state_dir, name, wanted)
         book._load_live(wanted)
         log.info("spend_rebuilt", month=key_at(Window.MONTH, at_ms), **book.loaded)
@@ -90,11 +90,11 @@ class SpendBook:
     def _load_segment(self, state_dir: str, name: str, wanted: set[str]) -> None:
         self.loaded["segments"] += 1
         part = segments.part_path(state_dir, name)
-        if os.path.exists(part):   # a rotation not finished yet: its rows are only here ...
+        if os.path.exists(part):  # a rotation not finished yet: its rows are only here ...
             try:
                 segments.fold_file(part, 0, segments.Folding(self.fold))
                 return
-            except FileNotFoundError:   # ... unless it finished meanwhile: its summary has them
+            except FileNotFoundError:  # ... unless it finished meanwhile: its summary has them
                 pass
         path = segments.summary_path(state_dir, name)
         head = segments.read_summary(path)
@@ -122,8 +122,12 @@ class SpendBook:
                 return
             checkpoint = segments.read_summary(os.path.join(self.ledger.state_dir, LIVE_CHECKPOINT))
             start = 0
-            if (checkpoint is not None and checkpoint.inode == st.st_ino and checkpoint.offset <= st.st_size
-                    and checkpoint.head == head_hash(handle)):
+            if (
+                checkpoint is not None
+                and checkpoint.inode == st.st_ino
+                and checkpoint.offset <= st.st_size
+                and checkpoint.head == head_hash(handle)
+            ):
                 segments.merge_windows(self.fold, checkpoint, wanted)
                 start = checkpoint.offset
             handle.seek(start)
@@ -141,7 +145,7 @@ class SpendBook:
 
     def _write_checkpoint(self) -> None:
         try:
-            with open(self.ledger.path, "rb") as handle:   # one file throughout, even if it is rotated now
+            with open(self.ledger.path, "rb") as handle:  # one file throughout, even if it is rotated now
                 st = os.fstat(handle.fileno())
                 head = head_hash(handle)
                 held = self._checkpoint
@@ -151,17 +155,18 @@ class SpendBook:
                 offset = segments.fold_lines(handle, held[2], held[3])
             self._checkpoint = (st.st_ino, head, offset, held[3])
             summary = held[3].summary("live", offset=offset, inode=st.st_ino, head=head)
-            segments.write_atomically(os.path.join(self.ledger.state_dir, LIVE_CHECKPOINT),
-                                      _encode(msgspec.structs.replace(summary, tail_ids=[])))
+            segments.write_atomically(
+                os.path.join(self.ledger.state_dir, LIVE_CHECKPOINT),
+                _encode(msgspec.structs.replace(summary, tail_ids=[])),
+            )
         except FileNotFoundError:
-            pass   # rotated a moment ago and not written since: nothing to checkpoint
+            pass  # rotated a moment ago and not written since: nothing to checkpoint
         finally:
             self._checkpointing = False
 
     # ---- views ----------------------------------------------------------------------------
 
-    def statuses(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap,
-                 at_ms: int) -> list[BudgetStatus]:
+    def statuses(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, at_ms: int) -> list[BudgetStatus]:
         return [budget_status(budget, self.cells, tenancy, at_ms) for budget in budgets]
 
     def exhausted(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, at_ms: int) -> tuple[Exhausted, ...]:

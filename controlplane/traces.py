@@ -44,7 +44,7 @@ from shared.wire import AttemptRow
 
 log = get_logger("control")
 
-NOTES_CAP = 8192            # decisions remembered for the attempts that follow them
+NOTES_CAP = 8192  # decisions remembered for the attempts that follow them
 SHUTDOWN_TIMEOUT_MS = 2000  # a stopping control waits this long at most for a collector
 
 
@@ -52,6 +52,7 @@ def leasehold_version() -> str:
     """The installed package's version, for the spans' instrumentation scope. Read when export
     starts: `importlib.metadata` (~1 MiB and a scan of sys.path) is not imported at every start."""
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("leasehold")
     except PackageNotFoundError:  # run from a checkout that was not installed
@@ -64,13 +65,13 @@ class Traces:
     def __init__(self, config: TraceSettings, registry: Registry, host_id: str | None) -> None:
         self.config = config
         self.registry = registry
-        self.host_id = host_id      # fleet mode: `leasehold.host_id` on the resource
+        self.host_id = host_id  # fleet mode: `leasehold.host_id` on the resource
         self.dropped = 0
         self.exported = 0
         self.notes: OrderedDict[str, DecisionNote] = OrderedDict()
         self.started = False
         self._accounts: dict[str, Account] = {}
-        self._processor: Any = None    # the SDK's objects, once `start` imported it
+        self._processor: Any = None  # the SDK's objects, once `start` imported it
         self._resource: Any = None
         self._scope: Any = None
         self._readable: Any = None
@@ -115,9 +116,16 @@ class Traces:
         """A dispatch key moved (SPEC §17): a `leasehold.dispatch_hop` event beside the mint's."""
         note = self.notes.get(hop.mint_decision_id) or DecisionNote(hop=hop.hop)
         at_ns = note.events[0].at_ns if note.events else 0
-        event = SpanEvent(name="leasehold.dispatch_hop", at_ns=at_ns, attributes={
-            "leasehold.from_account": hop.from_account, "leasehold.to_account": hop.to_account,
-            "leasehold.condition": hop.condition, "leasehold.hop": hop.hop})
+        event = SpanEvent(
+            name="leasehold.dispatch_hop",
+            at_ns=at_ns,
+            attributes={
+                "leasehold.from_account": hop.from_account,
+                "leasehold.to_account": hop.to_account,
+                "leasehold.condition": hop.condition,
+                "leasehold.hop": hop.hop,
+            },
+        )
         self._note(hop.mint_decision_id, DecisionNote(hop=hop.hop, events=(*note.events, event)))
 
     def _note(self, decision_id: str, note: DecisionNote) -> None:
@@ -147,21 +155,32 @@ class Traces:
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)  # our own lines say what failed, once
         c = self.config
         exporter = exporter or OTLPSpanExporter(
-            endpoint=c.endpoint, headers=dict(c.headers), timeout=c.timeout_s,
+            endpoint=c.endpoint,
+            headers=dict(c.headers),
+            timeout=c.timeout_s,
             compression=Compression.Gzip if c.compression == "gzip" else Compression.NoCompression,
-            certificate_file=c.certificate_file, client_key_file=c.client_key_file,
-            client_certificate_file=c.client_certificate_file)
+            certificate_file=c.certificate_file,
+            client_key_file=c.client_key_file,
+            client_certificate_file=c.client_certificate_file,
+        )
         self._processor = CountingProcessor(
-            CountingExporter(exporter, self), self, max_queue_size=c.bsp_max_queue_size,
+            CountingExporter(exporter, self),
+            self,
+            max_queue_size=c.bsp_max_queue_size,
             schedule_delay_millis=c.bsp_schedule_delay_ms,
             max_export_batch_size=min(c.bsp_max_export_batch_size, c.bsp_max_queue_size),
-            export_timeout_millis=c.bsp_export_timeout_ms)
+            export_timeout_millis=c.bsp_export_timeout_ms,
+        )
         self._resource = FixedResource(self.resource())
         self._scope = InstrumentationScope("leasehold", leasehold_version())
         self._readable = readable_span
         self.started = True
-        log.info("traces_exporting", endpoint=self.shown_endpoint, queue=c.bsp_max_queue_size,
-                 delay_ms=c.bsp_schedule_delay_ms)
+        log.info(
+            "traces_exporting",
+            endpoint=self.shown_endpoint,
+            queue=c.bsp_max_queue_size,
+            delay_ms=c.bsp_schedule_delay_ms,
+        )
 
     @property
     def shown_endpoint(self) -> str:
@@ -172,7 +191,8 @@ class Traces:
 
     def resource(self) -> dict[str, str]:
         """SPEC §21's resource: `OTEL_RESOURCE_ATTRIBUTES`, then `service.name` (from
-        `OTEL_SERVICE_NAME`, else `leasehold`), `host.name`, and the fleet's host id."""
+        `OTEL_SERVICE_NAME`, else the resource attributes' own, else `leasehold`: settled by
+        `shared/otelsettings.py`), `host.name`, and the fleet's host id."""
         attrs = dict(self.config.resource)
         attrs["service.name"] = self.config.service_name
         attrs.setdefault("host.name", socket.gethostname())
@@ -211,14 +231,22 @@ class Traces:
 
 def mint_event(decision: Decision) -> SpanEvent:
     """The `leasehold.mint` event: what the decision chose and why, never a token or digest."""
-    attrs: dict[str, Any] = {"leasehold.mint_decision_id": decision.mint_decision_id,
-                             "leasehold.outcome": str(decision.outcome), "leasehold.hop": decision.hop,
-                             "leasehold.policy_revision": decision.policy_revision,
-                             "leasehold.fallback_driver": decision.driver}
-    optional = {"leasehold.account_id": decision.account_id, "leasehold.fallback_position": decision.fallback_position,
-                "leasehold.model_class": decision.model_class, "leasehold.effective_model": decision.effective_model,
-                "leasehold.retry_of": decision.retry_of, "leasehold.renewal_of": decision.renewal_of,
-                "leasehold.condition": None if decision.hop_condition is None else str(decision.hop_condition)}
+    attrs: dict[str, Any] = {
+        "leasehold.mint_decision_id": decision.mint_decision_id,
+        "leasehold.outcome": str(decision.outcome),
+        "leasehold.hop": decision.hop,
+        "leasehold.policy_revision": decision.policy_revision,
+        "leasehold.fallback_driver": decision.driver,
+    }
+    optional = {
+        "leasehold.account_id": decision.account_id,
+        "leasehold.fallback_position": decision.fallback_position,
+        "leasehold.model_class": decision.model_class,
+        "leasehold.effective_model": decision.effective_model,
+        "leasehold.retry_of": decision.retry_of,
+        "leasehold.renewal_of": decision.renewal_of,
+        "leasehold.condition": None if decision.hop_condition is None else str(decision.hop_condition),
+    }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     if decision.skipped:
         attrs["leasehold.skipped"] = tuple(f"{s.account_id}:{s.code}" for s in decision.skipped)[:16]
@@ -235,7 +263,8 @@ class TraceCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        yield CounterMetricFamily("leasehold_trace_spans_dropped",
-                                  "Attempt spans lost before a collector took them (SPEC §21).",
-                                  value=0 if self.traces is None else self.traces.dropped)
-
+        yield CounterMetricFamily(
+            "leasehold_trace_spans_dropped",
+            "Attempt spans lost before a collector took them (SPEC §21).",
+            value=0 if self.traces is None else self.traces.dropped,
+        )

@@ -60,13 +60,32 @@ def readable_span(plan: SpanPlan, resource: Resource, scope: InstrumentationScop
     parent = state = None
     if plan.parent is not None:
         state = TraceState.from_header([plan.parent.tracestate]) if plan.parent.tracestate else None
-        parent = SpanContext(int(plan.parent.trace_id, 16), int(plan.parent.span_id, 16), is_remote=True,
-                             trace_flags=TraceFlags(plan.parent.flags), trace_state=state)
-    context = SpanContext(int(plan.trace_id, 16), int(plan.span_id, 16), is_remote=False, trace_flags=_SAMPLED,
-                          trace_state=state)
+        parent = SpanContext(
+            int(plan.parent.trace_id, 16),
+            int(plan.parent.span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(plan.parent.flags),
+            trace_state=state,
+        )
+    context = SpanContext(
+        int(plan.trace_id, 16), int(plan.span_id, 16), is_remote=False, trace_flags=_SAMPLED, trace_state=state
+    )
     events = [Event(e.name, _bounded(e.attributes), e.at_ns or plan.start_ns) for e in plan.events]
-    return ReadableSpan(plan.name, context, parent, resource, _bounded(plan.attributes), events, (), SpanKind.CLIENT,
-                        None, _ERROR if plan.error_type is not None else _UNSET, plan.start_ns, plan.end_ns, scope)
+    return ReadableSpan(
+        plan.name,
+        context,
+        parent,
+        resource,
+        _bounded(plan.attributes),
+        events,
+        (),
+        SpanKind.CLIENT,
+        None,
+        _ERROR if plan.error_type is not None else _UNSET,
+        plan.start_ns,
+        plan.end_ns,
+        scope,
+    )
 
 
 class CountingProcessor(BatchSpanProcessor):

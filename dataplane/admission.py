@@ -45,6 +45,7 @@ from shared.fleet.entries import FleetEntries
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
+from shared.fleet.scriptline import ScriptLine
 from shared.logging import get_logger
 from shared.supervisor import Supervisor
 
@@ -69,26 +70,31 @@ def hold_reason(lapsed: bool, failing: Sequence[str]) -> str | None:
     if lapsed:
         return "this gateway host's place in the fleet has lapsed (its control is not heartbeating)"
     if failing:
-        return (f"this gateway host's fleet loop{'s' if len(failing) > 1 else ''} {', '.join(failing)} "
-                f"keep{'' if len(failing) > 1 else 's'} failing, so its fleet state is not current")
+        return (
+            f"this gateway host's fleet loop{'s' if len(failing) > 1 else ''} {', '.join(failing)} "
+            f"keep{'' if len(failing) > 1 else 's'} failing, so its fleet state is not current"
+        )
     return None
 
 
 class FleetAdmission:
-    def __init__(self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10,
-                 entries: FleetEntries | None = None) -> None:
+    def __init__(
+        self, client: aredis.Redis, fleet_id: str, host_id: str, ttl_s: float = 10, entries: FleetEntries | None = None
+    ) -> None:
         self.client = client
         self.keys = FleetKeys(fleet_id)
         self.ttl_ms = int(ttl_s * 1000)
         self.check_interval_s = ttl_s / 12
         self.hosts = HostRegistry(client, self.keys, ttl_s, tables=(), entries=entries)  # sealed beats only
-        self.lapsed = False   # this host's control lost its place: ceilinged accounts refused
-        self.supervisor = Supervisor()   # this data plane's Redis loops (SPEC §19)
+        self.lapsed = False  # this host's control lost its place: ceilinged accounts refused
+        self.supervisor = Supervisor()  # this data plane's Redis loops (SPEC §19)
         self.incarnation = Incarnation()
-        self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation)
-        self.held: dict[str, tuple[str, int]] = {}   # attempt id → (account, ceiling), in flight here
-        self.pending_release: set[str] = set()       # releases that could not reach Redis yet
-        self.owed: list[str] = []                    # answered; released by the next reserve or flush
+        # the hot scripts (reserve, the window's release) on a connection of their own (issue 27)
+        self.line = ScriptLine.of(client)
+        self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation, self.line)
+        self.held: dict[str, tuple[str, int]] = {}  # attempt id → (account, ceiling), in flight here
+        self.pending_release: set[str] = set()  # releases that could not reach Redis yet
+        self.owed: list[str] = []  # answered; released by the next reserve or flush
         self._flush: asyncio.TimerHandle | None = None
         self._releases: set[asyncio.Task[None]] = set()
         self.started = False  # `start` done: a previous instance's holders released
@@ -122,10 +128,11 @@ class FleetAdmission:
                 releasing = []
                 await self._reregister()
                 taken = await self.capacity.reserve(account_id, holder, ceiling)
-        except StateUnavailable:
+        except (StateUnavailable, asyncio.CancelledError):
             # A timeout's outcome is unknown: a hung Redis runs the reserve once it resumes. The
             # request is refused, so the holder is released like a failed release (harmless if
-            # it never landed), never leaked; so are the releases it carried.
+            # it never landed), never leaked; so are the releases it carried. A worker that went
+            # away while the reserve was out leaves the same unknown: released alike.
             self.pending_release.add(holder)
             self.pending_release.update(releasing)
             raise
@@ -169,8 +176,12 @@ class FleetAdmission:
         lapsed = has_lapsed(age, self.ttl_ms)
         if lapsed != self.lapsed:
             if lapsed:
-                log.warning("fleet_place_lapsed", host_id=self.capacity.host_id, heartbeat_age_ms=age,
-                            action="ceilinged accounts refused until the heartbeat is fresh")
+                log.warning(
+                    "fleet_place_lapsed",
+                    host_id=self.capacity.host_id,
+                    heartbeat_age_ms=age,
+                    action="ceilinged accounts refused until the heartbeat is fresh",
+                )
             else:
                 log.info("fleet_place_restored", host_id=self.capacity.host_id, heartbeat_age_ms=age)
             self.lapsed = lapsed
@@ -198,4 +209,5 @@ class FleetAdmission:
         self._flush_owed()
         for task in list(self._releases):
             await task
+        self.line.close()
         await self.client.aclose()

@@ -30,9 +30,17 @@ from aiohttp.helpers import EMPTY_BODY_METHODS, parse_content_type
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_writer import _serialize_headers as serialize_headers
 
-__all__ = ["EMPTY_BODY_METHODS", "BoundedRequestHandler", "ConnectionBounds", "HeadersWithBody",
-           "HttpProcessingError", "ResponseHandler",
-           "parse_content_type", "serialize_headers", "server_class"]
+__all__ = [
+    "EMPTY_BODY_METHODS",
+    "BoundedRequestHandler",
+    "ConnectionBounds",
+    "HeadersWithBody",
+    "HttpProcessingError",
+    "ResponseHandler",
+    "parse_content_type",
+    "serialize_headers",
+    "server_class",
+]
 
 
 def server_class(handler: type[web.RequestHandler]) -> type[web.Server]:
@@ -66,7 +74,7 @@ class ConnectionBounds:
         self.max_connections = max_connections
         self.answer = answer
         self.open = 0
-        self.refused = 0        # connections answered 503 connection-limit
+        self.refused = 0  # connections answered 503 connection-limit
         self.head_timeouts = 0  # connections closed for a request head not complete in time
 
 

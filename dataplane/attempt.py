@@ -28,16 +28,44 @@ log = get_logger("dataplane")
 
 
 class Attempt:
-    __slots__ = ("link", "lease", "spec", "wire", "path", "attempt_id", "started_ms", "t0",
-                 "requested_model", "stream", "done", "overhead_ms", "bytes_out", "seen",
-                 "task", "stopping", "response", "http_status", "sse_plain", "row", "trace",
-                 "rate_limits", "asked_usage", "first_byte_ms")
+    __slots__ = (
+        "link",
+        "lease",
+        "spec",
+        "wire",
+        "path",
+        "attempt_id",
+        "started_ms",
+        "t0",
+        "requested_model",
+        "stream",
+        "done",
+        "overhead_ms",
+        "bytes_out",
+        "seen",
+        "task",
+        "stopping",
+        "response",
+        "http_status",
+        "sse_plain",
+        "row",
+        "trace",
+        "rate_limits",
+        "asked_usage",
+        "first_byte_ms",
+    )
 
-    def __init__(self, link: ControlLink, lease: Lease, spec: WireSpec, path: str,
-                 trace: tuple[str | None, str | None] = (None, None)) -> None:
+    def __init__(
+        self,
+        link: ControlLink,
+        lease: Lease,
+        spec: WireSpec,
+        path: str,
+        trace: tuple[str | None, str | None] = (None, None),
+    ) -> None:
         self.link = link
         self.lease = lease
-        self.spec = spec          # its wire, resolved once (`dataplane/wires/table.WIRES`)
+        self.spec = spec  # its wire, resolved once (`dataplane/wires/table.WIRES`)
         self.wire = spec.name
         self.path = path
         self.attempt_id = "att_" + new_ulid()
@@ -48,32 +76,50 @@ class Attempt:
         self.done = False
         self.overhead_ms: float | None = None
         self.bytes_out = 0
-        self.seen: Observation | None = None        # what the relay has learned so far
+        self.seen: Observation | None = None  # what the relay has learned so far
         self.task: asyncio.Task | None = asyncio.current_task()
-        self.stopping = False                          # the drain window ran out
+        self.stopping = False  # the drain window ran out
         self.response: web.StreamResponse | None = None  # set once headers went to the worker
-        self.http_status: int | None = None            # the status the worker was sent
-        self.sse_plain = False                         # relaying uncompressed SSE
-        self.row: AttemptRow | None = None             # as announced; finished by replacing
-        self.trace = trace                             # (traceparent, tracestate), SPEC §21
-        self.rate_limits: RateLimits | None = None     # the upstream answer's (SPEC §22)
-        self.asked_usage = False                       # include_usage set by the gateway (§19)
-        self.first_byte_ms: float | None = None        # sent upstream → first answer byte (§14)
+        self.http_status: int | None = None  # the status the worker was sent
+        self.sse_plain = False  # relaying uncompressed SSE
+        self.row: AttemptRow | None = None  # as announced; finished by replacing
+        self.trace = trace  # (traceparent, tracestate), SPEC §21
+        self.rate_limits: RateLimits | None = None  # the upstream answer's (SPEC §22)
+        self.asked_usage = False  # include_usage set by the gateway (§19)
+        self.first_byte_ms: float | None = None  # sent upstream → first answer byte (§14)
 
     def _started_row(self) -> AttemptRow:
         """The row as announced: everything known before the upstream answers."""
         lease = self.lease
         return AttemptRow(
-            attempt_id=self.attempt_id, key_id=lease.key_id, account_id=lease.account_id,
-            mint_decision_id=lease.mint_decision_id, dispatch_id=lease.dispatch_id,
-            repo_slug=lease.repo_slug, principal_id=lease.principal_id,
-            principal_kind=lease.principal_kind, worker_role=lease.worker_role,
-            wire=self.wire, path=self.path, requested_model=self.requested_model,
-            stream=self.stream, started_at=iso_ms(self.started_ms),
-            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, served_model=None,
-            finished_at=None, status=None, http_status=None, condition=None,
-            refusal_reason=None, usage=None, cost_usd=None, cost_reason=None,
-            traceparent=self.trace[0], tracestate=self.trace[1], hop=lease.hop,
+            attempt_id=self.attempt_id,
+            key_id=lease.key_id,
+            account_id=lease.account_id,
+            mint_decision_id=lease.mint_decision_id,
+            dispatch_id=lease.dispatch_id,
+            repo_slug=lease.repo_slug,
+            principal_id=lease.principal_id,
+            principal_kind=lease.principal_kind,
+            worker_role=lease.worker_role,
+            wire=self.wire,
+            path=self.path,
+            requested_model=self.requested_model,
+            stream=self.stream,
+            started_at=iso_ms(self.started_ms),
+            overhead_ms=self.overhead_ms,
+            bytes_out=self.bytes_out,
+            served_model=None,
+            finished_at=None,
+            status=None,
+            http_status=None,
+            condition=None,
+            refusal_reason=None,
+            usage=None,
+            cost_usd=None,
+            cost_reason=None,
+            traceparent=self.trace[0],
+            tracestate=self.trace[1],
+            hop=lease.hop,
         )
 
     def announce(self) -> None:
@@ -85,10 +131,17 @@ class Attempt:
         self.overhead_ms = round((time.perf_counter() - self.t0 - upstream_wait_s) * 1000, 3)
         return self.overhead_ms
 
-    def finish(self, status: AttemptStatus, http_status: int | None, *,
-               refusal: Refusal | None = None, usage: Usage | None = None,
-               served_model: str | None = None, retry_after_s: float | None = None,
-               wait: bool = False) -> asyncio.Future[bool] | None:
+    def finish(
+        self,
+        status: AttemptStatus,
+        http_status: int | None,
+        *,
+        refusal: Refusal | None = None,
+        usage: Usage | None = None,
+        served_model: str | None = None,
+        retry_after_s: float | None = None,
+        wait: bool = False,
+    ) -> asyncio.Future[bool] | None:
         """End the attempt (first call only); with `wait`, a future resolved once control
         holds the row (the §7 evidence wait), else nothing to wait on.
 
@@ -105,18 +158,32 @@ class Attempt:
         condition = condition_for_terminal(status, http_status, refusal)
         duration_ms = round((time.perf_counter() - self.t0) * 1000, 3)
         row = msgspec.structs.replace(
-            self.row or self._started_row(), served_model=served_model,
-            finished_at=iso_ms(now_ms()), status=str(status), http_status=http_status,
+            self.row or self._started_row(),
+            served_model=served_model,
+            finished_at=iso_ms(now_ms()),
+            status=str(status),
+            http_status=http_status,
             condition=None if condition is None else str(condition),
-            refusal_reason=None if refusal is None else str(refusal), usage=usage,
-            retry_after_s=retry_after_s, duration_ms=duration_ms,
-            overhead_ms=self.overhead_ms, bytes_out=self.bytes_out, rate_limits=self.rate_limits,
+            refusal_reason=None if refusal is None else str(refusal),
+            usage=usage,
+            retry_after_s=retry_after_s,
+            duration_ms=duration_ms,
+            overhead_ms=self.overhead_ms,
+            bytes_out=self.bytes_out,
+            rate_limits=self.rate_limits,
             first_byte_ms=self.first_byte_ms,
         )
         if self.lease.hop_on:  # a dispatch key: stop admitting on it before control has the row
             self.link.replica.hop_pending(self.lease, row.condition, row.refusal_reason)
-        log.info("request_done", attempt_id=self.attempt_id, account_id=self.lease.account_id,
-                 key_id=self.lease.key_id, status=row.status, http_status=http_status,
-                 code=row.refusal_reason or row.condition, bytes=self.bytes_out,
-                 duration_ms=duration_ms)
+        log.info(
+            "request_done",
+            attempt_id=self.attempt_id,
+            account_id=self.lease.account_id,
+            key_id=self.lease.key_id,
+            status=row.status,
+            http_status=http_status,
+            code=row.refusal_reason or row.condition,
+            bytes=self.bytes_out,
+            duration_ms=duration_ms,
+        )
         return self.link.finished(row, wait)

@@ -31,7 +31,7 @@ from shared.codes import Refusal
 from shared.models import serves_model
 from shared.wire import Lease
 
-EXHAUSTED_STATUS = 429   # at the request; the mint holds the same code 503 (`HTTP_STATUS`)
+EXHAUSTED_STATUS = 429  # at the request; the mint holds the same code 503 (`HTTP_STATUS`)
 
 
 class Hold(NamedTuple):
@@ -66,16 +66,27 @@ class PricedModels:
 def budget_hold(lease: Lease, model: str | None, now_ms: int, priced: Callable[[str], bool]) -> Hold | None:
     """Why a request on a budgeted `lease` naming `model` is refused now, or None."""
     if model is not None and not priced(model):
-        return Hold(Refusal.MODEL_UNPRICED, 403, None,
-                    f"model {model[:128]!r} has no price, and a budget governs this lease's scope: "
-                    "unpriced spend is refused (add it to GATEWAY_PRICES_FILE)")
+        return Hold(
+            Refusal.MODEL_UNPRICED,
+            403,
+            None,
+            f"model {model[:128]!r} has no price, and a budget governs this lease's scope: "
+            "unpriced spend is refused (add it to GATEWAY_PRICES_FILE)",
+        )
     retry_at = lease.budget_retry_at_ms
     if lease.budget_stale and (retry_at is None or now_ms >= retry_at):
-        return Hold(Refusal.FLEET_STATE_UNAVAILABLE, 503, 1,
-                    "the fleet's spend could not be refreshed lately, and a budget governs this lease's "
-                    "scope: requests are held until it can be")
+        return Hold(
+            Refusal.FLEET_STATE_UNAVAILABLE,
+            503,
+            1,
+            "the fleet's spend could not be refreshed lately, and a budget governs this lease's "
+            "scope: requests are held until it can be",
+        )
     if retry_at is not None and now_ms < retry_at:
-        return Hold(Refusal.BUDGET_EXHAUSTED, EXHAUSTED_STATUS, (retry_at - now_ms) / 1000,
-                    f"a budget of this lease's scope is exhausted until {iso_ms(retry_at)}; "
-                    "see GET /control/v2/budgets")
+        return Hold(
+            Refusal.BUDGET_EXHAUSTED,
+            EXHAUSTED_STATUS,
+            (retry_at - now_ms) / 1000,
+            f"a budget of this lease's scope is exhausted until {iso_ms(retry_at)}; see GET /control/v2/budgets",
+        )
     return None

@@ -18,11 +18,11 @@ CHAT_PATH = "/v1/chat/completions"
 
 
 class Ending(StrEnum):
-    EOF = "eof"                          # the upstream ended its body cleanly
+    EOF = "eof"  # the upstream ended its body cleanly
     UPSTREAM_FAILED = "upstream-failed"  # read error or reset after the headers
-    IDLE_TIMEOUT = "idle-timeout"        # silence between two chunks past the idle timeout
-    CLIENT_GONE = "client-gone"          # the worker went away
-    SHUTDOWN = "shutdown"                # the drain window ran out (SIGTERM)
+    IDLE_TIMEOUT = "idle-timeout"  # silence between two chunks past the idle timeout
+    CLIENT_GONE = "client-gone"  # the worker went away
+    SHUTDOWN = "shutdown"  # the drain window ran out (SIGTERM)
 
 
 class Verdict(msgspec.Struct, frozen=True):

@@ -18,13 +18,27 @@ from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 # Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
-NOT_RETRIED = frozenset({Refusal.MODEL_NOT_PERMITTED, Refusal.MODEL_UNPRICED, Refusal.BUDGET_EXHAUSTED,
-                         Refusal.INVALID_REQUEST_BODY, Refusal.UNSUPPORTED_CONTENT_ENCODING})
+NOT_RETRIED = frozenset(
+    {
+        Refusal.MODEL_NOT_PERMITTED,
+        Refusal.MODEL_UNPRICED,
+        Refusal.BUDGET_EXHAUSTED,
+        Refusal.INVALID_REQUEST_BODY,
+        Refusal.UNSUPPORTED_CONTENT_ENCODING,
+    }
+)
 
 
-def refusal_response(wire: WireSpec, code: Refusal | ErrorCode, message: str, request_id: str,
-                     overhead_ms: float, *, status: int | None = None,
-                     retry_after_s: float | None = None) -> web.Response:
+def refusal_response(
+    wire: WireSpec,
+    code: Refusal | ErrorCode,
+    message: str,
+    request_id: str,
+    overhead_ms: float,
+    *,
+    status: int | None = None,
+    retry_after_s: float | None = None,
+) -> web.Response:
     status = status or HTTP_STATUS[code]
     body = wire.error_body(status, str(code), message, request_id)
     headers = {wire.request_id_header: request_id}
@@ -36,11 +50,19 @@ def refusal_response(wire: WireSpec, code: Refusal | ErrorCode, message: str, re
     return web.Response(body=body, status=status, content_type="application/json", headers=headers)
 
 
-def refuse(attempt: Attempt, code: Refusal, message: str,
-           retry_after_s: float | None = None, status: int | None = None) -> web.Response:
+def refuse(
+    attempt: Attempt, code: Refusal, message: str, retry_after_s: float | None = None, status: int | None = None
+) -> web.Response:
     """A gateway-authored refusal of an accepted attempt: its row (never evidence) and answer;
     `status` only where the data plane answers a code otherwise than `HTTP_STATUS` does."""
-    response = refusal_response(attempt.spec, code, message, attempt.attempt_id,
-                                attempt.mark_overhead(0.0), status=status, retry_after_s=retry_after_s)
+    response = refusal_response(
+        attempt.spec,
+        code,
+        message,
+        attempt.attempt_id,
+        attempt.mark_overhead(0.0),
+        status=status,
+        retry_after_s=retry_after_s,
+    )
     attempt.finish(AttemptStatus.REFUSED, response.status, refusal=code, retry_after_s=retry_after_s)
     return response

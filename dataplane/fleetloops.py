@@ -36,7 +36,7 @@ FLEET_UPKEEP_S = 1.0
 async def upkeep(fleet: FleetAdmission, interval_s: float = FLEET_UPKEEP_S) -> None:
     """Releases that failed while Redis was away are retried; a start that failed is redone."""
     while True:
-        raise_if_cancelled()   # redis-py may have consumed a cancel: never loop on past one
+        raise_if_cancelled()  # redis-py may have consumed a cancel: never loop on past one
         try:
             if not fleet.started:
                 await fleet.start()
@@ -79,5 +79,7 @@ def spawn(fleet: FleetAdmission, send: Callable[[list[LoopReport]], None] | None
     """Start both loops under the fleet admission's supervisor; `send` hears their statuses."""
     report = LoopReporter(fleet, send) if send is not None else (lambda: None)
     fleet.supervisor.on_failure = report
-    return [fleet.supervisor.spawn("upkeep", lambda: upkeep(fleet)),
-            fleet.supervisor.spawn("standing", lambda: standing(fleet, report))]
+    return [
+        fleet.supervisor.spawn("upkeep", lambda: upkeep(fleet)),
+        fleet.supervisor.spawn("standing", lambda: standing(fleet, report)),
+    ]

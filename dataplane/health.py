@@ -17,8 +17,8 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Health(msgspec.Struct, frozen=True, kw_only=True):
-    status: str    # ok | unavailable | draining
-    control: str   # synchronised | connecting | disconnected
+    status: str  # ok | unavailable | draining
+    control: str  # synchronised | connecting | disconnected
     leases: int
 
 
@@ -34,10 +34,13 @@ def health_of(synchronised: bool, connected: bool, draining: bool, leases: int) 
 
 def healthz_response(method: str, status: int, health: Health) -> web.Response:
     if method not in ("GET", "HEAD"):
-        return web.Response(status=405, headers={"Allow": "GET, HEAD"}, content_type="application/json",
-                            body=b'{"status":"method-not-allowed"}')
+        return web.Response(
+            status=405,
+            headers={"Allow": "GET, HEAD"},
+            content_type="application/json",
+            body=b'{"status":"method-not-allowed"}',
+        )
     headers = {"Cache-Control": "no-store"}
     if status != 200:
         headers["retry-after"] = str(RETRY_AFTER_S)
-    return web.Response(status=status, body=_encode(health), content_type="application/json",
-                        headers=headers)
+    return web.Response(status=status, body=_encode(health), content_type="application/json", headers=headers)

@@ -26,15 +26,16 @@ class LeaseReplica:
         self._env = os.environ if env is None else env
         self._by_digest: dict[bytes, Lease] = {}
         self._digest_of: dict[str, bytes] = {}
-        self.pending: set[str] = set()   # dispatch keys waiting for the gateway's hop
+        self.pending: set[str] = set()  # dispatch keys waiting for the gateway's hop
         self.accounts: dict[str, AccountRoute] = {}
         self.credentials: dict[str, str] = {}
         self.ready = False
         self.storage_ok = True
         self.priced = PricedModels()
 
-    def load(self, leases: list[Lease], accounts: list[AccountRoute], storage_ok: bool,
-             priced: list[str] | None = None) -> None:
+    def load(
+        self, leases: list[Lease], accounts: list[AccountRoute], storage_ok: bool, priced: list[str] | None = None
+    ) -> None:
         self._by_digest = {lease.digest: lease for lease in leases}
         self._digest_of = {lease.key_id: lease.digest for lease in leases}
         self.pending = set()
@@ -75,7 +76,9 @@ class LeaseReplica:
             return True
         current = self._by_digest.get(lease.digest)
         return current is None or (current.account_id, current.mint_decision_id) != (
-            lease.account_id, lease.mint_decision_id)
+            lease.account_id,
+            lease.mint_decision_id,
+        )
 
     def regate(self, gates: list[LeaseGate]) -> None:
         """New budget gates; a key not held here is ignored (a gate never adds a lease)."""
@@ -84,8 +87,11 @@ class LeaseReplica:
             lease = None if found is None else self._by_digest.get(found)
             if lease is not None:
                 self._by_digest[found] = msgspec.structs.replace(  # type: ignore[index]
-                    lease, budgeted=gate.budgeted, budget_retry_at_ms=gate.budget_retry_at_ms,
-                    budget_stale=gate.budget_stale)
+                    lease,
+                    budgeted=gate.budgeted,
+                    budget_retry_at_ms=gate.budget_retry_at_ms,
+                    budget_stale=gate.budget_stale,
+                )
 
     def remove(self, key_id: str) -> None:
         self.pending.discard(key_id)

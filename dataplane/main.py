@@ -19,6 +19,7 @@ import uvloop
 from aiohttp import HttpVersion11, hdrs, web
 
 from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
+from dataplane.bodies import close_readers
 from dataplane.errors import refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
@@ -45,7 +46,7 @@ EXPECT = hdrs.EXPECT
 ROW_FLUSH_TIMEOUT_S = 3.0
 # After the drain window: how long the stopped attempts get to write their rows and cuts.
 STOP_GRACE_S = 2.0
-COUNTS_REPORT_S = 1.0   # how often SPEC §19's connection counters are looked at for control
+COUNTS_REPORT_S = 1.0  # how often SPEC §19's connection counters are looked at for control
 
 
 def build_app(settings: Settings, proxy: Proxy) -> web.Application:
@@ -67,8 +68,9 @@ def build_server(settings: Settings, proxy: Proxy) -> web.Server:
     loop = asyncio.get_running_loop()
     limit = settings.max_body_bytes
 
-    def request_factory(message: Any, payload: Any, protocol: Any, writer: Any,
-                        task: asyncio.Task[None]) -> web.BaseRequest:
+    def request_factory(
+        message: Any, payload: Any, protocol: Any, writer: Any, task: asyncio.Task[None]
+    ) -> web.BaseRequest:
         return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
@@ -76,11 +78,21 @@ def build_server(settings: Settings, proxy: Proxy) -> web.Server:
             return wire_error(request, 417, f"unknown expectation: Expect: {request.headers[EXPECT][:64]}")
         return await proxy.handle(request)  # type: ignore[arg-type]
 
-    server = server_class(_Handler)(handle, request_factory=request_factory, handler_cancellation=True,
-                                    access_log=None, auto_decompress=False, max_field_size=MAX_HEADER_BYTES,
-                                    max_line_size=MAX_HEADER_BYTES, keepalive_timeout=settings.keepalive_seconds)
-    server.bounds = ConnectionBounds(settings.header_timeout_seconds, settings.max_connections,  # type: ignore[attr-defined]
-                                     connection_limit_answer)
+    server = server_class(_Handler)(
+        handle,
+        request_factory=request_factory,
+        handler_cancellation=True,
+        access_log=None,
+        auto_decompress=False,
+        max_field_size=MAX_HEADER_BYTES,
+        max_line_size=MAX_HEADER_BYTES,
+        keepalive_timeout=settings.keepalive_seconds,
+    )
+    server.bounds = ConnectionBounds(  # type: ignore[attr-defined]
+        settings.header_timeout_seconds,
+        settings.max_connections,
+        connection_limit_answer,
+    )
     return server
 
 
@@ -100,20 +112,29 @@ def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Respo
     """A request refused before the proxy saw it, in the wire's error shape (SPEC §15): the
     wire guessed from what was parsed, `invalid-request` with the status HTTP gives it."""
     code = ErrorCode.INVALID_REQUEST if status < 500 else Refusal.INTERNAL_ERROR
-    return refusal_response(guess_wire(request.path, request.headers), code, message,
-                            "req_" + new_ulid(), 0.0, status=status)
+    return refusal_response(
+        guess_wire(request.path, request.headers), code, message, "req_" + new_ulid(), 0.0, status=status
+    )
 
 
 def connection_limit_answer() -> bytes:
     """The whole answer to a connection over the cap: 503 `connection-limit`, closed after, in
     the default wire's shape (nothing of the request was read)."""
     request_id = "req_" + new_ulid()
-    body = DEFAULT.error_body(503, str(Refusal.CONNECTION_LIMIT),
-                              "the gateway has too many open connections; retry in a second", request_id)
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"retry-after: 1\r\nconnection: close\r\nx-should-retry: true\r\n"
-            + DEFAULT.request_id_header.encode() + b": " + request_id.encode()
-            + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    body = DEFAULT.error_body(
+        503, str(Refusal.CONNECTION_LIMIT), "the gateway has too many open connections; retry in a second", request_id
+    )
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        b"retry-after: 1\r\nconnection: close\r\nx-should-retry: true\r\n"
+        + DEFAULT.request_id_header.encode()
+        + b": "
+        + request_id.encode()
+        + b"\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 class _Handler(BoundedRequestHandler):
@@ -128,12 +149,16 @@ class _Handler(BoundedRequestHandler):
     later head, closes the connection (slowloris). The head's clock stops when aiohttp has
     parsed the head (no timer per request: `BoundedRequestHandler`)."""
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         super().handle_error(request, status, exc, message)  # logs; raises if an answer began
         what = type(exc).__name__ if exc is not None else "error"
-        text = (f"the request could not be read as HTTP/1.1 ({what}; header lines are limited to "
-                f"{MAX_HEADER_BYTES} bytes)" if status < 500 else "the gateway failed this request")
+        text = (
+            f"the request could not be read as HTTP/1.1 ({what}; header lines are limited to {MAX_HEADER_BYTES} bytes)"
+            if status < 500
+            else "the gateway failed this request"
+        )
         response = wire_error(request, status, text)
         response.force_close()
         return response
@@ -148,23 +173,26 @@ async def serve(settings: Settings) -> None:
     server = build_server(settings, proxy)
     runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=STOP_GRACE_S)
     await runner.setup()
-    site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True,
-                       backlog=1024)
+    site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True, backlog=1024)
     try:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
         await pools.close()
-        raise StartupError(f"cannot listen on {settings.dataplane_host}:{settings.dataplane_port} "
-                           f"(GATEWAY_DATAPLANE_LISTEN): {exc}") from exc
+        raise StartupError(
+            f"cannot listen on {settings.dataplane_host}:{settings.dataplane_port} (GATEWAY_DATAPLANE_LISTEN): {exc}"
+        ) from exc
     # Dial control only once the site listens: control reporting this data plane connected then
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
     read_in_background(UPSTREAM_TLS)  # the CA bundle, off the path to ready (shared/deferred_ca.py)
     counts_task = asyncio.create_task(_report_counts(server.bounds, link))  # type: ignore[attr-defined]
-    upkeep = _fleet_loops(fleet, link)   # supervised (SPEC §19)
-    log.info("dataplane_started", listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
-             rpc_socket=settings.rpc_socket)
+    upkeep = _fleet_loops(fleet, link)  # supervised (SPEC §19)
+    log.info(
+        "dataplane_started",
+        listen=f"{settings.dataplane_host}:{settings.dataplane_port}",
+        rpc_socket=settings.rpc_socket,
+    )
     settle_heap()  # start-up's objects never scanned again by the collector (issue 27)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -212,6 +240,7 @@ async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: 
         await proxy.drained(STOP_GRACE_S)
     await sockets
     await runner.cleanup()
+    await close_readers()  # the body reader processes, if a large body started any
 
 
 async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
@@ -222,10 +251,12 @@ async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
     from shared.fleet.entries import FleetEntries
     from shared.fleet.redis_client import connect, describe
     from shared.fleet.secret import Keyring
-    entries = None if settings.fleet_secret is None else FleetEntries(
-        Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
-    fleet = FleetAdmission(connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id,
-                           settings.fleet_host_ttl_seconds, entries)   # SPEC §19: sealed heartbeats
+
+    assert settings.fleet_secret is not None  # settings require it (SPEC §19): beats always checked
+    entries = FleetEntries(Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
+    fleet = FleetAdmission(
+        connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id, settings.fleet_host_ttl_seconds, entries
+    )  # SPEC §19: sealed heartbeats
     try:
         await fleet.start()
     except StateUnavailable:  # ceilinged accounts answer fleet-state-unavailable until it is back
@@ -240,6 +271,7 @@ def _fleet_loops(fleet: FleetAdmission | None, link: ControlLink) -> list[asynci
     if fleet is None:
         return []
     from dataplane import fleetloops  # redis-py only in fleet mode
+
     return fleetloops.spawn(fleet, link.loops)
 
 
@@ -254,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"leasehold-dataplane: {exc}", file=sys.stderr)
         return 2
-    configure_logging("leasehold-dataplane", settings.log_level,
-                      secrets=[settings.control_token, settings.mint_token, settings.read_token])
+    configure_logging(
+        "leasehold-dataplane",
+        settings.log_level,
+        secrets=[settings.control_token, settings.mint_token, settings.read_token],
+    )
     try:
         uvloop.run(serve(settings))
     except StartupError as exc:

@@ -50,8 +50,7 @@ class Observer:
 
     def complete(self) -> bool:
         seen = self.seen
-        return is_complete(self.path, self.is_sse, self.decompress.supported, seen.terminal,
-                           seen.finish_seen)
+        return is_complete(self.path, self.is_sse, self.decompress.supported, seen.terminal, seen.finish_seen)
 
     def finish(self) -> Observation:
         """The observation at the end of a cleanly ended body (decodes a kept JSON body)."""

@@ -56,8 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if ready:
             return 0
         if time.monotonic() >= deadline:
-            print(f"leasehold-dataplane probe: {url} not synchronised within {args.timeout:g}s; "
-                  f"last answer: {seen}", file=sys.stderr)
+            print(
+                f"leasehold-dataplane probe: {url} not synchronised within {args.timeout:g}s; last answer: {seen}",
+                file=sys.stderr,
+            )
             return 1
         time.sleep(POLL_S)
 

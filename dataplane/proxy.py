@@ -37,7 +37,7 @@ from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
 from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
-from dataplane.usage_ask import asks_usage, with_usage
+from dataplane.usage_ask import asks_usage, with_usage, with_usage_off_loop
 from dataplane.websocket.sockets import Sockets
 from dataplane.wires.table import WIRES, guess_wire
 from shared.capacity import CapacityTable, StateUnavailable
@@ -61,8 +61,14 @@ def _not_permitted(account: AccountRoute, model: str | None) -> str:
 
 
 class Proxy:
-    def __init__(self, settings: Settings, replica: LeaseReplica, link: ControlLink,
-                 pools: UpstreamPools, fleet: FleetAdmission | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        replica: LeaseReplica,
+        link: ControlLink,
+        pools: UpstreamPools,
+        fleet: FleetAdmission | None = None,
+    ) -> None:
         self.settings = settings
         self.replica = replica
         self.link = link
@@ -85,17 +91,20 @@ class Proxy:
         if request.headers.get("Upgrade", "").lower() == "websocket":  # SPEC §20, §15: 426 elsewhere
             return await self.sockets.upgrade(request, t0)
         if not self.replica.ready:
-            return self._early(request, t0, Refusal.CONTROL_UNAVAILABLE,
-                               "the gateway has lost its control daemon; retry shortly", retry_after_s=1)
+            return self._early(
+                request,
+                t0,
+                Refusal.CONTROL_UNAVAILABLE,
+                "the gateway has lost its control daemon; retry shortly",
+                retry_after_s=1,
+            )
         lease, presented = self.authenticate(request)
         if lease is None:
             log.info("key_refused", path=request.path)  # never the presented string
-            return self._early(request, t0, Refusal.UNKNOWN_KEY,
-                               "unknown, expired or revoked virtual key")
+            return self._early(request, t0, Refusal.UNKNOWN_KEY, "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
         # the request's wire, resolved once: everything after reads `attempt.spec`
-        spec = WIRES[account.wire] if account is not None else guess_wire(request.path,
-                                                                          request.headers)
+        spec = WIRES[account.wire] if account is not None else guess_wire(request.path, request.headers)
         attempt = Attempt(self.link, lease, spec, request.path, trace_headers(request.headers))
         self.in_flight.add(attempt)
         self._idle.clear()
@@ -123,15 +132,12 @@ class Proxy:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
 
     def healthz(self, request: web.Request) -> web.Response:
-        status, health = health_of(self.replica.ready, self.link.conn is not None, self.draining,
-                                   len(self.replica))
+        status, health = health_of(self.replica.ready, self.link.conn is not None, self.draining, len(self.replica))
         return healthz_response(request.method, status, health)
 
-    async def _failed_internally(self, request: web.Request, attempt: Attempt,
-                                 exc: Exception) -> web.StreamResponse:
+    async def _failed_internally(self, request: web.Request, attempt: Attempt, exc: Exception) -> web.StreamResponse:
         """A bug, not a fault of the worker or the upstream: logged (redacted), answered, cut."""
-        log.error("request_failed", attempt_id=attempt.attempt_id, error=type(exc).__name__,
-                  exc_info=exc)
+        log.error("request_failed", attempt_id=attempt.attempt_id, error=type(exc).__name__, exc_info=exc)
         if attempt.response is None:
             return refuse(attempt, Refusal.INTERNAL_ERROR, "the gateway failed this request")
         await cut(request, attempt, "the gateway failed this request")
@@ -155,12 +161,23 @@ class Proxy:
             return self.replica.lookup(token, now), token
         return None, ""
 
-    def _early(self, request: web.Request, t0: float, code: Refusal | ErrorCode, message: str,
-               retry_after_s: float | None = None) -> web.Response:
+    def _early(
+        self,
+        request: web.Request,
+        t0: float,
+        code: Refusal | ErrorCode,
+        message: str,
+        retry_after_s: float | None = None,
+    ) -> web.Response:
         """A refusal before any lease: no attempt, no row."""
-        return refusal_response(guess_wire(request.path, request.headers), code, message,
-                                "req_" + new_ulid(), (time.perf_counter() - t0) * 1000,
-                                retry_after_s=retry_after_s)
+        return refusal_response(
+            guess_wire(request.path, request.headers),
+            code,
+            message,
+            "req_" + new_ulid(),
+            (time.perf_counter() - t0) * 1000,
+            retry_after_s=retry_after_s,
+        )
 
     # ---- admission ----------------------------------------------------------------------
 
@@ -168,17 +185,21 @@ class Proxy:
         account = self.replica.accounts.get(attempt.lease.account_id)
         spec = attempt.spec
         if account is None or attempt.path not in spec.paths:
-            return refuse(attempt, Refusal.PATH_NOT_SERVED,
-                          f"{attempt.path} is not served on the {attempt.wire} wire")
+            return refuse(attempt, Refusal.PATH_NOT_SERVED, f"{attempt.path} is not served on the {attempt.wire} wire")
         if self.draining:
             return refuse(attempt, Refusal.GATEWAY_SHUTDOWN, SHUTDOWN_MESSAGE, retry_after_s=1)
         if not self.replica.storage_ok:
-            return refuse(attempt, Refusal.OBSERVATION_STORAGE_UNAVAILABLE,
-                          "the gateway cannot record attempts right now", retry_after_s=5)
+            return refuse(
+                attempt,
+                Refusal.OBSERVATION_STORAGE_UNAVAILABLE,
+                "the gateway cannot record attempts right now",
+                retry_after_s=5,
+            )
         credential = self.replica.credentials.get(account.id)
         if credential is None:
-            return refuse(attempt, Refusal.ACCOUNT_NOT_CONFIGURED,
-                          f"account {account.id} has no credential on this data plane")
+            return refuse(
+                attempt, Refusal.ACCOUNT_NOT_CONFIGURED, f"account {account.id} has no credential on this data plane"
+            )
         too_large = f"the body exceeds {self.settings.max_body_bytes} bytes"
         declared = request.content_length
         if declared is not None and declared > self.settings.max_body_bytes:
@@ -195,44 +216,72 @@ class Proxy:
         if attempt.lease.hop_on and self.replica.is_moving(attempt.lease):
             # SPEC §17: the gateway is moving this dispatch key. Checked with no await before the
             # announce, so every attempt control counts in flight was announced before the hop.
-            return refuse(attempt, Refusal.FALLBACK_PENDING,
-                          "the gateway is moving this dispatch to another account; retry in a second",
-                          retry_after_s=1)
+            return refuse(
+                attempt,
+                Refusal.FALLBACK_PENDING,
+                "the gateway is moving this dispatch to another account; retry in a second",
+                retry_after_s=1,
+            )
         if attempt.lease.budgeted:  # SPEC §18; a lease with no budget pays this one test
             hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
+        refused = await self._admit(attempt, account)
+        if refused is not None:
+            return refused
+        path_qs = upstream_path_qs(request.rel_url, presented)
+        return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+
+    async def _admit(self, attempt: Attempt, account: AccountRoute) -> web.StreamResponse | None:
+        """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
+        account has a ceiling); the refusal when the slot cannot be taken, else None."""
         fleet = self.fleet
-        held = fleet.hold() if fleet is not None and (account.request_capacity is not None
-                                                      or account.lease_capacity is not None) else None
+        held = (
+            fleet.hold()
+            if fleet is not None and (account.request_capacity is not None or account.lease_capacity is not None)
+            else None
+        )
         if held is not None:  # SPEC §16, §19: a lapsed place or a failing loop: never stale state
-            return refuse(attempt, Refusal.FLEET_STATE_UNAVAILABLE,
-                          f"{held}: account {account.id}'s fleet-wide ceiling cannot be honoured here",
-                          retry_after_s=1)
+            return refuse(
+                attempt,
+                Refusal.FLEET_STATE_UNAVAILABLE,
+                f"{held}: account {account.id}'s fleet-wide ceiling cannot be honoured here",
+                retry_after_s=1,
+            )
         attempt.announce()
         if fleet is not None and account.request_capacity is not None:
             try:  # SPEC §16: a fleet-wide ceiling, asked of Redis; never a silent per-host one
                 admitted = await fleet.reserve(account.id, attempt.attempt_id, account.request_capacity)
             except StateUnavailable:
-                return refuse(attempt, Refusal.FLEET_STATE_UNAVAILABLE,
-                              f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
-                              retry_after_s=1)
+                return refuse(
+                    attempt,
+                    Refusal.FLEET_STATE_UNAVAILABLE,
+                    f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
+                    retry_after_s=1,
+                )
         else:
             admitted = self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity)
         if not admitted:
-            return refuse(attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED,
-                          f"account {account.id} is at its request capacity", retry_after_s=1)
-        path_qs = upstream_path_qs(request.rel_url, presented)
-        return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+            return refuse(
+                attempt,
+                Refusal.REQUEST_CAPACITY_EXHAUSTED,
+                f"account {account.id} is at its request capacity",
+                retry_after_s=1,
+            )
+        return None
 
-    async def _read_strictly(self, request: web.Request, attempt: Attempt, account: AccountRoute,
-                             body: bytes) -> bytes | web.Response:
+    async def _read_strictly(
+        self, request: web.Request, attempt: Attempt, account: AccountRoute, body: bytes
+    ) -> bytes | web.Response:
         """The body's model as the upstream reads it (SPEC §19), held to the lease's account
         (§12); the body to send upstream: as it came, or decoded with `include_usage` set on a
         chat stream that did not ask for usage; or the refusal."""
         try:  # a plain body of the usual size is read with no coroutine between (issue 27)
-            coding = "" if "Content-Encoding" not in request.headers else coding_of(
-                request.headers.getall("Content-Encoding"))
+            coding = (
+                ""
+                if "Content-Encoding" not in request.headers
+                else coding_of(request.headers.getall("Content-Encoding"))
+            )
             decoded = await decode_body(body, coding, self.settings.max_body_bytes) if coding else body
             peek = strict_peek(decoded) if len(decoded) < OFF_LOOP_BYTES else await peek_body(decoded)
         except BodyRefused as refused:
@@ -244,7 +293,7 @@ class Proxy:
         if not asks_usage(attempt.path, peek):
             return body
         if peek.stream_options and len(decoded) >= OFF_LOOP_BYTES:  # a scan of the top level
-            asked = await asyncio.to_thread(with_usage, decoded, peek)
+            asked = await with_usage_off_loop(decoded, peek)  # its scan holds the GIL
         else:
             asked = with_usage(decoded, peek)
         if asked is None:

@@ -65,21 +65,27 @@ class Relay:
         self.settings = settings
         self.pools = pools
 
-    async def exchange(self, request: web.Request, attempt: Attempt, account: AccountRoute,
-                       credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
+    async def exchange(
+        self, request: web.Request, attempt: Attempt, account: AccountRoute, credential: str, body: bytes, path_qs: str
+    ) -> web.StreamResponse:
         gate = self.pools.gate_for(account.id)
         try:
             await gate.acquire(self.settings.upstream_pool_timeout)
         except PoolTimeout:
-            return refuse(attempt, Refusal.POOL_TIMEOUT,
-                          f"no upstream connection to {account.id} freed up in time", retry_after_s=1)
+            return refuse(
+                attempt,
+                Refusal.POOL_TIMEOUT,
+                f"no upstream connection to {account.id} freed up in time",
+                retry_after_s=1,
+            )
         try:
             return await self._send(request, attempt, account, credential, body, path_qs)
         finally:
             gate.release()
 
-    async def _send(self, request: web.Request, attempt: Attempt, account: AccountRoute,
-                    credential: str, body: bytes, path_qs: str) -> web.StreamResponse:
+    async def _send(
+        self, request: web.Request, attempt: Attempt, account: AccountRoute, credential: str, body: bytes, path_qs: str
+    ) -> web.StreamResponse:
         url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
         if attempt.asked_usage:  # SPEC §19: the body goes decoded, and the answer must be readable
@@ -87,17 +93,29 @@ class Relay:
             headers["Accept-Encoding"] = "identity"
         client = self.pools.client_for(account.id)
         sent_at = time.perf_counter()
-        watch = ExchangeWatch(asyncio.get_running_loop(), self.settings.upstream_headers_timeout,
-                              self.settings.upstream_idle_timeout, self.settings.client_stall_seconds)
+        watch = ExchangeWatch(
+            asyncio.get_running_loop(),
+            self.settings.upstream_headers_timeout,
+            self.settings.upstream_idle_timeout,
+            self.settings.client_stall_seconds,
+        )
         try:
-            return await self._exchange(request, attempt, account, client, url, headers, body,
-                                        sent_at, watch)
+            return await self._exchange(request, attempt, account, client, url, headers, body, sent_at, watch)
         finally:
             watch.stop()
 
-    async def _exchange(self, request: web.Request, attempt: Attempt, account: AccountRoute,
-                        client: UpstreamClient, url: URL, headers: CIMultiDict[str], body: bytes,
-                        sent_at: float, watch: ExchangeWatch) -> web.StreamResponse:
+    async def _exchange(
+        self,
+        request: web.Request,
+        attempt: Attempt,
+        account: AccountRoute,
+        client: UpstreamClient,
+        url: URL,
+        headers: CIMultiDict[str],
+        body: bytes,
+        sent_at: float,
+        watch: ExchangeWatch,
+    ) -> web.StreamResponse:
         try:
             try:
                 upstream = await client.request(request.method, url, headers, body or None)
@@ -106,16 +124,15 @@ class Relay:
                     raise TimeoutError from None
                 raise
         except TimeoutError:
-            return await self._failed(attempt, ErrorCode.UPSTREAM_TIMEOUT,
-                                      "the upstream did not answer in time")
+            return await self._failed(attempt, ErrorCode.UPSTREAM_TIMEOUT, "the upstream did not answer in time")
         except aiohttp.ClientResponseError as exc:
             log.warning("upstream_malformed", account_id=account.id, error=type(exc).__name__)
-            return await self._failed(attempt, ErrorCode.UPSTREAM_PROTOCOL_ERROR,
-                                      "the upstream sent a malformed response")
+            return await self._failed(
+                attempt, ErrorCode.UPSTREAM_PROTOCOL_ERROR, "the upstream sent a malformed response"
+            )
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream_unreachable", account_id=account.id, error=type(exc).__name__)
-            return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
-                                      "the upstream could not be reached")
+            return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream could not be reached")
         watch.body(upstream.content, lambda: _stalled(request, attempt))
         upstream_wait = time.perf_counter() - sent_at  # the answer's head: its first byte (§14)
         attempt.first_byte_ms = round(upstream_wait * 1000, 3)
@@ -125,8 +142,9 @@ class Relay:
         try:
             if not 100 <= upstream.status <= 599:
                 log.warning("upstream_malformed", account_id=account.id, error="status-out-of-range")
-                return await self._failed(attempt, ErrorCode.UPSTREAM_PROTOCOL_ERROR,
-                                          "the upstream sent a malformed status line")
+                return await self._failed(
+                    attempt, ErrorCode.UPSTREAM_PROTOCOL_ERROR, "the upstream sent a malformed status line"
+                )
             if not 200 <= upstream.status < 300:
                 response = await self._relay_error(attempt, upstream, upstream_wait)
             else:
@@ -137,41 +155,39 @@ class Relay:
             if ended_clean:
                 upstream.release()  # back to the account's keep-alive pool
             else:
-                upstream.close()    # the upstream request is cancelled with its connection
+                upstream.close()  # the upstream request is cancelled with its connection
 
     async def _failed(self, attempt: Attempt, code: ErrorCode, message: str) -> web.Response:
         """No usable upstream answer: a transport-error row (evidence), acknowledged first."""
-        response = refusal_response(attempt.spec, code, message, attempt.attempt_id,
-                                    attempt.mark_overhead(0.0))
+        response = refusal_response(attempt.spec, code, message, attempt.attempt_id, attempt.mark_overhead(0.0))
         await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
         return response
 
-    async def _relay_error(self, attempt: Attempt, upstream: Upstream,
-                           upstream_wait: float) -> web.StreamResponse:
+    async def _relay_error(self, attempt: Attempt, upstream: Upstream, upstream_wait: float) -> web.StreamResponse:
         """A non-2xx answer: its row reaches control before the worker sees it (SPEC §7)."""
         try:
             async with asyncio.timeout(self.settings.upstream_idle_timeout):
                 payload = await upstream.read()
         except (TimeoutError, aiohttp.ClientError, OSError):
-            return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
-                                      "the upstream's error answer was cut")
+            return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream's error answer was cut")
         headers = downstream_headers(upstream.headers)
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
         attempt.bytes_out = len(payload)
-        await await_ack(attempt.finish(AttemptStatus.UPSTREAM_ERROR, upstream.status,
-                                       retry_after_s=_retry_after_s(upstream.headers),
-                                       wait=True))
-        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers,
-                            body=payload)
+        await await_ack(
+            attempt.finish(
+                AttemptStatus.UPSTREAM_ERROR, upstream.status, retry_after_s=_retry_after_s(upstream.headers), wait=True
+            )
+        )
+        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=payload)
 
-    async def _relay(self, request: web.Request, attempt: Attempt, upstream: Upstream,
-                     upstream_wait: float, watch: ExchangeWatch) -> web.StreamResponse:
+    async def _relay(
+        self, request: web.Request, attempt: Attempt, upstream: Upstream, upstream_wait: float, watch: ExchangeWatch
+    ) -> web.StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
         length = upstream.headers.get("Content-Length")
         sized = length is not None and not is_sse and length.isdigit()
-        response = (HeadersWithBody if sized else web.StreamResponse)(status=upstream.status,
-                                                                       reason=upstream.reason)
+        response = (HeadersWithBody if sized else web.StreamResponse)(status=upstream.status, reason=upstream.reason)
         headers = response.headers
         headers.extend(downstream_pairs(upstream.headers))
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
@@ -207,8 +223,15 @@ class Relay:
         attempt.finish(result.status, upstream.status, refusal=result.refusal)
         return response
 
-    async def _pump(self, upstream: Upstream, response: web.StreamResponse, attempt: Attempt,
-                    observer: Observer, watch: ExchangeWatch, strip: UsageStrip | None) -> Ending:
+    async def _pump(
+        self,
+        upstream: Upstream,
+        response: web.StreamResponse,
+        attempt: Attempt,
+        observer: Observer,
+        watch: ExchangeWatch,
+        strip: UsageStrip | None,
+    ) -> Ending:
         """Relay chunks as they arrive, no buffering, no per-chunk logging or timer (a `strip`
         holds back only a partial SSE event)."""
         loop = asyncio.get_running_loop()
@@ -235,7 +258,6 @@ class Relay:
             attempt.bytes_out += len(chunk)
 
 
-
 def _stalled(request: web.Request, attempt: Attempt) -> None:
     """The worker accepted no byte for GATEWAY_CLIENT_STALL_SECONDS (SPEC §19): its connection is
     aborted, so the handler is cancelled (client-aborted) and the upstream request with it."""
@@ -245,12 +267,12 @@ def _stalled(request: web.Request, attempt: Attempt) -> None:
         transport.abort()
 
 
-def _stripping(write: Callable[[bytes], Awaitable[None]],
-               strip: UsageStrip) -> Callable[[bytes], Awaitable[None]]:
+def _stripping(write: Callable[[bytes], Awaitable[None]], strip: UsageStrip) -> Callable[[bytes], Awaitable[None]]:
     async def stripped(chunk: bytes) -> None:
         kept = strip.feed(chunk)
         if kept:
             await write(kept)
+
     return stripped
 
 

@@ -72,9 +72,9 @@ class ControlLink:
         self._sending: set[str] = set()  # rows sent on the live link, their Ack not yet in
         self._waiters: dict[str, asyncio.Future[bool]] = {}
         self.synced = asyncio.Event()
-        self.sockets_open: dict[str, int] = {}   # open Responses WebSockets per account (§20)
-        self.connection_counts: ConnectionCounts | None = None   # SPEC §19's, the last reported
-        self.fleet_loops: list[LoopReport] = []   # fleet mode: this data plane's Redis loops (§19)
+        self.sockets_open: dict[str, int] = {}  # open Responses WebSockets per account (§20)
+        self.connection_counts: ConnectionCounts | None = None  # SPEC §19's, the last reported
+        self.fleet_loops: list[LoopReport] = []  # fleet mode: this data plane's Redis loops (§19)
         self._stopping = False
 
     # ---- connection lifecycle -----------------------------------------------------------
@@ -134,7 +134,7 @@ class ControlLink:
                 self.replica.remove(key_id)
             self._send_rows_of(set(message.key_ids))
             conn.send_nowait(Ack(req_id=message.req_id))  # flushes the lazy rows ahead of it
-        elif isinstance(message, LeaseGates):   # SPEC §18: requests from now on see them
+        elif isinstance(message, LeaseGates):  # SPEC §18: requests from now on see them
             self.replica.regate(message.gates)
             conn.send_nowait(Ack(req_id=message.req_id))
         elif isinstance(message, StorageState):
@@ -243,9 +243,11 @@ class ControlLink:
             return
         row = self.outbox[attempt_id]
         try:
-            conn.post(lambda rid: AttemptFinished(req_id=rid, row=row),
-                      lambda ack: self._acked(attempt_id, ack),
-                      lazy=attempt_id not in self._waiters)  # someone waits: now
+            conn.post(
+                lambda rid: AttemptFinished(req_id=rid, row=row),
+                lambda ack: self._acked(attempt_id, ack),
+                lazy=attempt_id not in self._waiters,
+            )  # someone waits: now
         except ConnectionError:
             self._resolve(attempt_id, False)
             return

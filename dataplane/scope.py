@@ -18,11 +18,11 @@ from shared.models import serves_model
 
 
 class Reach(StrEnum):
-    PERMITTED = "permitted"      # a glob of the account matches the model
-    NOT_SERVED = "not-served"    # refused: the account does not serve the model
-    UNREADABLE = "unreadable"    # refused: the body's model cannot be read
-    NO_MODEL = "no-model"        # the request names no model
-    UNCHECKED = "unchecked"      # the route carries no globs
+    PERMITTED = "permitted"  # a glob of the account matches the model
+    NOT_SERVED = "not-served"  # refused: the account does not serve the model
+    UNREADABLE = "unreadable"  # refused: the body's model cannot be read
+    NO_MODEL = "no-model"  # the request names no model
+    UNCHECKED = "unchecked"  # the route carries no globs
 
     @property
     def refused(self) -> bool:

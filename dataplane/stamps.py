@@ -27,9 +27,17 @@ def _pairs(value: int, count: int) -> str:
 def ulid_at(ms: int, randomness: int) -> str:
     """The 26-character Crockford ULID of a millisecond time and 80 random bits."""
     p, r = _PAIRS, randomness
-    return (_time_part(ms) + p[r >> 70 & 1023] + p[r >> 60 & 1023] + p[r >> 50 & 1023]
-            + p[r >> 40 & 1023] + p[r >> 30 & 1023] + p[r >> 20 & 1023] + p[r >> 10 & 1023]
-            + p[r & 1023])
+    return (
+        _time_part(ms)
+        + p[r >> 70 & 1023]
+        + p[r >> 60 & 1023]
+        + p[r >> 50 & 1023]
+        + p[r >> 40 & 1023]
+        + p[r >> 30 & 1023]
+        + p[r >> 20 & 1023]
+        + p[r >> 10 & 1023]
+        + p[r & 1023]
+    )
 
 
 _last_ms = -1

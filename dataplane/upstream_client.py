@@ -101,8 +101,9 @@ class UpstreamResponse:
 
     __slots__ = ("status", "reason", "headers", "content", "_protocol", "_idle", "_client")
 
-    def __init__(self, message: Any, payload: aiohttp.StreamReader, protocol: ResponseHandler,
-                 idle: Idle, client: UpstreamClient) -> None:
+    def __init__(
+        self, message: Any, payload: aiohttp.StreamReader, protocol: ResponseHandler, idle: Idle, client: UpstreamClient
+    ) -> None:
         self.status: int = message.code
         self.reason: str = message.reason
         self.headers: CIMultiDictProxy[str] = message.headers
@@ -138,9 +139,12 @@ class UpstreamResponse:
 class UpstreamClient:
     """Keep-alive connections to one account's upstream, and its exchanges."""
 
-    def __init__(self, connect_timeout: float,
-                 make_fallback: Callable[[], aiohttp.ClientSession],
-                 tls: ssl.SSLContext = UPSTREAM_TLS) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        make_fallback: Callable[[], aiohttp.ClientSession],
+        tls: ssl.SSLContext = UPSTREAM_TLS,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.tls = tls
         self._make_fallback = make_fallback  # for what this client does not do itself (`Expect`)
@@ -150,13 +154,13 @@ class UpstreamClient:
         self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
         self.closed = False
 
-    async def request(self, method: str, url: URL, headers: CIMultiDict[str],
-                      body: bytes | None) -> UpstreamResponse | aiohttp.ClientResponse:
+    async def request(
+        self, method: str, url: URL, headers: CIMultiDict[str], body: bytes | None
+    ) -> UpstreamResponse | aiohttp.ClientResponse:
         if "Expect" in headers:
             if self._fallback is None:
                 self._fallback = self._make_fallback()
-            return await self._fallback.request(method, url, data=body, headers=headers,
-                                                allow_redirects=False)
+            return await self._fallback.request(method, url, data=body, headers=headers, allow_redirects=False)
         head = request_head(method, url, headers, body)
         key = (url.scheme, url.raw_host or "", url.port or 0)
         idle = self._idle.get(key)
@@ -167,10 +171,15 @@ class UpstreamClient:
             protocol, reused = await self._checkout(url, idle)
             try:
                 protocol.set_response_params(
-                    skip_payload=method in EMPTY_BODY_METHODS, read_until_eof=True,
-                    auto_decompress=False, read_bufsize=READ_BUFSIZE,
-                    timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD, max_line_size=MAX_LINE,
-                    max_field_size=MAX_FIELD, max_headers=MAX_HEADERS)
+                    skip_payload=method in EMPTY_BODY_METHODS,
+                    read_until_eof=True,
+                    auto_decompress=False,
+                    read_bufsize=READ_BUFSIZE,
+                    timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD,
+                    max_line_size=MAX_LINE,
+                    max_field_size=MAX_FIELD,
+                    max_headers=MAX_HEADERS,
+                )
                 transport = protocol.transport
                 assert transport is not None
                 if body and len(body) > _JOIN_LIMIT:
@@ -190,8 +199,9 @@ class UpstreamClient:
             except HttpProcessingError as exc:
                 protocol.close()
                 info = aiohttp.RequestInfo(url, method, CIMultiDictProxy(headers), url)
-                raise aiohttp.ClientResponseError(info, (), status=exc.code, message=exc.message,
-                                                  headers=exc.headers) from exc
+                raise aiohttp.ClientResponseError(
+                    info, (), status=exc.code, message=exc.message, headers=exc.headers
+                ) from exc
             except BaseException:
                 protocol.close()  # cancelled or failed mid-exchange: never reused
                 raise
@@ -233,21 +243,22 @@ class UpstreamClient:
             sock = await aiohappyeyeballs.start_connection(infos, happy_eyeballs_delay=0.25)
             try:
                 _, protocol = await loop.create_connection(
-                    lambda: ResponseHandler(loop), sock=sock, ssl=self.tls if tls else None,
-                    server_hostname=host.rstrip(".") if tls else None)
+                    lambda: ResponseHandler(loop),
+                    sock=sock,
+                    ssl=self.tls if tls else None,
+                    server_hostname=host.rstrip(".") if tls else None,
+                )
             except BaseException:
                 sock.close()
                 raise
         return protocol, False
 
-    async def _resolve(self, loop: asyncio.AbstractEventLoop, host: str, port: int,
-                       now: float) -> list[Any]:
+    async def _resolve(self, loop: asyncio.AbstractEventLoop, host: str, port: int, now: float) -> list[Any]:
         """Addresses of the upstream, kept `DNS_TTL_S` (aiohttp's connector did the same)."""
         cached = self._dns.get((host, port))
         if cached is not None and now < cached[0]:
             return cached[1]
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                       flags=socket.AI_ADDRCONFIG)
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG)
         if not infos:
             raise OSError(f"no address for {host}")
         self._dns[(host, port)] = (now + DNS_TTL_S, infos)

@@ -19,14 +19,28 @@ from shared.codes import AuthStyle
 from shared.settings import Settings
 from shared.wire import AccountRoute
 
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
 # Never forwarded upstream: the worker's credentials (both headers, always — SPEC §15), the
 # OpenAI org/project of the worker's own configuration, and what the client library recomputes.
 DROP_UPSTREAM = HOP_BY_HOP | {
-    "host", "x-api-key", "authorization", "openai-organization", "openai-project",
+    "host",
+    "x-api-key",
+    "authorization",
+    "openai-organization",
+    "openai-project",
     "content-length",
 }
 DROP_DOWNSTREAM = HOP_BY_HOP | {"content-length"}
@@ -148,8 +162,7 @@ class UpstreamPools:
     def client_for(self, account_id: str) -> UpstreamClient:
         client = self._clients.get(account_id)
         if client is None or client.closed:
-            client = self._clients[account_id] = UpstreamClient(
-                self.settings.upstream_connect_timeout, self._session)
+            client = self._clients[account_id] = UpstreamClient(self.settings.upstream_connect_timeout, self._session)
         return client
 
     def _session(self) -> aiohttp.ClientSession:
@@ -157,13 +170,17 @@ class UpstreamPools:
         # The gate bounds concurrency; the connector itself is unbounded so the two never
         # disagree about a connection that is closing.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, ttl_dns_cache=60, ssl=UPSTREAM_TLS)
-        timeout = aiohttp.ClientTimeout(total=None, connect=None,
-                                        sock_connect=self.settings.upstream_connect_timeout,
-                                        sock_read=None)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=self.settings.upstream_connect_timeout, sock_read=None
+        )
         return aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False,
-            skip_auto_headers=_SKIP_AUTO, read_bufsize=64 * 1024,
-            max_field_size=64 * 1024, max_line_size=64 * 1024,
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=_SKIP_AUTO,
+            read_bufsize=64 * 1024,
+            max_field_size=64 * 1024,
+            max_line_size=64 * 1024,
         )
 
     def url_for(self, account: AccountRoute, path_qs: str) -> URL:

@@ -31,14 +31,27 @@ class IdleTimeout(Exception):
 
 
 class ExchangeWatch:
-    __slots__ = ("loop", "task", "cancelling", "headers_deadline", "idle_s", "content",
-                 "reading_since", "handle", "expired", "stall_s", "writing_since", "on_stall")
+    __slots__ = (
+        "loop",
+        "task",
+        "cancelling",
+        "headers_deadline",
+        "idle_s",
+        "content",
+        "reading_since",
+        "handle",
+        "expired",
+        "stall_s",
+        "writing_since",
+        "on_stall",
+    )
 
     # A timer may fire this much before its deadline (the loop's clock granularity).
     SLACK_S = 0.002
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, headers_s: float, idle_s: float,
-                 stall_s: float = float("inf")) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, headers_s: float, idle_s: float, stall_s: float = float("inf")
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.loop = loop
@@ -55,8 +68,7 @@ class ExchangeWatch:
         self.expired = False
         # Armed once, at the earliest any bound could run out (the stall's too, so `body` need
         # not re-arm it: one `call_at` and one cancel per short exchange, issue 27).
-        self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s, stall_s),
-                                                               self._check)
+        self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s, stall_s), self._check)
 
     def body(self, content: aiohttp.StreamReader, on_stall: Callable[[], None] | None = None) -> None:
         """The headers are in: from now on the watch guards the body's silences (and, with
@@ -78,8 +90,9 @@ class ExchangeWatch:
                 self.task.cancel()
                 return
             # at the body's pace too: the body may begin before the headers deadline
-            self.handle = self.loop.call_at(min(self.headers_deadline, now + min(self.idle_s, self.stall_s)),
-                                            self._check)
+            self.handle = self.loop.call_at(
+                min(self.headers_deadline, now + min(self.idle_s, self.stall_s)), self._check
+            )
             return
         since = self.reading_since
         if since is not None and now - since >= self.idle_s - self.SLACK_S:
@@ -98,8 +111,7 @@ class ExchangeWatch:
             self.handle = self.loop.call_at(writing + self.stall_s, self._check)
             return
         # reading: the idle deadline, or sooner, to see a write that starts and stalls
-        self.handle = self.loop.call_at(min(now + self.stall_s, (since or now) + self.idle_s),
-                                        self._check)
+        self.handle = self.loop.call_at(min(now + self.stall_s, (since or now) + self.idle_s), self._check)
 
     def stop(self) -> None:
         if self.handle is not None:

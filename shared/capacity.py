@@ -13,8 +13,8 @@ from typing import Protocol
 
 class CapacityTable:
     def __init__(self) -> None:
-        self._holders: dict[str, set[str]] = {}   # account_id -> holders
-        self._account_of: dict[str, str] = {}      # holder -> account_id
+        self._holders: dict[str, set[str]] = {}  # account_id -> holders
+        self._account_of: dict[str, str] = {}  # holder -> account_id
 
     def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool:
         """Take a slot for `holder` on `account_id`; False when the ceiling is reached.

@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 
 GENESIS_HASH = "0" * 64
-SEAL_ACTION = "seal"   # the record that adopts a chain's records before it (SPEC §19)
+SEAL_ACTION = "seal"  # the record that adopts a chain's records before it (SPEC §19)
 
 
 class Verdict(StrEnum):
@@ -91,10 +91,11 @@ class ChainAuth:
     `seal_fields`, when given, says this host may adopt a chain whose records do not verify
     (see `HashChain.adopt`): the fields of its audited `seal` record (who, when, why)."""
 
-    def __init__(self, key: bytes, seal_fields: Callable[[], dict[str, Any]] | None = None,
-                 verify_also: Sequence[bytes] = ()) -> None:
+    def __init__(
+        self, key: bytes, seal_fields: Callable[[], dict[str, Any]] | None = None, verify_also: Sequence[bytes] = ()
+    ) -> None:
         self._key = key
-        self._keys = (key, *verify_also)   # a rotation's other key verifies too, never MACs
+        self._keys = (key, *verify_also)  # a rotation's other key verifies too, never MACs
         self.seal_fields = seal_fields
 
     def mac(self, record: Mapping[str, Any]) -> str:
@@ -213,8 +214,9 @@ def _walk(lines: Sequence[bytes]) -> tuple[list[dict[str, Any]], Fault | None, i
     return records, None, None
 
 
-def _anchor_fault(records: Sequence[Mapping[str, Any]], before: bytes | None,
-                  after: bytes | None) -> tuple[Verdict, Fault | None]:
+def _anchor_fault(
+    records: Sequence[Mapping[str, Any]], before: bytes | None, after: bytes | None
+) -> tuple[Verdict, Fault | None]:
     a, b = _anchor_of(before), _anchor_of(after)
     if isinstance(a, _Unreadable) or isinstance(b, _Unreadable):
         return Verdict.CORRUPT, Fault.ANCHOR_UNREADABLE
@@ -238,8 +240,9 @@ def _anchor_fault(records: Sequence[Mapping[str, Any]], before: bytes | None,
     return Verdict.VERIFIED, None
 
 
-def verify_chain_between(lines: Sequence[bytes], anchor_before: bytes | None,
-                         anchor_after: bytes | None, auth: ChainAuth | None = None) -> ChainCheck:
+def verify_chain_between(
+    lines: Sequence[bytes], anchor_before: bytes | None, anchor_after: bytes | None, auth: ChainAuth | None = None
+) -> ChainCheck:
     """Verify chain `lines` read between two reads of its anchor (raw bytes, None = no file).
 
     The anchor only moves forward and never lags the chain by more than the crash window, so
@@ -256,8 +259,7 @@ def verify_chain_between(lines: Sequence[bytes], anchor_before: bytes | None,
             fault, line, records = Fault.MAC_MISMATCH, bad + 1, records[:bad]
     head = records[-1]["hash"] if records else None
     if fault is not None:
-        return ChainCheck(verdict=Verdict.CORRUPT, fault=fault, fault_line=line,
-                          records=tuple(records), head_hash=head)
+        return ChainCheck(verdict=Verdict.CORRUPT, fault=fault, fault_line=line, records=tuple(records), head_hash=head)
     verdict, fault = _anchor_fault(records, anchor_before, anchor_after)
     return ChainCheck(verdict=verdict, fault=fault, records=tuple(records), head_hash=head)
 

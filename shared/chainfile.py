@@ -71,8 +71,15 @@ class HashChain(Generic[S]):
     to the chain or its anchor would change; on a miss the whole chain is read and verified again.
     """
 
-    def __init__(self, path: str, anchor_path: str, fold: Callable[[Sequence[dict[str, Any]]], S],
-                 storage: ChainStorage | None = None, *, recent_s: float | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        anchor_path: str,
+        fold: Callable[[Sequence[dict[str, Any]]], S],
+        storage: ChainStorage | None = None,
+        *,
+        recent_s: float | None = None,
+    ) -> None:
         self.path = path
         self.anchor_path = anchor_path
         self.lock_path = path + ".lock"
@@ -117,8 +124,7 @@ class HashChain(Generic[S]):
             if sealer is not None and check.fault is Fault.MAC_MISMATCH and sealer(self) is not None:
                 check = self._snapshot()
             if check.verdict is Verdict.CORRUPT:  # logged once per change: the verdict is cached
-                log.error("chain_corrupt", path=self.path, fault=str(check.fault),
-                          line=check.fault_line)
+                log.error("chain_corrupt", path=self.path, fault=str(check.fault), line=check.fault_line)
         state = None if check.verdict is Verdict.CORRUPT else self._fold(check.records)
         view = ChainView(check, state)
         if key is not None:
@@ -182,8 +188,9 @@ class HashChain(Generic[S]):
 
     # ---- the one write ------------------------------------------------------------------
 
-    def commit(self, build: Callable[[ChainCheck], Mapping[str, Any]],
-               expected_revision: int | None = None) -> Committed:
+    def commit(
+        self, build: Callable[[ChainCheck], Mapping[str, Any]], expected_revision: int | None = None
+    ) -> Committed:
         """Append one record, deciding from the file under the writer's lock. Blocking.
 
         Order: lock → read and verify the file (never the cache) → refuse if corrupt → check
@@ -209,8 +216,9 @@ class HashChain(Generic[S]):
         except Exception as exc:  # unreachable now: the next read (a mint's, the poll's) retries
             log.warning("chain_revalidation_failed", path=self.path, error=type(exc).__name__)
 
-    def _commit_locked(self, build: Callable[[ChainCheck], Mapping[str, Any]],
-                       expected_revision: int | None) -> Committed:
+    def _commit_locked(
+        self, build: Callable[[ChainCheck], Mapping[str, Any]], expected_revision: int | None
+    ) -> Committed:
         try:
             read = self.storage.read()
         except OSError as exc:
@@ -238,8 +246,7 @@ class HashChain(Generic[S]):
         try:
             self.storage.write_anchor(encode_anchor(count + 1, record["hash"]))
         except OSError as exc:
-            log.error("chain_anchor_write_failed", path=self.anchor_path, revision=count + 1,
-                      error=str(exc))
+            log.error("chain_anchor_write_failed", path=self.anchor_path, revision=count + 1, error=str(exc))
         return Committed(record=record, revision=count + 1, based_on_revision=count)
 
 

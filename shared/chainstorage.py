@@ -126,7 +126,7 @@ class FileChainStorage:
             lock.release()
 
     def append(self, line: bytes, expected_size: int) -> None:
-        fd = open_append(self.path)   # 0600 from its creation (SPEC §19)
+        fd = open_append(self.path)  # 0600 from its creation (SPEC §19)
         try:
             size = os.fstat(fd).st_size
             if size != expected_size:
@@ -186,7 +186,7 @@ def _tail(handle: Any) -> bytes:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _fsync_dir(path: str) -> None:

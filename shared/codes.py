@@ -110,7 +110,7 @@ HTTP_STATUS: dict[Refusal | ErrorCode, int] = {
     Refusal.INVALID_REQUEST_BODY: 400,
     Refusal.UNSUPPORTED_CONTENT_ENCODING: 415,
     Refusal.CONNECTION_LIMIT: 503,
-    Refusal.BUDGET_EXHAUSTED: 503,      # at the mint; a request on a lease is refused 429 (§18)
+    Refusal.BUDGET_EXHAUSTED: 503,  # at the mint; a request on a lease is refused 429 (§18)
     Refusal.MODEL_UNPRICED: 403,
     Refusal.UNKNOWN_KEY: 401,
     Refusal.ACCOUNT_NOT_CONFIGURED: 422,
@@ -154,7 +154,7 @@ class Skip(StrEnum):
     ADMINISTRATIVE_DRAINING = "administrative-draining"
     CIRCUIT_OPEN = "circuit-open"
     LEASE_CAPACITY_EXHAUSTED = "lease-capacity-exhausted"
-    RATE_LIMIT_HEADROOM_LOW = "rate-limit-headroom-low"   # only with min_headroom_percent set (§22)
+    RATE_LIMIT_HEADROOM_LOW = "rate-limit-headroom-low"  # only with min_headroom_percent set (§22)
 
 
 class Condition(StrEnum):
@@ -194,7 +194,7 @@ class CostReason(StrEnum):
     PRICED = "priced"
     UNPRICED = "unpriced"
     NO_USAGE = "no-usage"
-    NOT_BILLED = "not-billed"      # count_tokens, /v1/models: $0, never unpriced (SPEC §19)
+    NOT_BILLED = "not-billed"  # count_tokens, /v1/models: $0, never unpriced (SPEC §19)
 
 
 class Scope(StrEnum):
@@ -229,9 +229,9 @@ class EndReason(StrEnum):
     ACCOUNT_REVOKED = "account-revoked"
     RENEWED = "renewed"
     RESERVATION_FAILED = "reservation-failed"
-    HOPPED = "hopped"             # a dispatch key's lease replaced by the gateway (SPEC §17)
+    HOPPED = "hopped"  # a dispatch key's lease replaced by the gateway (SPEC §17)
     # fleet mode (SPEC §16): a host's own standing ended the key
-    HOST_REAPED = "host-reaped"   # this host was declared dead meanwhile: its slot was released
+    HOST_REAPED = "host-reaped"  # this host was declared dead meanwhile: its slot was released
     # after Redis lost its data (or this host was away): the ceiling was full, or another host
     # holds the dispatch's one live lease now
     REREGISTRATION_REFUSED = "reregistration-refused"
@@ -242,15 +242,15 @@ class Standing(StrEnum):
     """A fleet host's standing, as its heartbeat finds it (SPEC §16)."""
 
     LIVE = "live"
-    REAPED = "reaped"            # declared dead meanwhile: its holders were released
-    SUPERSEDED = "superseded"    # another instance holds the host id now
-    STATE_LOST = "state-lost"    # Redis lost the fleet's data (the incarnation changed)
+    REAPED = "reaped"  # declared dead meanwhile: its holders were released
+    SUPERSEDED = "superseded"  # another instance holds the host id now
+    STATE_LOST = "state-lost"  # Redis lost the fleet's data (the incarnation changed)
 
 
 class FleetMode(StrEnum):
     """Where the shared state lives (`fleet.mode` of the accounts view)."""
 
-    EMBEDDED = "embedded"        # in this process (no GATEWAY_FLEET_REDIS_URL)
+    EMBEDDED = "embedded"  # in this process (no GATEWAY_FLEET_REDIS_URL)
     REDIS = "redis"
 
 

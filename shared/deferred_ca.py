@@ -70,6 +70,7 @@ def read_default_paths(context: ssl.SSLContext) -> None:
 def read_in_background(context: ssl.SSLContext) -> None:
     """`read_default_paths` on a thread of its own that ends with it. A failed read is left to
     the first handshake, which retries it and fails there with the reason."""
+
     def read() -> None:
         try:
             read_default_paths(context)

@@ -12,8 +12,15 @@ class GatewayError(Exception):
     """`code` is a refusal (the gateway declined) or another error code (bad input, a missing
     thing, a lost race, the upstream's failure)."""
 
-    def __init__(self, code: Refusal | ErrorCode, detail: str, *, status: int | None = None,
-                 retry_after_s: float | None = None, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        code: Refusal | ErrorCode,
+        detail: str,
+        *,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail

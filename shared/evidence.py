@@ -21,8 +21,7 @@ _BY_STATUS: dict[int, Condition] = {
 }
 
 
-def condition_for_terminal(status: str | None, http_status: int | None,
-                           refusal_reason: str | None) -> Condition | None:
+def condition_for_terminal(status: str | None, http_status: int | None, refusal_reason: str | None) -> Condition | None:
     """The qualifying condition of one terminal row, or None."""
     if refusal_reason is not None or status == AttemptStatus.CLIENT_ABORTED:
         return None

@@ -223,8 +223,9 @@ class LineWriter:
             pass  # a closed or broken stdout must not take a request down with it
 
 
-def configure_logging(service: str, level: str = "info", stream: Any = None,
-                      secrets: Iterable[str | None] = ()) -> None:
+def configure_logging(
+    service: str, level: str = "info", stream: Any = None, secrets: Iterable[str | None] = ()
+) -> None:
     """Configure structlog for a daemon: JSON lines, one redactor as the last word."""
     for secret in secrets:
         register_secret(secret)
@@ -255,12 +256,14 @@ class _StdlibRedactingFormatter(logging.Formatter):
         message = record.getMessage()
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
-        return json.dumps({
-            "event": redact_text(message),
-            "logger": record.name,
-            "level": record.levelname.lower(),
-            "service": self.service,
-        })
+        return json.dumps(
+            {
+                "event": redact_text(message),
+                "logger": record.name,
+                "level": record.levelname.lower(),
+                "service": self.service,
+            }
+        )
 
 
 def get_logger(name: str | None = None) -> Any:

@@ -82,11 +82,11 @@ def split_frames(buffer: bytes) -> tuple[list[Message], bytes]:
     messages: list[Message] = []
     offset = 0
     while len(buffer) - offset >= _HEADER.size:
-        length = check_length(buffer[offset:offset + _HEADER.size])
+        length = check_length(buffer[offset : offset + _HEADER.size])
         end = offset + _HEADER.size + length
         if len(buffer) < end:
             break
-        messages.append(decode_body(buffer[offset + _HEADER.size:end]))
+        messages.append(decode_body(buffer[offset + _HEADER.size : end]))
         offset = end
     return messages, buffer[offset:]
 
@@ -113,10 +113,10 @@ class Connection:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Ack]] = {}
         self._callbacks: dict[int, Callable[[Ack | None], None]] = {}
-        self._out: list[bytes | Message] = []            # a withdrawable frame stays unencoded
-        self._withdrawable: dict[str, int] = {}          # its key → its place in `_out`
-        self._soon = False                               # a flush is due this iteration
-        self._timer: asyncio.TimerHandle | None = None   # a flush is due for lazy frames
+        self._out: list[bytes | Message] = []  # a withdrawable frame stays unencoded
+        self._withdrawable: dict[str, int] = {}  # its key → its place in `_out`
+        self._soon = False  # a flush is due this iteration
+        self._timer: asyncio.TimerHandle | None = None  # a flush is due for lazy frames
         self.closed = asyncio.Event()
 
     def next_id(self) -> int:
@@ -184,8 +184,7 @@ class Connection:
         self.flush()
         await self.writer.drain()
 
-    def post(self, build: Callable[[int], Message], on_ack: Callable[[Ack | None], None], *,
-             lazy: bool = False) -> int:
+    def post(self, build: Callable[[int], Message], on_ack: Callable[[Ack | None], None], *, lazy: bool = False) -> int:
         """Send `build(req_id)` without waiting: `on_ack` gets its Ack, or None if the link is lost."""
         req_id = self.next_id()
         self.send_nowait(build(req_id), lazy=lazy)
@@ -239,7 +238,7 @@ class Connection:
                     end = offset + _HEADER.size + check_length_at(data, offset)
                     if end > size:
                         break
-                    message = decode_body(data[offset + _HEADER.size:end])
+                    message = decode_body(data[offset + _HEADER.size : end])
                     offset = end
                     if isinstance(message, Ack):
                         on_ack(message)
@@ -313,9 +312,10 @@ def peer_uid(writer: asyncio.StreamWriter) -> int | None:
     return uid
 
 
-async def start_unix_server(socket_path: str,
-                            on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-                            ) -> asyncio.AbstractServer:
+async def start_unix_server(
+    socket_path: str,
+    on_client: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> asyncio.AbstractServer:
     """Bind `socket_path` as 0600 inside a 0700 directory (no window where it is wider)."""
     prepare_socket_dir(socket_path)
     try:

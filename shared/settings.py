@@ -32,8 +32,11 @@ HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 # SPEC §19: the only query options a fleet Redis URL may carry (the timeouts and TLS checks are
 # Leasehold's own; redis-py would otherwise merge any query option into its client's settings).
-REDIS_QUERY_OPTIONS = {"redis": frozenset(), "unix": frozenset({"db"}),
-                       "rediss": frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile"})}
+REDIS_QUERY_OPTIONS = {
+    "redis": frozenset(),
+    "unix": frozenset({"db"}),
+    "rediss": frozenset({"ssl_ca_certs", "ssl_certfile", "ssl_keyfile"}),
+}
 
 
 class SettingsError(Exception):
@@ -80,13 +83,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     fleet_id: str = "leasehold"
     host_id: str = "localhost"
     fleet_host_ttl_seconds: int = 10
-    traces: TraceSettings | None = None   # SPEC §21: None unless an OTLP endpoint is set
+    traces: TraceSettings | None = None  # SPEC §21: None unless an OTLP endpoint is set
     # the data plane's connection bounds (SPEC §19)
     header_timeout_seconds: float = 10
     keepalive_seconds: float = 75
     max_connections: int = 4096
     client_stall_seconds: float = 60
-    fleet_secret_file: str | None = None   # SPEC §19: required in fleet mode (control)
+    fleet_secret_file: str | None = None  # SPEC §19: required in fleet mode (control)
     fleet_secret: FleetSecret | None = None  # its bytes; repr never shows them
     fleet_verify_secret_file: str | None = None  # a rotation's other secret: accepted, never used to MAC
     fleet_verify_secret: FleetSecret | None = None
@@ -182,8 +185,9 @@ class _Reader:
         options = [key for key, _value in query]
         if any(key not in allowed for key in options) or len(set(options)) != len(options):
             shown = ", ".join(sorted(allowed)) or "none"
-            self.problems.append(f"{PREFIX}{name} accepts only these query options for {parts.scheme}://: "
-                                 f"{shown} (each at most once)")
+            self.problems.append(
+                f"{PREFIX}{name} accepts only these query options for {parts.scheme}://: {shown} (each at most once)"
+            )
             return None
         if parts.scheme == "unix":
             db = parse_qs(parts.query).get("db", ["0"])[0]
@@ -201,8 +205,10 @@ class _Reader:
         path = self.text(name, None)
         if path is None:
             if required:
-                self.problems.append(f"{PREFIX}{name} is required in fleet mode (a file of at least 32 "
-                                     "random bytes, mode 0400 or 0600, the same on every host)")
+                self.problems.append(
+                    f"{PREFIX}{name} is required in fleet mode (a file of at least 32 "
+                    "random bytes, mode 0400 or 0600, the same on every host)"
+                )
             return None, None
         from shared.fleet.secret import read_secret_file  # fleet mode only
 
@@ -234,8 +240,9 @@ class _Reader:
         return tuple(c for c in Condition if c in chosen)
 
 
-def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control",
-                  hostname: str | None = None) -> Settings:
+def load_settings(
+    env: Mapping[str, str] | None = None, *, role: str = "control", hostname: str | None = None
+) -> Settings:
     """Read every GATEWAY_* variable; raise `SettingsError` naming each bad one.
 
     `role` is "control" (needs the control token) or "dataplane" / "ctl" (do not). `hostname`
@@ -283,8 +290,7 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
         ledger_retention_days=int(r.number("LEDGER_RETENTION_DAYS", 90, 1, 3650, integer=True)),
         fleet_redis_url=r.redis_url("FLEET_REDIS_URL"),
         fleet_id=r.identifier("FLEET_ID", "leasehold", FLEET_ID_RE),
-        host_id=r.identifier("HOST_ID", host_id_of(socket.gethostname() if hostname is None else hostname),
-                             HOST_ID_RE),
+        host_id=r.identifier("HOST_ID", host_id_of(socket.gethostname() if hostname is None else hostname), HOST_ID_RE),
         fleet_host_ttl_seconds=int(r.number("FLEET_HOST_TTL_SECONDS", 10, 3, 120, integer=True)),
         traces=traces_of(r.env, r.problems),
         **_connection_bounds(r),
@@ -297,17 +303,25 @@ def load_settings(env: Mapping[str, str] | None = None, *, role: str = "control"
 
 
 def _with_fleet_secret(settings: Settings, r: _Reader, role: str) -> Settings:
-    """SPEC §19: in fleet mode the fleet secret file (required by control; the data plane checks
-    it when it is set; leaseholdctl never reads it)."""
+    """SPEC §19: in fleet mode the fleet secret file, required by both daemons (control seals
+    what it publishes; the data plane believes only sealed heartbeats, so a Redis writer cannot
+    lift its lapse); leaseholdctl never reads it."""
     if settings.fleet_redis_url is None or role == "ctl":
         return settings
-    secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=role == "control")
+    secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=True)
     verify_file, verify_secret = r.secret_file("FLEET_VERIFY_SECRET_FILE", required=False)
     if verify_file is not None and secret_file is None:
-        r.problems.append(f"{PREFIX}FLEET_VERIFY_SECRET_FILE is set without {PREFIX}FLEET_SECRET_FILE "
-                          "(it is the other secret of a rotation, accepted beside the fleet secret)")
-    return msgspec.structs.replace(settings, fleet_secret_file=secret_file, fleet_secret=secret,
-                                   fleet_verify_secret_file=verify_file, fleet_verify_secret=verify_secret)
+        r.problems.append(
+            f"{PREFIX}FLEET_VERIFY_SECRET_FILE is set without {PREFIX}FLEET_SECRET_FILE "
+            "(it is the other secret of a rotation, accepted beside the fleet secret)"
+        )
+    return msgspec.structs.replace(
+        settings,
+        fleet_secret_file=secret_file,
+        fleet_secret=secret,
+        fleet_verify_secret_file=verify_file,
+        fleet_verify_secret=verify_secret,
+    )
 
 
 def _connection_bounds(r: _Reader) -> dict[str, Any]:

@@ -26,8 +26,12 @@ from shared.wire import AttemptRow
 # SPEC §21's `gen_ai.operation.name` of each served path; a path not listed (none is served
 # today) is named by its last segment.
 OPERATION_OF_PATH = {
-    "/v1/messages": "chat", "/v1/chat/completions": "chat", "/v1/responses": "chat",
-    "/v1/embeddings": "embeddings", "/v1/messages/count_tokens": "count_tokens", "/v1/models": "list_models",
+    "/v1/messages": "chat",
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "chat",
+    "/v1/embeddings": "embeddings",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/models": "list_models",
 }
 # `gen_ai.provider.name`: the conventions' well-known values where one exists.
 PROVIDER_OF_BINDING = {"anthropic": "anthropic", "openai": "openai", "zai-harness": "z.ai"}
@@ -52,8 +56,8 @@ class Parent(msgspec.Struct, frozen=True, kw_only=True):
 
 class SpanPlan(msgspec.Struct, frozen=True, kw_only=True):
     name: str
-    trace_id: str          # 32 hex digits: the parent's, else derived from the attempt id
-    span_id: str           # 16 hex digits, derived from the attempt id
+    trace_id: str  # 32 hex digits: the parent's, else derived from the attempt id
+    span_id: str  # 16 hex digits, derived from the attempt id
     parent: Parent | None
     start_ns: int
     end_ns: int
@@ -65,8 +69,8 @@ class SpanPlan(msgspec.Struct, frozen=True, kw_only=True):
 class Account(msgspec.Struct, frozen=True, kw_only=True):
     """What the span says of the row's account (`account_of`: from control's registry)."""
 
-    provider: str                  # `gen_ai.provider.name`
-    address: str | None = None     # `server.address` / `server.port`: the account's base URL
+    provider: str  # `gen_ai.provider.name`
+    address: str | None = None  # `server.address` / `server.port`: the account's base URL
     port: int | None = None
 
 
@@ -76,8 +80,11 @@ def account_of(provider_binding: str, base_url: str) -> Account:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         port = None
-    return Account(provider=PROVIDER_OF_BINDING.get(provider_binding, provider_binding), address=parts.hostname,
-                   port=port if parts.hostname else None)
+    return Account(
+        provider=PROVIDER_OF_BINDING.get(provider_binding, provider_binding),
+        address=parts.hostname,
+        port=port if parts.hostname else None,
+    )
 
 
 class DecisionNote(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,8 +108,10 @@ def ns_of(stamp: str | None) -> int | None:
 def ids_of(attempt_id: str) -> tuple[str, str]:
     """`(trace_id, span_id)` derived from an attempt id; neither is all zeros."""
     digest = hashlib.sha256(attempt_id.encode()).hexdigest()
-    return (digest[16:48] if digest[16:48].strip("0") else "1".zfill(32),
-            digest[:16] if digest[:16].strip("0") else "1".zfill(16))
+    return (
+        digest[16:48] if digest[16:48].strip("0") else "1".zfill(32),
+        digest[:16] if digest[:16].strip("0") else "1".zfill(16),
+    )
 
 
 def error_type_of(row: AttemptRow) -> str | None:
@@ -139,16 +148,24 @@ def _server(account: Account | None) -> dict[str, Attr]:
 
 def _leasehold(row: AttemptRow) -> dict[str, Attr]:
     attrs: dict[str, Attr] = {
-        "leasehold.attempt_id": row.attempt_id, "leasehold.key_id": row.key_id,
-        "leasehold.account_id": row.account_id, "leasehold.repo": row.repo_slug,
-        "leasehold.principal": row.principal_id, "leasehold.status": row.status or "unfinished",
+        "leasehold.attempt_id": row.attempt_id,
+        "leasehold.key_id": row.key_id,
+        "leasehold.account_id": row.account_id,
+        "leasehold.repo": row.repo_slug,
+        "leasehold.principal": row.principal_id,
+        "leasehold.status": row.status or "unfinished",
         "leasehold.transport": row.transport,
         "leasehold.hop": row.hop,  # the lease's, copied onto the row by the data plane (SPEC §8, §14)
     }
-    optional = {"leasehold.dispatch_id": row.dispatch_id, "leasehold.mint_decision_id": row.mint_decision_id,
-                "leasehold.cost_usd": row.cost_usd, "leasehold.refusal_reason": row.refusal_reason,
-                "leasehold.condition": row.condition, "leasehold.worker_role": row.worker_role,
-                "leasehold.overhead_ms": row.overhead_ms}
+    optional = {
+        "leasehold.dispatch_id": row.dispatch_id,
+        "leasehold.mint_decision_id": row.mint_decision_id,
+        "leasehold.cost_usd": row.cost_usd,
+        "leasehold.refusal_reason": row.refusal_reason,
+        "leasehold.condition": row.condition,
+        "leasehold.worker_role": row.worker_role,
+        "leasehold.overhead_ms": row.overhead_ms,
+    }
     attrs.update({k: v for k, v in optional.items() if v is not None})
     return attrs
 
@@ -190,11 +207,19 @@ def span_of(row: AttemptRow, account: Account | None = None, note: DecisionNote 
     caller = parse_traceparent(row.traceparent)
     parent = None
     if caller is not None:
-        parent = Parent(trace_id=caller.trace_id, span_id=caller.span_id, flags=caller.flags,
-                        tracestate=row.tracestate)
+        parent = Parent(trace_id=caller.trace_id, span_id=caller.span_id, flags=caller.flags, tracestate=row.tracestate)
         trace_id = caller.trace_id
     start = ns_of(row.started_at) or 0
     end = max(start, ns_of(row.finished_at) or start)
     name = operation if row.requested_model is None else f"{operation} {row.requested_model[:MODEL_IN_NAME]}"
-    return SpanPlan(name=name, trace_id=trace_id, span_id=span_id, parent=parent, start_ns=start, end_ns=end,
-                    attributes=attrs, error_type=error, events=() if note is None else note.events)
+    return SpanPlan(
+        name=name,
+        trace_id=trace_id,
+        span_id=span_id,
+        parent=parent,
+        start_ns=start,
+        end_ns=end,
+        attributes=attrs,
+        error_type=error,
+        events=() if note is None else note.events,
+    )

@@ -29,27 +29,28 @@ from shared.wire import LoopReport
 
 log = get_logger("fleet")
 
-PAUSE_S = 0.5          # between a failed run and the next
-FAILING_AFTER = 3      # failures in a row that make a loop `failing`
-STEADY_S = 5.0         # a run this long clears the failures in a row
+PAUSE_S = 0.5  # between a failed run and the next
+FAILING_AFTER = 3  # failures in a row that make a loop `failing`
+STEADY_S = 5.0  # a run this long clears the failures in a row
 
 
 class LoopState(StrEnum):
     RUNNING = "running"
-    RESTARTING = "restarting"    # failed lately, not (yet) failing
-    FAILING = "failing"          # keeps failing: the host holds its mints
+    RESTARTING = "restarting"  # failed lately, not (yet) failing
+    FAILING = "failing"  # keeps failing: the host holds its mints
 
 
 class LoopStatus(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     state: LoopState
-    failures: int                    # in a row (0 once a run lasted STEADY_S)
-    last_error_kind: str | None      # the class name of the last exception, or `returned`
-    restarts: int = 0                # unexpected ends, ever (`leasehold_fleet_loop_restarts_total`)
+    failures: int  # in a row (0 once a run lasted STEADY_S)
+    last_error_kind: str | None  # the class name of the last exception, or `returned`
+    restarts: int = 0  # unexpected ends, ever (`leasehold_fleet_loop_restarts_total`)
 
 
-def loop_state(failures: int, running_for_s: float, *, failing_after: int = FAILING_AFTER,
-               steady_s: float = STEADY_S) -> LoopState:
+def loop_state(
+    failures: int, running_for_s: float, *, failing_after: int = FAILING_AFTER, steady_s: float = STEADY_S
+) -> LoopState:
     """Pure: a loop's state from its failures in a row and how long its current run has lasted."""
     if failures == 0 or running_for_s >= steady_s:
         return LoopState.RUNNING
@@ -67,16 +68,22 @@ class _Loop:
 
 
 class Supervisor:
-    def __init__(self, *, pause_s: float = PAUSE_S, failing_after: int = FAILING_AFTER,
-                 steady_s: float = STEADY_S, clock: Callable[[], float] = time.monotonic,
-                 on_failure: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        pause_s: float = PAUSE_S,
+        failing_after: int = FAILING_AFTER,
+        steady_s: float = STEADY_S,
+        clock: Callable[[], float] = time.monotonic,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
         self.pause_s = pause_s
         self.failing_after = failing_after
         self.steady_s = steady_s
         self.clock = clock
         self._loops: dict[str, _Loop] = {}
-        self.restarts: dict[str, int] = {}   # unexpected ends per loop, ever (a counter)
-        self.on_failure = on_failure          # told after each unexpected end (the data plane reports)
+        self.restarts: dict[str, int] = {}  # unexpected ends per loop, ever (a counter)
+        self.on_failure = on_failure  # told after each unexpected end (the data plane reports)
 
     def spawn(self, name: str, make: Callable[[], Coroutine[Any, Any, Any]]) -> asyncio.Task[None]:
         """Run `make()` as loop `name`, again after every unexpected end, until cancelled."""
@@ -98,30 +105,52 @@ class Supervisor:
             loop.failures = 1 if ran_s >= self.steady_s else loop.failures + 1
             loop.last_error_kind = kind
             self.restarts[loop.name] += 1
-            log.error("fleet_loop_failed", loop=loop.name, error_kind=kind, failures=loop.failures,
-                      state=str(self._state(loop)))
+            log.error(
+                "fleet_loop_failed",
+                loop=loop.name,
+                error_kind=kind,
+                failures=loop.failures,
+                state=str(self._state(loop)),
+            )
             if self.on_failure is not None:
                 self.on_failure()
             await asyncio.sleep(self.pause_s)
 
     def _state(self, loop: _Loop) -> LoopState:
-        return loop_state(loop.failures, self.clock() - loop.started, failing_after=self.failing_after,
-                          steady_s=self.steady_s)
+        return loop_state(
+            loop.failures, self.clock() - loop.started, failing_after=self.failing_after, steady_s=self.steady_s
+        )
 
     def statuses(self) -> tuple[LoopStatus, ...]:
         out = []
         for loop in self._loops.values():
             state = self._state(loop)
-            failures = 0 if state is LoopState.RUNNING and self.clock() - loop.started >= self.steady_s \
-                else loop.failures
-            out.append(LoopStatus(name=loop.name, state=state, failures=failures,
-                                  last_error_kind=loop.last_error_kind, restarts=self.restarts[loop.name]))
+            failures = (
+                0 if state is LoopState.RUNNING and self.clock() - loop.started >= self.steady_s else loop.failures
+            )
+            out.append(
+                LoopStatus(
+                    name=loop.name,
+                    state=state,
+                    failures=failures,
+                    last_error_kind=loop.last_error_kind,
+                    restarts=self.restarts[loop.name],
+                )
+            )
         return tuple(sorted(out, key=lambda s: s.name))
 
     def reports(self) -> list[LoopReport]:
         """The statuses as the data plane sends them to control (`FleetLoops`)."""
-        return [LoopReport(name=s.name, state=str(s.state), failures=s.failures, restarts=s.restarts,
-                           last_error_kind=s.last_error_kind) for s in self.statuses()]
+        return [
+            LoopReport(
+                name=s.name,
+                state=str(s.state),
+                failures=s.failures,
+                restarts=s.restarts,
+                last_error_kind=s.last_error_kind,
+            )
+            for s in self.statuses()
+        ]
 
     def healthy(self) -> bool:
         """False while any loop is `failing`: the host holds its mints."""
@@ -135,7 +164,13 @@ def reported(reports: list[LoopReport], prefix: str) -> tuple[LoopStatus, ...]:
     """Another process's loops (the data plane's, `FleetLoops`), named `<prefix><name>` in this
     host's fleet view; a state this version does not know reads `failing`."""
     known = {str(s) for s in LoopState}
-    return tuple(LoopStatus(name=prefix + r.name, failures=r.failures, restarts=r.restarts,
-                            last_error_kind=r.last_error_kind,
-                            state=LoopState(r.state) if r.state in known else LoopState.FAILING)
-                 for r in reports)
+    return tuple(
+        LoopStatus(
+            name=prefix + r.name,
+            failures=r.failures,
+            restarts=r.restarts,
+            last_error_kind=r.last_error_kind,
+            state=LoopState(r.state) if r.state in known else LoopState.FAILING,
+        )
+        for r in reports
+    )

@@ -28,9 +28,9 @@ _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
 
 
 class TraceParent(NamedTuple):
-    trace_id: str   # 32 lower-case hex digits
-    span_id: str    # 16 lower-case hex digits: the caller's span, the attempt's parent
-    flags: int      # bit 0: sampled
+    trace_id: str  # 32 lower-case hex digits
+    span_id: str  # 16 lower-case hex digits: the caller's span, the attempt's parent
+    flags: int  # bit 0: sampled
 
 
 def parse_traceparent(value: str | None) -> TraceParent | None:
@@ -53,7 +53,7 @@ def valid_tracestate(value: str | None) -> bool:
     if value is None or len(value) > TRACESTATE_MAX_CHARS:
         return False
     members = [m.strip() for m in value.split(",")]
-    members = [m for m in members if m]   # empty list members are allowed and ignored
+    members = [m for m in members if m]  # empty list members are allowed and ignored
     if not members or len(members) > TRACESTATE_MAX_MEMBERS:
         return False
     keys = set()

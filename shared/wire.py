@@ -46,8 +46,8 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     # when its requests are refused (the latest reset among the exhausted budgets).
     budgeted: bool = False
     budget_retry_at_ms: int | None = None
-    budget_stale: bool = False      # fleet mode (SPEC §19): the fleet's spend is stale; budgeted: 503
-    hop: int = 0    # SPEC §8: the decision's hop (0 for a first mint); copied onto every row
+    budget_stale: bool = False  # fleet mode (SPEC §19): the fleet's spend is stale; budgeted: 503
+    hop: int = 0  # SPEC §8: the decision's hop (0 for a first mint); copied onto every row
 
 
 class LeaseGate(msgspec.Struct, frozen=True, kw_only=True):
@@ -243,7 +243,7 @@ class ConnectionCounts(_Msg, tag="connection_counts", frozen=True):
 
 class LoopReport(msgspec.Struct, frozen=True, kw_only=True):
     name: str
-    state: str                   # running | restarting | failing (`shared/supervisor.LoopState`)
+    state: str  # running | restarting | failing (`shared/supervisor.LoopState`)
     failures: int
     restarts: int
     last_error_kind: str | None = None
@@ -257,7 +257,20 @@ class FleetLoops(_Msg, tag="fleet_loops", frozen=True):
 
 
 Message = (
-    Hello | Welcome | Refused | Snapshot | LeaseAdded | LeaseRemoved | StorageState
-    | AttemptStarted | AttemptFinished | Ack | Acks | Ping | LeaseGates | SocketsOpen | ConnectionCounts
+    Hello
+    | Welcome
+    | Refused
+    | Snapshot
+    | LeaseAdded
+    | LeaseRemoved
+    | StorageState
+    | AttemptStarted
+    | AttemptFinished
+    | Ack
+    | Acks
+    | Ping
+    | LeaseGates
+    | SocketsOpen
+    | ConnectionCounts
     | FleetLoops
 )

@@ -23,18 +23,18 @@ from shared.codes import AuthStyle, Wire
 
 class WireFacts(msgspec.Struct, frozen=True, kw_only=True):
     wire: Wire
-    title: str                         # its name in a sentence ("an OpenAI-wire lease")
-    paths: frozenset[str]              # every other path is `path-not-served` (SPEC §12)
-    model_paths: frozenset[str]        # a body here names its model; read strictly (SPEC §19)
-    model_field: str                   # the top-level body member that names the model
-    usage_paths: frozenset[str]        # a JSON (non-SSE) answer here carries usage
-    request_id_header: str             # the response header that carries a request id
+    title: str  # its name in a sentence ("an OpenAI-wire lease")
+    paths: frozenset[str]  # every other path is `path-not-served` (SPEC §12)
+    model_paths: frozenset[str]  # a body here names its model; read strictly (SPEC §19)
+    model_field: str  # the top-level body member that names the model
+    usage_paths: frozenset[str]  # a JSON (non-SSE) answer here carries usage
+    request_id_header: str  # the response header that carries a request id
     auth_styles: tuple[AuthStyle, ...]  # how its workers present a key (`Proxy.authenticate`)
-    sniff_headers: tuple[str, ...]     # request headers that say a keyless request speaks it
-    base_path: str                     # appended to the data plane's URL for a worker
-    worker_env: tuple[str, str]        # (base URL, key) variables its workers read
+    sniff_headers: tuple[str, ...]  # request headers that say a keyless request speaks it
+    base_path: str  # appended to the data plane's URL for a worker
+    worker_env: tuple[str, str]  # (base URL, key) variables its workers read
     websocket_path: str | None = None  # the Responses WebSocket (SPEC §20); None: 426 only
-    codex: bool = False                # Codex's built-in provider speaks it (`leaseholdctl exec`)
+    codex: bool = False  # Codex's built-in provider speaks it (`leaseholdctl exec`)
 
 
 ANTHROPIC = WireFacts(

@@ -14,8 +14,11 @@ from tests.support.redis_server import RedisServer
 
 @pytest.fixture(scope="session")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stub]:
-    upstream = Stub(tmp_path_factory.mktemp("stub"), anthropic_key=credential_like("sk-ant-api03-"),
-                    openai_key=credential_like("sk-proj-"))
+    upstream = Stub(
+        tmp_path_factory.mktemp("stub"),
+        anthropic_key=credential_like("sk-ant-api03-"),
+        openai_key=credential_like("sk-proj-"),
+    )
     yield upstream
     upstream.stop()
 

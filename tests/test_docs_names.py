@@ -26,8 +26,11 @@ def backticked(path: Path) -> list[str]:
 
 @cache
 def files() -> tuple[str, ...]:
-    found = [p.relative_to(REPO).as_posix() for p in REPO.rglob("*")
-             if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts]
+    found = [
+        p.relative_to(REPO).as_posix()
+        for p in REPO.rglob("*")
+        if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts
+    ]
     return tuple(found)
 
 
@@ -38,9 +41,13 @@ def source(path: str) -> str:
 
 @cache
 def sources() -> tuple[str, ...]:
-    return tuple(path for path in files()
-                 if path.split("/")[0] in SOURCE_DIRS and Path(path).suffix in SOURCE_SUFFIXES
-                 or path in ("Makefile", "setup.cfg", "pyproject.toml"))
+    return tuple(
+        path
+        for path in files()
+        if path.split("/")[0] in SOURCE_DIRS
+        and Path(path).suffix in SOURCE_SUFFIXES
+        or path in ("Makefile", "setup.cfg", "pyproject.toml")
+    )
 
 
 @cache
@@ -65,13 +72,13 @@ def module_file(parts: list[str]) -> str | None:
 def exists(name: str) -> bool:
     name = name.removesuffix("()")
     if any(f == name or f.endswith("/" + name) or f == name.rstrip("/") for f in files()):
-        return True                                     # a file: `stores/admin.py`, `data/prices.toml`
+        return True  # a file: `stores/admin.py`, `data/prices.toml`
     if any(f.startswith(name.rstrip("/") + "/") or ("/" + name.rstrip("/") + "/") in "/" + f for f in files()):
-        return True                                     # a directory: `wires/`, `core/`
-    if FILE.search(name):                               # a file that is not in the repo: one the
-        return "/" not in name and mentioned(name)      # daemons write (`ledger.jsonl`), or none
+        return True  # a directory: `wires/`, `core/`
+    if FILE.search(name):  # a file that is not in the repo: one the
+        return "/" not in name and mentioned(name)  # daemons write (`ledger.jsonl`), or none
     parts = re.split(r"[./]", name)
-    for split in range(len(parts), 0, -1):              # the longest module prefix, then its symbols
+    for split in range(len(parts), 0, -1):  # the longest module prefix, then its symbols
         module = module_file(parts[:split])
         if module is not None:
             rest = parts[split:]

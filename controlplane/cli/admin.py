@@ -28,8 +28,9 @@ REVOKE_LEASES = "revoke-leases"
 ACCEPTED_VERDICTS = ("verified", "absent")
 
 
-def mutation_request(action: str, account_id: str, reason: str, actor: str | None,
-                     revision: int) -> tuple[str, str, dict[str, Any]]:
+def mutation_request(
+    action: str, account_id: str, reason: str, actor: str | None, revision: int
+) -> tuple[str, str, dict[str, Any]]:
     """(method, path, body) of one administrative mutation."""
     body: dict[str, Any] = {"reason": reason, "expected_revision": revision}
     if actor:
@@ -53,11 +54,23 @@ def verdict_line(body: dict[str, Any]) -> str:
 
 def audit_table(body: dict[str, Any]) -> str:
     records = body.get("records") or []
-    rows = [(r.get("seq"), r.get("at"), r.get("account_id"), r.get("action"), r.get("state"),
-             f"{cell(r.get('actor'))} (via {cell(r.get('actor_authenticated_by'))})", r.get("reason"))
-            for r in records]
-    table = render_table(("SEQ", "AT", "ACCOUNT", "ACTION", "STATE", "ACTOR", "REASON"), rows) if rows \
+    rows = [
+        (
+            r.get("seq"),
+            r.get("at"),
+            r.get("account_id"),
+            r.get("action"),
+            r.get("state"),
+            f"{cell(r.get('actor'))} (via {cell(r.get('actor_authenticated_by'))})",
+            r.get("reason"),
+        )
+        for r in records
+    ]
+    table = (
+        render_table(("SEQ", "AT", "ACCOUNT", "ACTION", "STATE", "ACTOR", "REASON"), rows)
+        if rows
         else "no administrative record"
+    )
     return verdict_line(body) + "\n" + table
 
 
@@ -85,8 +98,9 @@ def run_account(args: argparse.Namespace, client: Client) -> int:
     revision = args.expected_revision
     if revision is None:
         revision = current_revision(client, ADMIN_PATH, "administrative overlay")
-    method, path, body = mutation_request(args.action, args.account_id, args.reason,
-                                          args.actor or default_actor(), revision)
+    method, path, body = mutation_request(
+        args.action, args.account_id, args.reason, args.actor or default_actor(), revision
+    )
     payload = client.expect(client.call(method, path, body), Scope.ADMIN, path)
     emit_json(payload) if args.json else emit(describe_mutation(args.action, args.account_id, payload))
     return Exit.OK
@@ -104,9 +118,13 @@ def run_audit(args: argparse.Namespace, client: Client) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("account", parents=[common], help="enable, drain or disable an account, or revoke its leases",
-                       description="Append one record to the administrative chain (scope admin). Without "
-                                   "--expected-revision the current revision is read first and reported.")
+    p = sub.add_parser(
+        "account",
+        parents=[common],
+        help="enable, drain or disable an account, or revoke its leases",
+        description="Append one record to the administrative chain (scope admin). Without "
+        "--expected-revision the current revision is read first and reported.",
+    )
     p.add_argument("action", choices=[*STATE_OF_ACTION, REVOKE_LEASES])
     p.add_argument("account_id", metavar="ID")
     p.add_argument("--reason", required=True, help="why (recorded forever)")

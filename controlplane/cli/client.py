@@ -35,9 +35,11 @@ LISTEN_VAR = "GATEWAY_CONTROL_LISTEN"
 TOKEN_VARS = ("LEASEHOLD_TOKEN", "GATEWAY_CONTROL_TOKEN", "GATEWAY_MINT_TOKEN", "GATEWAY_READ_TOKEN")
 TOKEN_FILE_FLAG = "--token-file"
 TOKEN_FILE_CAP = 4096  # a bearer token is a line; a bigger file is not one
-REFUSED_TOKEN_FLAG = ("--token is refused: a token on the command line is visible in the process "
-                      "listing; use --token-file PATH or set GATEWAY_CONTROL_TOKEN (or LEASEHOLD_TOKEN, "
-                      "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)")
+REFUSED_TOKEN_FLAG = (
+    "--token is refused: a token on the command line is visible in the process "
+    "listing; use --token-file PATH or set GATEWAY_CONTROL_TOKEN (or LEASEHOLD_TOKEN, "
+    "GATEWAY_MINT_TOKEN, GATEWAY_READ_TOKEN)"
+)
 TIMEOUT_S = 60.0  # a mint waits for the data plane's acknowledgement; revoke-leases may be slow
 
 # The token variable that carries each scope, for "use X instead" hints.
@@ -117,19 +119,29 @@ def failure_of(reply: Reply, scope: Scope, token: TokenChoice, path: str) -> Ctl
     status = reply.status
     said = f"{status} {code}".strip()
     if status == 401:
-        return CtlError(Exit.AUTH, f"the control daemon refused the token from {token.source} ({said}): "
-                                   f"this command needs scope {scope}; check {token.source} "
-                                   f"(a token of {VAR_FOR_SCOPE[scope]})")
+        return CtlError(
+            Exit.AUTH,
+            f"the control daemon refused the token from {token.source} ({said}): "
+            f"this command needs scope {scope}; check {token.source} "
+            f"(a token of {VAR_FOR_SCOPE[scope]})",
+        )
     if status == 403:
-        return CtlError(Exit.AUTH, f"the token from {token.source} lacks scope {scope} ({said}: {message}); "
-                                   f"use {VAR_FOR_SCOPE[scope]}")
+        return CtlError(
+            Exit.AUTH,
+            f"the token from {token.source} lacks scope {scope} ({said}: {message}); use {VAR_FOR_SCOPE[scope]}",
+        )
     if status == 404 and not code:
-        return CtlError(Exit.FAILED, f"the control daemon does not serve {path} (404): "
-                                     "is leasehold-control older than this leaseholdctl?")
+        return CtlError(
+            Exit.FAILED,
+            f"the control daemon does not serve {path} (404): is leasehold-control older than this leaseholdctl?",
+        )
     if status == 409 and "current_revision" in extra:
-        return CtlError(Exit.REJECTED, f"revision conflict ({said}): the current revision is "
-                                       f"{extra['current_revision']}, not {extra.get('expected_revision')}; "
-                                       "read it again and retry")
+        return CtlError(
+            Exit.REJECTED,
+            f"revision conflict ({said}): the current revision is "
+            f"{extra['current_revision']}, not {extra.get('expected_revision')}; "
+            "read it again and retry",
+        )
     if status == 409:
         return CtlError(Exit.REJECTED, f"refused ({said}): {message}")
     if status == 422:
@@ -150,8 +162,14 @@ class Client:
 
     # ---- one exchange -------------------------------------------------------------------
 
-    def call(self, method: str, path: str, body: Any = None, query: Mapping[str, Any] | None = None,
-             timeout_s: float | None = None) -> Reply:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Reply:
         """One request; any HTTP status is a `Reply`, an unreachable daemon a `CtlError`."""
         request = self._request(method, path, query, body)
         try:
@@ -172,8 +190,7 @@ class Client:
         return self.expect(self.call("GET", path, query=query), scope, path)
 
     @contextmanager
-    def stream(self, path: str, scope: Scope, headers: Mapping[str, str],
-               timeout_s: float) -> Iterator[Any]:
+    def stream(self, path: str, scope: Scope, headers: Mapping[str, str], timeout_s: float) -> Iterator[Any]:
         """An open streaming response (for SSE); refusals are raised as for `expect`."""
         request = self._request("GET", path, None, None)
         for name, value in headers.items():
@@ -192,15 +209,19 @@ class Client:
         reason = getattr(exc, "reason", None) or exc
         if isinstance(reason, TimeoutError):
             reason = f"no answer within {self.timeout_s:g}s"
-        return CtlError(Exit.UNREACHABLE, f"cannot reach the control daemon at {self.url}: {reason} "
-                                          f"— is leasehold-control running? set {URL_VAR} "
-                                          f"(or {LISTEN_VAR}, as in gateway.env)")
+        return CtlError(
+            Exit.UNREACHABLE,
+            f"cannot reach the control daemon at {self.url}: {reason} "
+            f"— is leasehold-control running? set {URL_VAR} "
+            f"(or {LISTEN_VAR}, as in gateway.env)",
+        )
 
-    def _request(self, method: str, path: str, query: Mapping[str, Any] | None,
-                 body: Any) -> urllib.request.Request:
+    def _request(self, method: str, path: str, query: Mapping[str, Any] | None, body: Any) -> urllib.request.Request:
         if self.token.value is None:
-            raise CtlError(Exit.AUTH, "no control token: pass --token-file or set " + ", ".join(TOKEN_VARS[:-1])
-                                      + " or " + TOKEN_VARS[-1])
+            raise CtlError(
+                Exit.AUTH,
+                "no control token: pass --token-file or set " + ", ".join(TOKEN_VARS[:-1]) + " or " + TOKEN_VARS[-1],
+            )
         url = self.url + path
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})

@@ -47,8 +47,7 @@ from shared.wires import FACTS
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Never inherited by a worker: this CLI's bearer token and any real provider credential (a
 # stray one would be sent instead of, or beside, the lease: Claude Code sends both headers).
-WITHHELD = ("LEASEHOLD_TOKEN", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY",
-            "CODEX_API_KEY")
+WITHHELD = ("LEASEHOLD_TOKEN", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY", "CODEX_API_KEY")
 NOT_FOUND_STATUS, NOT_EXECUTABLE_STATUS = 127, 126
 SIGNALS_HELP = """\
 signals:
@@ -100,6 +99,7 @@ def wire_of(accounts_view: dict[str, Any], account_id: str) -> Wire:
 
 # ---- the child ------------------------------------------------------------------------------
 
+
 def _own_terminal() -> int | None:
     """The tty fd on stdin when we are its foreground process group, else None."""
     try:
@@ -123,8 +123,7 @@ def _give_terminal(fd: int, pgid: int) -> None:
 def worker_dispositions(inherited: Mapping[int, Any]) -> dict[int, Any]:
     """What CMD starts with for each forwarded signal: ignored if we were started with it
     ignored, else its default (whatever handler this process had is not CMD's business)."""
-    return {sig: signal.SIG_IGN if handler == signal.SIG_IGN else signal.SIG_DFL
-            for sig, handler in inherited.items()}
+    return {sig: signal.SIG_IGN if handler == signal.SIG_IGN else signal.SIG_DFL for sig, handler in inherited.items()}
 
 
 def run_child(argv: list[str], env: dict[str, str]) -> int:
@@ -170,17 +169,29 @@ def run_child(argv: list[str], env: dict[str, str]) -> int:
 
 # ---- the command ----------------------------------------------------------------------------
 
+
 def _mint(args: argparse.Namespace, client: Client) -> dict[str, Any]:
     dispatch = args.dispatch or "exec-" + new_ulid()
-    body = v2_body(dispatch, args.repo, args.principal_kind, args.principal, role=args.role,
-                   model=args.model, model_class=args.model_class, ttl=args.ttl)
+    body = v2_body(
+        dispatch,
+        args.repo,
+        args.principal_kind,
+        args.principal,
+        role=args.role,
+        model=args.model,
+        model_class=args.model_class,
+        ttl=args.ttl,
+    )
     body["fallback_driver"] = args.fallback_driver
     reply = client.call("POST", V2_PATH, body)
     code = v2_exit(reply)
     if code == Exit.HELD:
-        raise CtlError(Exit.HELD, f"mint held: {reply.body.get('refusal_reason')} "
-                                  f"(Retry-After: {reply.headers.get('retry-after', '?')}s; "
-                                  f"skipped {skipped_text(reply.body.get('skipped'))}); CMD was not started")
+        raise CtlError(
+            Exit.HELD,
+            f"mint held: {reply.body.get('refusal_reason')} "
+            f"(Retry-After: {reply.headers.get('retry-after', '?')}s; "
+            f"skipped {skipped_text(reply.body.get('skipped'))}); CMD was not started",
+        )
     if code == Exit.REJECTED:
         raise CtlError(Exit.REJECTED, f"mint rejected: {reply.body.get('refusal_reason')}; CMD was not started")
     return client.expect(reply, Scope.MINT, V2_PATH)
@@ -207,14 +218,15 @@ def run_exec(args: argparse.Namespace, client: Client) -> int:
         wire = wire_of(client.get("/control/v2/accounts", Scope.READ), minted["account_id"])
         env = worker_env(os.environ, wire, minted["base_url"], minted["token"])
         if args.verbose:
-            warn(f"lease {key_id} on {minted['account_id']} ({wire} wire, decision "
-                 f"{minted.get('mint_decision_id')}, fallback driven by the {args.fallback_driver}); "
-                 f"trace {env['TRACEPARENT'].split('-')[1]}; running {command[0]}")
+            warn(
+                f"lease {key_id} on {minted['account_id']} ({wire} wire, decision "
+                f"{minted.get('mint_decision_id')}, fallback driven by the {args.fallback_driver}); "
+                f"trace {env['TRACEPARENT'].split('-')[1]}; running {command[0]}"
+            )
         if minted.get("fallback_driver") == "gateway":
             helpers.append(Extender(client, key_id, _ttl_s(minted, args.ttl)))
             if args.verbose:
-                helpers.append(HopWatcher(client, key_id,
-                                          sockets=FACTS[wire].websocket_path is not None))
+                helpers.append(HopWatcher(client, key_id, sockets=FACTS[wire].websocket_path is not None))
         for helper in helpers:
             helper.start()
         sys.stdout.flush()
@@ -234,17 +246,23 @@ def _ttl_s(minted: dict[str, Any], ttl: int | None) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("exec", help="run a command on a fresh lease, then revoke it",
-                       description="Mint a v2 lease, run CMD with a scrubbed environment (no GATEWAY_*) "
-                                   "plus ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY or OPENAI_BASE_URL/"
-                                   "OPENAI_API_KEY, forward SIGINT/SIGTERM/SIGHUP, revoke the lease when "
-                                   "CMD exits and return CMD's exit status.",
-                       epilog=SIGNALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "exec",
+        help="run a command on a fresh lease, then revoke it",
+        description="Mint a v2 lease, run CMD with a scrubbed environment (no GATEWAY_*) "
+        "plus ANTHROPIC_BASE_URL/ANTHROPIC_API_KEY or OPENAI_BASE_URL/"
+        "OPENAI_API_KEY, forward SIGINT/SIGTERM/SIGHUP, revoke the lease when "
+        "CMD exits and return CMD's exit status.",
+        epilog=SIGNALS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     del common  # exec prints its command's output, not a control answer: no --json
-    p.add_argument("--token-file", metavar="PATH",
-                   help="a file holding the bearer token "
-                        "(else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)")
-    p.add_argument("--token", help=argparse.SUPPRESS)   # refused by main (SPEC §19)
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="a file holding the bearer token (else LEASEHOLD_TOKEN, GATEWAY_CONTROL_TOKEN, GATEWAY_MINT_TOKEN)",
+    )
+    p.add_argument("--token", help=argparse.SUPPRESS)  # refused by main (SPEC §19)
     p.add_argument("--repo", required=True, help="repo_slug")
     p.add_argument("--principal", required=True, help="principal_id")
     p.add_argument("--principal-kind", default="worker", help="principal_kind (default worker)")
@@ -254,12 +272,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     model.add_argument("--model-class", help="model_class")
     p.add_argument("--dispatch", help="dispatch_id (default: a fresh exec-<ULID>)")
     p.add_argument("--ttl", type=int, help="ttl_seconds of the lease")
-    p.add_argument("--fallback-driver", choices=("gateway", "caller"), default="gateway",
-                   help="gateway (default): a dispatch key the gateway hops to a sibling account on "
-                        "its own evidence and extends while CMD runs (SPEC §17); caller: a plain v2 "
-                        "lease that never moves")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="say which lease the command runs on, and print each hop as it happens")
+    p.add_argument(
+        "--fallback-driver",
+        choices=("gateway", "caller"),
+        default="gateway",
+        help="gateway (default): a dispatch key the gateway hops to a sibling account on "
+        "its own evidence and extends while CMD runs (SPEC §17); caller: a plain v2 "
+        "lease that never moves",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="say which lease the command runs on, and print each hop as it happens",
+    )
     p.add_argument("command", nargs="*", metavar="-- CMD", help="the command and its arguments")
     p.set_defaults(run=run_exec)
-

@@ -12,13 +12,13 @@ from enum import IntEnum
 
 class Exit(IntEnum):
     OK = 0
-    FAILED = 1          # the control daemon refused the request (404, 422, 5xx, ...)
-    USAGE = 2           # bad arguments, unreadable input file
-    HELD = 3            # a mint was held (503, Retry-After): try again later
-    REJECTED = 4        # a mint was rejected, or a revision conflicted (409)
-    UNREACHABLE = 5     # the control daemon could not be reached
-    AUTH = 6            # no token, a token refused (401) or outside its scope (403)
-    UNVERIFIED = 7      # `audit --verify`: the chain verdict is neither verified nor absent
+    FAILED = 1  # the control daemon refused the request (404, 422, 5xx, ...)
+    USAGE = 2  # bad arguments, unreadable input file
+    HELD = 3  # a mint was held (503, Retry-After): try again later
+    REJECTED = 4  # a mint was rejected, or a revision conflicted (409)
+    UNREACHABLE = 5  # the control daemon could not be reached
+    AUTH = 6  # no token, a token refused (401) or outside its scope (403)
+    UNVERIFIED = 7  # `audit --verify`: the chain verdict is neither verified nor absent
 
 
 EXIT_HELP = """\

@@ -26,26 +26,38 @@ def ago_text(as_of: str | None, seen: str | None) -> str:
     if not as_of or not seen:
         return "-"
     try:
-        seconds = (datetime.fromisoformat(as_of.replace("Z", "+00:00")) -
-                   datetime.fromisoformat(seen.replace("Z", "+00:00"))).total_seconds()
+        seconds = (
+            datetime.fromisoformat(as_of.replace("Z", "+00:00")) - datetime.fromisoformat(seen.replace("Z", "+00:00"))
+        ).total_seconds()
     except ValueError:
         return "-"
     return f"{max(0.0, seconds):.1f}s"
 
 
 def fleet_table(body: dict[str, Any]) -> str:
-    rows = [(h.get("host_id") + (" (this host)" if h.get("this_host") else ""),
-             "yes" if h.get("live") else "dead", cell(h.get("last_seen_at")),
-             ago_text(body.get("as_of"), h.get("last_seen_at")), h.get("lease_count"), h.get("in_flight_count"))
-            for h in body.get("hosts", [])]
-    head = (f"fleet {cell(body.get('fleet_id'))}: mode {cell(body.get('mode'))}, state {cell(body.get('state'))}, "
-            f"{cell(body.get('hosts_live'))} host(s) live")
+    rows = [
+        (
+            h.get("host_id") + (" (this host)" if h.get("this_host") else ""),
+            "yes" if h.get("live") else "dead",
+            cell(h.get("last_seen_at")),
+            ago_text(body.get("as_of"), h.get("last_seen_at")),
+            h.get("lease_count"),
+            h.get("in_flight_count"),
+        )
+        for h in body.get("hosts", [])
+    ]
+    head = (
+        f"fleet {cell(body.get('fleet_id'))}: mode {cell(body.get('mode'))}, state {cell(body.get('state'))}, "
+        f"{cell(body.get('hosts_live'))} host(s) live"
+    )
     if body.get("mode") == "embedded":
         head = "embedded mode (no GATEWAY_FLEET_REDIS_URL): this host is the whole fleet"
     footer = f"as of {cell(body.get('as_of'))}"
     if body.get("state") == "unavailable":
-        footer += ("\nthe fleet's Redis is unreachable (or this host is re-registering): mints are held "
-                   "fleet-state-unavailable; the counts are this host's own")
+        footer += (
+            "\nthe fleet's Redis is unreachable (or this host is re-registering): mints are held "
+            "fleet-state-unavailable; the counts are this host's own"
+        )
     if body.get("writes_owed"):
         footer += f"\n{body['writes_owed']} write(s) owed to Redis, delivered when it answers"
     return head + "\n" + render_table(HEADERS, rows) + "\n" + footer

@@ -29,8 +29,12 @@ def mint_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             raise CtlError(Exit.USAGE, f"{', '.join(given)} need --v2 (the v1 lane takes --binding)")
         if args.binding is None:
             raise CtlError(Exit.USAGE, "mint needs --binding (v1) or --v2 with --dispatch and --model/--model-class")
-        body = {"provider_binding": args.binding, "principal_kind": args.principal_kind,
-                "principal_id": args.principal, "repo_slug": args.repo}
+        body = {
+            "provider_binding": args.binding,
+            "principal_kind": args.principal_kind,
+            "principal_id": args.principal,
+            "repo_slug": args.repo,
+        }
         if args.ttl is not None:
             body["ttl_seconds"] = args.ttl
         return V1_PATH, body
@@ -40,26 +44,61 @@ def mint_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         raise CtlError(Exit.USAGE, "mint --v2 needs --dispatch")
     if (args.model is None) == (args.model_class is None):
         raise CtlError(Exit.USAGE, "mint --v2 needs exactly one of --model or --model-class")
-    return V2_PATH, v2_body(args.dispatch, args.repo, args.principal_kind, args.principal,
-                            role=args.role, model=args.model, model_class=args.model_class,
-                            ttl=args.ttl, retry_of=args.retry_of, supersedes=args.supersedes)
+    return V2_PATH, v2_body(
+        args.dispatch,
+        args.repo,
+        args.principal_kind,
+        args.principal,
+        role=args.role,
+        model=args.model,
+        model_class=args.model_class,
+        ttl=args.ttl,
+        retry_of=args.retry_of,
+        supersedes=args.supersedes,
+    )
 
 
-def v2_body(dispatch: str, repo: str, principal_kind: str, principal: str, *, role: str | None,
-            model: str | None, model_class: str | None, ttl: int | None,
-            retry_of: str | None = None, supersedes: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"dispatch_id": dispatch, "repo_slug": repo, "principal_kind": principal_kind,
-                            "principal_id": principal}
-    optional = {"worker_role": role, "model": model, "model_class": model_class, "ttl_seconds": ttl,
-                "retry_of_mint_decision_id": retry_of, "supersedes_mint_decision_id": supersedes}
+def v2_body(
+    dispatch: str,
+    repo: str,
+    principal_kind: str,
+    principal: str,
+    *,
+    role: str | None,
+    model: str | None,
+    model_class: str | None,
+    ttl: int | None,
+    retry_of: str | None = None,
+    supersedes: str | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "dispatch_id": dispatch,
+        "repo_slug": repo,
+        "principal_kind": principal_kind,
+        "principal_id": principal,
+    }
+    optional = {
+        "worker_role": role,
+        "model": model,
+        "model_class": model_class,
+        "ttl_seconds": ttl,
+        "retry_of_mint_decision_id": retry_of,
+        "supersedes_mint_decision_id": supersedes,
+    }
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
 
 
 def describe_v1(body: dict[str, Any]) -> str:
-    return render_pairs([("account", body.get("account_id")), ("key_id", body.get("key_id")),
-                         ("token", body.get("token")), ("base_url", body.get("base_url")),
-                         ("expires_at", body.get("expires_at"))])
+    return render_pairs(
+        [
+            ("account", body.get("account_id")),
+            ("key_id", body.get("key_id")),
+            ("token", body.get("token")),
+            ("base_url", body.get("base_url")),
+            ("expires_at", body.get("expires_at")),
+        ]
+    )
 
 
 def describe_v2(body: dict[str, Any], retry_after: str | None) -> str:
@@ -67,14 +106,25 @@ def describe_v2(body: dict[str, Any], retry_after: str | None) -> str:
     outcome = body.get("outcome")
     if outcome == Outcome.SELECTED:
         where = f"{body.get('account_id')} (position {body.get('fallback_position')}, hop {body.get('hop')})"
-        pairs = [("outcome", outcome), ("account", where), ("key_id", body.get("key_id")),
-                 ("token", body.get("token")), ("base_url", body.get("base_url")),
-                 ("expires_at", body.get("expires_at")), ("model", body.get("effective_model")),
-                 ("decision", body.get("mint_decision_id")), ("policy", _revision(body.get("policy_revision"))),
-                 ("skipped", skipped_text(body.get("skipped")))]
+        pairs = [
+            ("outcome", outcome),
+            ("account", where),
+            ("key_id", body.get("key_id")),
+            ("token", body.get("token")),
+            ("base_url", body.get("base_url")),
+            ("expires_at", body.get("expires_at")),
+            ("model", body.get("effective_model")),
+            ("decision", body.get("mint_decision_id")),
+            ("policy", _revision(body.get("policy_revision"))),
+            ("skipped", skipped_text(body.get("skipped"))),
+        ]
     else:
-        pairs = [("outcome", outcome), ("refusal", body.get("refusal_reason")),
-                 ("decision", body.get("mint_decision_id")), ("skipped", skipped_text(body.get("skipped")))]
+        pairs = [
+            ("outcome", outcome),
+            ("refusal", body.get("refusal_reason")),
+            ("decision", body.get("mint_decision_id")),
+            ("skipped", skipped_text(body.get("skipped"))),
+        ]
         if outcome == Outcome.HELD:
             pairs.append(("Retry-After", retry_after))
     return render_pairs(pairs)
@@ -103,15 +153,17 @@ def report_v2(client: Client, reply: Reply, path: str, as_json: bool) -> int:
 
 # ---- commands ---------------------------------------------------------------------------
 
+
 def run_mint(args: argparse.Namespace, client: Client) -> int:
     path, body = mint_request(args)
     reply = client.call("POST", path, body)
     if path == V2_PATH:
         return report_v2(client, reply, path, args.json)
-    if reply.status == 503:   # held (a budget of the scope exhausted, the account full): come back later
+    if reply.status == 503:  # held (a budget of the scope exhausted, the account full): come back later
         code, message, _ = error_of(reply.body)
-        raise CtlError(Exit.HELD, f"mint held (503 {code}): {message}; "
-                                  f"Retry-After {reply.headers.get('retry-after', '?')} s")
+        raise CtlError(
+            Exit.HELD, f"mint held (503 {code}): {message}; Retry-After {reply.headers.get('retry-after', '?')} s"
+        )
     payload = client.expect(reply, Scope.MINT, path)
     emit_json(payload) if args.json else emit(describe_v1(payload))
     return Exit.OK
@@ -142,9 +194,13 @@ def run_renew(args: argparse.Namespace, client: Client) -> int:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("mint", parents=[common], help="mint a lease (v1 by binding, or --v2 by intent)",
-                       description="Mint a virtual key. v1: --binding. v2: --v2 --dispatch and "
-                                   "--model or --model-class; exit 0 selected, 3 held, 4 rejected.")
+    p = sub.add_parser(
+        "mint",
+        parents=[common],
+        help="mint a lease (v1 by binding, or --v2 by intent)",
+        description="Mint a virtual key. v1: --binding. v2: --v2 --dispatch and "
+        "--model or --model-class; exit 0 selected, 3 held, 4 rejected.",
+    )
     p.add_argument("--v2", action="store_true", help="identity and intent: the gateway picks the account")
     p.add_argument("--binding", choices=[str(b) for b in Binding], help="v1 legacy lane binding")
     p.add_argument("--principal", required=True, help="principal_id")
@@ -165,9 +221,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("key_id", metavar="KEY_ID")
     p.set_defaults(run=run_revoke)
 
-    p = sub.add_parser("renew", parents=[common], help="mint a successor of a v2 lease (same account)",
-                       description="Mint a successor on the same account and position; the old key "
-                                   "stays live until revoked (--revoke-old does it after a selected renew).")
+    p = sub.add_parser(
+        "renew",
+        parents=[common],
+        help="mint a successor of a v2 lease (same account)",
+        description="Mint a successor on the same account and position; the old key "
+        "stays live until revoked (--revoke-old does it after a selected renew).",
+    )
     p.add_argument("key_id", metavar="KEY_ID")
     p.add_argument("--ttl", type=int, help="ttl_seconds of the successor")
     p.add_argument("--revoke-old", action="store_true", help="revoke KEY_ID once the successor is selected")

@@ -33,8 +33,7 @@ def render_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     for row in text_rows:
         for i, value in enumerate(row):
             widths[i] = max(widths[i], len(value))
-    lines = ["  ".join(v.ljust(widths[i]) for i, v in enumerate(line)).rstrip()
-             for line in [list(headers), *text_rows]]
+    lines = ["  ".join(v.ljust(widths[i]) for i, v in enumerate(line)).rstrip() for line in [list(headers), *text_rows]]
     return "\n".join(lines)
 
 

@@ -69,10 +69,14 @@ def describe_policy(body: dict[str, Any]) -> str:
 def describe_level(name: str, body: dict[str, Any]) -> str:
     document = body.get("document", body)
     written = body.get("written_at_revision")
-    head = f"[{body.get('name', name)}] " + (f"written at revision {written}" if written is not None
-                                            else f"policy revision {cell(body.get('revision'))}")
-    return head + "\n" + (json.dumps(document, indent=2, sort_keys=True) if document is not None
-                          else "no document at this level")
+    head = f"[{body.get('name', name)}] " + (
+        f"written at revision {written}" if written is not None else f"policy revision {cell(body.get('revision'))}"
+    )
+    return (
+        head
+        + "\n"
+        + (json.dumps(document, indent=2, sort_keys=True) if document is not None else "no document at this level")
+    )
 
 
 def _field_line(field: str, value: Any, body: dict[str, Any]) -> tuple[str, str]:
@@ -91,16 +95,19 @@ def _tenancy_text(tenancy: Any) -> str:
     if not isinstance(tenancy, dict):
         return "tenancy unknown"
     levels = [f"{lv.get('name')}{'' if lv.get('present') else ' (empty)'}" for lv in tenancy.get("levels") or []]
-    return (f"team {cell(tenancy.get('team'))}, org {cell(tenancy.get('org'))}; levels "
-            + (" < ".join(levels) if levels else "-"))
+    return f"team {cell(tenancy.get('team'))}, org {cell(tenancy.get('org'))}; levels " + (
+        " < ".join(levels) if levels else "-"
+    )
 
 
 def describe_explain(body: dict[str, Any]) -> str:
     resolved = body.get("resolved") or body.get("policy") or {}
     fields = [_field_line(field, value, body) for field, value in resolved.items() if field != "provenance"]
     candidates = body.get("candidates")
-    rows = [(c.get("position"), c.get("account_id"), c.get("provider_binding"), c.get("effective_model"),
-             _codes(c)) for c in candidates or []]
+    rows = [
+        (c.get("position"), c.get("account_id"), c.get("provider_binding"), c.get("effective_model"), _codes(c))
+        for c in candidates or []
+    ]
     if rows:
         listing = render_table(("POS", "ACCOUNT", "BINDING", "MODEL", "LIVE FILTERS"), rows)
     elif candidates is None and "candidates" in body:
@@ -113,8 +120,12 @@ def describe_explain(body: dict[str, Any]) -> str:
         head += f", chain {body['chain_verdict']}" + (f" ({body['chain_reason']})" if body.get("chain_reason") else "")
     if "tenancy" in body:
         head += "\n" + _tenancy_text(body["tenancy"])
-    parts = [head, render_pairs(fields) if fields else "no resolved policy", listing,
-             f"a mint now would select: {_selection_text(selection)}"]
+    parts = [
+        head,
+        render_pairs(fields) if fields else "no resolved policy",
+        listing,
+        f"a mint now would select: {_selection_text(selection)}",
+    ]
     if body.get("budgets"):
         parts.append("BUDGETS ON THIS CHAIN (each for its own level)\n" + budget_rows(body["budgets"]))
     return "\n\n".join(parts)
@@ -139,13 +150,15 @@ def _selection_text(selection: Any) -> str:
 
 def audit_table(body: dict[str, Any]) -> str:
     records = body.get("records") or []
-    rows = [(r.get("seq"), r.get("at"), r.get("name", r.get("level")), r.get("actor"), r.get("reason"))
-            for r in records]
+    rows = [
+        (r.get("seq"), r.get("at"), r.get("name", r.get("level")), r.get("actor"), r.get("reason")) for r in records
+    ]
     table = render_table(("SEQ", "AT", "LEVEL", "ACTOR", "REASON"), rows) if rows else "no policy record"
     return verdict_line(body) + "\n" + table
 
 
 # ---- commands -----------------------------------------------------------------------------
+
 
 def run_get(args: argparse.Namespace, client: Client) -> int:
     if args.level:
@@ -174,8 +187,7 @@ def run_set(args: argparse.Namespace, client: Client) -> int:
 def run_explain(args: argparse.Namespace, client: Client) -> int:
     if (args.model is None) == (args.model_class is None):
         raise CtlError(Exit.USAGE, "explain needs exactly one of --model or --model-class")
-    query = {"repo_slug": args.repo, "worker_role": args.role, "model": args.model,
-             "model_class": args.model_class}
+    query = {"repo_slug": args.repo, "worker_role": args.role, "model": args.model, "model_class": args.model_class}
     body = client.get(EXPLAIN_PATH, Scope.READ, query)
     emit_json(body) if args.json else emit(describe_explain(body))
     return Exit.OK

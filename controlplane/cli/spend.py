@@ -39,13 +39,25 @@ def used_text(budget: dict[str, Any]) -> str:
 
 def budget_rows(budgets: list[dict[str, Any]]) -> str:
     """The budgets as a table (also under `policy explain`)."""
-    rows = [(b.get("level"), b.get("window"), usd(b.get("usd")), usd(b.get("spent_usd")), usd(b.get("remaining_usd")),
-             used_text(b), "EXHAUSTED" if b.get("exhausted") else "no",
-             usd(b.get("overshoot_usd")) if b.get("overshoot_usd") else "-", b.get("resets_at"),
-             b.get("unpriced_attempts"))
-            for b in budgets]
-    return render_table(("LEVEL", "WINDOW", "USD", "SPENT", "REMAINING", "USED", "EXHAUSTED", "OVERSHOOT",
-                         "RESETS AT", "UNPRICED"), rows)
+    rows = [
+        (
+            b.get("level"),
+            b.get("window"),
+            usd(b.get("usd")),
+            usd(b.get("spent_usd")),
+            usd(b.get("remaining_usd")),
+            used_text(b),
+            "EXHAUSTED" if b.get("exhausted") else "no",
+            usd(b.get("overshoot_usd")) if b.get("overshoot_usd") else "-",
+            b.get("resets_at"),
+            b.get("unpriced_attempts"),
+        )
+        for b in budgets
+    ]
+    return render_table(
+        ("LEVEL", "WINDOW", "USD", "SPENT", "REMAINING", "USED", "EXHAUSTED", "OVERSHOOT", "RESETS AT", "UNPRICED"),
+        rows,
+    )
 
 
 def budgets_table(body: dict[str, Any]) -> str:
@@ -60,22 +72,41 @@ def budgets_table(body: dict[str, Any]) -> str:
 
 def _tokens(usage: dict[str, Any] | None) -> tuple[str, str]:
     usage = usage or {}
-    return (f"{usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}",
-            f"{usage.get('cache_read_tokens', 0)}/{usage.get('cache_creation_tokens', 0)}")
+    return (
+        f"{usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}",
+        f"{usage.get('cache_read_tokens', 0)}/{usage.get('cache_creation_tokens', 0)}",
+    )
 
 
 def spend_table(body: dict[str, Any]) -> str:
     by = str(body.get("by"))
-    head = (f"spend by {by}, this {cell(body.get('window'))} (from {cell(body.get('window_start'))}), "
-            f"as of {cell(body.get('as_of'))}")
+    head = (
+        f"spend by {by}, this {cell(body.get('window'))} (from {cell(body.get('window_start'))}), "
+        f"as of {cell(body.get('as_of'))}"
+    )
     rows = body.get("rows") or []
     if not rows:
         return head + "\nnothing recorded in this window"
-    lines = [(r.get("key") if r.get("key") is not None else NONE_KEY.get(by, "-"), usd(r.get("cost_usd")),
-              r.get("attempts"), r.get("unpriced_attempts"), *_tokens(r.get("usage"))) for r in rows]
+    lines = [
+        (
+            r.get("key") if r.get("key") is not None else NONE_KEY.get(by, "-"),
+            usd(r.get("cost_usd")),
+            r.get("attempts"),
+            r.get("unpriced_attempts"),
+            *_tokens(r.get("usage")),
+        )
+        for r in rows
+    ]
     total_usage = {kind: sum((r.get("usage") or {}).get(kind, 0) for r in rows) for kind in USAGE_KINDS}
-    lines.append(("TOTAL", usd(sum(r.get("cost_usd") or 0 for r in rows)), sum(r.get("attempts") or 0 for r in rows),
-                  sum(r.get("unpriced_attempts") or 0 for r in rows), *_tokens(total_usage)))
+    lines.append(
+        (
+            "TOTAL",
+            usd(sum(r.get("cost_usd") or 0 for r in rows)),
+            sum(r.get("attempts") or 0 for r in rows),
+            sum(r.get("unpriced_attempts") or 0 for r in rows),
+            *_tokens(total_usage),
+        )
+    )
     table = render_table((by.upper(), "COST USD", "ATTEMPTS", "UNPRICED", "TOKENS IN/OUT", "CACHE READ/WRITE"), lines)
     return head + "\n" + table
 

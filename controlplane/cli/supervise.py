@@ -32,11 +32,15 @@ def hop_line(event: dict[str, Any], sockets: bool = False) -> str:
     """One hop, as `-v` prints it; `sockets` (an OpenAI-wire worker) adds what happened to its
     Responses WebSockets: the data plane closed them 1012 after the hop (SPEC §20)."""
     data = event.get("data") or {}
-    line = (f"hop {data.get('hop')}: {data.get('from_account')} -> {data.get('to_account')} "
-            f"({data.get('condition')}; decision {data.get('mint_decision_id')})")
+    line = (
+        f"hop {data.get('hop')}: {data.get('from_account')} -> {data.get('to_account')} "
+        f"({data.get('condition')}; decision {data.get('mint_decision_id')})"
+    )
     if sockets:
-        line += (f"; its Responses WebSockets on {data.get('from_account')} closed (1012) and "
-                 f"reconnect to {data.get('to_account')}")
+        line += (
+            f"; its Responses WebSockets on {data.get('from_account')} closed (1012) and "
+            f"reconnect to {data.get('to_account')}"
+        )
     return line
 
 
@@ -71,13 +75,17 @@ class HopWatcher(threading.Thread):
     def run(self) -> None:
         while not self.stopped.is_set():
             try:
-                with self.client.stream(EVENTS_PATH, Scope.READ, {"Accept": "text/event-stream"},
-                                        FEED_READ_TIMEOUT_S) as response:
+                with self.client.stream(
+                    EVENTS_PATH, Scope.READ, {"Accept": "text/event-stream"}, FEED_READ_TIMEOUT_S
+                ) as response:
                     parser = SseParser()
                     for raw in response:
                         event = parser.feed(raw.decode("utf-8", "replace"))
-                        if event and event["event"] == "dispatch.hop" and \
-                                (event.get("data") or {}).get("key_id") == self.key_id:
+                        if (
+                            event
+                            and event["event"] == "dispatch.hop"
+                            and (event.get("data") or {}).get("key_id") == self.key_id
+                        ):
                             warn(hop_line(event, self.sockets))
                         if self.stopped.is_set():
                             return

@@ -27,8 +27,10 @@ def _value(value: Any) -> str:
 
 
 def _attributes(attributes: dict[str, Any], indent: str) -> list[str]:
-    ranked = sorted(attributes, key=lambda k: (next((i for i, p in enumerate(ATTRIBUTE_ORDER) if k.startswith(p)),
-                                                    len(ATTRIBUTE_ORDER)), k))
+    ranked = sorted(
+        attributes,
+        key=lambda k: (next((i for i, p in enumerate(ATTRIBUTE_ORDER) if k.startswith(p)), len(ATTRIBUTE_ORDER)), k),
+    )
     return [f"{indent}{key} = {_value(attributes[key])}" for key in ranked]
 
 
@@ -38,8 +40,10 @@ def trace_text(answer: dict[str, Any]) -> str:
     parent = span.get("parent")
     seconds = (span["end_ns"] - span["start_ns"]) / 1e9
     status = f"ERROR {span['error_type']}" if span.get("error_type") else "OK"
-    lines = [f"trace {span['trace_id']}" + ("" if answer.get("exported") else
-                                            "   (export is off: no collector received this)")]
+    lines = [
+        f"trace {span['trace_id']}"
+        + ("" if answer.get("exported") else "   (export is off: no collector received this)")
+    ]
     indent = ""
     if parent is not None:
         lines.append(f"└─ span {parent['span_id']}   the caller's (from its traceparent; not Leasehold's)")

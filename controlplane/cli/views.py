@@ -27,13 +27,23 @@ RECENT_PATH = "/control/v2/routes/recent"
 ADMIN_PATH = "/control/v2/accounts/admin"
 EVENTS_PATH = "/control/v2/events"
 CLEAR = "\x1b[H\x1b[2J"
-EVENTS_READ_TIMEOUT_S = 90.0      # longer than any heartbeat interval: silence means a dead link
+EVENTS_READ_TIMEOUT_S = 90.0  # longer than any heartbeat interval: silence means a dead link
 RECONNECT_BACKOFF_S = (0.5, 5.0)  # first wait, ceiling
 
 # ---- formatting (pure) --------------------------------------------------------------------
 
-ACCOUNT_HEADERS = ("ID", "BINDING", "CONFIGURED", "ADMIN", "LEASES", "IN FLIGHT", "OBSERVED",
-                   "CIRCUIT", "HEALTH", "HEADROOM")
+ACCOUNT_HEADERS = (
+    "ID",
+    "BINDING",
+    "CONFIGURED",
+    "ADMIN",
+    "LEASES",
+    "IN FLIGHT",
+    "OBSERVED",
+    "CIRCUIT",
+    "HEALTH",
+    "HEADROOM",
+)
 
 
 def circuit_text(circuit: dict[str, Any] | None) -> str:
@@ -57,9 +67,11 @@ def observed_text(account: dict[str, Any]) -> str:
 def headroom_text(rate_limits: dict[str, Any] | None) -> str:
     """The account's lowest current provider headroom (SPEC §22): `4% tokens, resets 10:05:00Z`;
     `-` when no kind the provider reported can be judged now (none, or its reset passed)."""
-    judged = [(kind, limit) for kind, limit in (rate_limits or {}).items()
-              if isinstance(limit, dict) and limit.get("current")
-              and limit.get("headroom_percent") is not None]
+    judged = [
+        (kind, limit)
+        for kind, limit in (rate_limits or {}).items()
+        if isinstance(limit, dict) and limit.get("current") and limit.get("headroom_percent") is not None
+    ]
     if not judged:
         return "-"
     kind, lowest = min(judged, key=lambda item: item[1]["headroom_percent"])
@@ -67,12 +79,25 @@ def headroom_text(rate_limits: dict[str, Any] | None) -> str:
 
 
 def accounts_table(view: dict[str, Any]) -> str:
-    rows = [(a.get("id"), a.get("provider_binding"), a.get("configured"), a.get("administrative_state"),
-             a.get("lease_count"), a.get("in_flight_count"), observed_text(a), circuit_text(a.get("circuit")),
-             f"{a.get('health')} ({a.get('health_reason')})", headroom_text(a.get("rate_limits")))
-            for a in view.get("accounts", [])]
-    footer = (f"window {cell(view.get('window_seconds'))}s, as of {cell(view.get('as_of'))}, "
-              f"evidence since {cell(view.get('evidence_since'))}")
+    rows = [
+        (
+            a.get("id"),
+            a.get("provider_binding"),
+            a.get("configured"),
+            a.get("administrative_state"),
+            a.get("lease_count"),
+            a.get("in_flight_count"),
+            observed_text(a),
+            circuit_text(a.get("circuit")),
+            f"{a.get('health')} ({a.get('health_reason')})",
+            headroom_text(a.get("rate_limits")),
+        )
+        for a in view.get("accounts", [])
+    ]
+    footer = (
+        f"window {cell(view.get('window_seconds'))}s, as of {cell(view.get('as_of'))}, "
+        f"evidence since {cell(view.get('evidence_since'))}"
+    )
     if view.get("evidence_truncated"):
         footer += " (evidence truncated: the window reaches past what is retained)"
     return render_table(ACCOUNT_HEADERS, rows) + "\n" + footer
@@ -84,32 +109,72 @@ def _tokens(usage: dict[str, Any] | None) -> str:
     return f"{usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}"
 
 
-FINISHED_HEADERS: tuple[str, ...] = ("STARTED", "ATTEMPT", "ACCOUNT", "REPO", "PATH", "MODEL", "STATUS", "HTTP",
-                                    "CODE", "TOKENS IN/OUT", "COST USD", "OVERHEAD MS")
-ACTIVE_HEADERS: tuple[str, ...] = ("STARTED", "ATTEMPT", "ACCOUNT", "KEY", "REPO", "PRINCIPAL", "PATH", "MODEL",
-                                  "STREAM")
+FINISHED_HEADERS: tuple[str, ...] = (
+    "STARTED",
+    "ATTEMPT",
+    "ACCOUNT",
+    "REPO",
+    "PATH",
+    "MODEL",
+    "STATUS",
+    "HTTP",
+    "CODE",
+    "TOKENS IN/OUT",
+    "COST USD",
+    "OVERHEAD MS",
+)
+ACTIVE_HEADERS: tuple[str, ...] = (
+    "STARTED",
+    "ATTEMPT",
+    "ACCOUNT",
+    "KEY",
+    "REPO",
+    "PRINCIPAL",
+    "PATH",
+    "MODEL",
+    "STREAM",
+)
 
 
 def _finished_row(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("repo_slug"),
-            r.get("path"), r.get("served_model") or r.get("requested_model"), r.get("status"),
-            r.get("http_status"), r.get("condition") or r.get("refusal_reason"), _tokens(r.get("usage")),
-            r.get("cost_usd") if r.get("cost_usd") is not None else r.get("cost_reason"),
-            r.get("overhead_ms"))
+    return (
+        hhmmss(r.get("started_at")),
+        r.get("attempt_id"),
+        r.get("account_id"),
+        r.get("repo_slug"),
+        r.get("path"),
+        r.get("served_model") or r.get("requested_model"),
+        r.get("status"),
+        r.get("http_status"),
+        r.get("condition") or r.get("refusal_reason"),
+        _tokens(r.get("usage")),
+        r.get("cost_usd") if r.get("cost_usd") is not None else r.get("cost_reason"),
+        r.get("overhead_ms"),
+    )
 
 
 def _active_row(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (hhmmss(r.get("started_at")), r.get("attempt_id"), r.get("account_id"), r.get("key_id"),
-            r.get("repo_slug"), r.get("principal_id"), r.get("path"), r.get("requested_model"),
-            r.get("stream"))
+    return (
+        hhmmss(r.get("started_at")),
+        r.get("attempt_id"),
+        r.get("account_id"),
+        r.get("key_id"),
+        r.get("repo_slug"),
+        r.get("principal_id"),
+        r.get("path"),
+        r.get("requested_model"),
+        r.get("stream"),
+    )
 
 
 def routes_table(view: dict[str, Any], *, finished: bool) -> str:
     routes = view.get("routes", [])
     if finished:
         headers, rows = FINISHED_HEADERS, [_finished_row(r) for r in routes]
-        footer = (f"{len(routes)} shown of {cell(view.get('retained'))} retained, "
-                  f"evidence since {cell(view.get('evidence_since'))}")
+        footer = (
+            f"{len(routes)} shown of {cell(view.get('retained'))} retained, "
+            f"evidence since {cell(view.get('evidence_since'))}"
+        )
         if view.get("truncated"):
             footer += " (truncated: older routes exist; raise --limit up to 200)"
     else:
@@ -129,14 +194,21 @@ def admin_line(admin: dict[str, Any] | None) -> str:
     return line + (f" ({admin['chain_reason']})" if admin.get("chain_reason") else "")
 
 
-def watch_frame(url: str, accounts: dict[str, Any] | None, active: dict[str, Any] | None,
-                admin: dict[str, Any] | None, problem: str | None, now: str) -> str:
+def watch_frame(
+    url: str,
+    accounts: dict[str, Any] | None,
+    active: dict[str, Any] | None,
+    admin: dict[str, Any] | None,
+    problem: str | None,
+    now: str,
+) -> str:
     head = f"leasehold @ {url}   {now}   (Ctrl-C to quit)"
     if problem is not None:
         return f"{head}\n\n{problem}\nretrying every refresh; nothing below this line is known."
     assert accounts is not None and active is not None
-    return "\n\n".join([head, accounts_table(accounts), admin_line(admin),
-                        "ROUTES IN FLIGHT\n" + routes_table(active, finished=False)])
+    return "\n\n".join(
+        [head, accounts_table(accounts), admin_line(admin), "ROUTES IN FLIGHT\n" + routes_table(active, finished=False)]
+    )
 
 
 class SseParser:
@@ -177,6 +249,7 @@ class SseParser:
 
 
 # ---- commands -----------------------------------------------------------------------------
+
 
 def run_accounts(args: argparse.Namespace, client: Client) -> int:
     view = client.get(ACCOUNTS_PATH, Scope.READ, {"window_seconds": args.window})
@@ -235,8 +308,10 @@ def run_events(args: argparse.Namespace, client: Client) -> int:
         try:
             with client.stream(EVENTS_PATH, Scope.READ, headers, EVENTS_READ_TIMEOUT_S) as response:
                 connected_once, backoff = True, RECONNECT_BACKOFF_S[0]
-                warn(f"connected to {client.url}{EVENTS_PATH}"
-                     + (f", resuming after id {last_id}" if last_id is not None else ""))
+                warn(
+                    f"connected to {client.url}{EVENTS_PATH}"
+                    + (f", resuming after id {last_id}" if last_id is not None else "")
+                )
                 parser = SseParser()
                 for raw in response:
                     event = parser.feed(raw.decode("utf-8", "replace"))

@@ -22,7 +22,7 @@ from controlplane.core.spendscopes import SpendCells, TenancyMap, scope_cell, us
 from controlplane.core.windows import Window, iso, window_at
 
 WINDOWS = tuple(str(w) for w in Window)
-LEVEL_RANK = {"platform": 0, "org": 1, "team": 2, "repo": 3, "binding": 4}   # least → most specific
+LEVEL_RANK = {"platform": 0, "org": 1, "team": 2, "repo": 3, "binding": 4}  # least → most specific
 
 
 class BudgetEntry(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -37,8 +37,8 @@ class EntryProblems(msgspec.Struct, frozen=True, kw_only=True):
     """The windows named by each problem of one `budgets` list (empty: none)."""
 
     unknown_windows: tuple[str, ...] = ()
-    bad_usd: tuple[str, ...] = ()        # not a number above 0
-    duplicates: tuple[str, ...] = ()     # at most one budget per window
+    bad_usd: tuple[str, ...] = ()  # not a number above 0
+    duplicates: tuple[str, ...] = ()  # at most one budget per window
 
 
 def entry_problems(entries: Sequence[BudgetEntry]) -> EntryProblems:
@@ -46,11 +46,12 @@ def entry_problems(entries: Sequence[BudgetEntry]) -> EntryProblems:
     return EntryProblems(
         unknown_windows=tuple(dict.fromkeys(w for w in windows if w not in WINDOWS)),
         bad_usd=tuple(e.window for e in entries if not (math.isfinite(e.usd) and e.usd > 0)),
-        duplicates=tuple(dict.fromkeys(w for i, w in enumerate(windows) if w in windows[:i])))
+        duplicates=tuple(dict.fromkeys(w for i, w in enumerate(windows) if w in windows[:i])),
+    )
 
 
 class LevelBudget(msgspec.Struct, frozen=True, kw_only=True):
-    level: str          # the level label that set it, which is also the scope it governs
+    level: str  # the level label that set it, which is also the scope it governs
     window: Window
     usd: float
 
@@ -76,14 +77,17 @@ class Exhausted(msgspec.Struct, frozen=True, kw_only=True):
     usd: float
     spent_usd: float
     resets_at_ms: int
-    retry_after_s: int   # whole seconds until the window resets, at least 1
+    retry_after_s: int  # whole seconds until the window resets, at least 1
 
 
 def budgets_of(levels: Iterable[tuple[str, Sequence[BudgetEntry] | None]]) -> tuple[LevelBudget, ...]:
     """Not a fold: every level's budgets, each for its own scope, in the order given (a chain's
     layers, least → most specific); entries are already checked, so every window is known."""
-    return tuple(LevelBudget(level=label, window=Window(entry.window), usd=entry.usd)
-                 for label, entries in levels for entry in entries or ())
+    return tuple(
+        LevelBudget(level=label, window=Window(entry.window), usd=entry.usd)
+        for label, entries in levels
+        for entry in entries or ()
+    )
 
 
 def level_order(label: str) -> tuple[int, str]:
@@ -100,22 +104,39 @@ def budget_status(budget: LevelBudget, fold: SpendCells, tenancy: TenancyMap, at
     key, start_ms, resets_ms = window_at(budget.window, at_ms)
     cell = scope_cell(fold, budget.level, key, tenancy)
     spent = usd(cell[COST])
-    return BudgetStatus(level=budget.level, window=budget.window, usd=budget.usd, spent_usd=spent,
-                        remaining_usd=usd(max(0.0, budget.usd - spent)), exhausted=spent >= budget.usd,
-                        window_start=iso(start_ms), resets_at=iso(resets_ms),
-                        overshoot_usd=usd(max(0.0, spent - budget.usd)), unpriced_attempts=int(cell[UNPRICED]))
+    return BudgetStatus(
+        level=budget.level,
+        window=budget.window,
+        usd=budget.usd,
+        spent_usd=spent,
+        remaining_usd=usd(max(0.0, budget.usd - spent)),
+        exhausted=spent >= budget.usd,
+        window_start=iso(start_ms),
+        resets_at=iso(resets_ms),
+        overshoot_usd=usd(max(0.0, spent - budget.usd)),
+        unpriced_attempts=int(cell[UNPRICED]),
+    )
 
 
-def exhausted_budgets(budgets: Iterable[LevelBudget], fold: SpendCells, tenancy: TenancyMap,
-                      at_ms: int) -> tuple[Exhausted, ...]:
+def exhausted_budgets(
+    budgets: Iterable[LevelBudget], fold: SpendCells, tenancy: TenancyMap, at_ms: int
+) -> tuple[Exhausted, ...]:
     """The budgets among `budgets` (a chain's, or every level's) exhausted at `at_ms`, in order."""
     found = []
     for budget in budgets:
         key, _, resets_ms = window_at(budget.window, at_ms)
         spent = usd(scope_cell(fold, budget.level, key, tenancy)[COST])
         if spent >= budget.usd:
-            found.append(Exhausted(level=budget.level, window=budget.window, usd=budget.usd, spent_usd=spent,
-                                   resets_at_ms=resets_ms, retry_after_s=max(1, -((at_ms - resets_ms) // 1000))))
+            found.append(
+                Exhausted(
+                    level=budget.level,
+                    window=budget.window,
+                    usd=budget.usd,
+                    spent_usd=spent,
+                    resets_at_ms=resets_ms,
+                    retry_after_s=max(1, -((at_ms - resets_ms) // 1000)),
+                )
+            )
     return tuple(found)
 
 

@@ -31,8 +31,8 @@ from controlplane.core.spendscopes import SpendCells, TenancyMap, chain_of, scop
 from controlplane.core.windows import Window, bounds_ms, hour_key, key_at, window_at
 from shared.bounds import retry_after_ms
 
-THRESHOLDS = ((80, 0.8), (100, 1.0))   # percent, and the share of `usd` it is
-CHAIN_MEMO_MAX = 4096                  # (repo, role) pairs come from workers: bounded, cleared when full
+THRESHOLDS = ((80, 0.8), (100, 1.0))  # percent, and the share of `usd` it is
+CHAIN_MEMO_MAX = 4096  # (repo, role) pairs come from workers: bounded, cleared when full
 
 
 class Crossing(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,7 +49,7 @@ class Crossing(msgspec.Struct, frozen=True, kw_only=True):
 
 class Change(msgspec.Struct, frozen=True, kw_only=True):
     crossings: tuple[Crossing, ...] = ()
-    gates_changed: bool = False          # some lease's gate may differ: push them again
+    gates_changed: bool = False  # some lease's gate may differ: push them again
 
 
 NO_CHANGE = Change()
@@ -64,7 +64,7 @@ class BudgetWatch:
     def __init__(self) -> None:
         self.budgets: tuple[LevelBudget, ...] = ()
         self.tenancy = TenancyMap()
-        self.until_ms = 0                                   # the hour in progress ends: reseed
+        self.until_ms = 0  # the hour in progress ends: reseed
         self._levels: dict[str, tuple[LevelBudget, ...]] = {}
         self._chains: dict[tuple[str, str | None], tuple[str, ...]] = {}
         self._keys: dict[Window, str] = {}
@@ -74,12 +74,13 @@ class BudgetWatch:
         self._slots: dict[tuple[str, Window], list[Any]] = {}
         self._crossed: set[tuple[str, Window, str, float, int]] = set()
         self._exhausted: dict[tuple[str, Window], int] = {}  # → when its window resets
-        self._retry_at: dict[str, int] = {}                  # level → latest reset among its exhausted
+        self._retry_at: dict[str, int] = {}  # level → latest reset among its exhausted
 
     # ---- keeping it current -----------------------------------------------------------------
 
-    def configure(self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, fold: SpendCells,
-                  at_ms: int, *, quiet: bool = False) -> Change:
+    def configure(
+        self, budgets: Iterable[LevelBudget], tenancy: TenancyMap, fold: SpendCells, at_ms: int, *, quiet: bool = False
+    ) -> Change:
         """New budgets or tenancy (a policy write, or the start): everything is re-read."""
         before = set(self._levels)
         self.budgets = tuple(budgets)
@@ -106,7 +107,7 @@ class BudgetWatch:
         for budget in self.budgets:
             key = self._keys[budget.window]
             spent = scope_cell(fold, budget.level, key, self.tenancy)[COST]
-            slot = [key, spent, budget.usd * THRESHOLDS[0][1] - 1e-8, budget]   # `usd` rounds to 8 places
+            slot = [key, spent, budget.usd * THRESHOLDS[0][1] - 1e-8, budget]  # `usd` rounds to 8 places
             self._slots[(budget.level, budget.window)] = slot
             plan.setdefault(budget.level, []).append(slot)
             self._judge(budget, spent, crossings)
@@ -124,11 +125,11 @@ class BudgetWatch:
         if not labels:
             return NO_CHANGE
         if at_ms >= self.until_ms:
-            return self.reseed(fold, at_ms)   # the fold holds this row already
+            return self.reseed(fold, at_ms)  # the fold holds this row already
         stamp = row.finished_at
         if stamp is None:
             return NO_CHANGE
-        if stamp[-1:] != "Z":   # the daemons' own stamps are UTC `...Z`, which window keys prefix
+        if stamp[-1:] != "Z":  # the daemons' own stamps are UTC `...Z`, which window keys prefix
             stamp = hour_key(stamp)
             if stamp is None:
                 return NO_CHANGE
@@ -138,7 +139,7 @@ class BudgetWatch:
         for label in labels:
             for slot in plan[label]:
                 if not stamp.startswith(slot[0]):
-                    continue   # a late row of a window that no longer gates anything
+                    continue  # a late row of a window that no longer gates anything
                 spent = slot[1] = slot[1] + cost
                 if spent >= slot[2]:
                     changed = self._judge(slot[3], spent, crossings) or changed
@@ -155,9 +156,17 @@ class BudgetWatch:
             mark = (budget.level, budget.window, key, budget.usd, percent)
             if mark not in self._crossed:
                 self._crossed.add(mark)
-                crossings.append(Crossing(level=budget.level, window=budget.window, usd=budget.usd,
-                                          spent_usd=shown, threshold=percent, window_start_ms=start_ms,
-                                          resets_at_ms=resets_ms))
+                crossings.append(
+                    Crossing(
+                        level=budget.level,
+                        window=budget.window,
+                        usd=budget.usd,
+                        spent_usd=shown,
+                        threshold=percent,
+                        window_start_ms=start_ms,
+                        resets_at_ms=resets_ms,
+                    )
+                )
         slot = (budget.level, budget.window)
         if shown < budget.usd or slot in self._exhausted:
             return False
@@ -175,8 +184,7 @@ class BudgetWatch:
             if len(self._chains) >= CHAIN_MEMO_MAX:
                 self._chains.clear()
             levels = self._levels
-            found = self._chains[key] = tuple(label for label in chain_of(repo, role, self.tenancy)
-                                              if label in levels)
+            found = self._chains[key] = tuple(label for label in chain_of(repo, role, self.tenancy) if label in levels)
         return found
 
     def gate(self, repo: str, role: str | None, at_ms: int) -> tuple[bool, int | None]:
@@ -194,9 +202,16 @@ class BudgetWatch:
             slot = (budget.level, budget.window)
             resets_ms = self._exhausted.get(slot)
             if resets_ms is not None and resets_ms > at_ms and budget in self._levels.get(budget.level, ()):
-                found.append(Exhausted(level=budget.level, window=budget.window, usd=budget.usd,
-                                       spent_usd=usd(self._slots[slot][1]), resets_at_ms=resets_ms,
-                                       retry_after_s=retry_after_ms(resets_ms - at_ms)))
+                found.append(
+                    Exhausted(
+                        level=budget.level,
+                        window=budget.window,
+                        usd=budget.usd,
+                        spent_usd=usd(self._slots[slot][1]),
+                        resets_at_ms=resets_ms,
+                        retry_after_s=retry_after_ms(resets_ms - at_ms),
+                    )
+                )
         return tuple(found)
 
     def on_chain(self, repo: str, role: str | None) -> tuple[LevelBudget, ...]:

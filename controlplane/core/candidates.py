@@ -24,8 +24,9 @@ class ServingAccount(Protocol):
     def serves(self, model: str) -> bool: ...
 
 
-def build_candidates(accounts: Sequence[ServingAccount], policy: ResolvedPolicy,
-                     model: str | None, model_class: str | None) -> tuple[Candidate, ...]:
+def build_candidates(
+    accounts: Sequence[ServingAccount], policy: ResolvedPolicy, model: str | None, model_class: str | None
+) -> tuple[Candidate, ...]:
     pairs: list[tuple[ServingAccount, str]] = []
     if model_class is not None:
         by_binding = policy.model_classes.get(model_class, {})
@@ -41,5 +42,7 @@ def build_candidates(accounts: Sequence[ServingAccount], policy: ResolvedPolicy,
     if policy.providers is not None:
         allowed = set(policy.providers)
         pairs = [(a, m) for a, m in pairs if str(a.provider_binding) in allowed]
-    return tuple(Candidate(account_id=a.id, position=i, provider_binding=str(a.provider_binding),
-                           effective_model=m) for i, (a, m) in enumerate(pairs))
+    return tuple(
+        Candidate(account_id=a.id, position=i, provider_binding=str(a.provider_binding), effective_model=m)
+        for i, (a, m) in enumerate(pairs)
+    )

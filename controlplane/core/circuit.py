@@ -26,8 +26,8 @@ class Circuit(msgspec.Struct, frozen=True, kw_only=True):
     opened_at_ms: int | None = None
     retry_at_ms: int | None = None
     opened_by: Condition | None = None
-    open_ms: int = 0                 # the current (or last) open duration
-    probe_key: str | None = None     # the half-open probe lease, while it is out
+    open_ms: int = 0  # the current (or last) open duration
+    probe_key: str | None = None  # the half-open probe lease, while it is out
 
 
 CLOSED = Circuit()
@@ -39,10 +39,14 @@ def _open(state: Circuit, now_ms: int, condition: Condition, open_ms: int) -> Ci
     if state.retry_at_ms is not None and state.phase == CircuitPhase.OPEN:
         retry_at = max(retry_at, state.retry_at_ms)
         open_ms = max(open_ms, state.open_ms)
-    return Circuit(phase=CircuitPhase.OPEN, consecutive=state.consecutive,
-                   opened_at_ms=state.opened_at_ms if state.phase == CircuitPhase.OPEN else now_ms,
-                   retry_at_ms=retry_at, opened_by=state.opened_by if state.phase == CircuitPhase.OPEN else condition,
-                   open_ms=open_ms)
+    return Circuit(
+        phase=CircuitPhase.OPEN,
+        consecutive=state.consecutive,
+        opened_at_ms=state.opened_at_ms if state.phase == CircuitPhase.OPEN else now_ms,
+        retry_at_ms=retry_at,
+        opened_by=state.opened_by if state.phase == CircuitPhase.OPEN else condition,
+        open_ms=open_ms,
+    )
 
 
 def current(state: Circuit, now_ms: int) -> Circuit:
@@ -76,8 +80,15 @@ def on_lease_ended(state: Circuit, now_ms: int, key_id: str) -> Circuit:
     return state
 
 
-def on_terminal(state: Circuit, now_ms: int, key_id: str, condition: Condition | None,
-                aborted: bool, retry_after_s: float | None, cooldown_s: int) -> Circuit:
+def on_terminal(
+    state: Circuit,
+    now_ms: int,
+    key_id: str,
+    condition: Condition | None,
+    aborted: bool,
+    retry_after_s: float | None,
+    cooldown_s: int,
+) -> Circuit:
     """Fold one terminal row of the account (never a gateway-authored one) into its circuit."""
     state = current(state, now_ms)
     if aborted:
@@ -88,8 +99,12 @@ def on_terminal(state: Circuit, now_ms: int, key_id: str, condition: Condition |
             return state  # an older lease's answer; only the probe decides
         if condition is None:
             return CLOSED
-        return _open(msgspec.structs.replace(state, phase=CircuitPhase.CLOSED), now_ms, condition,
-                     max(2 * state.open_ms, wanted_ms))
+        return _open(
+            msgspec.structs.replace(state, phase=CircuitPhase.CLOSED),
+            now_ms,
+            condition,
+            max(2 * state.open_ms, wanted_ms),
+        )
     if condition is None:
         return state if state.phase == CircuitPhase.OPEN else CLOSED
     if state.phase == CircuitPhase.OPEN:

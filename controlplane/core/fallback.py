@@ -23,20 +23,20 @@ class CitationKind(StrEnum):
 class Lineage(msgspec.Struct, frozen=True):
     dispatch_id: str
     repo_slug: str
-    model: str   # the requested model, or "class:<name>" for a model_class mint
+    model: str  # the requested model, or "class:<name>" for a model_class mint
 
 
 class CitedDecision(msgspec.Struct, frozen=True, kw_only=True):
     outcome: Outcome
     lineage: Lineage
     hop: int
-    lease_released: bool              # asked of the lease capacity table
+    lease_released: bool  # asked of the lease capacity table
     terminal_conditions: tuple[Condition | None, ...]  # one per terminal row of its key
-    position_now: int | None          # the cited account's index in today's candidate list
+    position_now: int | None  # the cited account's index in today's candidate list
 
 
 class FallbackVerdict(msgspec.Struct, frozen=True, kw_only=True):
-    outcome: Outcome                  # SELECTED here means "proceed to selection"
+    outcome: Outcome  # SELECTED here means "proceed to selection"
     refusal: Refusal | None = None
     start_position: int = 0
     hop: int = 0
@@ -50,9 +50,15 @@ def _rejected(refusal: Refusal) -> FallbackVerdict:
     return FallbackVerdict(outcome=Outcome.REJECTED, refusal=refusal)
 
 
-def authorise_fallback(kind: CitationKind | None, cited: CitedDecision | None, lineage: Lineage,
-                       fallback_on: frozenset[Condition], max_hops: int, *,
-                       dispatch_live: bool = False) -> FallbackVerdict:
+def authorise_fallback(
+    kind: CitationKind | None,
+    cited: CitedDecision | None,
+    lineage: Lineage,
+    fallback_on: frozenset[Condition],
+    max_hops: int,
+    *,
+    dispatch_live: bool = False,
+) -> FallbackVerdict:
     """Both SPEC §8 rules of a v2 mint in one table: the citation (if any), and one live lease
     per dispatch. `kind` None is a fresh mint (no citation); `dispatch_live` says the dispatch
     has a live lease other than the cited one (a renewal's successor, a sibling hop)."""
@@ -79,8 +85,7 @@ def authorise_fallback(kind: CitationKind | None, cited: CitedDecision | None, l
     elif cited.hop + 1 > max_hops:
         return _held(Refusal.FALLBACK_BUDGET_EXHAUSTED)
     else:
-        verdict = FallbackVerdict(outcome=Outcome.SELECTED, start_position=cited.position_now + 1,
-                                  hop=cited.hop + 1)
+        verdict = FallbackVerdict(outcome=Outcome.SELECTED, start_position=cited.position_now + 1, hop=cited.hop + 1)
     if dispatch_live:  # the cited lease is gone, but another of this dispatch is not
         return _held(Refusal.FALLBACK_LEASE_STILL_HELD)
     return verdict

@@ -21,11 +21,11 @@ from shared.codes import EndReason, FleetState, Standing
 class Repair(StrEnum):
     """What a host must do about its standing before it admits new holders again."""
 
-    NONE = "none"                  # live: nothing to repair
+    NONE = "none"  # live: nothing to repair
     END_RELEASED = "end-released"  # declared dead meanwhile: end the leases whose holders were released
-    REREGISTER = "reregister"      # Redis lost its data: re-register live holders (the ceiling honoured),
+    REREGISTER = "reregister"  # Redis lost its data: re-register live holders (the ceiling honoured),
     #                                end the refused ones, let go of the rest, re-seed the chains
-    FAIL_CLOSED = "fail-closed"    # another instance holds the host id: hold every mint, end every lease
+    FAIL_CLOSED = "fail-closed"  # another instance holds the host id: hold every mint, end every lease
 
 
 REPAIRS: dict[Standing, Repair] = {
@@ -55,8 +55,9 @@ def fleet_state(reachable: bool, standing: Standing | None, registered: bool) ->
     return FleetState.UNAVAILABLE
 
 
-def may_admit(now_ms: int, earliest_ms: int, latest_ms: int, expected: frozenset[str],
-              registered: frozenset[str]) -> bool:
+def may_admit(
+    now_ms: int, earliest_ms: int, latest_ms: int, expected: frozenset[str], registered: frozenset[str]
+) -> bool:
     """After Redis lost its data, may this host admit new holders?
 
     Not before `earliest_ms` (one beat after it noticed the loss: by then every host live at the
@@ -78,12 +79,12 @@ def reregistration_order(key_ids: Iterable[str]) -> list[str]:
 class RestoredLease(msgspec.Struct, frozen=True, kw_only=True):
     key_id: str
     account_id: str
-    minted_at_ms: int              # the key id's (ULID's) time, this host's clock
+    minted_at_ms: int  # the key id's (ULID's) time, this host's clock
 
 
 class MissedRevocation(msgspec.Struct, frozen=True, kw_only=True):
     account_id: str
-    at_ms: int                     # the request's time, Redis's clock
+    at_ms: int  # the request's time, Redis's clock
 
 
 def missed_revocations(leases: Iterable[RestoredLease], requests: Iterable[MissedRevocation]) -> list[str]:
@@ -93,8 +94,9 @@ def missed_revocations(leases: Iterable[RestoredLease], requests: Iterable[Misse
     latest: dict[str, int] = {}
     for request in requests:
         latest[request.account_id] = max(request.at_ms, latest.get(request.account_id, request.at_ms))
-    return sorted(lease.key_id for lease in leases
-                  if lease.account_id in latest and lease.minted_at_ms < latest[lease.account_id])
+    return sorted(
+        lease.key_id for lease in leases if lease.account_id in latest and lease.minted_at_ms < latest[lease.account_id]
+    )
 
 
 class HostRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -103,11 +105,17 @@ class HostRow(msgspec.Struct, frozen=True, kw_only=True):
     host_id: str
     lease_count: int
     in_flight_count: int
-    last_seen_ms: int | None       # its last heartbeat (Redis's clock); None: not live
+    last_seen_ms: int | None  # its last heartbeat (Redis's clock); None: not live
 
 
-def host_rows(this_host: str, now_ms: int, live: Mapping[str, int], leases: Mapping[str, int],
-              in_flight: Mapping[str, int], local_in_flight: int) -> list[HostRow]:
+def host_rows(
+    this_host: str,
+    now_ms: int,
+    live: Mapping[str, int],
+    leases: Mapping[str, int],
+    in_flight: Mapping[str, int],
+    local_in_flight: int,
+) -> list[HostRow]:
     """Every live host, and any other host still holding a lease of the account (dead, not yet
     reaped), sorted by id. This host's in-flight count is its own, exact one (the others' are
     what each wrote with its last heartbeat); this host is always listed, seen `now_ms`."""
@@ -116,6 +124,5 @@ def host_rows(this_host: str, now_ms: int, live: Mapping[str, int], leases: Mapp
     for host in sorted(hosts):
         seen = now_ms if host == this_host else live.get(host)
         flight = local_in_flight if host == this_host else (in_flight.get(host, 0) if host in live else 0)
-        rows.append(HostRow(host_id=host, lease_count=leases.get(host, 0), in_flight_count=flight,
-                            last_seen_ms=seen))
+        rows.append(HostRow(host_id=host, lease_count=leases.get(host, 0), in_flight_count=flight, last_seen_ms=seen))
     return rows

@@ -52,7 +52,7 @@ class FleetCells:
 
     def __init__(self, own: SpendFold) -> None:
         self.own = own
-        self.hosts: dict[str, dict[str, WindowCells]] = {}   # host → window key → cells
+        self.hosts: dict[str, dict[str, WindowCells]] = {}  # host → window key → cells
         self.others: dict[str, WindowCells] = {}
 
     def replace(self, host: str, windows: Mapping[str, WindowCells]) -> bool:

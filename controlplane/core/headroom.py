@@ -21,7 +21,7 @@ import msgspec
 from shared.wire import RATE_LIMIT_KINDS, RateLimits
 
 MAX_COUNT = 10**12
-MAX_RESET_MS = 7 * 86_400_000      # a reset further than this from its answer is garbage
+MAX_RESET_MS = 7 * 86_400_000  # a reset further than this from its answer is garbage
 MAX_FLOOR_PERCENT = 50
 
 
@@ -50,8 +50,7 @@ def _count(value: object) -> int | None:
 
 def valid(observation: Observation) -> bool:
     """In range: counts within 0..MAX_COUNT, a reset within `MAX_RESET_MS` of its answer."""
-    if _count(observation.remaining) is None or (observation.limit is not None
-                                                 and _count(observation.limit) is None):
+    if _count(observation.remaining) is None or (observation.limit is not None and _count(observation.limit) is None):
         return False
     reset = observation.reset_at_ms
     return reset is None or abs(reset - observation.observed_at_ms) <= MAX_RESET_MS
@@ -67,8 +66,12 @@ def observations_of(rate_limits: RateLimits) -> dict[str, Observation]:
         stated = getattr(rate_limits, kind)
         if stated is None or _count(stated.remaining) is None:
             continue
-        observation = Observation(limit=_count(stated.limit), remaining=stated.remaining,
-                                  reset_at_ms=iso_to_ms(stated.reset_at), observed_at_ms=observed_at)
+        observation = Observation(
+            limit=_count(stated.limit),
+            remaining=stated.remaining,
+            reset_at_ms=iso_to_ms(stated.reset_at),
+            observed_at_ms=observed_at,
+        )
         if valid(observation):
             found[kind] = observation
     return found
@@ -81,8 +84,12 @@ def newer(held: Observation | None, incoming: Observation) -> bool:
 
 def current(observation: Observation, now_ms: int) -> bool:
     """Judgeable now: a limit, and a reset still ahead."""
-    return (observation.limit is not None and observation.limit > 0
-            and observation.reset_at_ms is not None and observation.reset_at_ms > now_ms)
+    return (
+        observation.limit is not None
+        and observation.limit > 0
+        and observation.reset_at_ms is not None
+        and observation.reset_at_ms > now_ms
+    )
 
 
 def headroom_percent(observation: Observation) -> float | None:
@@ -94,16 +101,20 @@ def headroom_percent(observation: Observation) -> float | None:
 
 def is_low(observation: Observation, floor_percent: int, now_ms: int) -> bool:
     """Below the floor now (integer arithmetic: no rounding decides a skip)."""
-    return (floor_percent > 0 and current(observation, now_ms)
-            and observation.remaining * 100 < floor_percent * observation.limit)  # type: ignore[operator]
+    return (
+        floor_percent > 0
+        and current(observation, now_ms)
+        and observation.remaining * 100 < floor_percent * observation.limit  # type: ignore[operator]
+    )
 
 
 def low_kinds(observations: Mapping[str, Observation], floor_percent: int, now_ms: int) -> tuple[str, ...]:
     """Every kind below the floor now, in `RATE_LIMIT_KINDS` order."""
     if floor_percent <= 0:
         return ()
-    return tuple(kind for kind in RATE_LIMIT_KINDS
-                 if kind in observations and is_low(observations[kind], floor_percent, now_ms))
+    return tuple(
+        kind for kind in RATE_LIMIT_KINDS if kind in observations and is_low(observations[kind], floor_percent, now_ms)
+    )
 
 
 def lifts_at(observations: Mapping[str, Observation], floor_percent: int, now_ms: int) -> int | None:

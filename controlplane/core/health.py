@@ -19,9 +19,9 @@ DEGRADED_SHARE = 0.5
 class EvidenceCounts(msgspec.Struct, frozen=True, kw_only=True):
     """Terminal rows of one account inside the window, by kind."""
 
-    succeeded: int = 0   # no qualifying condition, not aborted (2xx, ordinary 4xx)
-    failed: int = 0      # a qualifying condition (SPEC §7 table)
-    aborted: int = 0     # client aborts: observed, never evidence
+    succeeded: int = 0  # no qualifying condition, not aborted (2xx, ordinary 4xx)
+    failed: int = 0  # a qualifying condition (SPEC §7 table)
+    aborted: int = 0  # client aborts: observed, never evidence
 
     @property
     def observed(self) -> int:

@@ -22,20 +22,20 @@ from shared.codes import Condition
 
 
 class FallbackDriver(StrEnum):
-    CALLER = "caller"     # the worker revokes, cites and re-mints (SPEC §8); the gateway never moves it
-    GATEWAY = "gateway"   # the gateway hops the key for the worker (SPEC §17)
+    CALLER = "caller"  # the worker revokes, cites and re-mints (SPEC §8); the gateway never moves it
+    GATEWAY = "gateway"  # the gateway hops the key for the worker (SPEC §17)
 
 
-def hop_conditions(driver: FallbackDriver, fallback_on: frozenset[Condition], hop: int,
-                   max_hops: int) -> frozenset[Condition]:
+def hop_conditions(
+    driver: FallbackDriver, fallback_on: frozenset[Condition], hop: int, max_hops: int
+) -> frozenset[Condition]:
     """The conditions on which an attempt on this lease starts a hop (none: never)."""
     if driver != FallbackDriver.GATEWAY or hop + 1 > max_hops:
         return frozenset()
     return fallback_on
 
 
-def starts_hop(conditions: frozenset[Condition], condition: Condition | None,
-               refusal_reason: str | None) -> bool:
+def starts_hop(conditions: frozenset[Condition], condition: Condition | None, refusal_reason: str | None) -> bool:
     """Does this terminal start a hop? Only a qualifying upstream answer (never a
     gateway-authored refusal, an abort, a 400 or a 2xx, which carry no condition) whose
     condition the lease hops on."""

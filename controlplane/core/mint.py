@@ -48,24 +48,24 @@ class MintFacts(msgspec.Struct, frozen=True, kw_only=True):
     policy_available: bool
     lineage: Lineage
     candidates: tuple[Candidate, ...] = ()
-    citation: CitationKind | None = None          # None: a fresh mint (or a renewal)
-    cited: CitedDecision | None = None            # None with a citation: lineage unknown
-    dispatch_live: bool = False                   # another live lease of this dispatch exists
+    citation: CitationKind | None = None  # None: a fresh mint (or a renewal)
+    cited: CitedDecision | None = None  # None with a citation: lineage unknown
+    dispatch_live: bool = False  # another live lease of this dispatch exists
     fallback_on: frozenset[Condition] = frozenset(Condition)
-    max_hops: int = 1                             # min(policy, platform)
+    max_hops: int = 1  # min(policy, platform)
     live: dict[str, LiveFacts] = {}
-    exhausted: tuple[Exhausted, ...] = ()         # budgets of the chain exhausted now (§18)
-    unpriced_model: str | None = None             # a candidate's model without a price, in a budgeted chain
-    holding: bool = False                         # renewal / extend of a key holding its slot (one candidate)
+    exhausted: tuple[Exhausted, ...] = ()  # budgets of the chain exhausted now (§18)
+    unpriced_model: str | None = None  # a candidate's model without a price, in a budgeted chain
+    holding: bool = False  # renewal / extend of a key holding its slot (one candidate)
 
 
 class MintVerdict(msgspec.Struct, frozen=True, kw_only=True):
-    outcome: Outcome                              # SELECTED: reserve `chosen`
+    outcome: Outcome  # SELECTED: reserve `chosen`
     refusal: Refusal | None = None
     chosen: Candidate | None = None
     skipped: tuple[Skipped, ...] = ()
     hop: int = 0
-    retry_after_s: int | None = None              # `budget-exhausted`: until the last window resets
+    retry_after_s: int | None = None  # `budget-exhausted`: until the last window resets
 
 
 def _refused(outcome: Outcome, refusal: Refusal, skipped: tuple[Skipped, ...] = ()) -> MintVerdict:
@@ -81,13 +81,15 @@ def decide_mint(facts: MintFacts) -> MintVerdict:
         return _refused(Outcome.REJECTED, Refusal.MODEL_NOT_SERVED)
     if facts.unpriced_model is not None:
         return _refused(Outcome.REJECTED, Refusal.MODEL_UNPRICED)
-    verdict = authorise_fallback(facts.citation, facts.cited, facts.lineage, facts.fallback_on,
-                                 facts.max_hops, dispatch_live=facts.dispatch_live)
+    verdict = authorise_fallback(
+        facts.citation, facts.cited, facts.lineage, facts.fallback_on, facts.max_hops, dispatch_live=facts.dispatch_live
+    )
     if verdict.refusal is not None and verdict.outcome == Outcome.REJECTED:
         return _refused(verdict.outcome, verdict.refusal)
     if facts.exhausted:
-        return MintVerdict(outcome=Outcome.HELD, refusal=Refusal.BUDGET_EXHAUSTED,
-                           retry_after_s=retry_after_s(facts.exhausted))
+        return MintVerdict(
+            outcome=Outcome.HELD, refusal=Refusal.BUDGET_EXHAUSTED, retry_after_s=retry_after_s(facts.exhausted)
+        )
     if verdict.refusal is not None:
         return _refused(verdict.outcome, verdict.refusal)
     if facts.holding:
@@ -97,8 +99,7 @@ def decide_mint(facts: MintFacts) -> MintVerdict:
         refusal = selection.refusal or Refusal.NO_ELIGIBLE_ACCOUNT
         outcome = Outcome.REJECTED if refusal == Refusal.FALLBACK_POOL_EXHAUSTED else Outcome.HELD
         return _refused(outcome, refusal, selection.skipped)
-    return MintVerdict(outcome=Outcome.SELECTED, chosen=selection.chosen, skipped=selection.skipped,
-                       hop=verdict.hop)
+    return MintVerdict(outcome=Outcome.SELECTED, chosen=selection.chosen, skipped=selection.skipped, hop=verdict.hop)
 
 
 # SPEC §19: what still refuses a key that holds its slot (renewal, extend): the operator's word.

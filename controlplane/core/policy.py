@@ -47,25 +47,26 @@ class ResolvedPolicy(msgspec.Struct, frozen=True, kw_only=True):
     fallback_on: frozenset[Condition] = frozenset(Condition)
     max_fallback_hops: int = 1
     model_classes: dict[str, dict[str, str]] = {}
-    provenance: dict[str, str] = {}                 # field (or model_classes.<class>.<binding>) → level label
-    locked_by: dict[str, str] = {}                  # field → the least specific level that locked it
-    vetoed: dict[str, tuple[str, ...]] = {}         # field → more specific setters a lock overruled
-    ceilinged: tuple[str, ...] = ()                 # fields whose chosen value the platform ceiling cut
-    budgets: tuple[LevelBudget, ...] = ()           # every budget on the chain, each for its own level (§18)
-    min_headroom_percent: int = 0                   # 0 = off; else the rate-limit floor (§22)
+    provenance: dict[str, str] = {}  # field (or model_classes.<class>.<binding>) → level label
+    locked_by: dict[str, str] = {}  # field → the least specific level that locked it
+    vetoed: dict[str, tuple[str, ...]] = {}  # field → more specific setters a lock overruled
+    ceilinged: tuple[str, ...] = ()  # fields whose chosen value the platform ceiling cut
+    budgets: tuple[LevelBudget, ...] = ()  # every budget on the chain, each for its own level (§18)
+    min_headroom_percent: int = 0  # 0 = off; else the rate-limit floor (§22)
 
 
-DEFAULT = "default"   # provenance of a field no level sets (no ceiling involved)
-CEILING = "ceiling"   # provenance of a ceilinged field no level sets: the platform ceiling itself
+DEFAULT = "default"  # provenance of a field no level sets (no ceiling involved)
+CEILING = "ceiling"  # provenance of a ceilinged field no level sets: the platform ceiling itself
 
 # ---- the store's state: every level's current document and the tenancy it declares ---------
 
+
 class PolicyState(msgspec.Struct, frozen=True, kw_only=True):
-    documents: dict[str, LevelDocument] = {}   # by level label
-    written_at: dict[str, int] = {}            # label → seq of the record that wrote it
-    team_of: dict[str, str] = {}               # repo_slug → team_id
-    org_of: dict[str, str] = {}                # team_id → org_id
-    unreadable: tuple[int, ...] = ()           # seqs whose document does not decode (never believed)
+    documents: dict[str, LevelDocument] = {}  # by level label
+    written_at: dict[str, int] = {}  # label → seq of the record that wrote it
+    team_of: dict[str, str] = {}  # repo_slug → team_id
+    org_of: dict[str, str] = {}  # team_id → org_id
+    unreadable: tuple[int, ...] = ()  # seqs whose document does not decode (never believed)
 
 
 def fold_records(records: Sequence[Mapping[str, Any]]) -> PolicyState:
@@ -86,8 +87,13 @@ def fold_records(records: Sequence[Mapping[str, Any]]) -> PolicyState:
             continue
         documents[level.label] = document
         written_at[level.label] = int(record.get("seq", 0))
-    return PolicyState(documents=documents, written_at=written_at, unreadable=tuple(unreadable),
-                       team_of=_owners(documents, LevelKind.TEAM), org_of=_owners(documents, LevelKind.ORG))
+    return PolicyState(
+        documents=documents,
+        written_at=written_at,
+        unreadable=tuple(unreadable),
+        team_of=_owners(documents, LevelKind.TEAM),
+        org_of=_owners(documents, LevelKind.ORG),
+    )
 
 
 def _owners(documents: Mapping[str, LevelDocument], kind: LevelKind) -> dict[str, str]:
@@ -113,11 +119,15 @@ def tenancy_conflicts(state: PolicyState, level: Level, document: LevelDocument)
     if not taken:
         return ()
     holders = sorted({f"{level.kind}:{owners[m]}" for m in taken})
-    return (Finding(field=field, problem=Problem.TENANCY_CONFLICT, names=taken,
-                    detail="already listed by " + ", ".join(holders)),)
+    return (
+        Finding(
+            field=field, problem=Problem.TENANCY_CONFLICT, names=taken, detail="already listed by " + ", ".join(holders)
+        ),
+    )
 
 
 # ---- the fold ----------------------------------------------------------------------------
+
 
 class Layer(msgspec.Struct, frozen=True):
     label: str
@@ -134,7 +144,7 @@ class Ceiling(msgspec.Struct, frozen=True, kw_only=True):
 class Tenancy(msgspec.Struct, frozen=True, kw_only=True):
     team: str | None
     org: str | None
-    labels: tuple[str, ...]     # every level consulted, least → most specific (present or not)
+    labels: tuple[str, ...]  # every level consulted, least → most specific (present or not)
 
 
 def tenancy_of(state: PolicyState, repo_slug: str, worker_role: str | None) -> Tenancy:
@@ -158,17 +168,17 @@ def layers_for(state: PolicyState, repo_slug: str, worker_role: str | None) -> t
 
 
 class _Decided(msgspec.Struct, frozen=True):
-    eligible: tuple[Layer, ...]    # the levels allowed to answer, least → most specific
-    winner: Layer | None           # the most specific eligible setter
+    eligible: tuple[Layer, ...]  # the levels allowed to answer, least → most specific
+    winner: Layer | None  # the most specific eligible setter
     locked_by: str | None
-    vetoed: tuple[str, ...]        # more specific setters a lock overruled
+    vetoed: tuple[str, ...]  # more specific setters a lock overruled
 
 
 def _decide(layers: Sequence[Layer], field: PolicyField) -> _Decided:
     bound = next((i for i, layer in enumerate(layers) if str(field) in layer.document.locks), None)
-    eligible = tuple(layers if bound is None else layers[:bound + 1])
+    eligible = tuple(layers if bound is None else layers[: bound + 1])
     winner = next((layer for layer in reversed(eligible) if layer.document.sets(field)), None)
-    vetoed = tuple(layer.label for layer in layers[len(eligible):] if layer.document.sets(field))
+    vetoed = tuple(layer.label for layer in layers[len(eligible) :] if layer.document.sets(field))
     return _Decided(eligible, winner, None if bound is None else layers[bound].label, vetoed)
 
 
@@ -182,8 +192,9 @@ def fold_policy(layers: Sequence[Layer], ceiling: Ceiling, revision: int) -> Res
         winner = decided[field].winner
         return None if winner is None else getattr(winner.document, str(field))
 
-    fallback_on, hops, ceilinged = _under_ceiling(value(PolicyField.FALLBACK_ON),
-                                                  value(PolicyField.MAX_FALLBACK_HOPS), ceiling)
+    fallback_on, hops, ceilinged = _under_ceiling(
+        value(PolicyField.FALLBACK_ON), value(PolicyField.MAX_FALLBACK_HOPS), ceiling
+    )
     for field in (PolicyField.FALLBACK_ON, PolicyField.MAX_FALLBACK_HOPS):
         if value(field) is None:
             provenance[str(field)] = CEILING
@@ -195,14 +206,21 @@ def fold_policy(layers: Sequence[Layer], ceiling: Ceiling, revision: int) -> Res
         revision=revision,
         account_order=None if account_order is None else tuple(account_order),
         providers=None if providers is None else tuple(providers),
-        fallback_on=fallback_on, max_fallback_hops=hops, model_classes=classes,
-        provenance=provenance, locked_by=locked_by, vetoed=vetoed, ceilinged=ceilinged,
+        fallback_on=fallback_on,
+        max_fallback_hops=hops,
+        model_classes=classes,
+        provenance=provenance,
+        locked_by=locked_by,
+        vetoed=vetoed,
+        ceilinged=ceilinged,
         min_headroom_percent=0 if floor is None else floor,
-        budgets=budgets_of((layer.label, layer.document.budgets) for layer in layers))
+        budgets=budgets_of((layer.label, layer.document.budgets) for layer in layers),
+    )
 
 
-def _under_ceiling(chosen_on: Sequence[str] | None, chosen_hops: int | None,
-                   ceiling: Ceiling) -> tuple[frozenset[Condition], int, tuple[str, ...]]:
+def _under_ceiling(
+    chosen_on: Sequence[str] | None, chosen_hops: int | None, ceiling: Ceiling
+) -> tuple[frozenset[Condition], int, tuple[str, ...]]:
     """The platform ceiling prunes `fallback_on` and caps the hops; it never extends either.
     Unset, each is the ceiling itself. Also names the fields whose chosen value it cut."""
     cut: list[str] = []
@@ -232,6 +250,7 @@ def _fold_model_classes(eligible: Sequence[Layer]) -> tuple[dict[str, dict[str, 
     return classes, provenance
 
 
-def resolve(state: PolicyState, repo_slug: str, worker_role: str | None, ceiling: Ceiling,
-            revision: int) -> ResolvedPolicy:
+def resolve(
+    state: PolicyState, repo_slug: str, worker_role: str | None, ceiling: Ceiling, revision: int
+) -> ResolvedPolicy:
     return fold_policy(layers_for(state, repo_slug, worker_role), ceiling, revision)

@@ -69,14 +69,15 @@ Short = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 ShortList = Annotated[tuple[Short, ...], msgspec.Meta(max_length=MAX_LIST)]
 Hops = Annotated[int, msgspec.Meta(ge=0, le=16)]
 HeadroomPercent = Annotated[int, msgspec.Meta(ge=0, le=50)]
-ModelClasses = Annotated[dict[Short, Annotated[dict[Short, Short], msgspec.Meta(max_length=8)]],
-                         msgspec.Meta(max_length=64)]
+ModelClasses = Annotated[
+    dict[Short, Annotated[dict[Short, Short], msgspec.Meta(max_length=8)]], msgspec.Meta(max_length=64)
+]
 
 
 class Level(msgspec.Struct, frozen=True, kw_only=True):
     kind: LevelKind
-    tenant: str | None = None        # org_id, team_id or repo_slug
-    worker_role: str | None = None   # binding levels only
+    tenant: str | None = None  # org_id, team_id or repo_slug
+    worker_role: str | None = None  # binding levels only
 
     @property
     def label(self) -> str:
@@ -105,8 +106,7 @@ def parse_level(name: str) -> Level | None:
     return None
 
 
-class LevelDocument(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
-                    omit_defaults=True):
+class LevelDocument(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """One level's document, as stored. Strings are checked by `check_document`, not by type,
     so that a refusal can name every unknown value at once."""
 
@@ -117,8 +117,8 @@ class LevelDocument(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     model_classes: ModelClasses | None = None
     min_headroom_percent: HeadroomPercent | None = None
     locks: ShortList = ()
-    teams: ShortList | None = None   # org documents only
-    repos: ShortList | None = None   # team documents only
+    teams: ShortList | None = None  # org documents only
+    repos: ShortList | None = None  # team documents only
     budgets: Annotated[tuple[BudgetEntry, ...], msgspec.Meta(max_length=MAX_LIST)] | None = None
 
     def sets(self, field: PolicyField) -> bool:
@@ -136,7 +136,7 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Checked(msgspec.Struct, frozen=True, kw_only=True):
-    document: LevelDocument | None     # None when any finding was made
+    document: LevelDocument | None  # None when any finding was made
     findings: tuple[Finding, ...] = ()
 
 
@@ -150,8 +150,12 @@ def allowed_fields(kind: LevelKind) -> frozenset[str]:
 def check_document(level: Level, raw: Any, known_accounts: Iterable[str]) -> Checked:
     """Validate one document for `level`; every finding names what it refuses."""
     if not isinstance(raw, dict):
-        return Checked(document=None, findings=(Finding(field="document", problem=Problem.INVALID_VALUE,
-                                                        detail="the document must be a JSON object"),))
+        return Checked(
+            document=None,
+            findings=(
+                Finding(field="document", problem=Problem.INVALID_VALUE, detail="the document must be a JSON object"),
+            ),
+        )
     allowed = allowed_fields(level.kind)
     findings: list[Finding] = []
     unknown = sorted(str(k) for k in raw if k not in allowed)
@@ -182,8 +186,11 @@ def _duplicates(field: str, values: Sequence[str] | None) -> list[Finding]:
 
 def _malformed(field: str, values: Iterable[str], pattern: re.Pattern[str]) -> list[Finding]:
     bad = tuple(v for v in values if not pattern.match(v))
-    return [Finding(field=field, problem=Problem.INVALID_VALUE, names=bad,
-                    detail=f"must match {pattern.pattern}")] if bad else []
+    return (
+        [Finding(field=field, problem=Problem.INVALID_VALUE, names=bad, detail=f"must match {pattern.pattern}")]
+        if bad
+        else []
+    )
 
 
 def _value_findings(doc: LevelDocument, accounts: frozenset[str]) -> list[Finding]:
@@ -195,8 +202,9 @@ def _value_findings(doc: LevelDocument, accounts: frozenset[str]) -> list[Findin
     found += _unknown("locks", Problem.UNKNOWN_LOCK, doc.locks, [str(f) for f in PolicyField])
     classes = doc.model_classes or {}
     found += _malformed("model_classes", classes, CLASS_RE)
-    found += _unknown("model_classes", Problem.UNKNOWN_BINDING,
-                      [b for by_binding in classes.values() for b in by_binding], bindings)
+    found += _unknown(
+        "model_classes", Problem.UNKNOWN_BINDING, [b for by_binding in classes.values() for b in by_binding], bindings
+    )
     found += _malformed("teams", doc.teams or (), TENANT_ID_RE)
     found += _malformed("repos", doc.repos or (), REPO_SLUG_RE)
     for name in ("account_order", "providers", "fallback_on", "locks", "teams", "repos"):
@@ -205,8 +213,13 @@ def _value_findings(doc: LevelDocument, accounts: frozenset[str]) -> list[Findin
 
 
 def _budget_findings(found: EntryProblems) -> list[Finding]:
-    checks = ((found.unknown_windows, Problem.INVALID_VALUE, "window must be " + " | ".join(WINDOWS)),
-              (found.bad_usd, Problem.INVALID_VALUE, "usd must be a number above 0"),
-              (found.duplicates, Problem.DUPLICATE_ENTRY, "at most one budget per window"))
-    return [Finding(field="budgets", problem=problem, names=names, detail=detail)
-            for names, problem, detail in checks if names]
+    checks = (
+        (found.unknown_windows, Problem.INVALID_VALUE, "window must be " + " | ".join(WINDOWS)),
+        (found.bad_usd, Problem.INVALID_VALUE, "usd must be a number above 0"),
+        (found.duplicates, Problem.DUPLICATE_ENTRY, "at most one budget per window"),
+    )
+    return [
+        Finding(field="budgets", problem=problem, names=names, detail=detail)
+        for names, problem, detail in checks
+        if names
+    ]

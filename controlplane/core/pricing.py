@@ -33,7 +33,7 @@ class PriceTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     price: tuple[Price, ...]
 
 
-PRICE_KINDS = ("input", "output", "cache_read", "cache_creation")   # USD per million tokens
+PRICE_KINDS = ("input", "output", "cache_read", "cache_creation")  # USD per million tokens
 PRICE_FIELDS = frozenset(("models", *PRICE_KINDS))
 MAX_PATTERN = 256
 
@@ -92,8 +92,7 @@ def check_price_entries(raw: Any, source: str) -> tuple[tuple[Price, ...], tuple
         found = _entry_problems(entry)
         problems += [f"{source}: price[{index}]{label}: {p}" for p in found]
         if not found:
-            prices.append(Price(models=tuple(entry["models"]),
-                                **{kind: float(entry[kind]) for kind in PRICE_KINDS}))
+            prices.append(Price(models=tuple(entry["models"]), **{kind: float(entry[kind]) for kind in PRICE_KINDS}))
     return (tuple(prices), ()) if not problems else ((), tuple(problems))
 
 
@@ -135,8 +134,13 @@ GENERATING_PATHS = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/respo
 NOT_BILLED_PATHS = frozenset({"/v1/messages/count_tokens", "/v1/models"})
 
 
-def cost_of(price_of: Callable[[str], Price | None], model: str | None, usage: Usage | None,
-            path: str | None = None, http_status: int | None = None) -> tuple[float | None, CostReason]:
+def cost_of(
+    price_of: Callable[[str], Price | None],
+    model: str | None,
+    usage: Usage | None,
+    path: str | None = None,
+    http_status: int | None = None,
+) -> tuple[float | None, CostReason]:
     """`price_of` is a `PriceLookup` (or any model → price function). SPEC §19: `count_tokens`
     and `/v1/models` cost $0 (`not-billed`), never unpriced; a 2xx answer of a generating path
     that carries no usage (a stream asked without `include_usage`, a body the observer could not

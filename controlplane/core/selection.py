@@ -31,8 +31,8 @@ class LiveFacts(msgspec.Struct, frozen=True, kw_only=True):
     administrative_state: AdminState = AdminState.ENABLED
     circuit_admits: bool = True
     lease_room: bool = True
-    headroom_low: bool = False    # below the policy's min_headroom_percent now (SPEC §22)
-    headroom_lifts_at_ms: int | None = None   # when that skip lifts by itself (its Retry-After)
+    headroom_low: bool = False  # below the policy's min_headroom_percent now (SPEC §22)
+    headroom_lifts_at_ms: int | None = None  # when that skip lifts by itself (its Retry-After)
 
 
 class Skipped(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,7 +44,7 @@ class Skipped(msgspec.Struct, frozen=True, kw_only=True):
 class Selection(msgspec.Struct, frozen=True, kw_only=True):
     chosen: Candidate | None
     skipped: tuple[Skipped, ...]
-    refusal: Refusal | None   # None when chosen; else no-eligible-account / fallback-pool-exhausted
+    refusal: Refusal | None  # None when chosen; else no-eligible-account / fallback-pool-exhausted
 
 
 # SPEC §6's live filters, in order: the one table both selection (the first that hits) and
@@ -69,8 +69,7 @@ def rule_out(facts: LiveFacts) -> Skip | None:
     return next((code for code, hits in LIVE_FILTERS if hits(facts)), None)
 
 
-def select_account(candidates: tuple[Candidate, ...], live: dict[str, LiveFacts],
-                   start_position: int) -> Selection:
+def select_account(candidates: tuple[Candidate, ...], live: dict[str, LiveFacts], start_position: int) -> Selection:
     if start_position >= len(candidates):
         return Selection(chosen=None, skipped=(), refusal=Refusal.FALLBACK_POOL_EXHAUSTED)
     skipped: list[Skipped] = []

@@ -31,7 +31,7 @@ from shared.wire import Usage
 
 COST, ATTEMPTS, UNPRICED, INPUT, OUTPUT, CACHE_READ, CACHE_CREATION = range(7)
 CELL_SIZE = 7
-Cell = list[float]   # [cost_usd, attempts, unpriced_attempts, input, output, cache_read, cache_creation]
+Cell = list[float]  # [cost_usd, attempts, unpriced_attempts, input, output, cache_read, cache_creation]
 Key = str | None
 
 
@@ -89,18 +89,29 @@ class SpendRow(Protocol):
     def usage(self) -> Usage | None: ...
 
 
-UNPRICED_REASON = "unpriced"   # `CostReason.UNPRICED` as the row spells it
+UNPRICED_REASON = "unpriced"  # `CostReason.UNPRICED` as the row spells it
 
 
 def combo_of(row: SpendRow) -> Combo:
     role = row.worker_role
-    return (row.repo_slug, None if role is None else f"{row.repo_slug}#{role}", row.account_id,
-            row.served_model or row.requested_model, row.principal_id)
+    return (
+        row.repo_slug,
+        None if role is None else f"{row.repo_slug}#{role}",
+        row.account_id,
+        row.served_model or row.requested_model,
+        row.principal_id,
+    )
 
 
 def dim_keys(combo: Combo) -> tuple[tuple[Dim, Key], ...]:
-    return ((Dim.PLATFORM, ""), (Dim.REPO, combo[0]), (Dim.BINDING, combo[1]), (Dim.ACCOUNT, combo[2]),
-            (Dim.MODEL, combo[3]), (Dim.PRINCIPAL, combo[4]))
+    return (
+        (Dim.PLATFORM, ""),
+        (Dim.REPO, combo[0]),
+        (Dim.BINDING, combo[1]),
+        (Dim.ACCOUNT, combo[2]),
+        (Dim.MODEL, combo[3]),
+        (Dim.PRINCIPAL, combo[4]),
+    )
 
 
 def add_cell(into: Cell, cell: Cell) -> None:
@@ -155,18 +166,23 @@ class SpendFold:
         """Account one terminal row; False (nothing counted) when its `finished_at` is no instant."""
         stamp = row.finished_at
         hour = self.open_hour
-        if stamp is None or stamp[:13] != hour or stamp[-1:] != "Z":   # not the hour in progress
+        if stamp is None or stamp[:13] != hour or stamp[-1:] != "Z":  # not the hour in progress
             hour = hour_key(stamp)
             if hour is None:
                 return False
             if self.open_hour is not None and hour < self.open_hour:
-                self._add_late(hour, row)   # a late row of an hour already rolled up
+                self._add_late(hour, row)  # a late row of an hour already rolled up
                 return True
             self.settle()
             self.open_hour = hour
         role = row.worker_role
-        combo = (row.repo_slug, None if role is None else f"{row.repo_slug}#{role}",
-                 row.account_id, row.served_model or row.requested_model, row.principal_id)
+        combo = (
+            row.repo_slug,
+            None if role is None else f"{row.repo_slug}#{role}",
+            row.account_id,
+            row.served_model or row.requested_model,
+            row.principal_id,
+        )
         cell = self.fine.get(combo)
         if cell is None:
             cell = self.fine[combo] = [0.0, 0, 0, 0, 0, 0, 0]

@@ -72,13 +72,21 @@ def usd(value: float) -> float:
 
 
 def totals_of(cell: Cell) -> Totals:
-    return Totals(cost_usd=usd(cell[COST]), attempts=int(cell[ATTEMPTS]), unpriced_attempts=int(cell[UNPRICED]),
-                  usage=_usage_of(cell))
+    return Totals(
+        cost_usd=usd(cell[COST]),
+        attempts=int(cell[ATTEMPTS]),
+        unpriced_attempts=int(cell[UNPRICED]),
+        usage=_usage_of(cell),
+    )
 
 
 def _usage_of(cell: Cell) -> Usage:
-    return Usage(input_tokens=int(cell[INPUT]), output_tokens=int(cell[OUTPUT]),
-                 cache_read_tokens=int(cell[CACHE_READ]), cache_creation_tokens=int(cell[CACHE_CREATION]))
+    return Usage(
+        input_tokens=int(cell[INPUT]),
+        output_tokens=int(cell[OUTPUT]),
+        cache_read_tokens=int(cell[CACHE_READ]),
+        cache_creation_tokens=int(cell[CACHE_CREATION]),
+    )
 
 
 def _sum(cells: Iterable[Cell]) -> Cell:
@@ -124,8 +132,13 @@ def chain_of(repo: str, role: str | None, tenancy: TenancyMap) -> tuple[str, ...
     return tuple(labels)
 
 
-_KEPT: Mapping[By, Dim] = {By.REPO: Dim.REPO, By.BINDING: Dim.BINDING, By.ACCOUNT: Dim.ACCOUNT,
-                           By.MODEL: Dim.MODEL, By.PRINCIPAL: Dim.PRINCIPAL}
+_KEPT: Mapping[By, Dim] = {
+    By.REPO: Dim.REPO,
+    By.BINDING: Dim.BINDING,
+    By.ACCOUNT: Dim.ACCOUNT,
+    By.MODEL: Dim.MODEL,
+    By.PRINCIPAL: Dim.PRINCIPAL,
+}
 
 
 def spend_entries(fold: SpendCells, window_key: str, by: By, tenancy: TenancyMap) -> list[SpendEntry]:
@@ -137,7 +150,14 @@ def spend_entries(fold: SpendCells, window_key: str, by: By, tenancy: TenancyMap
         grouped = {}
         for repo, cell in fold.cells(window_key, Dim.REPO).items():
             add_cell(grouped.setdefault(owner(str(repo)), [0.0, 0, 0, 0, 0, 0, 0]), cell)
-    entries = [SpendEntry(key=key, cost_usd=usd(cell[COST]), attempts=int(cell[ATTEMPTS]),
-                          unpriced_attempts=int(cell[UNPRICED]), usage=_usage_of(cell))
-               for key, cell in grouped.items()]
+    entries = [
+        SpendEntry(
+            key=key,
+            cost_usd=usd(cell[COST]),
+            attempts=int(cell[ATTEMPTS]),
+            unpriced_attempts=int(cell[UNPRICED]),
+            usage=_usage_of(cell),
+        )
+        for key, cell in grouped.items()
+    ]
     return sorted(entries, key=lambda e: (-e.cost_usd, -e.attempts, e.key is None, e.key or ""))

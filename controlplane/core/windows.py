@@ -28,8 +28,15 @@ def hour_key(stamp: str | None) -> str | None:
     """`YYYY-MM-DDTHH` (UTC) of an ISO 8601 stamp, or None when it spells no instant."""
     if stamp is None:
         return None
-    if (len(stamp) >= 20 and stamp[-1] == "Z" and stamp[4] == "-" and stamp[7] == "-"
-            and stamp[10] == "T" and stamp[13] == ":" and stamp[:4].isdigit()):
+    if (
+        len(stamp) >= 20
+        and stamp[-1] == "Z"
+        and stamp[4] == "-"
+        and stamp[7] == "-"
+        and stamp[10] == "T"
+        and stamp[13] == ":"
+        and stamp[:4].isdigit()
+    ):
         return stamp[:13]
     try:
         moment = datetime.fromisoformat(stamp)
@@ -42,7 +49,7 @@ def hour_key(stamp: str | None) -> str | None:
 
 def key_of(window: Window, hour: str) -> str:
     """The key of the `window` that holds the hour `hour` (a key of `hour_key`)."""
-    return hour[:KEY_LENGTH[window]]
+    return hour[: KEY_LENGTH[window]]
 
 
 def key_at(window: Window, at_ms: int) -> str:

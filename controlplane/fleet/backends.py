@@ -1,4 +1,4 @@
-"""What `controlplane.main.wire` hands the service, the desk and the stores: the shared state's
+"""What `controlplane.wiring.wire` hands the service, the desk and the stores: the shared state's
 homes (SPEC §16), and embedded mode's in-process ones.
 
 Fleet mode's Redis homes are built by `controlplane/fleet/wiring.fleet`, which `main` imports
@@ -34,20 +34,25 @@ class Backends(msgspec.Struct, frozen=True, kw_only=True):
     lease_capacity: CapacityStore
     decisions: DecisionStore
     circuits: Callable[[int, OnTransition], CircuitRegistry]
-    admin_chain: ChainStorage | None = None      # None: the state dir's files
+    admin_chain: ChainStorage | None = None  # None: the state dir's files
     policy_chain: ChainStorage | None = None
-    chain_recent_s: float | None = None          # None: every loop read asks the (local) storage
+    chain_recent_s: float | None = None  # None: every loop read asks the (local) storage
     # fleet mode: `controlplane.fleet.wiring.FleetBackends` (not named here: wiring imports this)
     fleet: Any = None
 
 
 def embedded(settings: Settings, keys: KeyTable) -> Backends:
-    """The in-process tables: one host, nothing shared. The decision table keeps its live leases'
-    decisions in the same journal as fleet mode (SPEC §5), replayed here for the leases the key
-    table restored (it is loaded before `wire`)."""
+    """The in-process tables: one host, nothing shared. The decision table keeps the decisions of
+    its live leases and of its leases ended within the hour in the same journal as fleet mode
+    (SPEC §5), replayed here for the leases the key table restored, and for those it found
+    expired (it is loaded before `wire`)."""
     journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
     decisions = JournalledDecisions(LeaseDecisions(journal, keys.get))
-    decisions.restore(keys.all())
-    return Backends(lease_capacity=LocalCapacity(), decisions=decisions,
-                    circuits=lambda cooldown_s, on_transition: CircuitRegistry(LocalCircuits(), cooldown_s,
-                                                                               on_transition=on_transition))
+    decisions.restore(keys.all(), keys.expired_at_load)
+    return Backends(
+        lease_capacity=LocalCapacity(),
+        decisions=decisions,
+        circuits=lambda cooldown_s, on_transition: CircuitRegistry(
+            LocalCircuits(), cooldown_s, on_transition=on_transition
+        ),
+    )

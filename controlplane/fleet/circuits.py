@@ -47,11 +47,11 @@ if ARGV[4] == '1' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1]
 return 1
 """
 
-UNVERIFIED_OPEN_MS = 60_000   # how long a circuit that does not verify reads open (then half-open)
+UNVERIFIED_OPEN_MS = 60_000  # how long a circuit that does not verify reads open (then half-open)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(rules.Circuit).decode
-_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode   # (mac, the circuit's bytes)
+_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode  # (mac, the circuit's bytes)
 
 
 def encode_circuit(state: rules.Circuit) -> bytes:
@@ -62,11 +62,17 @@ def encode_circuit(state: rules.Circuit) -> bytes:
 class RedisCircuits:
     """The `CircuitStore` for a fleet."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, *, entries: FleetEntries,
-                 unverified_open_ms: int = UNVERIFIED_OPEN_MS) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        *,
+        entries: FleetEntries,
+        unverified_open_ms: int = UNVERIFIED_OPEN_MS,
+    ) -> None:
         self.client = client
         self.keys = keys
-        self.entries = entries   # SPEC §19: what is stored, MAC'd; what is read, checked and counted
+        self.entries = entries  # SPEC §19: what is stored, MAC'd; what is read, checked and counted
         self.unverified_open_ms = unverified_open_ms
         self._swap = client.register_script(SWAP)
         self._read: dict[str, tuple[rules.Circuit, bytes]] = {}  # account -> last load (one each)
@@ -102,8 +108,12 @@ class RedisCircuits:
         if held is not None and held[0] == raw:
             return held[1]
         at = now_ms()
-        state = rules.Circuit(phase=CircuitPhase.OPEN, opened_at_ms=at, retry_at_ms=at + self.unverified_open_ms,
-                              open_ms=self.unverified_open_ms)
+        state = rules.Circuit(
+            phase=CircuitPhase.OPEN,
+            opened_at_ms=at,
+            retry_at_ms=at + self.unverified_open_ms,
+            open_ms=self.unverified_open_ms,
+        )
         self._unverified[account_id] = (raw, state)
         return state
 
@@ -125,7 +135,13 @@ class RedisCircuits:
         comparand = last[1] if last is not None and last[0] == expected else self.signed(account_id, expected)
         closed_new = new == rules.CLOSED
         with guard("circuit swap"):
-            swapped = await self._swap(keys=[self.keys.circuit(account_id)], args=[
-                comparand, "1" if expected == rules.CLOSED else "0",
-                b"" if closed_new else self.signed(account_id, new), "1" if closed_new else "0"])
+            swapped = await self._swap(
+                keys=[self.keys.circuit(account_id)],
+                args=[
+                    comparand,
+                    "1" if expected == rules.CLOSED else "0",
+                    b"" if closed_new else self.signed(account_id, new),
+                    "1" if closed_new else "0",
+                ],
+            )
         return swapped == 1

@@ -51,10 +51,10 @@ from shared.logging import get_logger
 
 log = get_logger("fleet")
 
-DECISION_TTL_S = 86_400 + 3_600   # the longest lease (86,400 s) and an hour to cite its end
-REFUSED_TTL_S = 3_600             # a refused decision is cited only to be refused again
-EVIDENCE_CAP = 1_024              # a fallback needs one qualifying terminal; keep the newest
-NO_CONDITION = "-"                # a non-qualifying terminal in the evidence list
+DECISION_TTL_S = 86_400 + 3_600  # the longest lease (86,400 s) and an hour to cite its end
+REFUSED_TTL_S = 3_600  # a refused decision is cited only to be refused again
+EVIDENCE_CAP = 1_024  # a fallback needs one qualifying terminal; keep the newest
+NO_CONDITION = "-"  # a non-qualifying terminal in the evidence list
 
 # KEYS: decision, evidence; ARGV: condition, cap. Appends only to a kept decision; the list
 # lives exactly as long as its decision.
@@ -126,12 +126,19 @@ return 1
 class RedisDecisions:
     """The `DecisionStore` for a fleet."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, *, entries: FleetEntries,
-                 ttl_s: float = DECISION_TTL_S, refused_ttl_s: float = REFUSED_TTL_S) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        *,
+        entries: FleetEntries,
+        ttl_s: float = DECISION_TTL_S,
+        refused_ttl_s: float = REFUSED_TTL_S,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.entries = entries
-        self._sign = SignedDecisions(keys, entries)   # SPEC §19
+        self._sign = SignedDecisions(keys, entries)  # SPEC §19
         self.ttl_ms = int(ttl_s * 1000)
         self.refused_ttl_ms = int(refused_ttl_s * 1000)
         self._add_evidence = client.register_script(ADD_EVIDENCE)
@@ -144,15 +151,19 @@ class RedisDecisions:
         k = self.keys
         with guard("decision record"):
             if decision.key_id is None:
-                await self.client.set(k.refused(decision.mint_decision_id),
-                                      self._sign.tagged(decision.mint_decision_id, str(decision.outcome)),
-                                      px=self.refused_ttl_ms)
+                await self.client.set(
+                    k.refused(decision.mint_decision_id),
+                    self._sign.tagged(decision.mint_decision_id, str(decision.outcome)),
+                    px=self.refused_ttl_ms,
+                )
                 return
             key_id = decision.key_id
             if decision.skipped:  # answered and logged with the decision; not needed again
                 decision = msgspec.structs.replace(decision, skipped=())
-            await self._record(keys=[k.decision(decision.mint_decision_id), k.decision_of_key(key_id)],
-                               args=[self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms])
+            await self._record(
+                keys=[k.decision(decision.mint_decision_id), k.decision_of_key(key_id)],
+                args=[self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms],
+            )
 
     async def get(self, mint_decision_id: str) -> Decision | None:
         with guard("decision get"):
@@ -184,8 +195,11 @@ class RedisDecisions:
         with guard("decision evidence"):
             await self._add_evidence(
                 keys=[self.keys.decision(mint_decision_id), self.keys.evidence(mint_decision_id)],
-                args=[self._sign.tagged(mint_decision_id, NO_CONDITION if condition is None else str(condition)),
-                      EVIDENCE_CAP])
+                args=[
+                    self._sign.tagged(mint_decision_id, NO_CONDITION if condition is None else str(condition)),
+                    EVIDENCE_CAP,
+                ],
+            )
 
     async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
         with guard("decision evidence read"):
@@ -202,19 +216,21 @@ class RedisDecisions:
                 self.entries.reject(EntryKind.DECISION, where, Why.RANGE)
         return tuple(found)
 
-    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *,
-                         allowing: str | None = None) -> bool:
+    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
         return await self._live(key_id, repo_slug, dispatch_id, allowing, check=True)
 
     async def note_live(self, key_id: str, repo_slug: str, dispatch_id: str) -> None:
         await self._live(key_id, repo_slug, dispatch_id, None, check=False)
 
-    async def _live(self, key_id: str, repo_slug: str, dispatch_id: str, allowing: str | None,
-                    *, check: bool) -> bool:
+    async def _live(self, key_id: str, repo_slug: str, dispatch_id: str, allowing: str | None, *, check: bool) -> bool:
         with guard("decision live claim"):
-            return await self._claim_live(
-                keys=[self.keys.live(repo_slug, dispatch_id), self.keys.live_of_key(key_id)],
-                args=[key_id, allowing or "", self.ttl_ms, "1" if check else "0"]) == 1
+            return (
+                await self._claim_live(
+                    keys=[self.keys.live(repo_slug, dispatch_id), self.keys.live_of_key(key_id)],
+                    args=[key_id, allowing or "", self.ttl_ms, "1" if check else "0"],
+                )
+                == 1
+            )
 
     async def end_key(self, key_id: str) -> None:
         with guard("decision end key"):
@@ -263,7 +279,9 @@ class RedisDecisions:
                 for group in groups:
                     await self._reregister_live(
                         keys=[k.live(group.repo_slug, group.dispatch_id), *map(k.live_of_key, group.key_ids)],
-                        args=[self.ttl_ms, k.cap(Ceiling.LEASE), host_id, *group.key_ids], client=pipe)
+                        args=[self.ttl_ms, k.cap(Ceiling.LEASE), host_id, *group.key_ids],
+                        client=pipe,
+                    )
                 answers = await pipe.execute()
         return sorted(key for group, answer in zip(groups, answers) if answer != 1 for key in group.key_ids)
 

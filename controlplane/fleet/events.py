@@ -38,32 +38,32 @@ from shared.logging import get_logger
 log = get_logger("fleet")
 
 FANNED_OUT = frozenset({EventKind.ACCOUNT_STATE, EventKind.CIRCUIT, EventKind.POLICY})
-ACK_TIMEOUT_S = 5.0          # SPEC §16: revoke-leases names any host that did not ack within 5 s
-ACK_TTL_MS = 60_000          # an acknowledgement set outlives its requester's wait
-STREAM_MAXLEN = 1_000        # requests kept for a host that reconnects (approximate trim)
-BLOCK_MS = 250               # a stream read waits this long (below the client's socket timeout)
-RETRY_S = 0.5                # a listener that lost Redis tries again this often
+ACK_TIMEOUT_S = 5.0  # SPEC §16: revoke-leases names any host that did not ack within 5 s
+ACK_TTL_MS = 60_000  # an acknowledgement set outlives its requester's wait
+STREAM_MAXLEN = 1_000  # requests kept for a host that reconnects (approximate trim)
+BLOCK_MS = 250  # a stream read waits this long (below the client's socket timeout)
+RETRY_S = 0.5  # a listener that lost Redis tries again this often
 
 
 class FleetEvent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kind: EventKind
-    host_id: str                 # the host that published it
+    host_id: str  # the host that published it
     data: dict[str, Any]
-    mac: str = ""                # SPEC §19: over kind, host and the data's canonical JSON
+    mac: str = ""  # SPEC §19: over kind, host and the data's canonical JSON
 
 
 class RevokeRequest(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     account_id: str
     from_host: str
-    at_ms: int = 0               # Redis's clock at the request (the stream entry's id)
+    at_ms: int = 0  # Redis's clock at the request (the stream entry's id)
 
 
 class RevokeAnswer(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     acked: tuple[str, ...]
-    missing: tuple[str, ...]     # live hosts that did not acknowledge within the bound
-    revoked: int = 0             # leases ended, summed over the hosts that acknowledged
+    missing: tuple[str, ...]  # live hosts that did not acknowledge within the bound
+    revoked: int = 0  # leases ended, summed over the hosts that acknowledged
 
 
 _encode = msgspec.json.Encoder().encode
@@ -72,7 +72,7 @@ _decode_event = msgspec.json.Decoder(FleetEvent).decode
 REQUEST_ID = re.compile(r"^rv-[0-9a-f]{16}$")
 HOST_ID = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 REQUEST_FIELDS = frozenset({b"request_id", b"account_id", b"from_host", b"mac"})
-ID_MAX = 256                 # an account id longer than this is not one
+ID_MAX = 256  # an account id longer than this is not one
 
 
 def _event_fields(event: FleetEvent) -> list[Any]:
@@ -136,8 +136,7 @@ class FleetEvents:
             return None
         return event
 
-    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]], *,
-                  ready: asyncio.Event | None = None) -> None:
+    async def run(self, handle: Callable[[FleetEvent], Awaitable[None]], *, ready: asyncio.Event | None = None) -> None:
         """Hand every other host's event to `handle`, resubscribing after an outage; `ready` is
         set once the first subscription is confirmed."""
         while True:
@@ -151,15 +150,23 @@ class FleetEvents:
 
 
 class FleetRevocations:
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, *, entries: FleetEntries,
-                 ack_timeout_s: float = ACK_TIMEOUT_S, block_ms: int = BLOCK_MS) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        host_id: str,
+        *,
+        entries: FleetEntries,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
+        block_ms: int = BLOCK_MS,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.host_id = host_id
         self.entries = entries
         self.ack_timeout_s = ack_timeout_s
         self.block_ms = block_ms
-        self.position: str | None = None   # the last request `serve` handled (a restart resumes there)
+        self.position: str | None = None  # the last request `serve` handled (a restart resumes there)
 
     async def request(self, account_id: str, hosts: Collection[str]) -> RevokeAnswer:
         """Ask every host to end the account's leases; wait until each of `hosts` (the live
@@ -171,9 +178,12 @@ class FleetRevocations:
             await subscribe(pubsub, self.keys.revoke_acked)  # before the request: no wake-up lost
             with guard("fleet revoke request"):
                 tag = self.entries.mac(EntryKind.REVOKE, [request_id, account_id, self.host_id])
-                await self.client.xadd(self.keys.revoke, {"request_id": request_id, "account_id": account_id,
-                                                          "from_host": self.host_id, "mac": tag},
-                                       maxlen=STREAM_MAXLEN, approximate=True)
+                await self.client.xadd(
+                    self.keys.revoke,
+                    {"request_id": request_id, "account_id": account_id, "from_host": self.host_id, "mac": tag},
+                    maxlen=STREAM_MAXLEN,
+                    approximate=True,
+                )
                 deadline = time.monotonic() + self.ack_timeout_s
                 while True:
                     counts = self._acks_of(request_id, await self.client.hgetall(acks_key))
@@ -187,8 +197,12 @@ class FleetRevocations:
                 await pubsub.aclose()
             except Exception:
                 pass
-        return RevokeAnswer(request_id=request_id, acked=tuple(sorted(acked)),
-                            missing=tuple(sorted(set(hosts) - acked)), revoked=sum(counts.values()))
+        return RevokeAnswer(
+            request_id=request_id,
+            acked=tuple(sorted(acked)),
+            missing=tuple(sorted(set(hosts) - acked)),
+            revoked=sum(counts.values()),
+        )
 
     async def requests_since(self, at_ms: int) -> list[RevokeRequest]:
         """The requests still in the stream made at or after `at_ms` (Redis's clock): what a
@@ -198,8 +212,13 @@ class FleetRevocations:
         requests = (self._request_of(entry_id.decode(), fields) for entry_id, fields in entries)
         return [request for request in requests if request is not None]
 
-    async def serve(self, handle: Callable[[RevokeRequest], Awaitable[int | None]], *,
-                    ready: asyncio.Event | None = None, after: str | None = None) -> None:
+    async def serve(
+        self,
+        handle: Callable[[RevokeRequest], Awaitable[int | None]],
+        *,
+        ready: asyncio.Event | None = None,
+        after: str | None = None,
+    ) -> None:
         """Run `handle` for every request from now on (or after the entry `after`; this host's
         own included) and acknowledge each it completed (with the leases it ended); after an
         outage, go on from the last request handled."""
@@ -236,8 +255,12 @@ class FleetRevocations:
                 try:
                     ended = await handle(request)
                 except Exception as exc:  # not acknowledged: the requester names this host
-                    log.error("fleet_revoke_failed", request_id=request.request_id,
-                              account_id=request.account_id, error=repr(exc))
+                    log.error(
+                        "fleet_revoke_failed",
+                        request_id=request.request_id,
+                        account_id=request.account_id,
+                        error=repr(exc),
+                    )
                     continue
                 await self._ack(request.request_id, ended or 0)
         return last_id
@@ -252,15 +275,15 @@ class FleetRevocations:
                 pipe.publish(self.keys.revoke_acked, request_id)
                 await pipe.execute()
 
-
     def _request_of(self, entry_id: str, fields: dict[bytes, bytes]) -> RevokeRequest | None:
         """A stream entry as a request of the fleet, or None (rejected: logged once, counted)."""
         where = f"{self.keys.revoke}#{entry_id}"
         try:
             if set(fields) != REQUEST_FIELDS:
                 raise ValueError("fields")
-            request_id, account_id, from_host, tag = (fields[name].decode() for name in
-                                                      (b"request_id", b"account_id", b"from_host", b"mac"))
+            request_id, account_id, from_host, tag = (
+                fields[name].decode() for name in (b"request_id", b"account_id", b"from_host", b"mac")
+            )
             at_ms = int(entry_id.split("-")[0])
         except (ValueError, TypeError, AttributeError):  # a UnicodeDecodeError is a ValueError
             self.entries.reject(EntryKind.REVOKE, where, Why.DECODE)

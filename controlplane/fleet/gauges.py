@@ -25,7 +25,7 @@ class FleetGauges:
 
     def __init__(self, source: FleetSource, entries: FleetEntries | None = None) -> None:
         self.source = source
-        self.entries = entries   # fleet mode: what this host rejected of what it read (SPEC §19)
+        self.entries = entries  # fleet mode: what this host rejected of what it read (SPEC §19)
         self.last: FleetSnapshot | None = None
 
     async def refresh(self) -> None:
@@ -38,17 +38,23 @@ class FleetGauges:
         snap = self.last
         if snap is None:
             return
-        yield GaugeMetricFamily("leasehold_fleet_hosts_live", "Hosts of the fleet with a live heartbeat.",
-                                value=snap.hosts_live)
-        yield GaugeMetricFamily("leasehold_fleet_state_available",
-                                "1 while this host can rely on the fleet's shared state.",
-                                value=1 if snap.state == FleetState.AVAILABLE else 0)
-        yield GaugeMetricFamily("leasehold_fleet_writes_owed",
-                                "Writes to the fleet's Redis kept until it answers again.", value=snap.writes_owed)
-        leases = GaugeMetricFamily("leasehold_fleet_host_leases", "Live leases held by each host.",
-                                   labels=["host_id"])
-        flight = GaugeMetricFamily("leasehold_fleet_host_in_flight", "Attempts in flight on each host.",
-                                   labels=["host_id"])
+        yield GaugeMetricFamily(
+            "leasehold_fleet_hosts_live", "Hosts of the fleet with a live heartbeat.", value=snap.hosts_live
+        )
+        yield GaugeMetricFamily(
+            "leasehold_fleet_state_available",
+            "1 while this host can rely on the fleet's shared state.",
+            value=1 if snap.state == FleetState.AVAILABLE else 0,
+        )
+        yield GaugeMetricFamily(
+            "leasehold_fleet_writes_owed",
+            "Writes to the fleet's Redis kept until it answers again.",
+            value=snap.writes_owed,
+        )
+        leases = GaugeMetricFamily("leasehold_fleet_host_leases", "Live leases held by each host.", labels=["host_id"])
+        flight = GaugeMetricFamily(
+            "leasehold_fleet_host_in_flight", "Attempts in flight on each host.", labels=["host_id"]
+        )
         totals: dict[str, list[int]] = {h.host_id: [0, 0] for h in snap.hosts}
         for rows in snap.accounts.values():
             for row in rows:
@@ -61,16 +67,20 @@ class FleetGauges:
         yield leases
         yield flight
         if snap.loops:
-            restarts = CounterMetricFamily("leasehold_fleet_loop_restarts",
-                                           "Unexpected ends of a supervised Redis loop (SPEC §19), by loop "
-                                           "(`dataplane:` names the data plane's).", labels=["loop"])
+            restarts = CounterMetricFamily(
+                "leasehold_fleet_loop_restarts",
+                "Unexpected ends of a supervised Redis loop (SPEC §19), by loop (`dataplane:` names the data plane's).",
+                labels=["loop"],
+            )
             for loop in snap.loops:
                 restarts.add_metric([loop.name], loop.restarts)
             yield restarts
         if self.entries is not None:
-            rejected = CounterMetricFamily("leasehold_fleet_entries_rejected",
-                                           "Entries read from the fleet's Redis and rejected (no valid MAC, "
-                                           "undecodable, out of range), by kind.", labels=["kind"])
+            rejected = CounterMetricFamily(
+                "leasehold_fleet_entries_rejected",
+                "Entries read from the fleet's Redis and rejected (no valid MAC, undecodable, out of range), by kind.",
+                labels=["kind"],
+            )
             for kind, count in sorted(self.entries.rejected.items()):
                 rejected.add_metric([str(kind)], count)
             yield rejected

@@ -52,10 +52,10 @@ log = get_logger("fleet")
 PUBLISH_MIN_S = 0.1
 PULL_S = 0.5
 RETRY_S = 1.0
-HEADROOM_TTL_S = 86_400          # the hash outlives its last write by a day (resets are minutes)
-FUTURE_SKEW_MS = 60_000          # an observation further ahead of this host's clock is garbage
-FIELD_LOGGED_MAX = 200           # a rejected field's name is logged up to this many characters
-MAC_LEN = 43                     # an entry MAC's length (`shared.fleet.secret.mac`: unpadded base64)
+HEADROOM_TTL_S = 86_400  # the hash outlives its last write by a day (resets are minutes)
+FUTURE_SKEW_MS = 60_000  # an observation further ahead of this host's clock is garbage
+FIELD_LOGGED_MAX = 200  # a rejected field's name is logged up to this many characters
+MAC_LEN = 43  # an entry MAC's length (`shared.fleet.secret.mac`: unpadded base64)
 
 # KEYS: the hash; ARGV: ttl ms, then (field, observed_at_ms, value) triples. Per field the
 # newest observed_at wins; a tie keeps what is there.
@@ -99,17 +99,21 @@ def unseal(entries: FleetEntries, field: str, raw: bytes) -> bytes | None:
     return payload
 
 
-def encode_value(entries: FleetEntries, account_id: str, kind: str, observation: Observation,
-                 host_id: str) -> bytes:
-    entry = Entry(limit=observation.limit, remaining=observation.remaining,
-                  reset_at_ms=observation.reset_at_ms, observed_at_ms=observation.observed_at_ms,
-                  host_id=host_id)
+def encode_value(entries: FleetEntries, account_id: str, kind: str, observation: Observation, host_id: str) -> bytes:
+    entry = Entry(
+        limit=observation.limit,
+        remaining=observation.remaining,
+        reset_at_ms=observation.reset_at_ms,
+        observed_at_ms=observation.observed_at_ms,
+        host_id=host_id,
+    )
     sealed = seal(entries, f"{account_id}/{kind}", _encode(entry))
     return str(observation.observed_at_ms).encode() + b":" + sealed
 
 
-def decode_entry(entries: FleetEntries, field: bytes, value: bytes, accounts: frozenset[str],
-                 now: int) -> tuple[str, str, Observation] | Why:
+def decode_entry(
+    entries: FleetEntries, field: bytes, value: bytes, accounts: frozenset[str], now: int
+) -> tuple[str, str, Observation] | Why:
     """A field and its value → (account, kind, observation), or why it is not believed."""
     try:
         name = field.decode()
@@ -126,23 +130,31 @@ def decode_entry(entries: FleetEntries, field: bytes, value: bytes, accounts: fr
         entry = _decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return Why.DECODE
-    if (not slash or account_id not in accounts or kind not in RATE_LIMIT_KINDS
-            or not prefix.isdigit() or int(prefix) != entry.observed_at_ms
-            or not HOST_ID_RE.match(entry.host_id) or entry.observed_at_ms > now + FUTURE_SKEW_MS):
+    if (
+        not slash
+        or account_id not in accounts
+        or kind not in RATE_LIMIT_KINDS
+        or not prefix.isdigit()
+        or int(prefix) != entry.observed_at_ms
+        or not HOST_ID_RE.match(entry.host_id)
+        or entry.observed_at_ms > now + FUTURE_SKEW_MS
+    ):
         return Why.RANGE
-    observation = Observation(limit=entry.limit, remaining=entry.remaining, reset_at_ms=entry.reset_at_ms,
-                              observed_at_ms=entry.observed_at_ms)
+    observation = Observation(
+        limit=entry.limit, remaining=entry.remaining, reset_at_ms=entry.reset_at_ms, observed_at_ms=entry.observed_at_ms
+    )
     return (account_id, kind, observation) if valid(observation) else Why.RANGE
 
 
 class FleetHeadroom:
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: HeadroomBook, *,
-                 entries: FleetEntries) -> None:
+    def __init__(
+        self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: HeadroomBook, *, entries: FleetEntries
+    ) -> None:
         self.client = client
         self.key = keys.headroom
         self.host_id = host_id
         self.book = book
-        self.entries = entries   # SPEC §19: what is published, MAC'd; what is read, checked and counted
+        self.entries = entries  # SPEC §19: what is published, MAC'd; what is read, checked and counted
         self.available = True
         self._owed: dict[tuple[str, str], Observation] = {}
         self._wake = asyncio.Event()
@@ -169,13 +181,16 @@ class FleetHeadroom:
             return
         args: list[Any] = [HEADROOM_TTL_S * 1000]
         for (account_id, kind), observation in owed.items():
-            args += [f"{account_id}/{kind}", observation.observed_at_ms,
-                     encode_value(self.entries, account_id, kind, observation, self.host_id)]
+            args += [
+                f"{account_id}/{kind}",
+                observation.observed_at_ms,
+                encode_value(self.entries, account_id, kind, observation, self.host_id),
+            ]
         try:
             with guard("headroom publish"):
                 await self._script(keys=[self.key], args=args)
         except BaseException:
-            for key, observation in owed.items():   # owed again, unless a newer one arrived meanwhile
+            for key, observation in owed.items():  # owed again, unless a newer one arrived meanwhile
                 held = self._owed.get(key)
                 if held is None or held.observed_at_ms < observation.observed_at_ms:
                     self._owed[key] = observation
@@ -221,7 +236,7 @@ class FleetHeadroom:
             except StateUnavailable as exc:
                 self._health(exc)
                 await asyncio.sleep(RETRY_S)
-            except Exception:   # supervised: a bug in one pass must not end the loop
+            except Exception:  # supervised: a bug in one pass must not end the loop
                 log.exception("fleet_headroom_pull_failed")
                 await asyncio.sleep(RETRY_S)
 

@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 class HostHeartbeat:
     """The in-flight board's and the owed writes' loops, paced by the membership's beat."""
 
-    def __init__(self, backends: FleetBackends, host_id: str, recovery: HostRecovery,
-                 routes: RouteReads) -> None:
+    def __init__(self, backends: FleetBackends, host_id: str, recovery: HostRecovery, routes: RouteReads) -> None:
         self.b = backends
         self.host_id = host_id
         self.recovery = recovery
@@ -52,7 +51,7 @@ class HostHeartbeat:
             delivered = 0
             try:
                 if len(self.b.owed):
-                    delivered = await self.b.owed.deliver()   # a bounded batch: the hold's check gets its turn
+                    delivered = await self.b.owed.deliver()  # a bounded batch: the hold's check gets its turn
                 await self.recovery.check_hold()
             except StateUnavailable:
                 pass

@@ -40,13 +40,24 @@ if TYPE_CHECKING:
 
 log = get_logger("fleet")
 
-SUBSCRIBE_WAIT_S = 2.0     # a start waits this long for the event subscription, then goes on
+SUBSCRIBE_WAIT_S = 2.0  # a start waits this long for the event subscription, then goes on
 
 
 class FleetHost:
-    def __init__(self, backends: FleetBackends, *, settings: Settings, keys: LeaseReads, routes: RouteReads,
-                 registry: AccountReads, seam: KeyEnder, circuits: CircuitRegistry, admin: AccountAdminStore,
-                 policy: PolicyStore, events: EventHub) -> None:
+    def __init__(
+        self,
+        backends: FleetBackends,
+        *,
+        settings: Settings,
+        keys: LeaseReads,
+        routes: RouteReads,
+        registry: AccountReads,
+        seam: KeyEnder,
+        circuits: CircuitRegistry,
+        admin: AccountAdminStore,
+        policy: PolicyStore,
+        events: EventHub,
+    ) -> None:
         self.b = backends
         self.settings = settings
         self.host_id = settings.host_id
@@ -55,9 +66,16 @@ class FleetHost:
         self.registry = registry
         self._tasks: list[asyncio.Task[Any]] = []
         self.events = HostEvents(backends, events, admin, policy)
-        self.recovery = HostRecovery(backends, settings=settings, keys=keys, registry=registry, seam=seam,
-                                     circuits=circuits, refresh_chains=self.events.refresh_chains,
-                                     spawn=self._spawn)
+        self.recovery = HostRecovery(
+            backends,
+            settings=settings,
+            keys=keys,
+            registry=registry,
+            seam=seam,
+            circuits=circuits,
+            refresh_chains=self.events.refresh_chains,
+            spawn=self._spawn,
+        )
         self.membership = self.recovery.membership
         self.heartbeat = HostHeartbeat(backends, settings.host_id, self.recovery, routes)
         self.revocation = HostRevocation(backends, settings.host_id, seam)
@@ -70,47 +88,65 @@ class FleetHost:
 
     @property
     def registered(self) -> bool:
-        return (self.b.fence.value not in (UNJOINED, SUPERSEDED, None) and not self.membership.recovering
-                and self.b.lease_capacity.admitting and self.b.supervisor.healthy())
+        return (
+            self.b.fence.value not in (UNJOINED, SUPERSEDED, None)
+            and not self.membership.recovering
+            and self.b.lease_capacity.admitting
+            and self.b.supervisor.healthy()
+        )
 
     def writes_owed(self) -> int:
         return len(self.b.owed)
 
-    def loops(self) -> tuple[LoopStatus, ...]:   # this control's, then its data plane's (SPEC §19)
+    def loops(self) -> tuple[LoopStatus, ...]:  # this control's, then its data plane's (SPEC §19)
         return self.b.supervisor.statuses() + reported(self.routes.dataplane_loops, "dataplane:")
 
     def view(self) -> RedisFleet:
         """The read plane's fleet (`controlplane/fleet/view.py`)."""
-        return RedisFleet(host_id=self.host_id, fleet_id=self.settings.fleet_id,
-                          account_ids=[a.id for a in self.registry.accounts], hosts=self.b.hosts,
-                          capacity=self.b.lease_capacity, board=self.b.board, me=self,
-                          leases=self.keys.count_by_account, in_flight=self.routes.in_flight_by_account,
-                          sockets=self.b.sockets)
+        return RedisFleet(
+            host_id=self.host_id,
+            fleet_id=self.settings.fleet_id,
+            account_ids=[a.id for a in self.registry.accounts],
+            hosts=self.b.hosts,
+            capacity=self.b.lease_capacity,
+            board=self.b.board,
+            me=self,
+            leases=self.keys.count_by_account,
+            in_flight=self.routes.in_flight_by_account,
+            sockets=self.b.sockets,
+        )
 
     # ---- start and stop ----------------------------------------------------------------------
 
     async def start(self) -> None:
         recovery = self.recovery
-        self.b.lease_decisions.load(self.keys.all())   # the restored leases' decisions
+        self.b.lease_decisions.load(self.keys.all())  # the restored leases' decisions
         claim = await recovery.join()
         recovery.live_seen = frozenset(await self.b.hosts.live_hosts())
-        after = await self.b.revocations.last_id()   # served from here on: nothing between is missed
+        after = await self.b.revocations.last_id()  # served from here on: nothing between is missed
         await recovery.end_missed_revocations()
         await recovery.reregister(claim.incarnation, after_loss=False)
         self.membership.registered(claim)
-        log.info("fleet_host_registered", host_id=self.host_id, fleet_id=self.settings.fleet_id,
-                 epoch=claim.epoch, leases=len(self.keys.all()))
+        log.info(
+            "fleet_host_registered",
+            host_id=self.host_id,
+            fleet_id=self.settings.fleet_id,
+            epoch=claim.epoch,
+            leases=len(self.keys.all()),
+        )
         subscribed = asyncio.Event()
-        self.b.lease_capacity.healthy = self.b.supervisor.healthy   # a failing loop holds the mints
+        self.b.lease_capacity.healthy = self.b.supervisor.healthy  # a failing loop holds the mints
         revocations, events = self.b.revocations, self.events
         loops: dict[str, Callable[[], Coroutine[Any, Any, Any]]] = {
-            "heartbeat": self.membership.run, "in-flight": self.heartbeat.flight_loop,
-            "chain-poll": events.chain_poll, "owed-writes": self.heartbeat.owed_loop,
+            "heartbeat": self.membership.run,
+            "in-flight": self.heartbeat.flight_loop,
+            "chain-poll": events.chain_poll,
+            "owed-writes": self.heartbeat.owed_loop,
             "events-out": events.publisher,
             "events-in": lambda: self.b.events.run(events.on_fleet_event, ready=subscribed),
             # a restart resumes after the last request handled, never handles one twice
-            "revocations": lambda: revocations.serve(self.revocation.on_request,
-                                                     after=revocations.position or after)}
+            "revocations": lambda: revocations.serve(self.revocation.on_request, after=revocations.position or after),
+        }
         for name, make in loops.items():
             self._tasks.append(self.b.supervisor.spawn(name, make))
         try:  # the other hosts' events reach this host's feed from the moment it serves

@@ -26,21 +26,20 @@ if TYPE_CHECKING:
 
 log = get_logger("fleet")
 
-CHAIN_POLL_S = 0.5         # the chains are validated at least this often (and before every mint)
-EVENT_QUEUE_MAX = 1024     # events waiting to go out; past it (Redis gone for long) they are dropped
+CHAIN_POLL_S = 0.5  # the chains are validated at least this often (and before every mint)
+EVENT_QUEUE_MAX = 1024  # events waiting to go out; past it (Redis gone for long) they are dropped
 
 
 class HostEvents:
     """The events a fleet host relays, both ways, and the chains it keeps validated."""
 
-    def __init__(self, backends: FleetBackends, hub: EventHub, admin: AccountAdminStore,
-                 policy: PolicyStore) -> None:
+    def __init__(self, backends: FleetBackends, hub: EventHub, admin: AccountAdminStore, policy: PolicyStore) -> None:
         self.b = backends
         self.hub = hub
         self.admin = admin
         self.policy = policy
         self._outbox: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue(EVENT_QUEUE_MAX)
-        self._relaying = False                   # set while a received event is fed to the hub
+        self._relaying = False  # set while a received event is fed to the hub
         hub.listen(self._on_local_event)
 
     # ---- events out and in -------------------------------------------------------------------
@@ -90,4 +89,3 @@ class HostEvents:
             except StateUnavailable:
                 pass  # readers on the loop see it once the last validation is too old
             await asyncio.sleep(CHAIN_POLL_S)
-

@@ -48,9 +48,9 @@ DELIVER_INTERVAL_S = 0.25
 
 
 class Owed(msgspec.Struct, frozen=True):
-    what: str                                   # for the log: "release", "evidence", ...
+    what: str  # for the log: "release", "evidence", ...
     write: Callable[[], Awaitable[Any]]
-    unless_live: str | None = None              # skipped when this key is live again by then
+    unless_live: str | None = None  # skipped when this key is live again by then
     evidence: bool = False
 
 
@@ -60,7 +60,7 @@ class OwedWrites:
         self.evidence_max = evidence_max
         self._queue: deque[Owed] = deque()
         self._evidence = 0
-        self.dropped = 0                        # evidence past the bound, since start
+        self.dropped = 0  # evidence past the bound, since start
         self._delivering = asyncio.Lock()
 
     def __len__(self) -> int:
@@ -117,15 +117,15 @@ class OwedCapacity(RedisCapacity):
     lost its data, no reserve until the fleet re-registered (`admitting`, set by the fleet host
     from `core/fleet.may_admit`)."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, incarnation: Incarnation,
-                 owed: OwedWrites) -> None:
+    def __init__(
+        self, client: aredis.Redis, keys: FleetKeys, host_id: str, incarnation: Incarnation, owed: OwedWrites
+    ) -> None:
         super().__init__(client, keys, Ceiling.LEASE, host_id, incarnation)
         self.owed = owed
         self.admitting = True
-        self.healthy: Callable[[], bool] = lambda: True   # the fleet host's supervised loops (SPEC §19)
+        self.healthy: Callable[[], bool] = lambda: True  # the fleet host's supervised loops (SPEC §19)
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None,
-                      releasing: Sequence[str] = ()) -> bool:
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()) -> bool:
         if not self.admitting:
             raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
         if not self.healthy():
@@ -133,8 +133,7 @@ class OwedCapacity(RedisCapacity):
         return await RedisCapacity.reserve(self, account_id, holder, ceiling, releasing)
 
     async def release(self, holder: str) -> bool:
-        done = await self.owed.write(Owed("release", lambda: RedisCapacity.release(self, holder),
-                                          unless_live=holder))
+        done = await self.owed.write(Owed("release", lambda: RedisCapacity.release(self, holder), unless_live=holder))
         return bool(done)
 
 
@@ -144,8 +143,9 @@ class OwedDecisions(RedisDecisions):
     added once Redis took them, answered before asking Redis (they are this host's to write, and
     never change), forgotten when their key ends."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions, *,
-                 entries: FleetEntries) -> None:
+    def __init__(
+        self, client: aredis.Redis, keys: FleetKeys, owed: OwedWrites, local: LeaseDecisions, *, entries: FleetEntries
+    ) -> None:
         super().__init__(client, keys, entries=entries)
         self.owed = owed
         self.local = local
@@ -166,16 +166,22 @@ class OwedDecisions(RedisDecisions):
         await self.owed.write(Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id))
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
-        await self.owed.write(Owed("evidence", lambda: RedisDecisions.add_evidence(self, mint_decision_id,
-                                                                                   condition), evidence=True))
+        await self.owed.write(
+            Owed("evidence", lambda: RedisDecisions.add_evidence(self, mint_decision_id, condition), evidence=True)
+        )
 
 
 class OwedCircuits(CircuitRegistry):
     """The circuits: a row's fold and a probe's end are owed when they cannot land. A row owed
     is folded at the time it was recorded (the circuit opens when the failures happened)."""
 
-    def __init__(self, store: CircuitStore, cooldown_s: int, owed: OwedWrites,
-                 on_transition: Callable[[CircuitView], object] | None = None) -> None:
+    def __init__(
+        self,
+        store: CircuitStore,
+        cooldown_s: int,
+        owed: OwedWrites,
+        on_transition: Callable[[CircuitView], object] | None = None,
+    ) -> None:
         super().__init__(store, cooldown_s, on_transition)
         self.owed = owed
 
@@ -183,9 +189,15 @@ class OwedCircuits(CircuitRegistry):
         evidence = [row for row in rows if row.refusal_reason is None]
         if not evidence:
             return  # never evidence: nothing to owe
-        await self.owed.write(Owed("circuit rows", lambda: CircuitRegistry.on_rows(self, evidence, now_ms),
-                                   evidence=True))
+        await self.owed.write(
+            Owed("circuit rows", lambda: CircuitRegistry.on_rows(self, evidence, now_ms), evidence=True)
+        )
 
     async def on_lease_ended(self, account_id: str, key_id: str, now_ms: int) -> None:
-        await self.owed.write(Owed("probe end", lambda: CircuitRegistry.on_lease_ended(
-            self, account_id, key_id, now_ms), unless_live=key_id))
+        await self.owed.write(
+            Owed(
+                "probe end",
+                lambda: CircuitRegistry.on_lease_ended(self, account_id, key_id, now_ms),
+                unless_live=key_id,
+            )
+        )

@@ -63,9 +63,9 @@ if TYPE_CHECKING:
 
 log = get_logger("fleet")
 
-JOIN_DEADLINE_S = 20.0     # a start waits this long for Redis to answer the claim, then exits 2
+JOIN_DEADLINE_S = 20.0  # a start waits this long for Redis to answer the claim, then exits 2
 JOIN_RETRY_S = 0.5
-HOLD_SLACK_MS = 250        # past one beat after a data loss, for a sibling's beat to land
+HOLD_SLACK_MS = 250  # past one beat after a data loss, for a sibling's beat to land
 
 
 def _monotonic_ms() -> int:
@@ -81,10 +81,18 @@ class HostRecovery:
     """This host's membership (join, and the repair each beat's standing names) and, after a data
     loss, the hold on new holders until the hosts live before it registered again."""
 
-    def __init__(self, backends: FleetBackends, *, settings: Settings, keys: LeaseReads,
-                 registry: AccountReads, seam: KeyEnder, circuits: CircuitRegistry,
-                 refresh_chains: Callable[[], Awaitable[Any]],
-                 spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
+    def __init__(
+        self,
+        backends: FleetBackends,
+        *,
+        settings: Settings,
+        keys: LeaseReads,
+        registry: AccountReads,
+        seam: KeyEnder,
+        circuits: CircuitRegistry,
+        refresh_chains: Callable[[], Awaitable[Any]],
+        spawn: Callable[[Coroutine[Any, Any, Any]], None],
+    ) -> None:
         self.b = backends
         self.settings = settings
         self.host_id = settings.host_id
@@ -94,13 +102,18 @@ class HostRecovery:
         self.circuits = circuits
         self.refresh_chains = refresh_chains
         self.spawn = spawn
-        self.membership = Membership(backends.hosts, settings.host_id, recover=self.recover,
-                                     on_reaped=self.on_reaped, on_superseded=self.on_superseded)
-        self.membership.fence = backends.fence   # the one the lease table's scripts are fenced by
-        self.live_seen: frozenset[str] = frozenset()   # the live hosts at the last look (`HostHeartbeat`)
+        self.membership = Membership(
+            backends.hosts,
+            settings.host_id,
+            recover=self.recover,
+            on_reaped=self.on_reaped,
+            on_superseded=self.on_superseded,
+        )
+        self.membership.fence = backends.fence  # the one the lease table's scripts are fenced by
+        self.live_seen: frozenset[str] = frozenset()  # the live hosts at the last look (`HostHeartbeat`)
         # after a data loss: (earliest, latest admission, hosts live before it), monotonic ms
         self.hold: tuple[int, int, frozenset[str]] | None = None
-        self.incarnation = ""                   # the data's incarnation this host registered into
+        self.incarnation = ""  # the data's incarnation this host registered into
         self.registrations = Registrations(backends.client, backends.keys, backends.entries)
 
     async def join(self) -> HostClaim:
@@ -110,21 +123,26 @@ class HostRecovery:
                 return await self.membership.join()
             except StateUnavailable as exc:
                 if time.monotonic() > deadline:
-                    raise FleetUnreachable(f"the fleet's Redis at {describe(self.settings.fleet_redis_url or '')} "
-                                           f"did not answer for {JOIN_DEADLINE_S:g}s: {exc}") from exc
+                    raise FleetUnreachable(
+                        f"the fleet's Redis at {describe(self.settings.fleet_redis_url or '')} "
+                        f"did not answer for {JOIN_DEADLINE_S:g}s: {exc}"
+                    ) from exc
                 log.warning("fleet_join_retrying", host_id=self.host_id, error=str(exc))
                 await asyncio.sleep(JOIN_RETRY_S)
 
     # ---- the repairs -----------------------------------------------------------------------
 
     async def end_missed_revocations(self) -> None:
-        restored = [RestoredLease(key_id=lease.key_id, account_id=lease.account_id,
-                                  minted_at_ms=ulid_ms(lease.key_id)) for lease in self.keys.all()]
+        restored = [
+            RestoredLease(key_id=lease.key_id, account_id=lease.account_id, minted_at_ms=ulid_ms(lease.key_id))
+            for lease in self.keys.all()
+        ]
         if not restored:
             return
         requests = await self.b.revocations.requests_since(min(r.minted_at_ms for r in restored))
-        ended = missed_revocations(restored, [MissedRevocation(account_id=r.account_id, at_ms=r.at_ms)
-                                              for r in requests])
+        ended = missed_revocations(
+            restored, [MissedRevocation(account_id=r.account_id, at_ms=r.at_ms) for r in requests]
+        )
         if ended:
             log.warning("fleet_missed_revocations_applied", host_id=self.host_id, leases=len(ended))
             await self.seam.end_keys(ended, EndReason.ACCOUNT_REVOKED)
@@ -146,15 +164,23 @@ class HostRecovery:
         released = await self.b.lease_capacity.retain_only([k for k in order if k not in refused])
         await self._reregister_decisions()
         self.incarnation = incarnation
-        await self.registrations.add(incarnation, self.host_id)   # MAC'd (SPEC §19): it lifts a hold
+        await self.registrations.add(incarnation, self.host_id)  # MAC'd (SPEC §19): it lifts a hold
         if after_loss:
             now, beat_ms = _monotonic_ms(), int(self.membership.interval_s * 1000)
-            self.hold = (now + beat_ms + HOLD_SLACK_MS, now + self.b.hosts.ttl_ms + beat_ms,
-                         self.live_seen - {self.host_id})
+            self.hold = (
+                now + beat_ms + HOLD_SLACK_MS,
+                now + self.b.hosts.ttl_ms + beat_ms,
+                self.live_seen - {self.host_id},
+            )
             self.b.lease_capacity.admitting = False
-        log.info("fleet_holders_registered", host_id=self.host_id, kept=len(order) - len(refused),
-                 refused=len(refused), let_go=len(released), awaiting=sorted(self.live_seen - {self.host_id})
-                 if after_loss else [])
+        log.info(
+            "fleet_holders_registered",
+            host_id=self.host_id,
+            kept=len(order) - len(refused),
+            refused=len(refused),
+            let_go=len(released),
+            awaiting=sorted(self.live_seen - {self.host_id}) if after_loss else [],
+        )
 
     async def _reregister_dispatches(self) -> None:
         """Each live v2 lease back in its dispatch's live set, unless another host holds a live
@@ -195,8 +221,12 @@ class HostRecovery:
         if may_admit(_monotonic_ms(), earliest, latest, expected, registered):
             self.hold = None
             self.b.lease_capacity.admitting = True
-            log.info("fleet_admitting", host_id=self.host_id, registered=sorted(registered & expected),
-                     silent=sorted(expected - registered))
+            log.info(
+                "fleet_admitting",
+                host_id=self.host_id,
+                registered=sorted(registered & expected),
+                silent=sorted(expected - registered),
+            )
 
     def _ceiling(self, account_id: str) -> int | None:
         account = self.registry.get(account_id)
@@ -229,8 +259,11 @@ class HostRecovery:
 
     def on_superseded(self) -> None:
         self.b.fence.value = SUPERSEDED
-        log.error("fleet_failed_closed", host_id=self.host_id,
-                  reason="another instance holds this GATEWAY_HOST_ID; mints are held and leases ended")
+        log.error(
+            "fleet_failed_closed",
+            host_id=self.host_id,
+            reason="another instance holds this GATEWAY_HOST_ID; mints are held and leases ended",
+        )
         self.spawn(self._fail_closed())
 
     async def _fail_closed(self) -> None:

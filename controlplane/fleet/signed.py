@@ -16,7 +16,7 @@ from shared.fleet.keys import FleetKeys
 
 encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Decision).decode
-_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode   # (mac, the decision's bytes)
+_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode  # (mac, the decision's bytes)
 
 
 class SignedDecisions:

@@ -19,7 +19,7 @@ from shared.fleet.entries import EntryKind, FleetEntries, Why
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard
 
-MAX_COUNT = 1_000_000   # no host holds more sockets than connections (GATEWAY_MAX_CONNECTIONS)
+MAX_COUNT = 1_000_000  # no host holds more sockets than connections (GATEWAY_MAX_CONNECTIONS)
 
 
 class SocketsBoard:

@@ -66,15 +66,15 @@ from shared.wire import AttemptRow
 
 log = get_logger("fleet")
 
-PUBLISH_MIN_S = 0.1           # a host's rows reach Redis at most this late (coalesced)
-PULL_S = 1.0                  # the other hosts' spend is read at least this often (and when told)
-PULL_MIN_S = 0.05             # and at most this often: announcements meanwhile make one pull
-RETRY_S = 1.0                 # after a failed publish or pull
-SPEND_TTL_S = 40 * 86_400     # a month's windows and a margin past the last publish
-MARK = b"_"                   # present: the hash holds every window its host has
+PUBLISH_MIN_S = 0.1  # a host's rows reach Redis at most this late (coalesced)
+PULL_S = 1.0  # the other hosts' spend is read at least this often (and when told)
+PULL_MIN_S = 0.05  # and at most this often: announcements meanwhile make one pull
+RETRY_S = 1.0  # after a failed publish or pull
+SPEND_TTL_S = 40 * 86_400  # a month's windows and a margin past the last publish
+MARK = b"_"  # present: the hash holds every window its host has
 HOUR_MS = 3_600_000
-STALE_S = 5.0                 # SPEC §19: no refresh of the fleet's spend this long: budgeted scopes held
-STALE_CHECK_S = 0.25          # how often the flip is looked for
+STALE_S = 5.0  # SPEC §19: no refresh of the fleet's spend this long: budgeted scopes held
+STALE_CHECK_S = 0.25  # how often the flip is looked for
 
 # KEYS: the host's hash, the versions hash, the channel; ARGV: whole ('1': replace everything), ttl ms, host,
 # version, then window key / cells pairs. A partial publish into a hash Redis lost answers 0.
@@ -95,25 +95,37 @@ return 1
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(list[tuple[str, str | None, list[float]]]).decode
-_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode   # (mac, the cells' bytes)
+_decode_signed = msgspec.msgpack.Decoder(tuple[str, bytes]).decode  # (mac, the cells' bytes)
 _DIM_NAMES = frozenset(str(d) for d in DIMS)
 
-SpendListener = Callable[[bool], None]   # quiet: True at the start
+SpendListener = Callable[[bool], None]  # quiet: True at the start
 
 
 def moving_keys(at_ms: int) -> list[str]:
     """The windows another host's rows can still move now: this hour, the last one (late rows of
     an hour just ended), this day and this month."""
-    return [key_at(Window.HOUR, at_ms), key_at(Window.HOUR, at_ms - HOUR_MS), key_at(Window.DAY, at_ms),
-            key_at(Window.MONTH, at_ms)]
+    return [
+        key_at(Window.HOUR, at_ms),
+        key_at(Window.HOUR, at_ms - HOUR_MS),
+        key_at(Window.DAY, at_ms),
+        key_at(Window.MONTH, at_ms),
+    ]
 
 
 class FleetSpend:
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, host_id: str, book: SpendBook, *,
-                 entries: FleetEntries, supervisor: Supervisor | None = None) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        host_id: str,
+        book: SpendBook,
+        *,
+        entries: FleetEntries,
+        supervisor: Supervisor | None = None,
+    ) -> None:
         self.client = client
         self.entries = entries
-        self.supervisor = supervisor or Supervisor()   # the fleet host's (SPEC §19), or its own
+        self.supervisor = supervisor or Supervisor()  # the fleet host's (SPEC §19), or its own
         self.keys = keys
         self.host_id = host_id
         self.book = book
@@ -121,17 +133,17 @@ class FleetSpend:
         book.cells = self.cells
         self.listeners: list[SpendListener] = []
         self.stale_listeners: list[Callable[[bool], None]] = []
-        self._fresh_at = time.monotonic()       # the last pull that succeeded (a start counts as fresh)
+        self._fresh_at = time.monotonic()  # the last pull that succeeded (a start counts as fresh)
         self._stale = False
         self.publishes = 0
         self.available = True
         self._mine = keys.spend_host(host_id)
         self._instance = secrets.token_hex(6)
         self._dirty: set[str] = set()
-        self._whole = True                      # the first publish replaces whatever was there
-        self._versions: dict[str, bytes] = {}   # host → the version last read
-        self._wake = asyncio.Event()            # this host's windows are dirty
-        self._told = asyncio.Event()            # another host published
+        self._whole = True  # the first publish replaces whatever was there
+        self._versions: dict[str, bytes] = {}  # host → the version last read
+        self._wake = asyncio.Event()  # this host's windows are dirty
+        self._told = asyncio.Event()  # another host published
         self._script = client.register_script(PUBLISH)
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -154,9 +166,15 @@ class FleetSpend:
             await self.publish()
         except StateUnavailable as exc:
             self._failed("start", exc)
-        self._tasks = [self.supervisor.spawn(name, make) for name, make in
-                       (("spend-out", self._publisher), ("spend-in", self._puller), ("spend-told", self._listener),
-                        ("spend-stale", self._watch_stale))]
+        self._tasks = [
+            self.supervisor.spawn(name, make)
+            for name, make in (
+                ("spend-out", self._publisher),
+                ("spend-in", self._puller),
+                ("spend-told", self._listener),
+                ("spend-stale", self._watch_stale),
+            )
+        ]
 
     async def stop(self) -> None:
         """The loops end; what is still dirty gets one last publish."""
@@ -167,7 +185,7 @@ class FleetSpend:
             try:
                 await asyncio.wait_for(self.publish(), 2.0)
             except (TimeoutError, StateUnavailable):
-                pass   # the next start publishes whole
+                pass  # the next start publishes whole
 
     # ---- out ------------------------------------------------------------------------------------
 
@@ -177,13 +195,18 @@ class FleetSpend:
         whole, dirty = self._whole, self._dirty
         self._whole, self._dirty = False, set()
         if whole:
-            held = set(fold.windows) | ({fold.open_hour, fold.open_hour[:10], fold.open_hour[:7]}
-                                        if fold.open_hour is not None else set())
+            held = set(fold.windows) | (
+                {fold.open_hour, fold.open_hour[:10], fold.open_hour[:7]} if fold.open_hour is not None else set()
+            )
             wanted = sorted(key for key in held if key >= month)
         else:
             wanted = sorted(key for key in dirty if key >= month)
-        args: list[Any] = ["1" if whole else "0", SPEND_TTL_S * 1000, self.host_id,
-                           f"{self._instance}:{self.publishes + 1}"]
+        args: list[Any] = [
+            "1" if whole else "0",
+            SPEND_TTL_S * 1000,
+            self.host_id,
+            f"{self._instance}:{self.publishes + 1}",
+        ]
         for key in wanted:
             cells = _encode(window_triples(fold, key))
             args += [key, _encode((self.entries.mac(EntryKind.SPEND, [self.host_id, key, cells]), cells))]
@@ -193,7 +216,7 @@ class FleetSpend:
         except BaseException:
             self._whole, self._dirty = self._whole or whole, self._dirty | dirty
             raise
-        if not done:   # Redis lost this host's hash: everything again
+        if not done:  # Redis lost this host's hash: everything again
             self._whole = True
             self._wake.set()
             log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
@@ -213,7 +236,7 @@ class FleetSpend:
                 await asyncio.sleep(RETRY_S)
                 self._wake.set()
                 continue
-            await asyncio.sleep(PUBLISH_MIN_S)   # pacing: the rows of the next moment go in one publish
+            await asyncio.sleep(PUBLISH_MIN_S)  # pacing: the rows of the next moment go in one publish
 
     # ---- in -------------------------------------------------------------------------------------
 
@@ -225,12 +248,15 @@ class FleetSpend:
             pipe.hgetall(self.keys.spend_versions)
             mine, versions = await pipe.execute()
         if not mine and self.publishes and not self._whole:
-            self._whole = True   # Redis lost this host's hash: the publisher writes it whole
+            self._whole = True  # Redis lost this host's hash: the publisher writes it whole
             self._wake.set()
             log.warning("fleet_spend_republishing", host_id=self.host_id, reason="hash-lost")
         named = {host.decode("utf-8", "replace"): version for host, version in versions.items()}
-        moved = {host: version for host, version in named.items()
-                 if host != self.host_id and self._versions.get(host) != version}
+        moved = {
+            host: version
+            for host, version in named.items()
+            if host != self.host_id and self._versions.get(host) != version
+        }
         if not moved:
             self._fresh_at = time.monotonic()
             return False
@@ -249,11 +275,10 @@ class FleetSpend:
                 pairs = [(k.decode("utf-8", "replace"), v) for k, v in reply.items() if k != MARK]
             elif isinstance(reply, list):
                 pairs = [(key, v) for key, v in zip(fields, reply) if v is not None]
-            else:   # an error reply: the key is not a hash (a writer replaced it)
+            else:  # an error reply: the key is not a hash (a writer replaced it)
                 self.entries.reject(EntryKind.SPEND, self.keys.spend_host(host), Why.DECODE)
                 pairs = []
-            windows = {key: window for key, raw in pairs
-                       if (window := self._window(host, key, raw)) is not None}
+            windows = {key: window for key, raw in pairs if (window := self._window(host, key, raw)) is not None}
             changed = self.cells.replace(host, windows) or changed
             self._versions[host] = version
         self._fresh_at = time.monotonic()
@@ -281,8 +306,9 @@ class FleetSpend:
         except (msgspec.DecodeError, msgspec.ValidationError):
             self.entries.reject(EntryKind.SPEND, where, Why.DECODE)
             return None
-        if not all(dim in _DIM_NAMES and len(cell) == CELL_SIZE and finite_non_negative(cell)
-                   for dim, _key, cell in triples):
+        if not all(
+            dim in _DIM_NAMES and len(cell) == CELL_SIZE and finite_non_negative(cell) for dim, _key, cell in triples
+        ):
             self.entries.reject(EntryKind.SPEND, where, Why.RANGE)
             return None
         return window_of(triples)
@@ -298,8 +324,9 @@ class FleetSpend:
             stale = self.stale()
             if stale != self._stale:
                 self._stale = stale
-                log.warning("fleet_spend_stale" if stale else "fleet_spend_fresh", host_id=self.host_id,
-                            stale_after_s=STALE_S)
+                log.warning(
+                    "fleet_spend_stale" if stale else "fleet_spend_fresh", host_id=self.host_id, stale_after_s=STALE_S
+                )
                 for listener in self.stale_listeners:
                     listener(stale)
             await asyncio.sleep(STALE_CHECK_S)
@@ -319,7 +346,7 @@ class FleetSpend:
                 self._failed("pull", exc)
                 await asyncio.sleep(RETRY_S)
                 continue
-            await asyncio.sleep(PULL_MIN_S)   # pacing: a busy fleet's announcements coalesce
+            await asyncio.sleep(PULL_MIN_S)  # pacing: a busy fleet's announcements coalesce
 
     async def _listener(self) -> None:
         """Wake the puller when another host published (resubscribing after an outage)."""
@@ -336,7 +363,7 @@ class FleetSpend:
                     if message is not None and message.get("type") == "message" and message["data"] != me:
                         self._told.set()
             except StateUnavailable:
-                pass   # the puller's polls go on meanwhile, and report the outage
+                pass  # the puller's polls go on meanwhile, and report the outage
             finally:
                 try:
                     await pubsub.aclose()
@@ -348,8 +375,13 @@ class FleetSpend:
 
     def _failed(self, what: str, exc: StateUnavailable) -> None:
         if self.available:
-            log.warning("fleet_spend_unavailable", host_id=self.host_id, during=what, error=str(exc),
-                        dirty_windows=len(self._dirty))
+            log.warning(
+                "fleet_spend_unavailable",
+                host_id=self.host_id,
+                during=what,
+                error=str(exc),
+                dirty_windows=len(self._dirty),
+            )
         self.available = False
 
     def _recovered(self) -> None:

@@ -88,9 +88,20 @@ class Standings(Protocol):
 
 
 class RedisFleet:
-    def __init__(self, *, host_id: str, fleet_id: str, account_ids: list[str], hosts: HostRegistry,
-                 capacity: RedisCapacity, board: InFlightBoard, me: Standings, leases: LocalCounts,
-                 in_flight: LocalCounts, sockets: SocketsBoard | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        host_id: str,
+        fleet_id: str,
+        account_ids: list[str],
+        hosts: HostRegistry,
+        capacity: RedisCapacity,
+        board: InFlightBoard,
+        me: Standings,
+        leases: LocalCounts,
+        in_flight: LocalCounts,
+        sockets: SocketsBoard | None = None,
+    ) -> None:
         self.host_id = host_id
         self.fleet_id = fleet_id
         self.account_ids = account_ids
@@ -100,8 +111,8 @@ class RedisFleet:
         self.me = me
         self.leases = leases
         self.in_flight = in_flight
-        self.sockets = sockets        # the other hosts' open WebSockets (SPEC §20)
-        self.last_hosts_live = 1      # what an unavailable snapshot reports: the last count known
+        self.sockets = sockets  # the other hosts' open WebSockets (SPEC §20)
+        self.last_hosts_live = 1  # what an unavailable snapshot reports: the last count known
 
     async def snapshot(self, now_ms: int) -> FleetSnapshot:
         try:
@@ -116,19 +127,50 @@ class RedisFleet:
             return self._local(now_ms)
         self.last_hosts_live = len(live)
         local_flight = self.in_flight()
-        accounts = {a: host_rows(self.host_id, now_ms, live, held[a],
-                                 {h: flight.get(h, {}).get(a, 0) for h in live}, local_flight.get(a, 0))
-                    for a in self.account_ids}
+        accounts = {
+            a: host_rows(
+                self.host_id,
+                now_ms,
+                live,
+                held[a],
+                {h: flight.get(h, {}).get(a, 0) for h in live},
+                local_flight.get(a, 0),
+            )
+            for a in self.account_ids
+        }
         seen = sorted(set(live) | {r.host_id for rows in accounts.values() for r in rows} | {self.host_id})
-        hosts = tuple(HostSeen(host_id=h, last_seen_ms=now_ms if h == self.host_id else live.get(h),
-                               live=h in live or h == self.host_id) for h in seen)
-        return FleetSnapshot(mode=FleetMode.REDIS, state=state, host_id=self.host_id, fleet_id=self.fleet_id,
-                             hosts_live=len(live), hosts=hosts, accounts=accounts,
-                             writes_owed=self.me.writes_owed(), loops=self.me.loops(),
-                             sockets_elsewhere=sockets)
+        hosts = tuple(
+            HostSeen(
+                host_id=h,
+                last_seen_ms=now_ms if h == self.host_id else live.get(h),
+                live=h in live or h == self.host_id,
+            )
+            for h in seen
+        )
+        return FleetSnapshot(
+            mode=FleetMode.REDIS,
+            state=state,
+            host_id=self.host_id,
+            fleet_id=self.fleet_id,
+            hosts_live=len(live),
+            hosts=hosts,
+            accounts=accounts,
+            writes_owed=self.me.writes_owed(),
+            loops=self.me.loops(),
+            sockets_elsewhere=sockets,
+        )
 
     def _local(self, now_ms: int) -> FleetSnapshot:
-        snap = local_snapshot(FleetMode.REDIS, FleetState.UNAVAILABLE, self.host_id, self.fleet_id,
-                              self.last_hosts_live, self.account_ids, self.leases(), self.in_flight(), now_ms,
-                              self.me.writes_owed())
+        snap = local_snapshot(
+            FleetMode.REDIS,
+            FleetState.UNAVAILABLE,
+            self.host_id,
+            self.fleet_id,
+            self.last_hosts_live,
+            self.account_ids,
+            self.leases(),
+            self.in_flight(),
+            now_ms,
+            self.me.writes_owed(),
+        )
         return msgspec.structs.replace(snap, loops=self.me.loops())

@@ -1,6 +1,6 @@
 """The fleet set: every Redis backend one control daemon uses, built in one place (SPEC §16).
 
-`controlplane.main.wire` asks `backends_for(settings, keys)` for the state it shares: without
+`controlplane.wiring.wire` asks `backends_for(settings, keys)` for the state it shares: without
 `GATEWAY_FLEET_REDIS_URL`, the in-process tables (`backends.embedded`, which never imports this
 module nor Redis; the live leases' decisions journalled as in fleet mode, SPEC §5); with it, the
 Redis ones behind the same interfaces (`fleet`): the lease table (fenced by this host's
@@ -62,20 +62,23 @@ class FleetBackends:
         url = settings.fleet_redis_url
         assert url is not None and settings.fleet_secret is not None  # settings require both
         self.keys = FleetKeys(settings.fleet_id)
-        self.keyring = Keyring(settings.fleet_secret, settings.fleet_id,   # SPEC §19: every MAC's key
-                               settings.fleet_verify_secret)                # a rotation's other: verifies only
+        self.keyring = Keyring(
+            settings.fleet_secret,
+            settings.fleet_id,  # SPEC §19: every MAC's key
+            settings.fleet_verify_secret,
+        )  # a rotation's other: verifies only
         self.host_id = settings.host_id
-        self.entries = FleetEntries(self.keyring)   # SPEC §19: what is published, MAC'd; what is read, checked
+        self.entries = FleetEntries(self.keyring)  # SPEC §19: what is published, MAC'd; what is read, checked
         self.client = connect(url)
         # The mint's and the revoke's backends: their concurrent commands go as one pipeline (issue 27)
         self.batching = BatchingRedis(self.client)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)
-        self.supervisor = Supervisor()   # every loop that reads Redis (SPEC §19)
+        self.supervisor = Supervisor()  # every loop that reads Redis (SPEC §19)
         self.owed = OwedWrites(is_live=lambda key_id: keys.get(key_id) is not None)
         self.lease_capacity = OwedCapacity(self.batching, self.keys, settings.host_id, self.fence, self.owed)
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
-        self.lease_decisions = LeaseDecisions(journal, keys.get)   # beside the key table's journal
+        self.lease_decisions = LeaseDecisions(journal, keys.get)  # beside the key table's journal
         self.decisions = OwedDecisions(self.batching, self.keys, self.owed, self.lease_decisions, entries=self.entries)
         self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds, entries=self.entries)
         self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
@@ -89,15 +92,20 @@ class FleetBackends:
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
         mirror = FileChainStorage(os.path.join(state_dir, chain_file), os.path.join(state_dir, anchor_file))
-        auth = ChainAuth(self.keyring.key("chain/" + name), self._seal_fields,
-                         verify_also=self.keyring.keys("chain/" + name)[1:])
-        remote = RedisChainStorage(self.sync, self.keys, name, aclient=self.batching)   # a mint's refresh: async
+        auth = ChainAuth(
+            self.keyring.key("chain/" + name), self._seal_fields, verify_also=self.keyring.keys("chain/" + name)[1:]
+        )
+        remote = RedisChainStorage(self.sync, self.keys, name, aclient=self.batching)  # a mint's refresh: async
         return MirroredChainStorage(remote, mirror, auth)
 
     def _seal_fields(self) -> dict[str, Any]:
         """Who adopts a chain (SPEC §19): this host, on the fleet secret's authority."""
-        return {"at": iso_ms(now_ms()), "actor": "host:" + self.host_id, "actor_authenticated_by": "fleet-secret",
-                "reason": "adopted into fleet mode under this fleet secret"}
+        return {
+            "at": iso_ms(now_ms()),
+            "actor": "host:" + self.host_id,
+            "actor_authenticated_by": "fleet-secret",
+            "reason": "adopted into fleet mode under this fleet secret",
+        }
 
     async def close(self) -> None:
         await self.batching.aclose()
@@ -109,8 +117,13 @@ class FleetBackends:
 def fleet(settings: Settings, keys: KeyTable) -> Backends:
     redis_side = FleetBackends(settings, keys)
     return Backends(
-        lease_capacity=redis_side.lease_capacity, decisions=redis_side.decisions, circuits=redis_side.circuits,
-        admin_chain=redis_side.chain("account-admin", settings.state_dir, admin_store.CHAIN_FILE,
-                                     admin_store.ANCHOR_FILE),
+        lease_capacity=redis_side.lease_capacity,
+        decisions=redis_side.decisions,
+        circuits=redis_side.circuits,
+        admin_chain=redis_side.chain(
+            "account-admin", settings.state_dir, admin_store.CHAIN_FILE, admin_store.ANCHOR_FILE
+        ),
         policy_chain=redis_side.chain("policy", settings.state_dir, policy_store.CHAIN_FILE, policy_store.ANCHOR_FILE),
-        chain_recent_s=CHAIN_RECENT_S, fleet=redis_side)
+        chain_recent_s=CHAIN_RECENT_S,
+        fleet=redis_side,
+    )

@@ -27,9 +27,12 @@ from aiohttp import web
 from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
 from controlplane.core.overlay import Overlay
-from controlplane.headroom import KindView
+from controlplane.fleet.snapshot import FleetSnapshot
+from controlplane.headroom import HeadroomBook, KindView
 from controlplane.http.appkeys import DESK, FLEET, HEADROOM, READS
 from controlplane.http.common import int_query, json_response, requires
+from controlplane.ports import ControlReads
+from controlplane.registry import AccountSpec
 from controlplane.stores.admin import AccountAdminStore
 from shared.capacity import StateUnavailable
 from shared.chain import Verdict
@@ -44,12 +47,12 @@ class HostView(msgspec.Struct, frozen=True, kw_only=True):
     host_id: str
     lease_count: int
     in_flight_count: int
-    last_seen_at: str | None     # the host's last heartbeat; null for a dead host not yet reaped
+    last_seen_at: str | None  # the host's last heartbeat; null for a dead host not yet reaped
 
 
 class FleetView(msgspec.Struct, frozen=True, kw_only=True):
-    mode: str                    # embedded | redis
-    state: str                   # available | unavailable
+    mode: str  # embedded | redis
+    state: str  # available | unavailable
     hosts_live: int
 
 
@@ -66,7 +69,7 @@ class AccountView(msgspec.Struct, frozen=True, kw_only=True):
     lease_count: int
     in_flight: bool
     in_flight_count: int
-    sockets_open: int            # Responses WebSockets open (SPEC §20); fleet mode: fleet-wide
+    sockets_open: int  # Responses WebSockets open (SPEC §20); fleet mode: fleet-wide
     observed: bool
     observed_request_count: int
     observed_aborted_count: int
@@ -84,8 +87,8 @@ class AccountsView(msgspec.Struct, frozen=True, kw_only=True):
     as_of: str
     evidence_since: str
     evidence_truncated: bool
-    admin_chain_verdict: str      # while `corrupt`, every account reads `disabled` and mints hold
-    admin_revision: int | None   # null while the chain is corrupt
+    admin_chain_verdict: str  # while `corrupt`, every account reads `disabled` and mints hold
+    admin_revision: int | None  # null while the chain is corrupt
     fleet: FleetView
 
 
@@ -114,37 +117,70 @@ async def accounts_view(request: web.Request, window_s: int) -> AccountsView:
     truncated_any = False
     views = []
     for account in reads.registry.accounts:
-        rows = fleet.accounts.get(account.id, [])
-        lease_count = sum(r.lease_count for r in rows)
-        in_flight = sum(r.in_flight_count for r in rows)
-        counts, last_ms, truncated = reads.evidence.window(account.id, now - window_s * 1000)
+        view, truncated = await _account_view(reads, headroom, fleet, overlay, account, now, window_s)
+        views.append(view)
         truncated_any = truncated_any or truncated
-        configured = reads.configured(account)
-        health, reason = derive_health(configured, counts)
-        views.append(AccountView(
-            id=account.id, display_name=account.display_name,
-            provider_binding=str(account.provider_binding),
-            upstream_origin=origin_of(account.base_url), auth_style=str(account.auth_style),
-            credential_env=account.credential_env, configured=configured,
-            administrative_state=str(AdminState.DISABLED if overlay is None else overlay.state_of(account.id)),
-            leased=lease_count > 0, lease_count=lease_count, in_flight=in_flight > 0, in_flight_count=in_flight,
-            sockets_open=(reads.routes.sockets_open.get(account.id, 0)
-                          + fleet.sockets_elsewhere.get(account.id, 0)),
-            observed=counts.observed > 0, observed_request_count=counts.observed,
-            observed_aborted_count=counts.aborted,
-            last_observed_at=None if last_ms is None else iso_ms(last_ms),
-            circuit=await reads.circuits.view_or_last(account.id, now),
-            health=str(health), health_reason=str(reason),
-            hosts=[HostView(host_id=r.host_id, lease_count=r.lease_count, in_flight_count=r.in_flight_count,
-                            last_seen_at=None if r.last_seen_ms is None else iso_ms(r.last_seen_ms)) for r in rows],
-            rate_limits=headroom.view(account.id, now),
-        ))
-    return AccountsView(accounts=views, window_seconds=window_s, as_of=iso_ms(now),
-                        evidence_since=iso_ms(reads.evidence.since_ms),
-                        evidence_truncated=truncated_any,
-                        admin_chain_verdict=str(Verdict.CORRUPT if chain is None else chain.check.verdict),
-                        admin_revision=None if chain is None else chain.check.revision,
-                        fleet=FleetView(mode=str(fleet.mode), state=str(fleet.state), hosts_live=fleet.hosts_live))
+    return AccountsView(
+        accounts=views,
+        window_seconds=window_s,
+        as_of=iso_ms(now),
+        evidence_since=iso_ms(reads.evidence.since_ms),
+        evidence_truncated=truncated_any,
+        admin_chain_verdict=str(Verdict.CORRUPT if chain is None else chain.check.verdict),
+        admin_revision=None if chain is None else chain.check.revision,
+        fleet=FleetView(mode=str(fleet.mode), state=str(fleet.state), hosts_live=fleet.hosts_live),
+    )
+
+
+async def _account_view(
+    reads: ControlReads,
+    headroom: HeadroomBook,
+    fleet: FleetSnapshot,
+    overlay: Overlay | None,
+    account: AccountSpec,
+    now: int,
+    window_s: int,
+) -> tuple[AccountView, bool]:
+    """One account's row of the view, and whether its evidence window was truncated."""
+    rows = fleet.accounts.get(account.id, [])
+    lease_count = sum(r.lease_count for r in rows)
+    in_flight = sum(r.in_flight_count for r in rows)
+    counts, last_ms, truncated = reads.evidence.window(account.id, now - window_s * 1000)
+    configured = reads.configured(account)
+    health, reason = derive_health(configured, counts)
+    view = AccountView(
+        id=account.id,
+        display_name=account.display_name,
+        provider_binding=str(account.provider_binding),
+        upstream_origin=origin_of(account.base_url),
+        auth_style=str(account.auth_style),
+        credential_env=account.credential_env,
+        configured=configured,
+        administrative_state=str(AdminState.DISABLED if overlay is None else overlay.state_of(account.id)),
+        leased=lease_count > 0,
+        lease_count=lease_count,
+        in_flight=in_flight > 0,
+        in_flight_count=in_flight,
+        sockets_open=(reads.routes.sockets_open.get(account.id, 0) + fleet.sockets_elsewhere.get(account.id, 0)),
+        observed=counts.observed > 0,
+        observed_request_count=counts.observed,
+        observed_aborted_count=counts.aborted,
+        last_observed_at=None if last_ms is None else iso_ms(last_ms),
+        circuit=await reads.circuits.view_or_last(account.id, now),
+        health=str(health),
+        health_reason=str(reason),
+        hosts=[
+            HostView(
+                host_id=r.host_id,
+                lease_count=r.lease_count,
+                in_flight_count=r.in_flight_count,
+                last_seen_at=None if r.last_seen_ms is None else iso_ms(r.last_seen_ms),
+            )
+            for r in rows
+        ],
+        rate_limits=headroom.view(account.id, now),
+    )
+    return view, truncated
 
 
 @requires(Scope.READ)

@@ -52,30 +52,38 @@ async def admin_view(request: web.Request) -> web.Response:
     store = request.app[ADMIN_STORE]
     view = await store.read_async()
     check, overlay = view.check, view.state
-    return json_response({
-        "as_of": iso_ms(now_ms()),
-        "revision": check.revision,
-        "chain_verdict": str(check.verdict),
-        "chain_reason": None if check.fault is None else str(check.fault),
-        "accounts": [{"id": account_id,
-                      "administrative_state": None if overlay is None else str(overlay.state_of(account_id))}
-                     for account_id in store.account_ids],
-        "overlay": None if overlay is None else {k: str(v) for k, v in overlay.states.items()},
-    })
+    return json_response(
+        {
+            "as_of": iso_ms(now_ms()),
+            "revision": check.revision,
+            "chain_verdict": str(check.verdict),
+            "chain_reason": None if check.fault is None else str(check.fault),
+            "accounts": [
+                {
+                    "id": account_id,
+                    "administrative_state": None if overlay is None else str(overlay.state_of(account_id)),
+                }
+                for account_id in store.account_ids
+            ],
+            "overlay": None if overlay is None else {k: str(v) for k, v in overlay.states.items()},
+        }
+    )
 
 
 @requires(Scope.READ)
 async def audit(request: web.Request) -> web.Response:
     view = await request.app[ADMIN_STORE].read_async()
     check = view.check
-    return json_response({
-        "as_of": iso_ms(now_ms()),
-        "revision": check.revision,
-        "chain_verdict": str(check.verdict),
-        "chain_reason": None if check.fault is None else str(check.fault),
-        "fault_line": check.fault_line,
-        "records": list(check.records),
-    })
+    return json_response(
+        {
+            "as_of": iso_ms(now_ms()),
+            "revision": check.revision,
+            "chain_verdict": str(check.verdict),
+            "chain_reason": None if check.fault is None else str(check.fault),
+            "fault_line": check.fault_line,
+            "records": list(check.records),
+        }
+    )
 
 
 @requires(Scope.ADMIN)
@@ -84,9 +92,14 @@ async def set_state(request: web.Request) -> web.Response:
     account_id = request.match_info["account_id"]
     body = await read_json(request, SetStateBody)
     refuse_secret_shapes(reason=body.reason, actor=body.actor)
-    done = await store.set_state(account_id, body.state, reason=body.reason, actor=body.actor,
-                                 authenticated_by=authenticated_by(request),
-                                 expected_revision=body.expected_revision)
+    done = await store.set_state(
+        account_id,
+        body.state,
+        reason=body.reason,
+        actor=body.actor,
+        authenticated_by=authenticated_by(request),
+        expected_revision=body.expected_revision,
+    )
     return json_response(_mutation_payload(done))
 
 
@@ -97,9 +110,14 @@ async def revoke_leases(request: web.Request) -> web.Response:
     body = await read_json(request, RevokeLeasesBody)
     refuse_secret_shapes(reason=body.reason, actor=body.actor)
     revoker: Revoker = request.app[LEASE_REVOKER]  # type: ignore[assignment]
-    done = await store.revoke_leases(account_id, revoker, reason=body.reason, actor=body.actor,
-                                     authenticated_by=authenticated_by(request),
-                                     expected_revision=body.expected_revision)
+    done = await store.revoke_leases(
+        account_id,
+        revoker,
+        reason=body.reason,
+        actor=body.actor,
+        authenticated_by=authenticated_by(request),
+        expected_revision=body.expected_revision,
+    )
     return json_response(_mutation_payload(done))
 
 
@@ -115,8 +133,7 @@ def _mutation_payload(done: AdminMutation) -> dict[str, Any]:
         "record": record,
     }
     if done.expected_revision is None:
-        payload["note"] = (f"no expected_revision was given: applied at the current revision "
-                           f"{done.based_on_revision}")
+        payload["note"] = f"no expected_revision was given: applied at the current revision {done.based_on_revision}"
     if done.revoked is not None:
         payload["revoked"] = done.revoked
         # SPEC §16: live hosts that did not acknowledge within 5 s (always [] in embedded mode)

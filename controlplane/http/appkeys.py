@@ -34,5 +34,20 @@ FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else 
 TRACES = web.AppKey("traces", object)  # a `controlplane.traces.Traces`, or None: export off (SPEC §21)
 HEADROOM = web.AppKey("headroom", HeadroomBook)  # provider rate-limit headroom (SPEC §22)
 
-__all__ = ["READS", "V1_KEYS", "DESK", "ADMIN_STORE", "LEASE_REVOKER", "POLICY_STORE", "HUB", "HEARTBEAT",
-           "METRICS", "ASSETS", "SPEND_BOOK", "SPEND_POLICY", "FLEET", "TRACES", "HEADROOM"]
+__all__ = [
+    "READS",
+    "V1_KEYS",
+    "DESK",
+    "ADMIN_STORE",
+    "LEASE_REVOKER",
+    "POLICY_STORE",
+    "HUB",
+    "HEARTBEAT",
+    "METRICS",
+    "ASSETS",
+    "SPEND_BOOK",
+    "SPEND_POLICY",
+    "FLEET",
+    "TRACES",
+    "HEADROOM",
+]

@@ -39,9 +39,11 @@ FLEET_RETRY_AFTER_S = 1
 
 def requires(scope: Scope | None) -> Callable[[Handler], Handler]:
     """Mark a handler with the scope it needs (None = public)."""
+
     def mark(handler: Handler) -> Handler:
         handler.__leasehold_scope__ = scope  # type: ignore[attr-defined]
         return handler
+
     return mark
 
 
@@ -49,8 +51,11 @@ class TokenRing:
     """The configured bearer tokens and the scope each grants."""
 
     def __init__(self, settings: Settings) -> None:
-        pairs = [(settings.control_token, Scope.ADMIN), (settings.mint_token, Scope.MINT),
-                 (settings.read_token, Scope.READ)]
+        pairs = [
+            (settings.control_token, Scope.ADMIN),
+            (settings.mint_token, Scope.MINT),
+            (settings.read_token, Scope.READ),
+        ]
         self._tokens = [(t.encode(), s) for t, s in pairs if t]
 
     def scope_of(self, presented: str | None) -> Scope | None:
@@ -70,16 +75,15 @@ def bearer_of(request: web.Request) -> str | None:
     return value.strip() if kind.lower() == "bearer" and value.strip() else None
 
 
-def error_response(code: Refusal | str, message: str, status: int,
-                   headers: dict[str, str] | None = None, **extra: Any) -> web.Response:
+def error_response(
+    code: Refusal | str, message: str, status: int, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
     body = {"error": {"code": str(code), "message": message, **extra}}
-    return web.Response(body=_encode(body), status=status, content_type="application/json",
-                        headers=headers)
+    return web.Response(body=_encode(body), status=status, content_type="application/json", headers=headers)
 
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=_encode(payload), status=status, content_type="application/json",
-                        headers=headers)
+    return web.Response(body=_encode(payload), status=status, content_type="application/json", headers=headers)
 
 
 def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
@@ -90,13 +94,19 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
             granted = ring.scope_of(bearer_of(request))
             if granted is None:
                 log.info("control_auth_refused", path=request.path, method=request.method)
-                return error_response(ErrorCode.UNAUTHENTICATED, "a valid bearer token is required", 401,
-                                      headers={"WWW-Authenticate": 'Bearer realm="leasehold"',
-                                               "Connection": "close"})
+                return error_response(
+                    ErrorCode.UNAUTHENTICATED,
+                    "a valid bearer token is required",
+                    401,
+                    headers={"WWW-Authenticate": 'Bearer realm="leasehold"', "Connection": "close"},
+                )
             if scope_needed not in _GRANTS[granted]:
-                return error_response(ErrorCode.FORBIDDEN_SCOPE,
-                                      f"this route needs scope {scope_needed!s}; the token grants {granted!s}",
-                                      403, headers={"Connection": "close"})
+                return error_response(
+                    ErrorCode.FORBIDDEN_SCOPE,
+                    f"this route needs scope {scope_needed!s}; the token grants {granted!s}",
+                    403,
+                    headers={"Connection": "close"},
+                )
             request[SCOPE_KEY] = {"scope": granted}
         try:
             return await handler(request)
@@ -108,9 +118,13 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
         except StateUnavailable as exc:  # fleet mode (SPEC §16): held, never a per-host guess
             log.warning("fleet_state_unavailable", path=request.path, method=request.method, error=str(exc))
             code = Refusal.FLEET_STATE_UNAVAILABLE
-            return error_response(code, "the fleet's shared state (Redis) cannot be reached or answered an "
-                                  "error; nothing was changed; retry", HTTP_STATUS[code],
-                                  headers={"Retry-After": str(FLEET_RETRY_AFTER_S)})
+            return error_response(
+                code,
+                "the fleet's shared state (Redis) cannot be reached or answered an error; nothing was changed; retry",
+                HTTP_STATUS[code],
+                headers={"Retry-After": str(FLEET_RETRY_AFTER_S)},
+            )
+
     return middleware
 
 
@@ -128,8 +142,7 @@ def _scope_needed(request: web.Request, metrics_public: bool) -> Scope | None:
 
 # What `actor_authenticated_by` records: the configured token that authenticated a mutation
 # (the caller's `actor` is only its claim).
-AUTHENTICATED_BY: dict[Scope, str] = {Scope.ADMIN: "control-token", Scope.MINT: "mint-token",
-                                      Scope.READ: "read-token"}
+AUTHENTICATED_BY: dict[Scope, str] = {Scope.ADMIN: "control-token", Scope.MINT: "mint-token", Scope.READ: "read-token"}
 
 
 def authenticated_by(request: web.Request) -> str:
@@ -143,9 +156,11 @@ def refuse_secret_shapes(**fields: str | None) -> None:
     """Free text lands in a chain kept forever: refuse anything credential-shaped."""
     for name, value in fields.items():
         if value is not None and redact_text(value) != value:
-            raise GatewayError(ErrorCode.INVALID_REQUEST,
-                               f"{name} looks like it contains a credential or token; "
-                               "it is recorded forever, so it is refused", extra={"field": name})
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST,
+                f"{name} looks like it contains a credential or token; it is recorded forever, so it is refused",
+                extra={"field": name},
+            )
 
 
 def granted_scope(request: web.Request) -> Scope | None:
@@ -173,9 +188,15 @@ def int_query(request: web.Request, name: str, default: int, lo: int, hi: int) -
     try:
         value = int(raw)
     except ValueError:
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name} must be an integer in {lo}..{hi}",
-                           extra={"param": name, "min": lo, "max": hi}) from None
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"{name} must be an integer in {lo}..{hi}",
+            extra={"param": name, "min": lo, "max": hi},
+        ) from None
     if not lo <= value <= hi:
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name}={value} is outside {lo}..{hi}",
-                           extra={"param": name, "min": lo, "max": hi})
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"{name}={value} is outside {lo}..{hi}",
+            extra={"param": name, "min": lo, "max": hi},
+        )
     return value

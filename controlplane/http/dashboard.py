@@ -18,18 +18,20 @@ from controlplane.http.common import requires
 
 FILES = {  # file in controlplane/static → content type
     "dashboard.html": "text/html; charset=utf-8",
-    "dashboard.js": "text/javascript; charset=utf-8",   # state and lifecycle (an ES module)
-    "source.js": "text/javascript; charset=utf-8",      # the read API and the feed reader
-    "render.js": "text/javascript; charset=utf-8",      # data in, DOM out
-    "charts.js": "text/javascript; charset=utf-8",      # budgets and spend, drawn as inline SVG
-    "fleet.js": "text/javascript; charset=utf-8",       # the fleet section (SPEC §16)
-    "headroom.js": "text/javascript; charset=utf-8",    # the accounts' headroom bars (SPEC §22)
+    "dashboard.js": "text/javascript; charset=utf-8",  # state and lifecycle (an ES module)
+    "source.js": "text/javascript; charset=utf-8",  # the read API and the feed reader
+    "render.js": "text/javascript; charset=utf-8",  # data in, DOM out
+    "charts.js": "text/javascript; charset=utf-8",  # budgets and spend, drawn as inline SVG
+    "fleet.js": "text/javascript; charset=utf-8",  # the fleet section (SPEC §16)
+    "headroom.js": "text/javascript; charset=utf-8",  # the accounts' headroom bars (SPEC §22)
     "dashboard.css": "text/css; charset=utf-8",
 }
 HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; "
-                                "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
-                                "form-action 'none'; frame-ancestors 'none'"),
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; "
+        "connect-src 'self'; img-src 'self' data:; base-uri 'none'; "
+        "form-action 'none'; frame-ancestors 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
@@ -46,8 +48,7 @@ def load_assets() -> dict[str, bytes]:
 
 
 def _serve(request: web.Request, name: str) -> web.Response:
-    return web.Response(body=request.app[ASSETS][name],
-                        headers={"Content-Type": FILES[name], **HEADERS})
+    return web.Response(body=request.app[ASSETS][name], headers={"Content-Type": FILES[name], **HEADERS})
 
 
 @requires(None)

@@ -26,15 +26,37 @@ def fleet_payload(snap: FleetSnapshot, now: int) -> dict[str, Any]:
             total = totals.setdefault(row.host_id, [0, 0])
             total[0] += row.lease_count
             total[1] += row.in_flight_count
-    hosts = [{"host_id": h.host_id, "live": h.live,
-              "last_seen_at": None if h.last_seen_ms is None else iso_ms(h.last_seen_ms),
-              "lease_count": totals.get(h.host_id, [0, 0])[0], "in_flight_count": totals.get(h.host_id, [0, 0])[1],
-              "this_host": h.host_id == snap.host_id} for h in snap.hosts]
-    return {"as_of": iso_ms(now), "mode": str(snap.mode), "state": str(snap.state), "fleet_id": snap.fleet_id,
-            "host_id": snap.host_id, "hosts_live": snap.hosts_live, "writes_owed": snap.writes_owed,
-            "hosts": hosts, "loops": [{"name": loop.name, "state": str(loop.state), "failures": loop.failures,
-                                      "restarts": loop.restarts, "last_error_kind": loop.last_error_kind}
-                                     for loop in snap.loops]}
+    hosts = [
+        {
+            "host_id": h.host_id,
+            "live": h.live,
+            "last_seen_at": None if h.last_seen_ms is None else iso_ms(h.last_seen_ms),
+            "lease_count": totals.get(h.host_id, [0, 0])[0],
+            "in_flight_count": totals.get(h.host_id, [0, 0])[1],
+            "this_host": h.host_id == snap.host_id,
+        }
+        for h in snap.hosts
+    ]
+    return {
+        "as_of": iso_ms(now),
+        "mode": str(snap.mode),
+        "state": str(snap.state),
+        "fleet_id": snap.fleet_id,
+        "host_id": snap.host_id,
+        "hosts_live": snap.hosts_live,
+        "writes_owed": snap.writes_owed,
+        "hosts": hosts,
+        "loops": [
+            {
+                "name": loop.name,
+                "state": str(loop.state),
+                "failures": loop.failures,
+                "restarts": loop.restarts,
+                "last_error_kind": loop.last_error_kind,
+            }
+            for loop in snap.loops
+        ],
+    }
 
 
 @requires(Scope.READ)

@@ -35,15 +35,18 @@ def _keys(request: web.Request) -> V1Keys:
 async def mint_v1(request: web.Request) -> web.Response:
     body = await read_json(request, MintV1)
     minted = await _keys(request).mint_v1(
-        body.provider_binding, body.principal_kind, body.principal_id, body.repo_slug,
-        body.ttl_seconds)
-    return json_response({
-        "token": minted.token,
-        "key_id": minted.lease.key_id,
-        "account_id": minted.account.id,
-        "expires_at": iso_ms(minted.lease.expires_at_ms),
-        "base_url": minted.base_url,
-    }, status=201)
+        body.provider_binding, body.principal_kind, body.principal_id, body.repo_slug, body.ttl_seconds
+    )
+    return json_response(
+        {
+            "token": minted.token,
+            "key_id": minted.lease.key_id,
+            "account_id": minted.account.id,
+            "expires_at": iso_ms(minted.lease.expires_at_ms),
+            "base_url": minted.base_url,
+        },
+        status=201,
+    )
 
 
 @requires(Scope.MINT)

@@ -8,7 +8,7 @@ from aiohttp import web
 from controlplane.answers import MintAnswer
 from controlplane.http.appkeys import DESK
 from controlplane.http.common import json_response, read_json, requires
-from controlplane.mint import MintV2
+from controlplane.mintshapes import MintV2
 from shared.bounds import TtlSeconds
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError

@@ -27,7 +27,7 @@ from controlplane.events import EventKind
 from controlplane.http.appkeys import DESK, HUB, POLICY_STORE
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.http.spend import budgets_on_chain
-from controlplane.mint import lineage_of, skips_view
+from controlplane.mintshapes import lineage_of, skips_view
 from controlplane.stores.policy import PolicyStore, Resolution
 from shared.clock import iso_ms, now_ms
 from shared.codes import ErrorCode, Refusal, Scope
@@ -48,13 +48,18 @@ class PutLevel(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 def _chain_fields(view: Any) -> dict[str, Any]:
     check = view.check
-    return {"revision": check.revision, "chain_verdict": str(check.verdict),
-            "chain_reason": None if check.fault is None else str(check.fault)}
+    return {
+        "revision": check.revision,
+        "chain_verdict": str(check.verdict),
+        "chain_reason": None if check.fault is None else str(check.fault),
+    }
 
 
 def _ceilings(store: PolicyStore) -> dict[str, Any]:
-    return {"fallback_on": sorted(str(c) for c in store.ceiling.fallback_on),
-            "max_fallback_hops": store.ceiling.max_fallback_hops}
+    return {
+        "fallback_on": sorted(str(c) for c in store.ceiling.fallback_on),
+        "max_fallback_hops": store.ceiling.max_fallback_hops,
+    }
 
 
 @requires(Scope.READ)
@@ -62,13 +67,16 @@ async def policy_view(request: web.Request) -> web.Response:
     store = request.app[POLICY_STORE]
     view = await store.read_async()
     state = view.state if store.believable(view) else None
-    return json_response({
-        "as_of": iso_ms(now_ms()), **_chain_fields(view),
-        "levels": None if state is None else {label: state.documents[label] for label in sorted(state.documents)},
-        "written_at_revision": None if state is None else state.written_at,
-        "tenancy": None if state is None else {"repos": state.team_of, "teams": state.org_of},
-        "ceilings": _ceilings(store),
-    })
+    return json_response(
+        {
+            "as_of": iso_ms(now_ms()),
+            **_chain_fields(view),
+            "levels": None if state is None else {label: state.documents[label] for label in sorted(state.documents)},
+            "written_at_revision": None if state is None else state.written_at,
+            "tenancy": None if state is None else {"repos": state.team_of, "teams": state.org_of},
+            "ceilings": _ceilings(store),
+        }
+    )
 
 
 @requires(Scope.READ)
@@ -78,29 +86,41 @@ async def level_view(request: web.Request) -> web.Response:
     level, _ = store.validate(name, {})
     view = await store.read_async()
     if not store.believable(view):
-        raise GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain cannot be believed",
-                           extra=_chain_fields(view))
+        raise GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain cannot be believed", extra=_chain_fields(view))
     assert view.state is not None
-    return json_response({
-        "name": level.label, **_chain_fields(view),
-        "document": view.state.documents.get(level.label),
-        "written_at_revision": view.state.written_at.get(level.label),
-    })
+    return json_response(
+        {
+            "name": level.label,
+            **_chain_fields(view),
+            "document": view.state.documents.get(level.label),
+            "written_at_revision": view.state.written_at.get(level.label),
+        }
+    )
 
 
 @requires(Scope.ADMIN)
 async def put_level(request: web.Request) -> web.Response:
     store = request.app[POLICY_STORE]
     body = await read_json(request, PutLevel)
-    refuse_secret_shapes(reason=body.reason, actor=body.actor,
-                          document=msgspec.json.encode(body.document).decode())
-    written = await store.put_level(body.name, body.document, expected_revision=body.expected_revision,
-                                    reason=body.reason, actor=body.actor,
-                                    authenticated_by=authenticated_by(request))
+    refuse_secret_shapes(reason=body.reason, actor=body.actor, document=msgspec.json.encode(body.document).decode())
+    written = await store.put_level(
+        body.name,
+        body.document,
+        expected_revision=body.expected_revision,
+        reason=body.reason,
+        actor=body.actor,
+        authenticated_by=authenticated_by(request),
+    )
     request.app[HUB].publish(EventKind.POLICY, {"name": written.name, "revision": written.revision})
-    return json_response({"name": written.name, "revision": written.revision,
-                          "based_on_revision": written.based_on_revision,
-                          "document": written.document, "record": written.record})
+    return json_response(
+        {
+            "name": written.name,
+            "revision": written.revision,
+            "based_on_revision": written.based_on_revision,
+            "document": written.document,
+            "record": written.record,
+        }
+    )
 
 
 @requires(Scope.READ)
@@ -108,37 +128,49 @@ async def audit(request: web.Request) -> web.Response:
     view = await request.app[POLICY_STORE].read_async()
     name = request.query.get("name")
     records = [r for r in view.check.records if name is None or r.get("name") == name]
-    return json_response({"as_of": iso_ms(now_ms()), **_chain_fields(view),
-                          "fault_line": view.check.fault_line, "records": records})
+    return json_response(
+        {"as_of": iso_ms(now_ms()), **_chain_fields(view), "fault_line": view.check.fault_line, "records": records}
+    )
 
 
 # ---- explain: the mint's own decision, stopped before anything is reserved ----------------
 
+
 def _resolved_view(policy: ResolvedPolicy) -> dict[str, Any]:
-    return {"account_order": policy.account_order, "providers": policy.providers,
-            "fallback_on": sorted(str(c) for c in policy.fallback_on),
-            "max_fallback_hops": policy.max_fallback_hops, "model_classes": policy.model_classes,
-            "min_headroom_percent": policy.min_headroom_percent}
+    return {
+        "account_order": policy.account_order,
+        "providers": policy.providers,
+        "fallback_on": sorted(str(c) for c in policy.fallback_on),
+        "max_fallback_hops": policy.max_fallback_hops,
+        "model_classes": policy.model_classes,
+        "min_headroom_percent": policy.min_headroom_percent,
+    }
 
 
 def _candidate_view(candidate: Candidate, facts: LiveFacts | None) -> dict[str, Any]:
     code = None if facts is None else rule_out(facts)
-    return {"account_id": candidate.account_id, "position": candidate.position,
-            "provider_binding": candidate.provider_binding, "effective_model": candidate.effective_model,
-            "code": None if code is None else str(code),
-            "filters": None if facts is None else [str(f) for f in live_filters(facts)]}
+    return {
+        "account_id": candidate.account_id,
+        "position": candidate.position,
+        "provider_binding": candidate.provider_binding,
+        "effective_model": candidate.effective_model,
+        "code": None if code is None else str(code),
+        "filters": None if facts is None else [str(f) for f in live_filters(facts)],
+    }
 
 
 def _would(verdict: MintVerdict) -> dict[str, Any]:
     chosen = verdict.chosen
-    return {"outcome": str(verdict.outcome),
-            "refusal_reason": None if verdict.refusal is None else str(verdict.refusal),
-            "account_id": None if chosen is None else chosen.account_id,
-            "fallback_position": None if chosen is None else chosen.position,
-            "effective_model": None if chosen is None else chosen.effective_model,
-            "hop": verdict.hop if chosen is not None else None,
-            "retry_after_s": verdict.retry_after_s,   # `budget-exhausted`: until the last window resets
-            "skipped": skips_view(verdict.skipped)}
+    return {
+        "outcome": str(verdict.outcome),
+        "refusal_reason": None if verdict.refusal is None else str(verdict.refusal),
+        "account_id": None if chosen is None else chosen.account_id,
+        "fallback_position": None if chosen is None else chosen.position,
+        "effective_model": None if chosen is None else chosen.effective_model,
+        "hop": verdict.hop if chosen is not None else None,
+        "retry_after_s": verdict.retry_after_s,  # `budget-exhausted`: until the last window resets
+        "skipped": skips_view(verdict.skipped),
+    }
 
 
 @requires(Scope.READ)
@@ -154,36 +186,62 @@ async def explain(request: web.Request) -> web.Response:
     if not repo_slug or (model is None) == (model_class is None):
         raise GatewayError(ErrorCode.INVALID_REQUEST, "give repo_slug and exactly one of model or model_class")
     if retry_of and supersedes:
-        raise GatewayError(ErrorCode.INVALID_REQUEST,
-                           "retry_of_mint_decision_id and supersedes_mint_decision_id are mutually exclusive")
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            "retry_of_mint_decision_id and supersedes_mint_decision_id are mutually exclusive",
+        )
     store, desk = request.app[POLICY_STORE], request.app[DESK]
     view = await store.read_async()
-    payload: dict[str, Any] = {"as_of": iso_ms(now_ms()), "repo_slug": repo_slug, "worker_role": role,
-                               "model": model, "model_class": model_class, **_chain_fields(view),
-                               "policy_revision": view.check.revision, "ceilings": _ceilings(store)}
+    payload: dict[str, Any] = {
+        "as_of": iso_ms(now_ms()),
+        "repo_slug": repo_slug,
+        "worker_role": role,
+        "model": model,
+        "model_class": model_class,
+        **_chain_fields(view),
+        "policy_revision": view.check.revision,
+        "ceilings": _ceilings(store),
+    }
     resolution: Resolution | None = store.resolution(repo_slug, role, view) if store.believable(view) else None
     payload.update(_resolution_view(resolution))
-    payload["budgets"] = None if resolution is None else budgets_on_chain(request.app, resolution.policy.budgets,
-                                                                           view.state)
+    payload["budgets"] = (
+        None if resolution is None else budgets_on_chain(request.app, resolution.policy.budgets, view.state)
+    )
     lineage = lineage_of(query.get("dispatch_id", ""), repo_slug, model, model_class)
     gathered = await desk.gather(lineage, role, model, model_class, retry_of=retry_of, supersedes=supersedes)
     facts = gathered.facts
-    payload["candidates"] = None if gathered.policy is None else [
-        _candidate_view(c, facts.live.get(c.account_id)) for c in facts.candidates]
+    payload["candidates"] = (
+        None
+        if gathered.policy is None
+        else [_candidate_view(c, facts.live.get(c.account_id)) for c in facts.candidates]
+    )
     payload["would_select"] = _would(decide_mint(facts))
     return json_response(payload)
 
 
 def _resolution_view(resolution: Resolution | None) -> dict[str, Any]:
     if resolution is None:
-        return {"tenancy": None, "resolved": None, "provenance": None, "locked_by": None,
-                "vetoed": None, "ceilinged": None}
+        return {
+            "tenancy": None,
+            "resolved": None,
+            "provenance": None,
+            "locked_by": None,
+            "vetoed": None,
+            "ceilinged": None,
+        }
     policy, tenancy = resolution.policy, resolution.tenancy
-    return {"tenancy": {"team": tenancy.team, "org": tenancy.org,
-                        "levels": [{"name": label, "present": label in resolution.present}
-                                   for label in tenancy.labels]},
-            "resolved": _resolved_view(policy), "provenance": policy.provenance,
-            "locked_by": policy.locked_by, "vetoed": policy.vetoed, "ceilinged": list(policy.ceilinged)}
+    return {
+        "tenancy": {
+            "team": tenancy.team,
+            "org": tenancy.org,
+            "levels": [{"name": label, "present": label in resolution.present} for label in tenancy.labels],
+        },
+        "resolved": _resolved_view(policy),
+        "provenance": policy.provenance,
+        "locked_by": policy.locked_by,
+        "vetoed": policy.vetoed,
+        "ceilinged": list(policy.ceilinged),
+    }
 
 
 def add_routes(app: web.Application, store: PolicyStore) -> None:

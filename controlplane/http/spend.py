@@ -45,16 +45,22 @@ def _choice(request: web.Request, name: str, kind: type[StrEnum], default: StrEn
         return kind(raw)
     except ValueError:
         allowed = [str(member) for member in kind]
-        raise GatewayError(ErrorCode.INVALID_REQUEST, f"{name} must be one of {', '.join(allowed)}",
-                           extra={"param": name, "allowed": allowed}) from None
+        raise GatewayError(
+            ErrorCode.INVALID_REQUEST,
+            f"{name} must be one of {', '.join(allowed)}",
+            extra={"param": name, "allowed": allowed},
+        ) from None
 
 
 async def _tenancy(request: web.Request) -> tuple[TenancyMap, Any]:
     store = request.app[SPEND_POLICY]
     view = await store.read_async()
     if not store.believable(view):
-        raise GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain cannot be believed",
-                           extra={"chain_verdict": str(view.check.verdict)})
+        raise GatewayError(
+            Refusal.POLICY_UNAVAILABLE,
+            "the policy chain cannot be believed",
+            extra={"chain_verdict": str(view.check.verdict)},
+        )
     state = view.state
     assert state is not None  # a believable view is a folded one
     return TenancyMap(team_of=state.team_of, org_of=state.org_of), view
@@ -77,14 +83,21 @@ async def spend_view(request: web.Request) -> web.Response:
     book = request.app[SPEND_BOOK]
     at = book.clock()
     start_ms, entries = book.spend(window, by, tenancy, at)
-    payload: dict[str, Any] = {"window": str(window), "by": str(by), "window_start": iso(start_ms),
-                               "as_of": iso(at), "rows": entries}
+    payload: dict[str, Any] = {
+        "window": str(window),
+        "by": str(by),
+        "window_start": iso(start_ms),
+        "as_of": iso(at),
+        "rows": entries,
+    }
     if request.query.get("hours"):
         if window != Window.HOUR:
             raise GatewayError(ErrorCode.INVALID_REQUEST, "hours needs window=hour", extra={"param": "hours"})
         hours = int_query(request, "hours", 24, 1, SERIES_HOURS_MAX)
-        payload["series"] = [{"window_start": iso(start), "held": held, "rows": rows}
-                             for start, held, rows in book.hourly(hours, by, tenancy, at)]
+        payload["series"] = [
+            {"window_start": iso(start), "held": held, "rows": rows}
+            for start, held, rows in book.hourly(hours, by, tenancy, at)
+        ]
     return json_response(payload)
 
 

@@ -30,18 +30,23 @@ async def trace_of_attempt(request: web.Request) -> web.Response:
     attempt_id = request.match_info["attempt_id"]
     row = next((r for r in reversed(reads.routes.recent) if r.attempt_id == attempt_id), None)
     if row is None:
-        raise GatewayError(ErrorCode.NOT_FOUND, f"attempt {attempt_id[:64]!r} is not among the recent routes "
-                           f"(the last {reads.routes.recent.maxlen} finished attempts)")
+        raise GatewayError(
+            ErrorCode.NOT_FOUND,
+            f"attempt {attempt_id[:64]!r} is not among the recent routes "
+            f"(the last {reads.routes.recent.maxlen} finished attempts)",
+        )
     traces = cast("Traces | None", request.app[TRACES])
     spec = reads.registry.get(row.account_id)
     account = None if spec is None else account_of(str(spec.provider_binding), spec.base_url)
     note = traces.notes.get(row.mint_decision_id) if traces is not None and row.mint_decision_id else None
     plan = span_of(row, account, None if note is None else DecisionNote(hop=note.hop))
-    return json_response({
-        "exported": traces is not None,
-        "resource": None if traces is None else traces.resource(),
-        "span": msgspec.to_builtins(plan),
-    })
+    return json_response(
+        {
+            "exported": traces is not None,
+            "resource": None if traces is None else traces.resource(),
+            "span": msgspec.to_builtins(plan),
+        }
+    )
 
 
 def add_routes(app: web.Application) -> None:

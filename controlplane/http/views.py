@@ -16,38 +16,44 @@ RECENT_LIMIT_MAX = 200
 @requires(None)
 async def healthz(request: web.Request) -> web.Response:
     link = request.app[READS].link
-    return json_response({
-        "status": "ok",
-        "dataplane_connected": link.connected and link.ready.is_set(),
-        "dataplane_pid": link.peer_pid,
-        "ledger_ok": request.app[READS].ledger.ok,
-    })
+    return json_response(
+        {
+            "status": "ok",
+            "dataplane_connected": link.connected and link.ready.is_set(),
+            "dataplane_pid": link.peer_pid,
+            "ledger_ok": request.app[READS].ledger.ok,
+        }
+    )
 
 
 @requires(Scope.READ)
 async def routes_active(request: web.Request) -> web.Response:
     book = request.app[READS].routes
     rows = sorted(book.active.values(), key=lambda r: r.started_at)
-    return json_response({
-        "as_of": iso_ms(now_ms()),
-        "count": len(rows),
-        "routes": [view_of(r) for r in rows],
-        "dataplane_connected": request.app[READS].link.connected,
-    })
+    return json_response(
+        {
+            "as_of": iso_ms(now_ms()),
+            "count": len(rows),
+            "routes": [view_of(r) for r in rows],
+            "dataplane_connected": request.app[READS].link.connected,
+        }
+    )
 
 
 @requires(Scope.READ)
 async def routes_recent(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, 1, RECENT_LIMIT_MAX)
     rows, truncated, retained, since = request.app[READS].routes.recent_view(limit)
-    return json_response({
-        "as_of": iso_ms(now_ms()),
-        "limit": limit,
-        "routes": [view_of(r) for r in rows],
-        "truncated": truncated,
-        "retained": retained,
-        "evidence_since": since,
-    })
+    return json_response(
+        {
+            "as_of": iso_ms(now_ms()),
+            "limit": limit,
+            "routes": [view_of(r) for r in rows],
+            "truncated": truncated,
+            "retained": retained,
+            "evidence_since": since,
+        }
+    )
 
 
 def add_routes(app: web.Application) -> None:

@@ -53,7 +53,6 @@ ANCHOR_FILE = "account-admin-head.json"
 REVOCATION_TIMEOUT_S = 60.0
 
 
-
 class Revocation(msgspec.Struct, frozen=True, kw_only=True):
     """What an account-wide revocation did: the leases it ended (on every host that answered),
     and the live hosts that did not acknowledge it within the bound (fleet mode, SPEC §16)."""
@@ -79,10 +78,16 @@ class RevocationFailed(Exception):
 
 
 class AccountAdminStore:
-    def __init__(self, state_dir: str, account_ids: Sequence[str], *,
-                 clock: Callable[[], int] = now_ms,
-                 on_commit: Callable[[dict[str, Any]], object] | None = None,
-                 storage: ChainStorage | None = None, recent_s: float | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str,
+        account_ids: Sequence[str],
+        *,
+        clock: Callable[[], int] = now_ms,
+        on_commit: Callable[[dict[str, Any]], object] | None = None,
+        storage: ChainStorage | None = None,
+        recent_s: float | None = None,
+    ) -> None:
         """`storage`: where the chain's bytes live (the state dir's files by default; fleet
         mode: Redis, mirrored into those files). `recent_s`: see `HashChain.read_recent`."""
         self.account_ids = tuple(account_ids)
@@ -90,8 +95,12 @@ class AccountAdminStore:
         self._clock = clock
         self._on_commit = on_commit
         self.chain: HashChain[Overlay] = HashChain(
-            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_overlay,
-            storage=storage, recent_s=recent_s)
+            os.path.join(state_dir, CHAIN_FILE),
+            os.path.join(state_dir, ANCHOR_FILE),
+            fold_overlay,
+            storage=storage,
+            recent_s=recent_s,
+        )
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -107,7 +116,7 @@ class AccountAdminStore:
         """Validate the chain off the loop now, when its storage is remote (a mint calls this
         first, so it decides on the chain as it is); a no-op over the local files."""
         if self.chain.recent_s is not None:
-            await self.chain.refresh()   # fleet: unchanged, one async round trip and no thread
+            await self.chain.refresh()  # fleet: unchanged, one async round trip and no thread
 
     def verdict(self) -> Verdict:
         return self.read().check.verdict
@@ -131,22 +140,42 @@ class AccountAdminStore:
 
     # ---- mutations ------------------------------------------------------------------------
 
-    async def set_state(self, account_id: str, state: AdminState, *, reason: str, actor: str | None,
-                        authenticated_by: str, expected_revision: int | None = None) -> AdminMutation:
+    async def set_state(
+        self,
+        account_id: str,
+        state: AdminState,
+        *,
+        reason: str,
+        actor: str | None,
+        authenticated_by: str,
+        expected_revision: int | None = None,
+    ) -> AdminMutation:
         self._require_known(account_id)
 
         def build(_check: ChainCheck) -> dict[str, Any]:
-            return self._fields(account_id, AdminAction.SET_STATE, AdminState(state), reason, actor,
-                                authenticated_by)
+            return self._fields(account_id, AdminAction.SET_STATE, AdminState(state), reason, actor, authenticated_by)
 
         committed = await self._commit(build, expected_revision)
-        log.info("account_state_set", account_id=account_id, state=str(state),
-                 revision=committed.revision, actor=actor, authenticated_by=authenticated_by)
+        log.info(
+            "account_state_set",
+            account_id=account_id,
+            state=str(state),
+            revision=committed.revision,
+            actor=actor,
+            authenticated_by=authenticated_by,
+        )
         return self._done(committed, expected_revision)
 
-    async def revoke_leases(self, account_id: str, revoke: Revoker, *, reason: str,
-                            actor: str | None, authenticated_by: str,
-                            expected_revision: int | None = None) -> AdminMutation:
+    async def revoke_leases(
+        self,
+        account_id: str,
+        revoke: Revoker,
+        *,
+        reason: str,
+        actor: str | None,
+        authenticated_by: str,
+        expected_revision: int | None = None,
+    ) -> AdminMutation:
         self._require_known(account_id)
         loop = asyncio.get_running_loop()
         revoked: list[Revocation] = []
@@ -165,24 +194,37 @@ class AccountAdminStore:
                 raise
             except Exception as exc:
                 raise RevocationFailed(repr(exc)) from exc
-            return self._fields(account_id, AdminAction.REVOKE_LEASES, None, reason, actor,
-                                authenticated_by)
+            return self._fields(account_id, AdminAction.REVOKE_LEASES, None, reason, actor, authenticated_by)
 
         committed = await self._commit(build, expected_revision)
-        log.info("account_leases_revoked", account_id=account_id, revoked=revoked[0].revoked,
-                 unacknowledged_hosts=list(revoked[0].unacknowledged_hosts),
-                 revision=committed.revision, actor=actor, authenticated_by=authenticated_by)
+        log.info(
+            "account_leases_revoked",
+            account_id=account_id,
+            revoked=revoked[0].revoked,
+            unacknowledged_hosts=list(revoked[0].unacknowledged_hosts),
+            revision=committed.revision,
+            actor=actor,
+            authenticated_by=authenticated_by,
+        )
         return self._done(committed, expected_revision, revoked[0])
 
     # ---- internals ------------------------------------------------------------------------
 
     def _require_known(self, account_id: str) -> None:
         if account_id not in self._known:
-            raise GatewayError(ErrorCode.NOT_FOUND, f"no account {account_id!r} in the registry",
-                               extra={"account_id": account_id})
+            raise GatewayError(
+                ErrorCode.NOT_FOUND, f"no account {account_id!r} in the registry", extra={"account_id": account_id}
+            )
 
-    def _fields(self, account_id: str, action: AdminAction, state: AdminState | None, reason: str,
-                actor: str | None, authenticated_by: str) -> dict[str, Any]:
+    def _fields(
+        self,
+        account_id: str,
+        action: AdminAction,
+        state: AdminState | None,
+        reason: str,
+        actor: str | None,
+        authenticated_by: str,
+    ) -> dict[str, Any]:
         return {
             "at": iso_ms(self._clock()),
             "actor": actor,
@@ -193,30 +235,35 @@ class AccountAdminStore:
             "reason": reason,
         }
 
-    async def _commit(self, build: Callable[[ChainCheck], dict[str, Any]],
-                      expected_revision: int | None) -> Committed:
+    async def _commit(self, build: Callable[[ChainCheck], dict[str, Any]], expected_revision: int | None) -> Committed:
         try:
             return await asyncio.to_thread(self.chain.commit, build, expected_revision)
         except ChainError as exc:
             raise refusal_of(exc) from None
         except RevocationFailed as exc:
             log.error("account_revocation_failed", error=str(exc))
-            raise GatewayError(Refusal.INTERNAL_ERROR,
-                               "the lease revocation failed, so nothing was recorded; some leases "
-                               "may already be revoked; retry the request") from None
+            raise GatewayError(
+                Refusal.INTERNAL_ERROR,
+                "the lease revocation failed, so nothing was recorded; some leases "
+                "may already be revoked; retry the request",
+            ) from None
 
-    def _done(self, committed: Committed, expected_revision: int | None,
-              revoked: Revocation | None = None) -> AdminMutation:
+    def _done(
+        self, committed: Committed, expected_revision: int | None, revoked: Revocation | None = None
+    ) -> AdminMutation:
         if self._on_commit is not None:
             try:
                 self._on_commit(committed.record)
             except Exception:  # a listener never unmakes a committed mutation
                 log.exception("admin_commit_listener_failed")
-        return AdminMutation(record=committed.record, revision=committed.revision,
-                             based_on_revision=committed.based_on_revision,
-                             expected_revision=expected_revision,
-                             revoked=None if revoked is None else revoked.revoked,
-                             unacknowledged_hosts=None if revoked is None else revoked.unacknowledged_hosts)
+        return AdminMutation(
+            record=committed.record,
+            revision=committed.revision,
+            based_on_revision=committed.based_on_revision,
+            expected_revision=expected_revision,
+            revoked=None if revoked is None else revoked.revoked,
+            unacknowledged_hosts=None if revoked is None else revoked.unacknowledged_hosts,
+        )
 
 
 def refusal_of(exc: ChainError) -> GatewayError:
@@ -225,20 +272,25 @@ def refusal_of(exc: ChainError) -> GatewayError:
         return GatewayError(
             ErrorCode.REVISION_CONFLICT,
             f"expected_revision is {exc.expected} but the account-admin chain is at revision "
-            f"{exc.current}; read it again and retry", status=409,
-            extra={"current_revision": exc.current, "expected_revision": exc.expected})
+            f"{exc.current}; read it again and retry",
+            status=409,
+            extra={"current_revision": exc.current, "expected_revision": exc.expected},
+        )
     if isinstance(exc, ChainCorrupt):
         return GatewayError(
             Refusal.ACCOUNT_STATE_UNAVAILABLE,
             f"the account-admin chain is corrupt ({exc.check.fault}); no mutation is accepted "
             "until an operator restores it",
-            extra={"chain_verdict": str(Verdict.CORRUPT), "chain_reason": str(exc.check.fault)})
+            extra={"chain_verdict": str(Verdict.CORRUPT), "chain_reason": str(exc.check.fault)},
+        )
     if isinstance(exc, ChainBusy):
-        return GatewayError(Refusal.ACCOUNT_STATE_UNAVAILABLE,
-                            "another administrative mutation holds the chain; retry",
-                            retry_after_s=1)
+        return GatewayError(
+            Refusal.ACCOUNT_STATE_UNAVAILABLE, "another administrative mutation holds the chain; retry", retry_after_s=1
+        )
     assert isinstance(exc, ChainUnwritable)
     log.error("account_admin_unwritable", error=str(exc))
-    return GatewayError(Refusal.ACCOUNT_STATE_UNAVAILABLE,
-                        "the account-admin chain could not be written; nothing was recorded",
-                        retry_after_s=5)
+    return GatewayError(
+        Refusal.ACCOUNT_STATE_UNAVAILABLE,
+        "the account-admin chain could not be written; nothing was recorded",
+        retry_after_s=5,
+    )

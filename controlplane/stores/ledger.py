@@ -54,17 +54,23 @@ class _Id(msgspec.Struct):
 
 
 class Ledger:
-    def __init__(self, path: str, *, retention_days: int = 90, clock: Callable[[], int] = now_ms,
-                 on_step: segments.OnStep | None = None) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        retention_days: int = 90,
+        clock: Callable[[], int] = now_ms,
+        on_step: segments.OnStep | None = None,
+    ) -> None:
         self.path = path
         self.retention_days = retention_days
-        self.clock = clock   # the ledger's notion of now: its rotation, and the spend book's windows
+        self.clock = clock  # the ledger's notion of now: its rotation, and the spend book's windows
         self._on_step = on_step or (lambda _step: None)
         self._fd: int | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._unwritten: list[bytes] = []
-        self._day: str | None = None            # YYYYMMDD of the live file's rows, None while empty
-        self._rotate_at_ms: float = math.inf    # the first instant of the day after `_day`
+        self._day: str | None = None  # YYYYMMDD of the live file's rows, None while empty
+        self._rotate_at_ms: float = math.inf  # the first instant of the day after `_day`
         self._worker: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
         self.ok = True
@@ -83,13 +89,13 @@ class Ledger:
         self._seed_seen()
         self._end_torn_line()
         self._set_day(self._live_day())
-        self.rotate_if_due()   # the rename now; compressing a day of rows must not delay the start
+        self.rotate_if_due()  # the rename now; compressing a day of rows must not delay the start
         self._sweep()
         self._reopen()
 
     def _reopen(self) -> None:
         if self._fd is None:
-            self._fd = open_append(self.path)   # 0600 from its creation (SPEC §19)
+            self._fd = open_append(self.path)  # 0600 from its creation (SPEC §19)
 
     def _live_stat(self) -> os.stat_result | None:
         try:
@@ -113,7 +119,7 @@ class Ledger:
             handle.seek(max(0, st.st_size - TAIL_BYTES))
             tail = handle.read(TAIL_BYTES)
         decode = msgspec.json.Decoder(_Id).decode
-        for line in tail.splitlines()[1 if st.st_size > TAIL_BYTES else 0:]:
+        for line in tail.splitlines()[1 if st.st_size > TAIL_BYTES else 0 :]:
             try:
                 self._remember(decode(line).attempt_id)
             except msgspec.DecodeError:
@@ -199,7 +205,7 @@ class Ledger:
         if self._day is None or segments.utc_day(now) <= self._day:
             return False
         day = self._day
-        if self._live_day() is None:   # nothing was written (or it is not a file): nothing to rotate
+        if self._live_day() is None:  # nothing was written (or it is not a file): nothing to rotate
             self._set_day(None)
             return False
         name = segments.free_name(self.state_dir, day)
@@ -209,7 +215,7 @@ class Ledger:
             segments.fsync_dir(self.state_dir)
         except OSError as exc:
             log.error("ledger_rotation_failed", segment=name, error=str(exc))
-            self._rotate_at_ms = now + RETRY_ROTATION_MS   # not again at every write meanwhile
+            self._rotate_at_ms = now + RETRY_ROTATION_MS  # not again at every write meanwhile
             return False
         self._set_day(None)
         self._on_step("renamed")
@@ -253,7 +259,7 @@ class Ledger:
     def wait_idle(self, timeout_s: float | None = None) -> None:
         """Until every background rotation has ended (tests, and `close`)."""
         for future in list(self._pending):
-            future.exception(timeout_s)   # a failure is logged by `_done`; its .part stays
+            future.exception(timeout_s)  # a failure is logged by `_done`; its .part stays
 
     # ---- closing ------------------------------------------------------------------------
 

@@ -59,7 +59,7 @@ class PolicyWrite(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     document: dict[str, Any]
     record: dict[str, Any]
-    revision: int            # the revision after this write
+    revision: int  # the revision after this write
     based_on_revision: int
 
 
@@ -76,27 +76,50 @@ class PolicyUnavailable(Exception):
 
 
 def refusal_of_findings(name: str, findings: Iterable[Finding]) -> GatewayError:
-    problems = [{"field": f.field, "problem": str(f.problem), "names": list(f.names),
-                 **({"detail": f.detail} if f.detail else {})} for f in findings]
-    text = "; ".join(f"{p['field']}: {p['problem']}" + (f" {', '.join(p['names'])}" if p["names"] else "")
-                     + (f" ({p['detail']})" if "detail" in p else "") for p in problems)
-    return GatewayError(ErrorCode.INVALID_REQUEST, f"policy level {name!r} refused: {text}",
-                        extra={"name": name, "problems": problems})
+    problems = [
+        {
+            "field": f.field,
+            "problem": str(f.problem),
+            "names": list(f.names),
+            **({"detail": f.detail} if f.detail else {}),
+        }
+        for f in findings
+    ]
+    text = "; ".join(
+        f"{p['field']}: {p['problem']}"
+        + (f" {', '.join(p['names'])}" if p["names"] else "")
+        + (f" ({p['detail']})" if "detail" in p else "")
+        for p in problems
+    )
+    return GatewayError(
+        ErrorCode.INVALID_REQUEST, f"policy level {name!r} refused: {text}", extra={"name": name, "problems": problems}
+    )
 
 
 class PolicyStore:
-    def __init__(self, state_dir: str, account_ids: Iterable[str], ceiling: Ceiling, *,
-                 clock: Callable[[], int] = now_ms, storage: ChainStorage | None = None,
-                 recent_s: float | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: str,
+        account_ids: Iterable[str],
+        ceiling: Ceiling,
+        *,
+        clock: Callable[[], int] = now_ms,
+        storage: ChainStorage | None = None,
+        recent_s: float | None = None,
+    ) -> None:
         """`storage`: where the chain's bytes live (the state dir's files by default; fleet
         mode: Redis, mirrored into those files). `recent_s`: see `HashChain.read_recent`."""
         self.known_accounts = frozenset(account_ids)
         self.ceiling = ceiling
         self._clock = clock
         self.chain: HashChain[PolicyState] = HashChain(
-            os.path.join(state_dir, CHAIN_FILE), os.path.join(state_dir, ANCHOR_FILE), fold_records,
-            storage=storage, recent_s=recent_s)
-        self.write_listeners: list[Callable[[PolicyWrite], None]] = []   # after each append (budgets)
+            os.path.join(state_dir, CHAIN_FILE),
+            os.path.join(state_dir, ANCHOR_FILE),
+            fold_records,
+            storage=storage,
+            recent_s=recent_s,
+        )
+        self.write_listeners: list[Callable[[PolicyWrite], None]] = []  # after each append (budgets)
 
     # ---- reads (the mint's `PolicySource`) --------------------------------------------------
 
@@ -110,7 +133,7 @@ class PolicyStore:
     async def refresh(self) -> None:
         """Validate the chain off the loop now when its storage is remote (see the admin store's)."""
         if self.chain.recent_s is not None:
-            await self.chain.refresh()   # fleet: unchanged, one async round trip and no thread
+            await self.chain.refresh()  # fleet: unchanged, one async round trip and no thread
 
     @staticmethod
     def believable(view: ChainView[PolicyState]) -> bool:
@@ -122,18 +145,24 @@ class PolicyStore:
     def resolve(self, repo_slug: str, worker_role: str | None) -> ResolvedPolicy:
         return self.resolution(repo_slug, worker_role).policy
 
-    def resolution(self, repo_slug: str, worker_role: str | None,
-                   view: ChainView[PolicyState] | None = None) -> Resolution:
+    def resolution(
+        self, repo_slug: str, worker_role: str | None, view: ChainView[PolicyState] | None = None
+    ) -> Resolution:
         view = view if view is not None else self.read()
         if not self.believable(view):
-            raise GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain cannot be believed",
-                               extra={"chain_verdict": str(view.check.verdict)})
+            raise GatewayError(
+                Refusal.POLICY_UNAVAILABLE,
+                "the policy chain cannot be believed",
+                extra={"chain_verdict": str(view.check.verdict)},
+            )
         state = view.state
         assert state is not None
         layers = layers_for(state, repo_slug, worker_role)
-        return Resolution(policy=fold_policy(layers, self.ceiling, revision=len(view.check.records)),
-                          tenancy=tenancy_of(state, repo_slug, worker_role),
-                          present=tuple(layer.label for layer in layers))
+        return Resolution(
+            policy=fold_policy(layers, self.ceiling, revision=len(view.check.records)),
+            tenancy=tenancy_of(state, repo_slug, worker_role),
+            present=tuple(layer.label for layer in layers),
+        )
 
     # ---- the one write ----------------------------------------------------------------------
 
@@ -141,19 +170,29 @@ class PolicyStore:
         """The level and its checked document, or a 422 naming every problem."""
         level = parse_level(name)
         if level is None:
-            raise refusal_of_findings(name, [Finding(field="name", problem=Problem.INVALID_LEVEL, names=(name,),
-                                                     detail="platform, org:<id>, team:<id>, repo:<slug> "
-                                                            "or binding:<slug>#<role>")])
+            raise refusal_of_findings(
+                name,
+                [
+                    Finding(
+                        field="name",
+                        problem=Problem.INVALID_LEVEL,
+                        names=(name,),
+                        detail="platform, org:<id>, team:<id>, repo:<slug> or binding:<slug>#<role>",
+                    )
+                ],
+            )
         checked = check_document(level, raw, self.known_accounts)
         if checked.document is None:
             raise refusal_of_findings(name, checked.findings)
         if len(_encode(checked.document)) > MAX_DOCUMENT_BYTES:
-            raise GatewayError(ErrorCode.INVALID_REQUEST,
-                               f"the document is larger than {MAX_DOCUMENT_BYTES} bytes", status=413)
+            raise GatewayError(
+                ErrorCode.INVALID_REQUEST, f"the document is larger than {MAX_DOCUMENT_BYTES} bytes", status=413
+            )
         return level, checked.document
 
-    async def put_level(self, name: str, raw: Any, *, expected_revision: int, reason: str,
-                        actor: str | None, authenticated_by: str) -> PolicyWrite:
+    async def put_level(
+        self, name: str, raw: Any, *, expected_revision: int, reason: str, actor: str | None, authenticated_by: str
+    ) -> PolicyWrite:
         level, document = self.validate(name, raw)
         plain = msgspec.json.decode(_encode(document))
 
@@ -164,8 +203,14 @@ class PolicyStore:
             conflicts = tenancy_conflicts(state, level, document)
             if conflicts:
                 raise refusal_of_findings(level.label, conflicts)
-            return {"at": iso_ms(self._clock()), "actor": actor, "actor_authenticated_by": authenticated_by,
-                    "name": level.label, "document": plain, "reason": reason}
+            return {
+                "at": iso_ms(self._clock()),
+                "actor": actor,
+                "actor_authenticated_by": authenticated_by,
+                "name": level.label,
+                "document": plain,
+                "reason": reason,
+            }
 
         try:
             committed = await asyncio.to_thread(self.chain.commit, build, expected_revision)
@@ -173,12 +218,25 @@ class PolicyStore:
             raise refusal_of(exc) from None
         except PolicyUnavailable as exc:
             log.error("policy_unreadable", error=str(exc))
-            raise GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain holds a record that does "
-                               "not decode; no write is accepted until an operator restores it") from None
-        log.info("policy_level_written", name=level.label, revision=committed.revision,
-                 actor=actor, authenticated_by=authenticated_by)
-        written = PolicyWrite(name=level.label, document=plain, record=committed.record,
-                              revision=committed.revision, based_on_revision=committed.based_on_revision)
+            raise GatewayError(
+                Refusal.POLICY_UNAVAILABLE,
+                "the policy chain holds a record that does "
+                "not decode; no write is accepted until an operator restores it",
+            ) from None
+        log.info(
+            "policy_level_written",
+            name=level.label,
+            revision=committed.revision,
+            actor=actor,
+            authenticated_by=authenticated_by,
+        )
+        written = PolicyWrite(
+            name=level.label,
+            document=plain,
+            record=committed.record,
+            revision=committed.revision,
+            based_on_revision=committed.based_on_revision,
+        )
         for listener in self.write_listeners:
             try:
                 listener(written)
@@ -193,16 +251,19 @@ def refusal_of(exc: ChainError) -> GatewayError:
         return GatewayError(
             ErrorCode.REVISION_CONFLICT,
             f"expected_revision is {exc.expected} but the policy chain is at revision {exc.current}; "
-            "read it again and retry", status=409,
-            extra={"current_revision": exc.current, "expected_revision": exc.expected})
+            "read it again and retry",
+            status=409,
+            extra={"current_revision": exc.current, "expected_revision": exc.expected},
+        )
     if isinstance(exc, ChainCorrupt):
         return GatewayError(
             Refusal.POLICY_UNAVAILABLE,
-            f"the policy chain is corrupt ({exc.check.fault}); no write is accepted until an operator "
-            "restores it", extra={"chain_verdict": str(Verdict.CORRUPT), "chain_reason": str(exc.check.fault)})
+            f"the policy chain is corrupt ({exc.check.fault}); no write is accepted until an operator restores it",
+            extra={"chain_verdict": str(Verdict.CORRUPT), "chain_reason": str(exc.check.fault)},
+        )
     if isinstance(exc, ChainBusy):
-        return GatewayError(Refusal.POLICY_UNAVAILABLE, "another policy write holds the chain; retry",
-                            retry_after_s=1)
+        return GatewayError(Refusal.POLICY_UNAVAILABLE, "another policy write holds the chain; retry", retry_after_s=1)
     log.error("policy_unwritable", error=str(exc))
-    return GatewayError(Refusal.POLICY_UNAVAILABLE, "the policy chain could not be written; nothing "
-                        "was recorded", retry_after_s=5)
+    return GatewayError(
+        Refusal.POLICY_UNAVAILABLE, "the policy chain could not be written; nothing was recorded", retry_after_s=5
+    )

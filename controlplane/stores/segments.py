@@ -45,9 +45,9 @@ PART_RE = re.compile(r"^ledger-(\d{8}(?:-\d+)?)\.jsonl\.part$")
 TMP_RE = re.compile(r"^ledger-\d{8}(?:-\d+)?\.(?:jsonl\.gz|spend\.json)\.tmp$")
 SUMMARY_RE = re.compile(r"^ledger-(\d{8})(?:-\d+)?\.spend\.json$")
 SUMMARY_VERSION = 1
-SUMMARY_MIN_DAYS = 32           # a month view after a restart needs every summary of the month
+SUMMARY_MIN_DAYS = 32  # a month view after a restart needs every summary of the month
 GZIP_LEVEL = 6
-TAIL_IDS = 32_768               # as many ids as the ledger's deduplication window
+TAIL_IDS = 32_768  # as many ids as the ledger's deduplication window
 WRITE_BATCH_BYTES = 1 << 20
 
 OnStep = Callable[[str], None]
@@ -79,9 +79,9 @@ class Summary(msgspec.Struct, kw_only=True):
     segment: str
     rows: int
     windows: dict[str, list[SummaryCell]]
-    offset: int = 0      # the live checkpoint: bytes of `ledger.jsonl` folded ...
-    inode: int = 0       # ... of this file ...
-    head: str = ""       # ... whose first line is this one
+    offset: int = 0  # the live checkpoint: bytes of `ledger.jsonl` folded ...
+    inode: int = 0  # ... of this file ...
+    head: str = ""  # ... whose first line is this one
     tail_ids: list[str] = []
 
 
@@ -109,6 +109,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 # ---- names --------------------------------------------------------------------------------
+
 
 def gz_path(state_dir: str, name: str) -> str:
     return os.path.join(state_dir, f"ledger-{name}.jsonl.gz")
@@ -168,6 +169,7 @@ def fsync_dir(path: str) -> None:
 
 # ---- rows ---------------------------------------------------------------------------------
 
+
 class Folding:
     """Rows of one segment as they are read: the fold, the row count and the tail of ids."""
 
@@ -180,16 +182,23 @@ class Folding:
         try:
             row = _decode_row(line)
         except msgspec.DecodeError:
-            return   # a torn write: kept in the file as it is, counted nowhere
+            return  # a torn write: kept in the file as it is, counted nowhere
         self.fold.add(row)
         self.tail.append(row.attempt_id)
         self.rows += 1
 
     def summary(self, segment: str, **identity: int | str) -> Summary:
-        windows = {key: [(str(dim), k, *cell) for dim, cells in window.items() for k, cell in cells.items()]
-                   for key, window in self.fold.summary().items()}
-        return Summary(segment=segment, rows=self.rows, windows=windows,  # type: ignore[arg-type]
-                       tail_ids=list(self.tail), **identity)  # type: ignore[arg-type]
+        windows = {
+            key: [(str(dim), k, *cell) for dim, cells in window.items() for k, cell in cells.items()]
+            for key, window in self.fold.summary().items()
+        }
+        return Summary(
+            segment=segment,
+            rows=self.rows,
+            windows=windows,  # type: ignore[arg-type]
+            tail_ids=list(self.tail),
+            **identity,  # type: ignore[arg-type]
+        )
 
 
 def fold_file(path: str, start: int = 0, folding: Folding | None = None) -> tuple[Folding, int]:
@@ -218,7 +227,7 @@ def fold_lines(lines: Iterable[bytes], start: int, folding: Folding) -> int:
 def write_atomically(path: str, data: bytes, on_step: OnStep = _no_step, step: str = "") -> None:
     """`path.tmp`, fsynced, renamed over `path`; `on_step(step)` runs between the two."""
     tmp = path + ".tmp"
-    with create_private(tmp) as handle:   # 0600 from its creation (SPEC §19)
+    with create_private(tmp) as handle:  # 0600 from its creation (SPEC §19)
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
@@ -257,6 +266,7 @@ def merge_windows(fold: SpendFold, head: SummaryHead, keys: set[str]) -> None:
 
 # ---- rotation -----------------------------------------------------------------------------
 
+
 def finish_rotation(state_dir: str, name: str, on_step: OnStep = _no_step) -> Summary:
     """Steps 2..6 of a rotation whose `.part` exists (see the module's docstring)."""
     part, gz = part_path(state_dir, name), gz_path(state_dir, name)
@@ -274,7 +284,7 @@ def finish_rotation(state_dir: str, name: str, on_step: OnStep = _no_step) -> Su
                     batch, size = [], 0
             out.write(b"".join(batch))
         raw.flush()
-        os.fsync(raw.fileno())   # after the gzip trailer, which closing the GzipFile wrote
+        os.fsync(raw.fileno())  # after the gzip trailer, which closing the GzipFile wrote
     on_step("compressed")
     summary = folding.summary(name)
     write_atomically(summary_path(state_dir, name), _encode(summary), on_step, "summarised")

@@ -38,7 +38,7 @@ CODE_STATUS: dict[str, int] = {
 class ClientMessage(NamedTuple):
     type: str | None
     model: str | None
-    generate: bool       # False for Codex's warmup (`generate: false`)
+    generate: bool  # False for Codex's warmup (`generate: false`)
 
 
 class _ClientHead(msgspec.Struct):
@@ -59,8 +59,8 @@ class _Event(msgspec.Struct):
 
 
 class Terminal(NamedTuple):
-    kind: str                    # COMPLETED, INCOMPLETE, FAILED or ERROR
-    status: int | None           # the HTTP status it stands for; 200 for a completed response
+    kind: str  # COMPLETED, INCOMPLETE, FAILED or ERROR
+    status: int | None  # the HTTP status it stands for; 200 for a completed response
     model: str | None
     usage: Usage | None
 
@@ -118,8 +118,7 @@ def terminal(kind: str, data: bytes | str) -> Terminal:
     model = response.get("model") if isinstance(response.get("model"), str) else None
     usage = _usage_of(response.get("usage"))
     if kind == FAILED:
-        return Terminal(kind, evidence_status(event.status, _code_of(response.get("error"))),
-                        model, usage)
+        return Terminal(kind, evidence_status(event.status, _code_of(response.get("error"))), model, usage)
     return Terminal(kind, 200, model, usage)
 
 
@@ -135,5 +134,6 @@ def _usage_of(raw: Any) -> Usage | None:
 def error_event(code: str, message: str, status: int) -> str:
     """A gateway refusal on the socket: `{"type":"error","status",error:{type,code,message}}`."""
     kind = openai._ERROR_TYPE.get(status, "server_error")
-    return _encode({"type": ERROR, "status": status,
-                    "error": {"type": kind, "code": code, "message": message}}).decode()
+    return _encode(
+        {"type": ERROR, "status": status, "error": {"type": kind, "code": code, "message": message}}
+    ).decode()

@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from dataplane.admission import FleetAdmission
 
 # RFC 6455 close codes the relay ends a socket with (SPEC §20).
-GOING_AWAY = 1001        # SIGTERM, after the drain
+GOING_AWAY = 1001  # SIGTERM, after the drain
 POLICY_VIOLATION = 1008  # the lease's rights were lost: revoke, expiry, disable, budget
-INTERNAL_ERROR = 1011    # the upstream socket failed
-SERVICE_RESTART = 1012   # a dispatch hop: reconnect, and the new handshake reaches the new account
+INTERNAL_ERROR = 1011  # the upstream socket failed
+SERVICE_RESTART = 1012  # a dispatch hop: reconnect, and the new handshake reaches the new account
 
 
 class Refused(NamedTuple):
@@ -36,48 +36,69 @@ class Refused(NamedTuple):
     retry_after_s: float | None = None
 
 
-def refused(code: Refusal, message: str, retry_after_s: float | None = None,
-            status: int | None = None) -> Refused:
+def refused(code: Refusal, message: str, retry_after_s: float | None = None, status: int | None = None) -> Refused:
     return Refused(code, status or HTTP_STATUS[code], message, retry_after_s)
 
 
-def hold(replica: LeaseReplica, lease: Lease, account: AccountRoute, model: str | None,
-         now_ms: int, fleet: FleetAdmission | None) -> Refused | None:
+def hold(
+    replica: LeaseReplica,
+    lease: Lease,
+    account: AccountRoute,
+    model: str | None,
+    now_ms: int,
+    fleet: FleetAdmission | None,
+) -> Refused | None:
     """The gates before a slot is taken, as for an HTTP request (no await: see `Proxy._serve`)."""
     if reach(model, True, account.models).refused:
         served = ", ".join(account.models or ())
-        return refused(Refusal.MODEL_NOT_PERMITTED,
-                       f"model {str(model)[:128]!r} is not served by account {account.id} "
-                       f"(its models: {served})")
+        return refused(
+            Refusal.MODEL_NOT_PERMITTED,
+            f"model {str(model)[:128]!r} is not served by account {account.id} (its models: {served})",
+        )
     if lease.hop_on and replica.is_moving(lease):
-        return refused(Refusal.FALLBACK_PENDING, "the gateway is moving this dispatch to another "
-                       "account; reconnect in a second", retry_after_s=1)
+        return refused(
+            Refusal.FALLBACK_PENDING,
+            "the gateway is moving this dispatch to another account; reconnect in a second",
+            retry_after_s=1,
+        )
     if lease.budgeted:
         found = budget_hold(lease, model, now_ms, replica.priced)
         if found is not None:
             return Refused(found.code, found.status, found.message, found.retry_after_s)
-    if fleet is not None and fleet.lapsed and (account.request_capacity is not None
-                                               or account.lease_capacity is not None):
-        return refused(Refusal.FLEET_STATE_UNAVAILABLE, f"this gateway host's place in the fleet "
-                       f"has lapsed: account {account.id}'s fleet-wide ceiling cannot be honoured "
-                       f"here", retry_after_s=1)
+    if (
+        fleet is not None
+        and fleet.lapsed
+        and (account.request_capacity is not None or account.lease_capacity is not None)
+    ):
+        return refused(
+            Refusal.FLEET_STATE_UNAVAILABLE,
+            f"this gateway host's place in the fleet "
+            f"has lapsed: account {account.id}'s fleet-wide ceiling cannot be honoured "
+            f"here",
+            retry_after_s=1,
+        )
     return None
 
 
-async def take_slot(capacity: CapacityTable, fleet: FleetAdmission | None, account: AccountRoute,
-                    holder: str) -> Refused | None:
+async def take_slot(
+    capacity: CapacityTable, fleet: FleetAdmission | None, account: AccountRoute, holder: str
+) -> Refused | None:
     """A request slot for `holder` (released with `give_slot`), or why there is none."""
     if fleet is not None and account.request_capacity is not None:
         try:
             admitted = await fleet.reserve(account.id, holder, account.request_capacity)
         except StateUnavailable:
-            return refused(Refusal.FLEET_STATE_UNAVAILABLE, f"account {account.id}'s fleet-wide "
-                           f"request ceiling cannot be checked now", retry_after_s=1)
+            return refused(
+                Refusal.FLEET_STATE_UNAVAILABLE,
+                f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
+                retry_after_s=1,
+            )
     else:
         admitted = capacity.reserve(account.id, holder, account.request_capacity)
     if not admitted:
-        return refused(Refusal.REQUEST_CAPACITY_EXHAUSTED,
-                       f"account {account.id} is at its request capacity", retry_after_s=1)
+        return refused(
+            Refusal.REQUEST_CAPACITY_EXHAUSTED, f"account {account.id} is at its request capacity", retry_after_s=1
+        )
     return None
 
 
@@ -95,19 +116,23 @@ class Standing(NamedTuple):
 def standing(replica: LeaseReplica, lease: Lease, now_ms: int, draining: bool) -> Standing | None:
     """None while the socket's lease keeps its rights; else how the socket ends (SPEC §20)."""
     if draining:
-        return Standing(GOING_AWAY, refused(Refusal.GATEWAY_SHUTDOWN, "the gateway is shutting "
-                                            "down; reconnect", retry_after_s=1))
+        return Standing(
+            GOING_AWAY, refused(Refusal.GATEWAY_SHUTDOWN, "the gateway is shutting down; reconnect", retry_after_s=1)
+        )
     current = replica.lookup_by_key(lease.key_id)
     if current is None or current.expires_at_ms <= now_ms:
-        return Standing(POLICY_VIOLATION, refused(Refusal.UNKNOWN_KEY, "the virtual key was "
-                                                  "revoked or expired"))
+        return Standing(POLICY_VIOLATION, refused(Refusal.UNKNOWN_KEY, "the virtual key was revoked or expired"))
     if lease.hop_on and replica.is_moving(lease):
-        return Standing(SERVICE_RESTART, refused(Refusal.FALLBACK_PENDING, "the gateway moved "
-                                                 "this dispatch to another account; reconnect",
-                                                 retry_after_s=1))
+        return Standing(
+            SERVICE_RESTART,
+            refused(
+                Refusal.FALLBACK_PENDING,
+                "the gateway moved this dispatch to another account; reconnect",
+                retry_after_s=1,
+            ),
+        )
     if current.budget_retry_at_ms is not None and now_ms < current.budget_retry_at_ms:
         found = budget_hold(current, None, now_ms, replica.priced)
         if found is not None:
-            return Standing(POLICY_VIOLATION, Refused(found.code, found.status, found.message,
-                                                      found.retry_after_s))
+            return Standing(POLICY_VIOLATION, Refused(found.code, found.status, found.message, found.retry_after_s))
     return None

@@ -29,7 +29,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import msgspec
 
 T = TypeVar("T")
-KEEP_RESPONSES = 256   # response ids remembered per socket (the oldest forgotten first)
+KEEP_RESPONSES = 256  # response ids remembered per socket (the oldest forgotten first)
 KEEP_ITEMS = 1024
 
 
@@ -52,9 +52,9 @@ class Named(NamedTuple):
     type: str | None
     response_id: str | None = None
     item_id: str | None = None
-    event_id: str | None = None     # an error's `error.event_id`
-    echo: Echo | None = None        # what its response object echoes of the create
-    seq: int | None = None          # its `sequence_number`
+    event_id: str | None = None  # an error's `error.event_id`
+    echo: Echo | None = None  # what its response object echoes of the create
+    seq: int | None = None  # its `sequence_number`
 
 
 class _Head(msgspec.Struct):
@@ -110,8 +110,7 @@ def named(data: bytes | str) -> Named:
     kind = _str(event.type)
     response, item = event.response, event.item
     rid = _str(response.id) if response is not None else None
-    echo = (Echo(_str(response.previous_response_id), _meta(response.metadata))
-            if response is not None else None)
+    echo = Echo(_str(response.previous_response_id), _meta(response.metadata)) if response is not None else None
     iid = _str(event.item_id) or (_str(item.id) if item is not None else None)
     error = event.error if isinstance(event.error, dict) else {}
     seq = event.sequence_number
@@ -126,8 +125,8 @@ class _Slot(Generic[T]):
         self.attempt = attempt
         self.echo = echo
         self.response_id: str | None = None
-        self.bound_at: int | None = None   # the tick its response was named
-        self.next_seq = 0                  # the `sequence_number` its next event should carry
+        self.bound_at: int | None = None  # the tick its response was named
+        self.next_seq = 0  # the `sequence_number` its next event should carry
 
 
 class Matcher(Generic[T]):
@@ -139,7 +138,7 @@ class Matcher(Generic[T]):
         self._by_item: dict[str, _Slot[T]] = {}
         self._current: _Slot[T] | None = None
         self._tick = 0
-        self.interleaved = False    # an older response spoke after a newer one began
+        self.interleaved = False  # an older response spoke after a newer one began
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -156,8 +155,8 @@ class Matcher(Generic[T]):
                 self._slots.remove(slot)
                 if self._current is slot:
                     self._current = None
-                _trim(self._by_response, KEEP_RESPONSES)   # an ended id stays known a while:
-                _trim(self._by_item, KEEP_ITEMS)           # its late events match nothing
+                _trim(self._by_response, KEEP_RESPONSES)  # an ended id stays known a while:
+                _trim(self._by_item, KEEP_ITEMS)  # its late events match nothing
                 return True
         return False
 
@@ -171,19 +170,24 @@ class Matcher(Generic[T]):
         superseded: list[_Slot[T]] = []
         if event.response_id is not None and slot.response_id is None:
             self._bind(slot, event.response_id)
-            superseded = [s for s in self._slots if s.response_id is not None and s is not slot
-                          and s.response_id == slot.echo.previous_response_id]
+            superseded = [
+                s
+                for s in self._slots
+                if s.response_id is not None and s is not slot and s.response_id == slot.echo.previous_response_id
+            ]
         if event.item_id is not None:
             self._by_item.setdefault(event.item_id, slot)
         if event.seq is not None:
             slot.next_seq = event.seq + 1
-        if slot.bound_at is not None and any(s.bound_at is not None and s.bound_at > slot.bound_at
-                                             for s in self._slots):
+        if slot.bound_at is not None and any(
+            s.bound_at is not None and s.bound_at > slot.bound_at for s in self._slots
+        ):
             self.interleaved = True
         self._current = slot
         if terminal and not self.interleaved and slot.bound_at is not None:
-            superseded += [s for s in self._slots if s not in superseded and s.bound_at is not None
-                           and s.bound_at < slot.bound_at]
+            superseded += [
+                s for s in self._slots if s not in superseded and s.bound_at is not None and s.bound_at < slot.bound_at
+            ]
         return slot.attempt, [s.attempt for s in superseded]
 
     def _bind(self, slot: _Slot[T], response_id: str) -> None:
@@ -199,7 +203,7 @@ class Matcher(Generic[T]):
             known = self._by_response.get(event.response_id)
             if known is not None:
                 return known if known in live else None
-            return self._unanswered(event.echo)   # None: a response no create here asked for
+            return self._unanswered(event.echo)  # None: a response no create here asked for
         if event.item_id is not None:
             known = self._by_item.get(event.item_id)
             if known is not None and known in live:
@@ -224,8 +228,7 @@ class Matcher(Generic[T]):
         echoes nothing that tells them apart)."""
         fresh = [s for s in self._slots if s.response_id is None]
         if echo is not None and echo.previous_response_id is not None:
-            fresh = [s for s in fresh if s.echo.previous_response_id == echo.previous_response_id] \
-                or fresh
+            fresh = [s for s in fresh if s.echo.previous_response_id == echo.previous_response_id] or fresh
         if echo is not None and echo.metadata is not None:
             fresh = [s for s in fresh if s.echo.metadata == echo.metadata] or fresh
         return fresh[0] if fresh else None

@@ -31,7 +31,7 @@ from dataplane.wires.table import WIRES
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.logging import get_logger
-from shared.wire import AccountRoute, AttemptRow, Lease
+from shared.wire import AccountRoute, AttemptRow, Lease, RateLimits
 
 log = get_logger("dataplane")
 PATH = "/v1/responses"
@@ -41,8 +41,8 @@ class SocketAttempt(Attempt):
     """An attempt whose row says `transport: "websocket"` and `stream: true` (SPEC §14, §20)."""
 
     __slots__ = ("holds_slot", "sent_at")
-    holds_slot: bool   # this response holds a request slot (released once, at its end)
-    sent_at: float     # perf_counter when its `response.create` went upstream (SPEC §14)
+    holds_slot: bool  # this response holds a request slot (released once, at its end)
+    sent_at: float  # perf_counter when its `response.create` went upstream (SPEC §14)
 
     def _started_row(self) -> AttemptRow:
         return msgspec.structs.replace(super()._started_row(), transport="websocket", stream=True)
@@ -51,7 +51,7 @@ class SocketAttempt(Attempt):
 class Closed(NamedTuple):
     """How a pump ended: who closed, with which code, and what that makes the responses cut."""
 
-    by: str             # "client", "upstream" or "gateway"
+    by: str  # "client", "upstream" or "gateway"
     code: int
     cut: AttemptStatus  # what an attempt still in flight ends as
 
@@ -59,28 +59,38 @@ class Closed(NamedTuple):
 class SocketSession:
     """`sockets` is the `Sockets` that opened it (settings, replica, link, slots, drain)."""
 
-    def __init__(self, sockets: Any, lease: Lease, account: AccountRoute,
-                 client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocketResponse) -> None:
+    def __init__(
+        self,
+        sockets: Any,
+        lease: Lease,
+        account: AccountRoute,
+        client: web.WebSocketResponse,
+        upstream: aiohttp.ClientWebSocketResponse,
+    ) -> None:
         self.sockets = sockets
         self.lease = lease
         self.account = account
         self.client = client
         self.upstream = upstream
         self.attempts: matching.Matcher[SocketAttempt] = matching.Matcher()
-        self.ending: gates.Standing | None = None   # rights lost: finish, then close
-        self.closing: Closed | None = None           # how the gateway ends the socket
-        self.done = asyncio.Event()                 # `closing` is set
+        self.ending: gates.Standing | None = None  # rights lost: finish, then close
+        self.closing: Closed | None = None  # how the gateway ends the socket
+        self.done = asyncio.Event()  # `closing` is set
         # The bounds, read by the sweep (no timer per message): when the upstream last sent
         # (or a create was sent to it), and since when a write to the worker has not returned.
         self.upstream_at = time.monotonic()
         self.writing_since: float | None = None
         self.trace: tuple[str | None, str | None] = (None, None)  # the handshake's (SPEC §21)
+        self.rate_limits: RateLimits | None = None  # the 101's, until the first attempt takes it (§22)
 
     # ---- lifetime -----------------------------------------------------------------------
 
     async def run(self) -> None:
-        pumps = [asyncio.ensure_future(self._from_client()), asyncio.ensure_future(self._from_upstream()),
-                 asyncio.ensure_future(self._ended())]
+        pumps = [
+            asyncio.ensure_future(self._from_client()),
+            asyncio.ensure_future(self._from_upstream()),
+            asyncio.ensure_future(self._ended()),
+        ]
         try:
             finished, _ = await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
             closed = next(iter(finished)).result()
@@ -109,8 +119,10 @@ class SocketSession:
 
     async def _close(self, closed: Closed) -> None:
         """Cut what is in flight (rows first), then close both sockets."""
-        futures = [self._end(a, closed.cut, None, wait=closed.cut == AttemptStatus.TRANSPORT_ERROR)
-                   for a in self.attempts.attempts()]
+        futures = [
+            self._end(a, closed.cut, None, wait=closed.cut == AttemptStatus.TRANSPORT_ERROR)
+            for a in self.attempts.attempts()
+        ]
         for future in futures:
             await await_ack(future)
         code = closed.code
@@ -149,8 +161,7 @@ class SocketSession:
 
     def _judge(self, now: int) -> None:
         if self.ending is None:
-            self.ending = gates.standing(self.sockets.replica, self.lease, now,
-                                         self.sockets.draining)
+            self.ending = gates.standing(self.sockets.replica, self.lease, now, self.sockets.draining)
 
     # ---- client → upstream ----------------------------------------------------------------
 
@@ -167,8 +178,10 @@ class SocketSession:
                 elif kind == WSMsgType.PONG:
                     await upstream.pong(msg.data)
                 elif kind == WSMsgType.BINARY:
-                    await self._refuse(self._attempt(None), gates.refused(
-                        Refusal.INVALID_REQUEST_BODY, "binary messages are not JSON text"))
+                    await self._refuse(
+                        self._attempt(None),
+                        gates.refused(Refusal.INVALID_REQUEST_BODY, "binary messages are not JSON text"),
+                    )
                 elif kind == WSMsgType.CLOSE:
                     return Closed("client", msg.data, AttemptStatus.CLIENT_ABORTED)
                 else:  # CLOSING, CLOSED, ERROR: the worker's connection is gone
@@ -199,11 +212,11 @@ class SocketSession:
         await self.upstream.send_str(text)
 
     def _attempt(self, model: str | None) -> SocketAttempt:
-        attempt = SocketAttempt(self.sockets.link, self.lease, WIRES[self.account.wire], PATH,
-                                self.trace)
+        attempt = SocketAttempt(self.sockets.link, self.lease, WIRES[self.account.wire], PATH, self.trace)
         attempt.requested_model = model
         attempt.stream = True
         attempt.holds_slot = False
+        attempt.rate_limits, self.rate_limits = self.rate_limits, None
         return attempt
 
     async def _admit(self, attempt: SocketAttempt) -> gates.Refused | None:
@@ -213,22 +226,18 @@ class SocketSession:
             return self.ending.refusal
         sockets = self.sockets
         current = sockets.replica.lookup_by_key(self.lease.key_id) or self.lease
-        found = gates.hold(sockets.replica, current, self.account, attempt.requested_model, now,
-                           sockets.fleet)
+        found = gates.hold(sockets.replica, current, self.account, attempt.requested_model, now, sockets.fleet)
         if found is not None:
             return found
         attempt.announce()
-        found = await gates.take_slot(sockets.capacity, sockets.fleet, self.account,
-                                      attempt.attempt_id)
+        found = await gates.take_slot(sockets.capacity, sockets.fleet, self.account, attempt.attempt_id)
         attempt.holds_slot = found is None
         return found
 
     async def _refuse(self, attempt: SocketAttempt, refusal: gates.Refused) -> None:
         attempt.mark_overhead(0.0)
-        attempt.finish(AttemptStatus.REFUSED, refusal.status, refusal=refusal.code,
-                       retry_after_s=refusal.retry_after_s)
-        await self.client.send_str(events.error_event(str(refusal.code), refusal.message,
-                                                      refusal.status))
+        attempt.finish(AttemptStatus.REFUSED, refusal.status, refusal=refusal.code, retry_after_s=refusal.retry_after_s)
+        await self.client.send_str(events.error_event(str(refusal.code), refusal.message, refusal.status))
         if self.ending is not None:
             self.check(now_ms())
 
@@ -277,15 +286,18 @@ class SocketSession:
 
     async def _terminal(self, attempt: SocketAttempt, end: events.Terminal) -> None:
         if end.kind in (events.COMPLETED, events.INCOMPLETE):
-            self._end(attempt, AttemptStatus.COMPLETED, 200, usage=end.usage,
-                      served_model=end.model)
+            self._end(attempt, AttemptStatus.COMPLETED, 200, usage=end.usage, served_model=end.model)
             return
         # a failure: its row reaches control before the worker sees the event (SPEC §7, §20)
-        await await_ack(self._end(attempt, AttemptStatus.UPSTREAM_ERROR, end.status,
-                                  usage=end.usage, served_model=end.model, wait=True))
+        await await_ack(
+            self._end(
+                attempt, AttemptStatus.UPSTREAM_ERROR, end.status, usage=end.usage, served_model=end.model, wait=True
+            )
+        )
 
-    def _end(self, attempt: SocketAttempt, status: AttemptStatus, http_status: int | None,
-             **row: object) -> asyncio.Future[bool] | None:
+    def _end(
+        self, attempt: SocketAttempt, status: AttemptStatus, http_status: int | None, **row: object
+    ) -> asyncio.Future[bool] | None:
         self.attempts.remove(attempt)
         if attempt.holds_slot:
             attempt.holds_slot = False

@@ -21,9 +21,11 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from dataplane.errors import refusal_response, refuse
 from dataplane.leases import LeaseReplica
+from dataplane.ratelimits import rate_limits_of
 from dataplane.relay import await_ack
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import downstream_headers, upstream_path_qs
@@ -38,7 +40,7 @@ from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
 from shared.tracecontext import trace_headers
-from shared.wire import Lease
+from shared.wire import Lease, RateLimits
 
 log = get_logger("dataplane")
 
@@ -61,12 +63,18 @@ class ProxyPort(Protocol):
     def authenticate(self, request: web.Request) -> tuple[Lease | None, str]: ...
 
 
-def early(request: web.Request, t0: float, code: Refusal, message: str,
-          retry_after_s: float | None = None) -> web.Response:
+def early(
+    request: web.Request, t0: float, code: Refusal, message: str, retry_after_s: float | None = None
+) -> web.Response:
     """A refusal before any lease: no attempt, no row (as the HTTP proxy answers one)."""
-    return refusal_response(guess_wire(request.path, request.headers), code, message,
-                            "req_" + new_ulid(), (time.perf_counter() - t0) * 1000,
-                            retry_after_s=retry_after_s)
+    return refusal_response(
+        guess_wire(request.path, request.headers),
+        code,
+        message,
+        "req_" + new_ulid(),
+        (time.perf_counter() - t0) * 1000,
+        retry_after_s=retry_after_s,
+    )
 
 
 class Sockets:
@@ -97,52 +105,69 @@ class Sockets:
     async def upgrade(self, request: web.Request, t0: float) -> web.StreamResponse:
         proxy = self.proxy
         if not self.replica.ready:
-            return early(request, t0, Refusal.CONTROL_UNAVAILABLE, "the gateway has lost "
-                         "its control daemon; retry shortly", retry_after_s=1)
+            return early(
+                request,
+                t0,
+                Refusal.CONTROL_UNAVAILABLE,
+                "the gateway has lost its control daemon; retry shortly",
+                retry_after_s=1,
+            )
         lease, presented = proxy.authenticate(request)
         if lease is None:
             log.info("key_refused", path=request.path)  # never the presented string
-            return early(request, t0, Refusal.UNKNOWN_KEY,
-                         "unknown, expired or revoked virtual key")
+            return early(request, t0, Refusal.UNKNOWN_KEY, "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
         spec = None if account is None else WIRES[account.wire]  # its wire, resolved once
-        if account is None or spec is None or request.path != spec.websocket_path \
-                or request.method != "GET":  # (a wire without a WebSocket has no path for it)
+        if (
+            account is None or spec is None or request.path != spec.websocket_path or request.method != "GET"
+        ):  # (a wire without a WebSocket has no path for it)
             return early(request, t0, Refusal.WEBSOCKET_NOT_SUPPORTED, NOT_PROXIED)
         attempt = SocketAttempt(self.link, lease, spec, PATH, trace_headers(request.headers))
         attempt.holds_slot = False
         refusal = await self._gates(attempt, account)
         if refusal is not None:
-            return refuse(attempt, refusal.code, refusal.message, refusal.retry_after_s,
-                          refusal.status)
+            return refuse(attempt, refusal.code, refusal.message, refusal.retry_after_s, refusal.status)
         credential = self.replica.credentials[account.id]
+        accepted: list[CIMultiDictProxy[str]] = []  # the 101's headers (SPEC §22)
         try:
             upstream = await self.upstreams.connect(
-                account, upstream_path_qs(request.rel_url, presented), request.headers,
-                credential, self.settings.max_body_bytes * 2 + (1 << 20))
+                account,
+                upstream_path_qs(request.rel_url, presented),
+                request.headers,
+                credential,
+                self.settings.max_body_bytes * 2 + (1 << 20),
+                accepted,
+            )
         except HandshakeRefused as exc:
             return await self._handshake_refused(attempt, exc)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            log.warning("upstream_socket_unreachable", account_id=account.id,
-                        error=type(exc).__name__)
-            return await _failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE,
-                                 "the upstream socket could not be opened")
-        return await self._serve(request, lease, account, upstream)
+            log.warning("upstream_socket_unreachable", account_id=account.id, error=type(exc).__name__)
+            return await _failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream socket could not be opened")
+        limits = rate_limits_of(accepted[0], attempt.spec.rate_limits, now_ms) if accepted else None
+        return await self._serve(request, lease, account, upstream, limits)
 
     async def _gates(self, attempt: SocketAttempt, account: object) -> gates.Refused | None:
         """The handshake's gates, as an HTTP request on the lease would pass them (§20)."""
         assert attempt.lease is not None
         if self.draining:
-            return gates.refused(Refusal.GATEWAY_SHUTDOWN, "the gateway is shutting down",
-                                 retry_after_s=1)
+            return gates.refused(Refusal.GATEWAY_SHUTDOWN, "the gateway is shutting down", retry_after_s=1)
         if not self.replica.storage_ok:
-            return gates.refused(Refusal.OBSERVATION_STORAGE_UNAVAILABLE, "the gateway cannot "
-                                 "record attempts right now", retry_after_s=5)
+            return gates.refused(
+                Refusal.OBSERVATION_STORAGE_UNAVAILABLE, "the gateway cannot record attempts right now", retry_after_s=5
+            )
         if attempt.lease.account_id not in self.replica.credentials:
-            return gates.refused(Refusal.ACCOUNT_NOT_CONFIGURED, f"account "
-                                 f"{attempt.lease.account_id} has no credential on this data plane")
-        found = gates.hold(self.replica, attempt.lease, account, None, now_ms(),  # type: ignore[arg-type]
-                           self.fleet)
+            return gates.refused(
+                Refusal.ACCOUNT_NOT_CONFIGURED,
+                f"account {attempt.lease.account_id} has no credential on this data plane",
+            )
+        found = gates.hold(
+            self.replica,
+            attempt.lease,
+            account,  # type: ignore[arg-type]
+            None,
+            now_ms(),
+            self.fleet,
+        )
         if found is not None:
             return found
         holder = "hs_" + attempt.attempt_id
@@ -151,22 +176,33 @@ class Sockets:
             gates.give_slot(self.capacity, self.fleet, holder)
         return found
 
-    async def _handshake_refused(self, attempt: SocketAttempt,
-                                 exc: HandshakeRefused) -> web.StreamResponse:
+    async def _handshake_refused(self, attempt: SocketAttempt, exc: HandshakeRefused) -> web.StreamResponse:
         """Evidence as that status (§20); 404/405/426 answer 426, any other passes through."""
         attempt.mark_overhead(0.0)
+        attempt.rate_limits = rate_limits_of(exc.headers, attempt.spec.rate_limits, now_ms)  # SPEC §22
         await await_ack(attempt.finish(AttemptStatus.UPSTREAM_ERROR, exc.status, wait=True))
         if exc.status in NO_WEBSOCKET:
             return refuse_426(attempt)
         headers = downstream_headers(exc.headers)
         return web.Response(status=exc.status, headers=headers, body=exc.body)
 
-    async def _serve(self, request: web.Request, lease: object, account: object,
-                     upstream: aiohttp.ClientWebSocketResponse) -> web.StreamResponse:
+    async def _serve(
+        self,
+        request: web.Request,
+        lease: object,
+        account: object,
+        upstream: aiohttp.ClientWebSocketResponse,
+        limits: RateLimits | None,
+    ) -> web.StreamResponse:
         protocols = (upstream.protocol,) if upstream.protocol else ()
-        client = web.WebSocketResponse(autoping=False, autoclose=False, compress=True,
-                                       protocols=protocols, heartbeat=None,
-                                       max_msg_size=self.settings.max_body_bytes * 2 + (1 << 20))
+        client = web.WebSocketResponse(
+            autoping=False,
+            autoclose=False,
+            compress=True,
+            protocols=protocols,
+            heartbeat=None,
+            max_msg_size=self.settings.max_body_bytes * 2 + (1 << 20),
+        )
         try:
             await client.prepare(request)
         except (ConnectionError, web.HTTPException):
@@ -174,6 +210,7 @@ class Sockets:
             raise
         session = SocketSession(self, lease, account, client, upstream)  # type: ignore[arg-type]
         session.trace = trace_headers(request.headers)
+        session.rate_limits = limits  # the handshake's, for the socket's first attempt (SPEC §22)
         self._opened(session)
         try:
             await session.run()
@@ -237,14 +274,17 @@ class Sockets:
 
 def refuse_426(attempt: SocketAttempt) -> web.Response:
     """The upstream has no WebSocket here: 426, so the client falls back to HTTP at once."""
-    return refusal_response(attempt.spec, Refusal.WEBSOCKET_NOT_SUPPORTED,
-                            f"the upstream does not serve WebSocket here; use HTTP POST {attempt.path}",
-                            attempt.attempt_id, attempt.overhead_ms or 0.0)
+    return refusal_response(
+        attempt.spec,
+        Refusal.WEBSOCKET_NOT_SUPPORTED,
+        f"the upstream does not serve WebSocket here; use HTTP POST {attempt.path}",
+        attempt.attempt_id,
+        attempt.overhead_ms or 0.0,
+    )
 
 
 async def _failed(attempt: SocketAttempt, code: ErrorCode, message: str) -> web.Response:
     """No upstream socket: a transport-error row (evidence), acknowledged first."""
-    response = refusal_response(attempt.spec, code, message, attempt.attempt_id,
-                                attempt.mark_overhead(0.0))
+    response = refusal_response(attempt.spec, code, message, attempt.attempt_id, attempt.mark_overhead(0.0))
     await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
     return response

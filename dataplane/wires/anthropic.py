@@ -12,17 +12,34 @@ from shared import wires
 from shared.wire import Usage
 
 # Every kind, the reset an RFC 3339 time.
-RATE_LIMITS = RateLimitHeaders(names=tuple(
-    (kind, f"anthropic-ratelimit-{name}-limit", f"anthropic-ratelimit-{name}-remaining",
-     f"anthropic-ratelimit-{name}-reset")
-    for kind, name in (("requests", "requests"), ("tokens", "tokens"),
-                       ("input_tokens", "input-tokens"), ("output_tokens", "output-tokens"))),
-    absolute_reset=True)
+RATE_LIMITS = RateLimitHeaders(
+    names=tuple(
+        (
+            kind,
+            f"anthropic-ratelimit-{name}-limit",
+            f"anthropic-ratelimit-{name}-remaining",
+            f"anthropic-ratelimit-{name}-reset",
+        )
+        for kind, name in (
+            ("requests", "requests"),
+            ("tokens", "tokens"),
+            ("input_tokens", "input-tokens"),
+            ("output_tokens", "output-tokens"),
+        )
+    ),
+    absolute_reset=True,
+)
 
 _ERROR_TYPE = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "request_too_large", 415: "invalid_request_error",
-    422: "invalid_request_error", 426: "invalid_request_error", 429: "rate_limit_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    426: "invalid_request_error",
+    429: "rate_limit_error",
     529: "overloaded_error",
 }
 
@@ -58,10 +75,12 @@ def _usage(u: _Usage, base: Usage | None = None) -> Usage:
     return Usage(
         input_tokens=u.input_tokens if u.input_tokens is not None else base.input_tokens,
         output_tokens=u.output_tokens if u.output_tokens is not None else base.output_tokens,
-        cache_read_tokens=(u.cache_read_input_tokens if u.cache_read_input_tokens is not None
-                           else base.cache_read_tokens),
-        cache_creation_tokens=(u.cache_creation_input_tokens if u.cache_creation_input_tokens is not None
-                               else base.cache_creation_tokens),
+        cache_read_tokens=(
+            u.cache_read_input_tokens if u.cache_read_input_tokens is not None else base.cache_read_tokens
+        ),
+        cache_creation_tokens=(
+            u.cache_creation_input_tokens if u.cache_creation_input_tokens is not None else base.cache_creation_tokens
+        ),
     )
 
 
@@ -105,8 +124,9 @@ def usage_from_body(body: bytes) -> tuple[str | None, Usage | None]:
 
 def error_body(status: int, code: str, message: str, request_id: str) -> bytes:
     kind = _ERROR_TYPE.get(status, "api_error")
-    return _encode({"type": "error", "error": {"type": kind, "message": message, "code": code},
-                    "request_id": request_id})
+    return _encode(
+        {"type": "error", "error": {"type": kind, "message": message, "code": code}, "request_id": request_id}
+    )
 
 
 def cut_event(path: str, message: str) -> bytes:
@@ -115,5 +135,11 @@ def cut_event(path: str, message: str) -> bytes:
     return b"event: error\ndata: " + payload + b"\n\n"
 
 
-WIRE = WireSpec(facts=wires.ANTHROPIC, error_body=error_body, cut_event=cut_event,
-                scanner=scanner_for, usage_from_body=usage_from_body, rate_limits=RATE_LIMITS)
+WIRE = WireSpec(
+    facts=wires.ANTHROPIC,
+    error_body=error_body,
+    cut_event=cut_event,
+    scanner=scanner_for,
+    usage_from_body=usage_from_body,
+    rate_limits=RATE_LIMITS,
+)

@@ -13,14 +13,24 @@ from shared import wires
 from shared.wire import Usage
 
 # Requests and tokens, the reset a Go duration from the answer's arrival.
-RATE_LIMITS = RateLimitHeaders(names=tuple(
-    (kind, f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
-    for kind in ("requests", "tokens")), absolute_reset=False)
+RATE_LIMITS = RateLimitHeaders(
+    names=tuple(
+        (kind, f"x-ratelimit-limit-{kind}", f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}")
+        for kind in ("requests", "tokens")
+    ),
+    absolute_reset=False,
+)
 
 _ERROR_TYPE = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 413: "invalid_request_error", 422: "invalid_request_error",
-    415: "invalid_request_error", 426: "invalid_request_error", 429: "rate_limit_error",
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    415: "invalid_request_error",
+    426: "invalid_request_error",
+    429: "rate_limit_error",
 }
 
 
@@ -134,10 +144,15 @@ def cut_event(path: str, message: str) -> bytes:
     if path == "/v1/responses":
         payload = _encode({"type": "error", "code": "server_error", "message": message})
         return b"event: error\ndata: " + payload + b"\n\n"
-    payload = _encode({"error": {"message": message, "type": "server_error", "param": None,
-                                 "code": "transport-error"}})
+    payload = _encode({"error": {"message": message, "type": "server_error", "param": None, "code": "transport-error"}})
     return b"data: " + payload + b"\n\n"
 
 
-WIRE = WireSpec(facts=wires.OPENAI, error_body=error_body, cut_event=cut_event,
-                scanner=scanner_for, usage_from_body=usage_from_body, rate_limits=RATE_LIMITS)
+WIRE = WireSpec(
+    facts=wires.OPENAI,
+    error_body=error_body,
+    cut_event=cut_event,
+    scanner=scanner_for,
+    usage_from_body=usage_from_body,
+    rate_limits=RATE_LIMITS,
+)

@@ -20,13 +20,13 @@ from shared.wires import WireFacts
 @dataclass(frozen=True, slots=True, eq=False)
 class WireSpec:
     facts: WireFacts
-    error_body: Callable[[int, str, str, str], bytes]   # (status, code, message, request id)
-    cut_event: Callable[[str, str], bytes]              # (path, message): ends a cut SSE stream
-    scanner: Callable[[str], SseScanner]                # a fresh SSE scanner for a path
+    error_body: Callable[[int, str, str, str], bytes]  # (status, code, message, request id)
+    cut_event: Callable[[str, str], bytes]  # (path, message): ends a cut SSE stream
+    scanner: Callable[[str], SseScanner]  # a fresh SSE scanner for a path
     usage_from_body: Callable[[bytes], tuple[str | None, Usage | None]]  # a JSON answer's
-    rate_limits: RateLimitHeaders                       # its provider's rate-limit headers
+    rate_limits: RateLimitHeaders  # its provider's rate-limit headers
     # copied from `facts` by `__post_init__`
-    name: str = field(init=False)                       # the `wire` of its rows
+    name: str = field(init=False)  # the `wire` of its rows
     paths: frozenset[str] = field(init=False)
     model_paths: frozenset[str] = field(init=False)
     usage_paths: frozenset[str] = field(init=False)
@@ -35,8 +35,12 @@ class WireSpec:
 
     def __post_init__(self) -> None:
         facts = self.facts
-        for name, value in (("name", str(facts.wire)), ("paths", facts.paths),
-                            ("model_paths", facts.model_paths), ("usage_paths", facts.usage_paths),
-                            ("request_id_header", facts.request_id_header),
-                            ("websocket_path", facts.websocket_path)):
+        for name, value in (
+            ("name", str(facts.wire)),
+            ("paths", facts.paths),
+            ("model_paths", facts.model_paths),
+            ("usage_paths", facts.usage_paths),
+            ("request_id_header", facts.request_id_header),
+            ("websocket_path", facts.websocket_path),
+        ):
             object.__setattr__(self, name, value)

@@ -24,10 +24,10 @@ class Observation:
     def __init__(self) -> None:
         self.model: str | None = None
         self.usage: Usage | None = None
-        self.terminal = False          # the wire's terminal event arrived
-        self.finish_seen = False       # chat completions: a choice carried finish_reason
-        self.upstream_error = False    # the upstream itself sent an in-stream error event
-        self.blind = False             # could not read the stream (unknown content-encoding)
+        self.terminal = False  # the wire's terminal event arrived
+        self.finish_seen = False  # chat completions: a choice carried finish_reason
+        self.upstream_error = False  # the upstream itself sent an in-stream error event
+        self.blind = False  # could not read the stream (unknown content-encoding)
 
 
 class SseScanner:
@@ -67,7 +67,7 @@ class SseScanner:
         wanted = self.wanted
         if wanted is not None and block.startswith(b"event:"):
             cut = block.find(b"\n")
-            if block[6:cut if cut >= 0 else None].strip() not in wanted:
+            if block[6 : cut if cut >= 0 else None].strip() not in wanted:
                 return
         name = b""
         data = b""

@@ -18,13 +18,21 @@ from shared.wires import DEFAULT_WIRE
 WIRES: Mapping[str, WireSpec] = {spec.name: spec for spec in (anthropic.WIRE, openai.WIRE)}
 DEFAULT = WIRES[DEFAULT_WIRE]
 # The 426 answer to an upgrade no wire proxies (SPEC §20): where the WebSocket is served.
-NOT_PROXIED = "WebSocket is proxied only on " + " or ".join(
-    f"GET {spec.websocket_path} of an {spec.facts.title}-wire lease"
-    for spec in WIRES.values() if spec.websocket_path is not None) + "; use HTTP"
+NOT_PROXIED = (
+    "WebSocket is proxied only on "
+    + " or ".join(
+        f"GET {spec.websocket_path} of an {spec.facts.title}-wire lease"
+        for spec in WIRES.values()
+        if spec.websocket_path is not None
+    )
+    + "; use HTTP"
+)
 
 # A path only one wire serves names that wire (`/v1/models`, served by several, names none).
 _OWNER: dict[str, WireSpec] = {
-    path: spec for spec in WIRES.values() for path in spec.paths
+    path: spec
+    for spec in WIRES.values()
+    for path in spec.paths
     if sum(path in other.paths for other in WIRES.values()) == 1
 }
 

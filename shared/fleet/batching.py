@@ -37,11 +37,11 @@ import redis.asyncio as aredis
 
 # Commands a backend awaits on the mint's and the revoke's path (none of them blocks on the server).
 BATCHED = frozenset({"EVALSHA", "GET", "SET", "SMEMBERS", "HLEN", "HEXISTS", "MGET", "LRANGE"})
-HOPS = 2          # loop turns a batch waits for the rest of its moment (a mint's nested reads need 2)
-MAX_BATCH = 64    # commands per exchange; more go in the next one, at once
-DEFAULT_TIMEOUT_S = 1.0   # the exchange's deadline when the pool's connections have no reply bound
+HOPS = 2  # loop turns a batch waits for the rest of its moment (a mint's nested reads need 2)
+MAX_BATCH = 64  # commands per exchange; more go in the next one, at once
+DEFAULT_TIMEOUT_S = 1.0  # the exchange's deadline when the pool's connections have no reply bound
 
-Queued = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]   # a command, its options, its caller
+Queued = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]  # a command, its options, its caller
 
 
 class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untyped under --strict
@@ -59,7 +59,7 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         self._own_busy = False
         self._queue: list[Queued] = []
         self._sending: set[asyncio.Task[None]] = set()
-        self.batches = 0     # exchanges of more than one command (tests and bench count them)
+        self.batches = 0  # exchanges of more than one command (tests and bench count them)
 
     @property
     def in_flight(self) -> int:
@@ -84,16 +84,16 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
             asyncio.get_running_loop().call_soon(self._turn, hops - 1)
             return
         queued, self._queue = self._queue, []
-        live = [entry for entry in queued if not entry[2].done()]   # a cancelled caller sends nothing
+        live = [entry for entry in queued if not entry[2].done()]  # a cancelled caller sends nothing
         for start in range(0, len(live), self.max_batch):
-            task = asyncio.ensure_future(self._send(live[start:start + self.max_batch]))
+            task = asyncio.ensure_future(self._send(live[start : start + self.max_batch]))
             self._sending.add(task)
             task.add_done_callback(self._sent)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._sending.discard(task)
         if not task.cancelled():
-            task.exception()   # a failure was every caller's already; retrieved, not logged again
+            task.exception()  # a failure was every caller's already; retrieved, not logged again
 
     async def _send(self, batch: list[Queued]) -> None:
         """One exchange, on the own connection when it is free, else on a pooled one."""
@@ -104,12 +104,13 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
             async with asyncio.timeout(self.timeout_s):
                 if conn is None:
                     conn = await self.connection_pool.get_connection()
-                replies = await conn.retry.call_with_retry(lambda: self._exchange(conn, batch),
-                                                           lambda _error: conn.disconnect())
-        except BaseException as exc:   # the whole exchange failed: every caller's failure
+                replies = await conn.retry.call_with_retry(
+                    lambda: self._exchange(conn, batch), lambda _error: conn.disconnect()
+                )
+        except BaseException as exc:  # the whole exchange failed: every caller's failure
             _fail(batch, exc)
             if conn is not None:
-                await conn.disconnect()   # replies may be left unread: never reused as it is
+                await conn.disconnect()  # replies may be left unread: never reused as it is
             raise
         finally:
             if own:
@@ -126,7 +127,7 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         for args, options, _ in batch:
             try:
                 replies.append(await self.parse_response(conn, args[0], **options))
-            except redis.ResponseError as exc:   # an error reply: its caller's alone, the connection in step
+            except redis.ResponseError as exc:  # an error reply: its caller's alone, the connection in step
                 replies.append(exc)
         return replies
 
@@ -161,8 +162,9 @@ def pack(commands: Sequence[Sequence[object]]) -> bytes:
             elif isinstance(arg, (bytearray, memoryview)):
                 data = bytes(arg)
             else:
-                raise redis.DataError(f"Invalid input of type: '{type(arg).__name__}'. "
-                                      "Convert to a bytes, string, int or float first.")
+                raise redis.DataError(
+                    f"Invalid input of type: '{type(arg).__name__}'. Convert to a bytes, string, int or float first."
+                )
             out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 
@@ -177,7 +179,7 @@ def _fail(batch: list[Queued], exc: BaseException) -> None:
 
 
 def _settle(future: asyncio.Future[Any], reply: Any) -> None:
-    if future.done():   # its caller was cancelled: the reply is dropped
+    if future.done():  # its caller was cancelled: the reply is dropped
         return
     if isinstance(reply, BaseException):
         future.set_exception(reply)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from shared.fleet.entries import EntryKind, FleetEntries, Why
 
-MAX_DIGITS = 15   # ms since the epoch: 13 digits until the year 2286
+MAX_DIGITS = 15  # ms since the epoch: 13 digits until the year 2286
 
 
 def seal(entries: FleetEntries, host_id: str, at_ms: int) -> str:
@@ -40,8 +40,9 @@ def parse(raw: bytes) -> tuple[int, str] | None:
     return int(at), tag
 
 
-def verified_seen(entries: FleetEntries | None, key: str, host_id: str, score_ms: int, raw: bytes | None,
-                  now_ms: int, ttl_ms: int) -> int | None:
+def verified_seen(
+    entries: FleetEntries | None, key: str, host_id: str, score_ms: int, raw: bytes | None, now_ms: int, ttl_ms: int
+) -> int | None:
     """The last heartbeat of `host_id` a reader believes: the older of its score and its sealed
     time; None when no seal vouches for it. A score that says live with no seal that does is
     rejected and counted (`key` names it in the log)."""
@@ -51,7 +52,7 @@ def verified_seen(entries: FleetEntries | None, key: str, host_id: str, score_ms
     if parsed is not None and entries.valid(EntryKind.HEARTBEAT, [host_id, parsed[0]], parsed[1]):
         seen = min(score_ms, parsed[0])
         if now_ms - score_ms <= ttl_ms < now_ms - seen:
-            entries.reject(EntryKind.HEARTBEAT, key, Why.MAC)   # fresh score, stale seal: forged
+            entries.reject(EntryKind.HEARTBEAT, key, Why.MAC)  # fresh score, stale seal: forged
         return seen
     if now_ms - score_ms <= ttl_ms:
         entries.reject(EntryKind.HEARTBEAT, key, Why.DECODE if raw is not None and parsed is None else Why.MAC)

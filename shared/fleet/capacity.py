@@ -18,8 +18,10 @@ from collections.abc import Sequence
 
 import redis.asyncio as aredis
 
+from shared.capacity import StateUnavailable
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
+from shared.fleet.scriptline import ScriptLine
 
 # A Lua function releasing every holder of one host in one table (also used by the reaper).
 # Returns holder, account, holder, account, ...
@@ -63,10 +65,13 @@ end
 """
 
 # KEYS: incarnation; ARGV: cap prefix, account, holder, host, ceiling ('' none), incarnation ('' unfenced)
-RESERVE = _TAKE_FN + """
+RESERVE = (
+    _TAKE_FN
+    + """
 if fenced(KEYS[1], ARGV[6]) then return -1 end
 return take(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
+)
 
 # Release one holder (the same steps as RELEASE below); 1 released, 0 it held nothing.
 _RELEASE_FN = """
@@ -89,18 +94,25 @@ end
 # A reserve carrying the releases owed since the last round trip (issue 27: one round trip per
 # request instead of two). KEYS: incarnation; ARGV: as RESERVE, then the holders to release
 # first. Fenced like RESERVE, before anything is released (-1: nothing done).
-RESERVE_RELEASING = _TAKE_FN + _RELEASE_FN + """
+RESERVE_RELEASING = (
+    _TAKE_FN
+    + _RELEASE_FN
+    + """
 if fenced(KEYS[1], ARGV[6]) then return -1 end
 for i = 7, #ARGV do release(ARGV[1], ARGV[i]) end
 return take(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 """
+)
 
 # ARGV: cap prefix, then holders. Answers how many it released.
-RELEASE_ALL = _RELEASE_FN + """
+RELEASE_ALL = (
+    _RELEASE_FN
+    + """
 local released = 0
 for i = 2, #ARGV do released = released + release(ARGV[1], ARGV[i]) end
 return released
 """
+)
 
 # KEYS: owner; ARGV: cap prefix, holder. 1 released, 0 it held nothing.
 RELEASE = """
@@ -143,7 +155,9 @@ return out
 
 # KEYS: incarnation; ARGV: cap prefix, host, incarnation, then (account, holder, ceiling)...
 # Answers the holders it could not take back (-1 alone when fenced).
-REREGISTER = _TAKE_FN + """
+REREGISTER = (
+    _TAKE_FN
+    + """
 if fenced(KEYS[1], ARGV[3]) then return -1 end
 local refused = {}
 for i = 4, #ARGV, 3 do
@@ -153,6 +167,7 @@ for i = 4, #ARGV, 3 do
 end
 return refused
 """
+)
 
 
 class Incarnation:
@@ -171,11 +186,20 @@ class Incarnation:
 
 class RedisCapacity:
     """A `CapacityStore` in Redis for one ceiling (`Ceiling.LEASE` at the mint, `Ceiling.REQUEST`
-    at the proxy), each holder tagged with `host_id`."""
+    at the proxy), each holder tagged with `host_id`. With a `line` (the data plane's), reserve
+    and `release_all` go over that dedicated connection instead of the pool (issue 27)."""
 
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, table: Ceiling, host_id: str,
-                 incarnation: Incarnation | None = None) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        table: Ceiling,
+        host_id: str,
+        incarnation: Incarnation | None = None,
+        line: ScriptLine | None = None,
+    ) -> None:
         self.client = client
+        self.line = line
         self.keys = keys
         self.table = table
         self.host_id = host_id
@@ -191,16 +215,18 @@ class RedisCapacity:
 
     # ---- the CapacityStore contract --------------------------------------------------------
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None,
-                      releasing: Sequence[str] = ()) -> bool:
+    async def reserve(self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()) -> bool:
         """Take a slot; `releasing`: holders to release first, in the same script (one round
         trip; nothing is released when the reserve is fenced, `StateLost`)."""
         args = [self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()]
-        with guard(f"{self.table} capacity reserve"):
-            if releasing:
-                taken = await self._reserve_releasing(keys=[self.keys.incarnation], args=[*args, *releasing])
-            else:
-                taken = await self._reserve(keys=[self.keys.incarnation], args=args)
+        script = self._reserve_releasing if releasing else self._reserve
+        if releasing:
+            args += releasing
+        if self.line is not None:
+            taken = _integer(await self.line.run(script, [self.keys.incarnation], args), "reserve")
+        else:
+            with guard(f"{self.table} capacity reserve"):
+                taken = await script(keys=[self.keys.incarnation], args=args)
         if taken == -1:
             raise StateLost(f"{self.table} capacity: the fleet state was lost; re-register first")
         return bool(taken == 1)
@@ -213,6 +239,8 @@ class RedisCapacity:
         """Release every one of `holders` in one script; answers how many were held."""
         if not holders:
             return 0
+        if self.line is not None:
+            return _integer(await self.line.run(self._release_all, [], [self._cap, *holders]), "release")
         with guard(f"{self.table} capacity release"):
             return int(await self._release_all(args=[self._cap, *holders]))
 
@@ -255,8 +283,9 @@ class RedisCapacity:
             flat = await self._retain_only(args=[self._cap, self.host_id, *holders])
         return _pairs(flat)
 
-    async def reregister(self, holders: Sequence[tuple[str, str, int | None]], *,
-                         incarnation: str | None = None) -> list[str]:
+    async def reregister(
+        self, holders: Sequence[tuple[str, str, int | None]], *, incarnation: str | None = None
+    ) -> list[str]:
         """Take back this host's own live holders, `(account, holder, ceiling)` each, after
         Redis lost its data or after this host was declared dead; answers the holders refused.
 
@@ -277,6 +306,13 @@ class RedisCapacity:
         if refused == -1:
             raise StateLost(f"{self.table} capacity: the fleet state changed during re-registration")
         return [h.decode() for h in refused]
+
+
+def _integer(reply: object, what: str) -> int:
+    """A hot script's integer reply; anything else is `StateUnavailable` (never a guess)."""
+    if type(reply) is not int:
+        raise StateUnavailable(f"request capacity {what}: an unexpected reply {type(reply).__name__}")
+    return reply
 
 
 def _pairs(flat: Sequence[bytes]) -> dict[str, str]:

@@ -34,8 +34,8 @@ from shared.chainstorage import ChainBusy, ChainBytes, RevisionConflict
 from shared.fleet.keys import FleetKeys
 from shared.fleet.redis_client import guard
 
-LOCK_LEASE_S = 60.0      # longer than any commit (a revoke-leases waits 5 s for the fleet)
-LOCK_POLL_S = 0.02       # a waiting writer (a worker thread) looks again this often
+LOCK_LEASE_S = 60.0  # longer than any commit (a revoke-leases waits 5 s for the fleet)
+LOCK_POLL_S = 0.02  # a waiting writer (a worker thread) looks again this often
 
 # KEYS: records, rev, lock, seeded; ARGV: line, expected size, owner. 1 ok, 0 size moved,
 # -1 lock lost. A write ends a re-seed's window (no mirror may extend the seed after it).
@@ -173,8 +173,10 @@ class RedisChainStorage:
 
     def append(self, line: bytes, expected_size: int) -> None:
         with guard(f"chain {self.name} append"):
-            done = self._append(keys=[self.records_key, self.rev_key, self.lock_key, self.seeded_key],
-                                args=[line, expected_size, self._lock_owner()])
+            done = self._append(
+                keys=[self.records_key, self.rev_key, self.lock_key, self.seeded_key],
+                args=[line, expected_size, self._lock_owner()],
+            )
         if done == -1:
             raise LockLost(f"chain {self.name}: the writer's lock lapsed before the append")
         if done == 0:
@@ -182,8 +184,9 @@ class RedisChainStorage:
 
     def write_anchor(self, data: bytes) -> None:
         with guard(f"chain {self.name} anchor"):
-            done = self._write_anchor(keys=[self.anchor_key, self.rev_key, self.lock_key],
-                                      args=[data, self._lock_owner()])
+            done = self._write_anchor(
+                keys=[self.anchor_key, self.rev_key, self.lock_key], args=[data, self._lock_owner()]
+            )
         if done == -1:
             raise LockLost(f"chain {self.name}: the writer's lock lapsed before the anchor write")
 

@@ -23,30 +23,30 @@ from shared.logging import get_logger
 
 log = get_logger("fleet")
 
-LOGGED_KEYS_MAX = 4096   # (kind, key, why) triples remembered for "logged once"; then forgotten
+LOGGED_KEYS_MAX = 4096  # (kind, key, why) triples remembered for "logged once"; then forgotten
 
 
 class EntryKind(StrEnum):
     """The kinds of published entry, each with its own key (the metric's `kind` label)."""
 
-    REVOKE = "revoke"            # a revoke-leases request (stream `{f}:revoke`)
-    REVOKE_ACK = "revoke-ack"    # a host's acknowledgement (hash `{f}:revoke:acks:<request>`)
-    EVENT = "event"              # an event (channel `{f}:events`)
-    SPEND = "spend"              # one window of one host's spend totals (hash `{f}:spend:host:<host>`)
-    DECISION = "decision"        # a mint decision (string `{f}:dec:d:<decision>`)
-    REGISTERED = "registered"    # a host re-registered after a data loss (set `{f}:registered`): lifts a hold
-    HEADROOM = "headroom"        # a rate-limit observation (hash `{f}:headroom`, SPEC §22)
-    CIRCUIT = "circuit"          # an account's circuit (string `{f}:circuit:<account>`): may lift a hold
-    SOCKETS = "sockets"          # a host's open WebSockets per account (hash `{f}:hosts:sockets:<host>`, §20)
-    HEARTBEAT = "heartbeat"      # a heartbeat's seal (hash `{f}:hosts:beat`): makes a host live, lifts a lapse
+    REVOKE = "revoke"  # a revoke-leases request (stream `{f}:revoke`)
+    REVOKE_ACK = "revoke-ack"  # a host's acknowledgement (hash `{f}:revoke:acks:<request>`)
+    EVENT = "event"  # an event (channel `{f}:events`)
+    SPEND = "spend"  # one window of one host's spend totals (hash `{f}:spend:host:<host>`)
+    DECISION = "decision"  # a mint decision (string `{f}:dec:d:<decision>`)
+    REGISTERED = "registered"  # a host re-registered after a data loss (set `{f}:registered`): lifts a hold
+    HEADROOM = "headroom"  # a rate-limit observation (hash `{f}:headroom`, SPEC §22)
+    CIRCUIT = "circuit"  # an account's circuit (string `{f}:circuit:<account>`): may lift a hold
+    SOCKETS = "sockets"  # a host's open WebSockets per account (hash `{f}:hosts:sockets:<host>`, §20)
+    HEARTBEAT = "heartbeat"  # a heartbeat's seal (hash `{f}:hosts:beat`): makes a host live, lifts a lapse
 
 
 class Why(StrEnum):
     """Why an entry was rejected (a log field)."""
 
-    MAC = "mac"                  # no MAC, or one that does not verify: not written by a host of the fleet
-    DECODE = "decode"            # not the entry's shape (not msgpack / JSON, a field missing or extra)
-    RANGE = "range"              # a value out of range (a negative or non-finite cost, an unknown kind)
+    MAC = "mac"  # no MAC, or one that does not verify: not written by a host of the fleet
+    DECODE = "decode"  # not the entry's shape (not msgpack / JSON, a field missing or extra)
+    RANGE = "range"  # a value out of range (a negative or non-finite cost, an unknown kind)
 
 
 class FleetEntries:

@@ -41,7 +41,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # KEYS: seen, instance, epoch, incarnation; ARGV: host, instance id, ttl ms, new incarnation.
 # Answers {granted 0|1, epoch, incarnation, ms until the live holder's heartbeat expires, now}.
-CLAIM = _NOW + """
+CLAIM = (
+    _NOW
+    + """
 local inc = redis.call('GET', KEYS[4])
 if not inc then
   inc = ARGV[4]
@@ -58,10 +60,13 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 return {1, epoch, inc, 0, now}
 """
+)
 
 # KEYS: seen, instance, epoch, incarnation; ARGV: host, instance id, epoch, incarnation.
 # Answers {standing, epoch, now}.
-HEARTBEAT = _NOW + """
+HEARTBEAT = (
+    _NOW
+    + """
 if redis.call('GET', KEYS[4]) ~= ARGV[4] then return {'state-lost', 0, now} end
 local epoch = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
 local holder = redis.call('HGET', KEYS[2], ARGV[1])
@@ -70,6 +75,7 @@ if (not holder) or epoch ~= tonumber(ARGV[3]) then return {'reaped', epoch, now}
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 return {'live', epoch, now}
 """
+)
 
 # KEYS: instance; ARGV: host, instance id. Compare-and-delete: only the holder lets go.
 RELEASE = """
@@ -82,7 +88,9 @@ return 0
 
 # Dead: heartbeat older than the TTL, or holding capacity with no heartbeat at all.
 # ARGV: ttl ms, fleet prefix, then the capacity tables.
-_FIND_DEAD = _NOW + """
+_FIND_DEAD = (
+    _NOW
+    + """
 local function cap_of(i) return ARGV[2] .. 'cap:' .. ARGV[i] .. ':' end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now - tonumber(ARGV[1])))
 local known = {}
@@ -96,13 +104,17 @@ for i = 3, #ARGV do
   end
 end
 """
+)
 
 # KEYS: seen
 DEAD = _FIND_DEAD + "return dead"
 
 # KEYS: seen, instance, epoch. Answers host, table, holder, account, ... for every holder
 # released, and the dead hosts (some may have held nothing).
-REAP = RELEASE_HOST_FN + _FIND_DEAD + """
+REAP = (
+    RELEASE_HOST_FN
+    + _FIND_DEAD
+    + """
 local out = {}
 for _, h in ipairs(dead) do
   for i = 3, #ARGV do
@@ -120,9 +132,12 @@ for _, h in ipairs(dead) do
 end
 return {dead, out}
 """
+)
 
 # KEYS: seen, beat; ARGV: ttl ms. Answers now, then host, last seen ms, its seal (or false), ...
-LIVE = _NOW + """
+LIVE = (
+    _NOW
+    + """
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%d', now - tonumber(ARGV[1])), '+inf', 'WITHSCORES')
 local out = {now}
 for i = 1, #live, 2 do
@@ -132,20 +147,24 @@ for i = 1, #live, 2 do
 end
 return out
 """
+)
 
 # KEYS: seen, beat; ARGV: host. Answers {now, last seen ms (-1 if none), its seal (or false)}.
-AGE = _NOW + """
+AGE = (
+    _NOW
+    + """
 local seen = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not seen then return {now, -1, false} end
 return {now, math.floor(tonumber(seen)), redis.call('HGET', KEYS[2], ARGV[1])}
 """
+)
 
 
 class HostClaim(msgspec.Struct, frozen=True, kw_only=True):
     granted: bool
-    epoch: int                   # times this host id was declared dead so far
-    incarnation: str             # the fleet data's incarnation the claim was made in
-    retry_after_ms: int = 0      # refused: until the live holder's heartbeat expires
+    epoch: int  # times this host id was declared dead so far
+    incarnation: str  # the fleet data's incarnation the claim was made in
+    retry_after_ms: int = 0  # refused: until the live holder's heartbeat expires
 
 
 class Beat(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,10 +185,16 @@ def new_instance_id() -> str:
 
 
 class HostRegistry:
-    def __init__(self, client: aredis.Redis, keys: FleetKeys, ttl_s: float,
-                 tables: Sequence[Ceiling] = tuple(Ceiling), entries: FleetEntries | None = None) -> None:
+    def __init__(
+        self,
+        client: aredis.Redis,
+        keys: FleetKeys,
+        ttl_s: float,
+        tables: Sequence[Ceiling] = tuple(Ceiling),
+        entries: FleetEntries | None = None,
+    ) -> None:
         self.client = client
-        self.entries = entries   # the fleet secret's MACs: heartbeats sealed and checked (SPEC §19)
+        self.entries = entries  # the fleet secret's MACs: heartbeats sealed and checked (SPEC §19)
         self.keys = keys
         self.ttl_ms = int(ttl_s * 1000)
         self.tables = tuple(tables)
@@ -188,16 +213,19 @@ class HostRegistry:
     async def claim(self, host_id: str, instance_id: str) -> HostClaim:
         with guard("host claim"):
             granted, epoch, incarnation, left, now = await self._claim(
-                keys=self._host_keys(), args=[host_id, instance_id, self.ttl_ms, "inc-" + secrets.token_hex(8)])
+                keys=self._host_keys(), args=[host_id, instance_id, self.ttl_ms, "inc-" + secrets.token_hex(8)]
+            )
         if granted == 1:
             await self._seal(host_id, int(now))
-        return HostClaim(granted=granted == 1, epoch=int(epoch), incarnation=incarnation.decode(),
-                         retry_after_ms=int(left))
+        return HostClaim(
+            granted=granted == 1, epoch=int(epoch), incarnation=incarnation.decode(), retry_after_ms=int(left)
+        )
 
     async def heartbeat(self, host_id: str, instance_id: str, epoch: int, incarnation: str) -> Beat:
         with guard("host heartbeat"):
             standing, now_epoch, now = await self._heartbeat(
-                keys=self._host_keys(), args=[host_id, instance_id, epoch, incarnation])
+                keys=self._host_keys(), args=[host_id, instance_id, epoch, incarnation]
+            )
         if standing == b"live":
             await self._seal(host_id, int(now))
         return Beat(standing=Standing(standing.decode()), epoch=int(now_epoch))
@@ -228,8 +256,9 @@ class HostRegistry:
         return live
 
     def _believed(self, host_id: str, score_ms: int, raw: bytes | None, now_ms: int) -> int | None:
-        return beats.verified_seen(self.entries, f"{self.keys.hosts_beat}/{host_id}", host_id, score_ms,
-                                   raw or None, now_ms, self.ttl_ms)
+        return beats.verified_seen(
+            self.entries, f"{self.keys.hosts_beat}/{host_id}", host_id, score_ms, raw or None, now_ms, self.ttl_ms
+        )
 
     async def heartbeat_age_ms(self, host_id: str) -> int | None:
         """How long ago `host_id` last heartbeated (Redis's clock); None when it holds no
@@ -252,9 +281,15 @@ class HostRegistry:
         (idempotent: any host may run it at any time; a second run finds nothing)."""
         with guard("reap dead hosts"):
             dead, flat = await self._reap(keys=self._host_keys()[:3], args=self._reap_args())
-        released = [Reaped(host_id=flat[i].decode(), table=Ceiling(flat[i + 1].decode()),
-                           holder=flat[i + 2].decode(), account_id=flat[i + 3].decode())
-                    for i in range(0, len(flat), 4)]
+        released = [
+            Reaped(
+                host_id=flat[i].decode(),
+                table=Ceiling(flat[i + 1].decode()),
+                holder=flat[i + 2].decode(),
+                account_id=flat[i + 3].decode(),
+            )
+            for i in range(0, len(flat), 4)
+        ]
         return sorted(h.decode() for h in dead), released
 
     def _reap_args(self) -> list[str | int]:

@@ -35,9 +35,17 @@ class HostIdTaken(Exception):
 
 
 class Membership:
-    def __init__(self, registry: HostRegistry, host_id: str, *, recover: Recover,
-                 on_reaped: OnReaped | None = None, on_superseded: Callable[[], None] | None = None,
-                 interval_s: float | None = None, instance_id: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: HostRegistry,
+        host_id: str,
+        *,
+        recover: Recover,
+        on_reaped: OnReaped | None = None,
+        on_superseded: Callable[[], None] | None = None,
+        interval_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> None:
         self.registry = registry
         self.host_id = host_id
         self.instance_id = instance_id or new_instance_id()
@@ -60,8 +68,10 @@ class Membership:
             await asyncio.sleep(claim.retry_after_ms / 1000 + self.interval_s)
             claim = await self.registry.claim(self.host_id, self.instance_id)
         if not claim.granted:
-            raise HostIdTaken(f"host id {self.host_id} is held by a live instance "
-                              f"(its heartbeat expires in {claim.retry_after_ms} ms)")
+            raise HostIdTaken(
+                f"host id {self.host_id} is held by a live instance "
+                f"(its heartbeat expires in {claim.retry_after_ms} ms)"
+            )
         self._claim = claim
         log.info("fleet_joined", host_id=self.host_id, epoch=claim.epoch)
         return claim

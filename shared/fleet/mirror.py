@@ -123,8 +123,7 @@ class MirroredChainStorage:
         lines = split_lines(read.data)
         check = verify_chain(lines, read.anchor_after, auth)
         plain = verify_chain(lines, read.anchor_after)
-        if (check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED
-                or not self.adoptable(read)):
+        if check.fault is not Fault.MAC_MISMATCH or plain.verdict is not Verdict.VERIFIED or not self.adoptable(read):
             return None
         return read, plain
 
@@ -143,8 +142,12 @@ class MirroredChainStorage:
                 return None
             read, plain = sealable
             count = len(plain.records)
-            fields = {**auth.seal_fields(), "action": SEAL_ACTION, "adopts_count": count,
-                      "adopts_hash": plain.head_hash}
+            fields = {
+                **auth.seal_fields(),
+                "action": SEAL_ACTION,
+                "adopts_count": count,
+                "adopts_hash": plain.head_hash,
+            }
             record = seal(fields, count + 1, plain.head_hash or GENESIS_HASH)
             record["mac"] = auth.mac(record)
             self.write_anchor(encode_anchor(count, plain.head_hash))
@@ -186,7 +189,7 @@ class MirroredChainStorage:
                 log.warning("chain_reseeded", chain=self.remote.name, records=len(witness.records))
             return seeded
         if len(remote.data) < len(local_data) and local_data.startswith(remote.data) and self.remote.is_seeded():
-            extended = self.remote.extend_seed(local_data[len(remote.data):], len(remote.data), anchor)
+            extended = self.remote.extend_seed(local_data[len(remote.data) :], len(remote.data), anchor)
             if extended:
                 log.warning("chain_reseed_extended", chain=self.remote.name, records=len(witness.records))
             return extended

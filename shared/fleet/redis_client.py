@@ -33,8 +33,8 @@ from shared.capacity import StateUnavailable
 from shared.logging import register_secret
 
 SCHEMES = ("redis", "rediss", "unix")
-TIMEOUT_S = 1.0            # longest wait for one reply (a paused server is noticed within it)
-CONNECT_TIMEOUT_S = 0.5    # longest wait to open one connection (loopback or LAN)
+TIMEOUT_S = 1.0  # longest wait for one reply (a paused server is noticed within it)
+CONNECT_TIMEOUT_S = 0.5  # longest wait to open one connection (loopback or LAN)
 # Concurrent commands of one process; more wait (at most TIMEOUT_S) for a free connection.
 MAX_CONNECTIONS = 64
 
@@ -47,25 +47,45 @@ class StateLost(StateUnavailable):
     id and re-register this host's holders before admitting new ones (SPEC §16)."""
 
 
-def connect(url: str, *, timeout_s: float = TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-            max_connections: int = MAX_CONNECTIONS) -> aredis.Redis:
+def connect(
+    url: str,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> aredis.Redis:
     """An asyncio client for the event-loop backends (capacity, circuits, decisions, hosts)."""
     _register_password(url)
     pool = aredis.BlockingConnectionPool.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=connect_timeout_s,
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=connect_timeout_s,
         retry=AsyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        max_connections=max_connections, timeout=timeout_s, health_check_interval=0)
+        max_connections=max_connections,
+        timeout=timeout_s,
+        health_check_interval=0,
+    )
     return aredis.Redis(connection_pool=pool)
 
 
-def connect_sync(url: str, *, timeout_s: float = TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> redis.Redis:
+def connect_sync(
+    url: str,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> redis.Redis:
     """A blocking client, for the chains (`HashChain` calls its storage from worker threads)."""
     _register_password(url)
     pool = redis.BlockingConnectionPool.from_url(
-        url, socket_timeout=timeout_s, socket_connect_timeout=connect_timeout_s,
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=connect_timeout_s,
         retry=SyncRetry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        max_connections=max_connections, timeout=timeout_s, health_check_interval=0)
+        max_connections=max_connections,
+        timeout=timeout_s,
+        health_check_interval=0,
+    )
     return redis.Redis(connection_pool=pool)
 
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-MIN_BYTES = 32            # SPEC §19: at least 32 random bytes
-MAX_BYTES = 64 * 1024     # a secret file is small; a bigger one is a wrong path
+MIN_BYTES = 32  # SPEC §19: at least 32 random bytes
+MAX_BYTES = 64 * 1024  # a secret file is small; a bigger one is a wrong path
 LABEL_PREFIX = b"leasehold-fleet/v1/"
 _ENCODER = msgspec.msgpack.Encoder()
 

@@ -41,12 +41,26 @@ models = ["gpt-5-mini"]
 def start_hostile_gateway(workdir: Any, stub: Stub, extra: dict[str, str] | None = None) -> Gateway:
     accounts = workdir / "accounts.toml"
     accounts.write_text(ACCOUNTS.format(url=stub.url))
-    gateway = Gateway(workdir, stub, {"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                                      "GATEWAY_HAIKU_KEY": stub.anthropic_key,
-                                      "GATEWAY_MINI_KEY": stub.openai_key, **(extra or {})}).start()
-    status, _, body = gateway.api("PUT", "/control/v2/policy/level", {
-        "name": "platform", "expected_revision": 0, "reason": "hostile input",
-        "document": {"account_order": ["anthropic-haiku", "openai-mini"]}})
+    gateway = Gateway(
+        workdir,
+        stub,
+        {
+            "GATEWAY_ACCOUNTS_FILE": str(accounts),
+            "GATEWAY_HAIKU_KEY": stub.anthropic_key,
+            "GATEWAY_MINI_KEY": stub.openai_key,
+            **(extra or {}),
+        },
+    ).start()
+    status, _, body = gateway.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": "platform",
+            "expected_revision": 0,
+            "reason": "hostile input",
+            "document": {"account_order": ["anthropic-haiku", "openai-mini"]},
+        },
+    )
     assert status == 200, body
     return gateway
 
@@ -59,15 +73,24 @@ def hgw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gatewa
 
 
 def mint_v2(gw: Gateway, model: str, dispatch_id: str) -> dict[str, Any]:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch_id, "repo_slug": "acme/app", "principal_kind": "worker",
-        "principal_id": "w-1", "model": model})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch_id,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": model,
+        },
+    )
     assert status == 201, body
     return body
 
 
-def post_raw(gw: Gateway, path: str, body: bytes, headers: dict[str, str],
-             timeout_s: float = 15) -> tuple[int, dict[str, str], bytes]:
+def post_raw(
+    gw: Gateway, path: str, body: bytes, headers: dict[str, str], timeout_s: float = 15
+) -> tuple[int, dict[str, str], bytes]:
     """POST exactly these bytes (http.client adds only Host and Content-Length)."""
     conn = httpclient.HTTPConnection("127.0.0.1", gw.dataplane_port, timeout=timeout_s)
     try:

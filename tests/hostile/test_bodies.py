@@ -28,7 +28,7 @@ O_PATHS = ("/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 
 class Case(NamedTuple):
     name: str
-    wire: str          # "anthropic" | "openai"
+    wire: str  # "anthropic" | "openai"
     body: bytes
     headers: dict[str, str]
     status: int
@@ -48,7 +48,8 @@ def _cases() -> list[Case]:
     for wire, good, bad, plain in (("anthropic", HAIKU, OPUS, _a), ("openai", MINI, FULL, _o)):
         body = plain(bad).encode()
         refuse = lambda name, b, h=None, s=400, c="invalid-request-body": cases.append(  # noqa: E731
-            Case(f"{wire}: {name}", wire, b, h or {}, s, c))
+            Case(f"{wire}: {name}", wire, b, h or {}, s, c)
+        )
         refuse("a UTF-8 BOM", b"\xef\xbb\xbf" + body)
         refuse("an unpaired high surrogate", body[:-1] + b',"x":"\\ud800"}')
         refuse("an unpaired low surrogate in the model", plain(bad + "\\udc00").encode().replace(b"\\\\", b"\\"))
@@ -69,21 +70,46 @@ def _cases() -> list[Case]:
         refuse("double gzip", gzip.compress(gzip.compress(body)), {"Content-Encoding": "gzip"})
         refuse("corrupt gzip", gzip.compress(body)[:-9] + b"garbage!!", {"Content-Encoding": "gzip"})
         refuse("gzip with trailing junk", gzip.compress(body) + b"junk", {"Content-Encoding": "gzip"})
-        refuse("raw deflate", zlib.compressobj(wbits=-15).compress(body) + b"\x03\x00",
-               {"Content-Encoding": "deflate"})
+        refuse("raw deflate", zlib.compressobj(wbits=-15).compress(body) + b"\x03\x00", {"Content-Encoding": "deflate"})
         refuse("brotli", body, {"Content-Encoding": "br"}, 415, "unsupported-content-encoding")
-        refuse("gzip, gzip", gzip.compress(gzip.compress(body)), {"Content-Encoding": "gzip, gzip"},
-               415, "unsupported-content-encoding")
-        refuse("a gzip bomb", gzip.compress(b'{"model":"' + good.encode() + b'","x":"' + b"a" * (40 << 20)
-                                            + b'"}'), {"Content-Encoding": "gzip"}, 413, "body-too-large")
-        refuse("a bomb of zeros", gzip.compress(b"\x00" * (40 << 20)), {"Content-Encoding": "gzip"},
-               413, "body-too-large")
-    cases.append(Case("openai: stream twice", "openai",
-                      b'{"model":"gpt-5-mini","stream":false,"stream":true,"messages":[]}', {}, 400,
-                      "invalid-request-body"))
-    cases.append(Case("openai: include_usage twice", "openai",
-                      b'{"model":"gpt-5-mini","stream":true,"stream_options":{"include_usage":true,'
-                      b'"include_usage":false},"messages":[]}', {}, 400, "invalid-request-body"))
+        refuse(
+            "gzip, gzip",
+            gzip.compress(gzip.compress(body)),
+            {"Content-Encoding": "gzip, gzip"},
+            415,
+            "unsupported-content-encoding",
+        )
+        refuse(
+            "a gzip bomb",
+            gzip.compress(b'{"model":"' + good.encode() + b'","x":"' + b"a" * (40 << 20) + b'"}'),
+            {"Content-Encoding": "gzip"},
+            413,
+            "body-too-large",
+        )
+        refuse(
+            "a bomb of zeros", gzip.compress(b"\x00" * (40 << 20)), {"Content-Encoding": "gzip"}, 413, "body-too-large"
+        )
+    cases.append(
+        Case(
+            "openai: stream twice",
+            "openai",
+            b'{"model":"gpt-5-mini","stream":false,"stream":true,"messages":[]}',
+            {},
+            400,
+            "invalid-request-body",
+        )
+    )
+    cases.append(
+        Case(
+            "openai: include_usage twice",
+            "openai",
+            b'{"model":"gpt-5-mini","stream":true,"stream_options":{"include_usage":true,'
+            b'"include_usage":false},"messages":[]}',
+            {},
+            400,
+            "invalid-request-body",
+        )
+    )
     return cases
 
 
@@ -100,8 +126,11 @@ def test_a_hostile_body_is_refused_and_never_sent(hgw: Gateway, clean_stub: Stub
     minted = mint_v2(hgw, HAIKU if case.wire == "anthropic" else MINI, f"d-body-{n}")
     paths = A_PATHS if case.wire == "anthropic" else O_PATHS
     path = paths[n % len(paths)]
-    auth = ({**A_HEADERS, "x-api-key": minted["token"]} if case.wire == "anthropic"
-            else {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"})
+    auth = (
+        {**A_HEADERS, "x-api-key": minted["token"]}
+        if case.wire == "anthropic"
+        else {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"}
+    )
     status, headers, raw = post_raw(hgw, path, case.body, {**auth, **case.headers})
     answer = json.loads(raw)
     assert (status, answer["error"]["code"]) == (case.status, case.code), answer
@@ -114,24 +143,35 @@ def test_a_hostile_body_is_refused_and_never_sent(hgw: Gateway, clean_stub: Stub
     assert clean_stub.requests() == []
     row = settled(hgw, minted["key_id"])[0]
     assert (row["status"], row["http_status"], row["refusal_reason"], row["condition"]) == (
-        "refused", case.status, case.code, None)
+        "refused",
+        case.status,
+        case.code,
+        None,
+    )
     assert dataplane_healthy(hgw)
 
 
 def test_a_body_with_no_model_is_forwarded(hgw: Gateway, clean_stub: Stub) -> None:
     minted = mint_v2(hgw, HAIKU, "d-body-none")
-    status, _, _ = post_raw(hgw, "/v1/messages", b'{"max_tokens":8,"messages":[]}',
-                            {**A_HEADERS, "x-api-key": minted["token"]})
+    status, _, _ = post_raw(
+        hgw, "/v1/messages", b'{"max_tokens":8,"messages":[]}', {**A_HEADERS, "x-api-key": minted["token"]}
+    )
     assert status == 200 and len(clean_stub.requests()) == 1
 
 
 def test_the_body_goes_upstream_as_it_came(hgw: Gateway, clean_stub: Stub) -> None:
     """Strictly read, never rewritten: a gzip body with escapes reaches the upstream compressed."""
     minted = mint_v2(hgw, HAIKU, "d-body-same")
-    body = (b'{"model":"claude-haiku-\\u0034-5", "max_tokens":8, "messages":[{"role":"user",'
-            b'"content":"h\\u00e9 \\ud83d\\ude00 1e999"}]}')
-    status, _, _ = post_raw(hgw, "/v1/messages", gzip.compress(body),
-                            {**A_HEADERS, "x-api-key": minted["token"], "Content-Encoding": "gzip"})
+    body = (
+        b'{"model":"claude-haiku-\\u0034-5", "max_tokens":8, "messages":[{"role":"user",'
+        b'"content":"h\\u00e9 \\ud83d\\ude00 1e999"}]}'
+    )
+    status, _, _ = post_raw(
+        hgw,
+        "/v1/messages",
+        gzip.compress(body),
+        {**A_HEADERS, "x-api-key": minted["token"], "Content-Encoding": "gzip"},
+    )
     assert status == 200
     entry = clean_stub.requests()[0]
     assert entry["headers"]["content-encoding"] == "gzip" and entry["model"] == HAIKU

@@ -27,9 +27,16 @@ HEAD_S, KEEPALIVE_S, CAP, STALL_S = 3, 5, 16, 1
 
 @pytest.fixture(scope="module")
 def cgw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
-    gateway = start_hostile_gateway(tmp_path_factory.mktemp("connections"), stub, {
-        "GATEWAY_HEADER_TIMEOUT_SECONDS": str(HEAD_S), "GATEWAY_KEEPALIVE_SECONDS": str(KEEPALIVE_S),
-        "GATEWAY_MAX_CONNECTIONS": str(CAP), "GATEWAY_CLIENT_STALL_SECONDS": str(STALL_S)})
+    gateway = start_hostile_gateway(
+        tmp_path_factory.mktemp("connections"),
+        stub,
+        {
+            "GATEWAY_HEADER_TIMEOUT_SECONDS": str(HEAD_S),
+            "GATEWAY_KEEPALIVE_SECONDS": str(KEEPALIVE_S),
+            "GATEWAY_MAX_CONNECTIONS": str(CAP),
+            "GATEWAY_CLIENT_STALL_SECONDS": str(STALL_S),
+        },
+    )
     yield gateway
     gateway.stop()
 
@@ -75,8 +82,11 @@ def test_an_idle_connection_is_closed_after_the_head_timeout(cgw: Gateway) -> No
     assert time.monotonic() - opened >= HEAD_S - 0.5
     sock.close()
     assert dataplane_healthy(cgw)
-    wait_until(lambda: counter(cgw, "leasehold_header_timeouts_total") >= before + 1, 10,
-               "the head timeout counted on /metrics")
+    wait_until(
+        lambda: counter(cgw, "leasehold_header_timeouts_total") >= before + 1,
+        10,
+        "the head timeout counted on /metrics",
+    )
 
 
 def test_a_slowloris_is_closed_though_it_keeps_sending(cgw: Gateway) -> None:
@@ -130,13 +140,25 @@ def test_beyond_the_cap_a_connection_is_refused_and_open_ones_go_on(cgw: Gateway
     for sock in [*held, extra]:
         sock.close()
     assert wait_until(lambda: dataplane_healthy(cgw), 10, "a new connection accepted once below the cap")
-    wait_until(lambda: counter(cgw, "leasehold_connections_refused_total") >= before + 1, 10,
-               "the refused connection counted on /metrics")
+    wait_until(
+        lambda: counter(cgw, "leasehold_connections_refused_total") >= before + 1,
+        10,
+        "the refused connection counted on /metrics",
+    )
 
 
 def _big_stream(events: int, size: int) -> str:
-    start = {"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
-             "model": HAIKU, "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}}
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": HAIKU,
+            "content": [],
+            "usage": {"input_tokens": 5, "output_tokens": 1},
+        },
+    }
     delta = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x" * size}}
     one = f"event: content_block_delta\ndata: {json.dumps(delta)}\n\n"
     return f"event: message_start\ndata: {json.dumps(start)}\n\n" + one * events
@@ -152,15 +174,18 @@ def test_a_stalled_reader_is_cut_and_its_slot_released(cgw: Gateway, clean_stub:
     sock = connect(cgw, rcvbuf=4096)
     body = json.dumps({"model": HAIKU, "max_tokens": 8, "stream": True, "messages": []}).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in {**A_HEADERS, "x-api-key": minted["token"]}.items())
-    sock.send(f"POST /v1/messages HTTP/1.1\r\nHost: x\r\n{head}content-length: {len(body)}\r\n\r\n".encode()
-              + body)
+    sock.send(f"POST /v1/messages HTTP/1.1\r\nHost: x\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body)
     row = settled(cgw, minted["key_id"], timeout_s=20)[0]
     assert (row["status"], row["condition"], row["refusal_reason"]) == ("client-aborted", None, None)
-    assert wait_until(lambda: clean_stub.requests()[0]["outcome"] == "client-gone", 30,
-                      "the upstream request cancelled")
-    status, _, _ = post_raw(cgw, "/v1/messages", json.dumps({"model": HAIKU, "max_tokens": 8,
-                                                              "messages": []}).encode(),
-                            {**A_HEADERS, "x-api-key": minted["token"]})
+    assert wait_until(
+        lambda: clean_stub.requests()[0]["outcome"] == "client-gone", 30, "the upstream request cancelled"
+    )
+    status, _, _ = post_raw(
+        cgw,
+        "/v1/messages",
+        json.dumps({"model": HAIKU, "max_tokens": 8, "messages": []}).encode(),
+        {**A_HEADERS, "x-api-key": minted["token"]},
+    )
     assert status == 200  # the slot was released (on main: 429 request-capacity-exhausted)
     sock.close()
     assert dataplane_healthy(cgw)

@@ -30,8 +30,11 @@ def exchange(gw: Gateway, raw: bytes) -> bytes:
             answer += piece
             if b"\r\n\r\n" in answer:
                 head, _, body = answer.partition(b"\r\n\r\n")
-                length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:")]
+                length = [
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                ]
                 if length and len(body) >= length[0]:
                     break
         return answer
@@ -40,8 +43,10 @@ def exchange(gw: Gateway, raw: bytes) -> bytes:
 
 
 def request(token: str, extra: bytes, body: bytes = BODY, length: bool = True) -> bytes:
-    head = (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nanthropic-version: 2023-06-01\r\n"
-            b"content-type: application/json\r\nx-api-key: " + token.encode() + b"\r\n" + extra)
+    head = (
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nanthropic-version: 2023-06-01\r\n"
+        b"content-type: application/json\r\nx-api-key: " + token.encode() + b"\r\n" + extra
+    )
     if length:
         head += b"content-length: " + str(len(body)).encode() + b"\r\n"
     return head + b"\r\n" + body

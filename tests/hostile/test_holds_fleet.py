@@ -52,13 +52,19 @@ def test_a_paused_redis_holds_extend_and_renewal(tmp_path: Path, stub: Stub, own
                 started = time.monotonic()
                 status, headers, held = a.api("POST", path, {"ttl_seconds": 7200})
                 assert (status, held.get("outcome"), held.get("refusal_reason")) == (
-                    503, "held", "fleet-state-unavailable"), (path, held)
+                    503,
+                    "held",
+                    "fleet-state-unavailable",
+                ), (path, held)
                 assert "retry-after" in headers and time.monotonic() - started < 5
         finally:
             own_redis.resume()
         assert (expiry_on_disk(a, keyed["key_id"]), expiry_on_disk(a, caller["key_id"])) == before
-        wait_until(lambda: a.api("POST", f"/control/v2/keys/{keyed['key_id']}/extend",
-                                 {"ttl_seconds": 7200})[0] == 200, 15, "extend served after SIGCONT")
+        wait_until(
+            lambda: a.api("POST", f"/control/v2/keys/{keyed['key_id']}/extend", {"ttl_seconds": 7200})[0] == 200,
+            15,
+            "extend served after SIGCONT",
+        )
         assert expiry_on_disk(a, keyed["key_id"]) > before[0]
         status, _, renewed = a.api("POST", f"/control/v2/keys/{caller['key_id']}/renew", {})
         assert (status, renewed["account_id"]) == (201, caller["account_id"]), renewed

@@ -55,30 +55,44 @@ def modes(state_dir: Path) -> dict[str, str]:
 def assert_private(state_dir: Path, expected: set[str]) -> None:
     found = modes(state_dir)
     assert expected <= set(found), (expected - set(found), sorted(found))
-    wrong = {name: mode for name, mode in found.items()
-             if mode != (oct(0o700) if (state_dir / name).is_dir() else oct(0o600))}
+    wrong = {
+        name: mode
+        for name, mode in found.items()
+        if mode != (oct(0o700) if (state_dir / name).is_dir() else oct(0o600))
+    }
     assert wrong == {}, wrong
 
 
 def policy_write(gw: Gateway, document: dict) -> None:
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-        "name": "repo:acme/app", "expected_revision": revision, "reason": "r", "document": document})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {"name": "repo:acme/app", "expected_revision": revision, "reason": "r", "document": document},
+    )
     assert status == 200, body
 
 
 def embedded_run(make_gateway) -> Gateway:
     gw = make_gateway()
     gw.state_dir.mkdir(parents=True, mode=0o755)
-    os.chmod(gw.state_dir, 0o755)             # an operator's pre-existing, world-readable directory
+    os.chmod(gw.state_dir, 0o755)  # an operator's pre-existing, world-readable directory
     gw.start()
     policy_write(gw, {"budgets": [{"window": "day", "usd": 50.0}]})
-    status, _, body = gw.api("PATCH", "/control/v2/accounts/legacy-openai/state",
-                             {"state": "draining", "reason": "r"})
+    status, _, body = gw.api("PATCH", "/control/v2/accounts/legacy-openai/state", {"state": "draining", "reason": "r"})
     assert status == 200, body
-    status, _, minted = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-1", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": MODEL, "fallback_driver": "gateway"})
+    status, _, minted = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-1",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": MODEL,
+            "fallback_driver": "gateway",
+        },
+    )
     assert status == 201, minted
     for _ in range(2):
         assert http("POST", gw.dataplane_url + "/v1/messages", BODY, {"x-api-key": minted["token"]})[0] == 200
@@ -106,14 +120,25 @@ def rotate_and_checkpoint(state_dir: Path) -> None:
 
 
 def test_every_state_file_is_0600_and_the_directory_0700(
-        make_gateway, tmp_path: Path, stub: Stub, wide_umask: None) -> None:
+    make_gateway, tmp_path: Path, stub: Stub, wide_umask: None
+) -> None:
     gw = embedded_run(make_gateway)
     rotate_and_checkpoint(gw.state_dir)
     files = set(ledger_files(gw.state_dir))
     assert {"ledger-20261130.jsonl.gz", "ledger-20261130.spend.json", "ledger.spend.json"} <= files, files
-    assert_private(gw.state_dir, {
-        "keys.jsonl", "lease-decisions.jsonl", "ledger.jsonl", "ledger-20261130.jsonl.gz",
-        "ledger-20261130.spend.json", "ledger.spend.json", "policy.jsonl", "account-admin.jsonl"})
+    assert_private(
+        gw.state_dir,
+        {
+            "keys.jsonl",
+            "lease-decisions.jsonl",
+            "ledger.jsonl",
+            "ledger-20261130.jsonl.gz",
+            "ledger-20261130.spend.json",
+            "ledger.spend.json",
+            "policy.jsonl",
+            "account-admin.jsonl",
+        },
+    )
 
     server = RedisServer(tmp_path / "redis").start()
     fleet = FleetPairs(tmp_path / "fleet", stub, server, 1)

@@ -51,17 +51,16 @@ REFUSED = [
     Refused(b'{"\\u006d\\u006f\\u0064\\u0065\\u006c":"a","model":"b"}', "model twice, all escaped"),
     Refused(b'{"model":"a","stream":false,"stream":true}', "stream twice"),
     Refused(b'{"model":"a","stream_options":{},"stream_options":{}}', "stream_options twice"),
-    Refused(b'{"model":"a","stream_options":{"include_usage":true,"include_usage":false}}',
-            "include_usage twice"),
+    Refused(b'{"model":"a","stream_options":{"include_usage":true,"include_usage":false}}', "include_usage twice"),
     Refused(b'{"model":null}', "a null model"),
     Refused(b'{"model":["claude-opus-4-1"]}', "a list model"),
     Refused(b'{"model":{"id":"claude-opus-4-1"}}', "an object model"),
     Refused(b'{"model":7}', "a number model"),
     Refused(b'[{"model":"claude-opus-4-1"}]', "an array"),
     Refused(b'"claude-opus-4-1"', "a string"),
-    Refused(b'null', "null"),
-    Refused(b'', "nothing"),
-    Refused(b'   ', "whitespace"),
+    Refused(b"null", "null"),
+    Refused(b"", "nothing"),
+    Refused(b"   ", "whitespace"),
     Refused(b"{'model':'claude-opus-4-1'}", "single quotes"),
     Refused(b'{"model":"claude-opus-4-1",}', "a trailing comma"),
     Refused(b'{"model":"a","x":01}', "a leading zero"),
@@ -129,6 +128,7 @@ def test_a_large_body_is_read_off_the_loop() -> None:
 
 # ---- content codings ----------------------------------------------------------------------
 
+
 def _decode(body: bytes, coding: str, limit: int = 1 << 20) -> bytes:
     return asyncio.run(decode_body(body, coding_of([coding]), limit))
 
@@ -145,10 +145,16 @@ def test_two_content_encoding_lines_are_a_list() -> None:
         coding_of(["gzip", "gzip"])
 
 
-@pytest.mark.parametrize("coding,encode", [
-    ("", lambda b: b), ("identity", lambda b: b), ("GZIP", gzip.compress),
-    ("x-gzip", gzip.compress), ("deflate", zlib.compress),
-])
+@pytest.mark.parametrize(
+    "coding,encode",
+    [
+        ("", lambda b: b),
+        ("identity", lambda b: b),
+        ("GZIP", gzip.compress),
+        ("x-gzip", gzip.compress),
+        ("deflate", zlib.compress),
+    ],
+)
 def test_codings_decode(coding: str, encode: Any) -> None:
     body = b'{"model":"m"}'
     assert _decode(encode(body), coding) == body
@@ -158,12 +164,17 @@ def test_gzip_members_concatenate() -> None:
     assert _decode(gzip.compress(b'{"model":') + gzip.compress(b'"m"}'), "gzip") == b'{"model":"m"}'
 
 
-@pytest.mark.parametrize("body,coding", [
-    (b"not gzip", "gzip"), (gzip.compress(b'{"model":"m"}')[:-6], "gzip"),
-    (gzip.compress(b'{"model":"m"}') + b"junk", "gzip"), (b"", "gzip"),
-    (zlib.compress(b'{"model":"m"}') + b"x", "deflate"),
-    (zlib.compressobj(wbits=-15).compress(b'{"model":"m"}'), "deflate"),
-])
+@pytest.mark.parametrize(
+    "body,coding",
+    [
+        (b"not gzip", "gzip"),
+        (gzip.compress(b'{"model":"m"}')[:-6], "gzip"),
+        (gzip.compress(b'{"model":"m"}') + b"junk", "gzip"),
+        (b"", "gzip"),
+        (zlib.compress(b'{"model":"m"}') + b"x", "deflate"),
+        (zlib.compressobj(wbits=-15).compress(b'{"model":"m"}'), "deflate"),
+    ],
+)
 def test_corrupt_codings_are_400(body: bytes, coding: str) -> None:
     with pytest.raises(BodyRefused) as caught:
         _decode(body, coding)
@@ -192,6 +203,7 @@ def test_a_body_of_exactly_the_limit_decodes() -> None:
 
 # ---- the property ---------------------------------------------------------------------------
 
+
 class _Unread(Exception):
     pass
 
@@ -218,8 +230,7 @@ def reference_model(body: bytes) -> str | None:
         return {"__pairs__": items}
 
     try:
-        top = json.loads(text, object_pairs_hook=pairs, parse_constant=constant,
-                         parse_int=lambda _: 0)
+        top = json.loads(text, object_pairs_hook=pairs, parse_constant=constant, parse_int=lambda _: 0)
     except (ValueError, RecursionError):
         raise _Unread from None
     if not isinstance(top, dict):
@@ -237,15 +248,16 @@ def reference_model(body: bytes) -> str | None:
 _models = st.sampled_from(["claude-haiku-4-5", "claude-opus-4-1", "gpt-4o", ""])
 _keys = st.sampled_from(["model", "mod\\u0065l", "x", "stream", "messages", "\\u006dodel"])
 _scalars = st.one_of(
-    _models.map(json.dumps), st.sampled_from(["NaN", "Infinity", "1e999", "null", "true", "-0",
-                                              '"\\ud800"', '"\\udc00x"', '"\\ud83d\\ude00"', "7"]),
+    _models.map(json.dumps),
+    st.sampled_from(
+        ["NaN", "Infinity", "1e999", "null", "true", "-0", '"\\ud800"', '"\\udc00x"', '"\\ud83d\\ude00"', "7"]
+    ),
 )
 
 
 @st.composite
 def bodies(draw: st.DrawFn) -> bytes:
-    members = draw(st.lists(st.tuples(_keys, st.one_of(_scalars, _scalars.map(lambda s: "[" + s + "]"))),
-                            max_size=5))
+    members = draw(st.lists(st.tuples(_keys, st.one_of(_scalars, _scalars.map(lambda s: "[" + s + "]"))), max_size=5))
     text = "{" + ",".join(f'"{k}":{v}' for k, v in members) + "}"
     prefix = draw(st.sampled_from(["", " ", "\ufeff", "[", "\n"]))
     suffix = draw(st.sampled_from(["", " ", "x", "{}", "]", "\n"]))
@@ -253,7 +265,7 @@ def bodies(draw: st.DrawFn) -> bytes:
     cut = draw(st.integers(min_value=0, max_value=3))
     if cut == 3 and raw:  # now and then a byte flipped or dropped
         at = draw(st.integers(min_value=0, max_value=len(raw) - 1))
-        raw = raw[:at] + draw(st.sampled_from([b"", b"\xff", b'"', b"\\"])) + raw[at + 1:]
+        raw = raw[:at] + draw(st.sampled_from([b"", b"\xff", b'"', b"\\"])) + raw[at + 1 :]
     return raw
 
 
@@ -272,8 +284,11 @@ def test_the_model_checked_is_the_model_a_strict_parser_reads(body: bytes) -> No
 @given(bodies(), st.sampled_from(["", "identity", "gzip", "deflate", "gzip-twice", "br"]))
 def test_through_its_coding_too(body: bytes, coding: str) -> None:
     """The same invariant for the body as sent: decoded from its coding first, as the gateway does."""
-    sent = {"gzip": gzip.compress, "deflate": zlib.compress,
-            "gzip-twice": lambda b: gzip.compress(gzip.compress(b))}.get(coding, lambda b: b)(body)
+    sent = {
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+        "gzip-twice": lambda b: gzip.compress(gzip.compress(b)),
+    }.get(coding, lambda b: b)(body)
     header = "gzip" if coding == "gzip-twice" else coding
     try:
         checked = strict_model(asyncio.run(decode_body(sent, coding_of([header]), 1 << 20)))

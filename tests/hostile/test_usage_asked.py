@@ -30,14 +30,19 @@ EVENTS = [
 ]
 UPSTREAM = "".join(EVENTS)
 WITHOUT_USAGE_CHUNK = EVENTS[0] + EVENTS[1] + EVENTS[3]
-BODY = ('{ "model" : "gpt-5-mini",\n  "stream": true, "temperature": 0.70,'
-        ' "messages": [{"role":"user","content":"h\\u00e9"}] }')
+BODY = (
+    '{ "model" : "gpt-5-mini",\n  "stream": true, "temperature": 0.70,'
+    ' "messages": [{"role":"user","content":"h\\u00e9"}] }'
+)
 
 
 def _chat(gw: Gateway, token: str, body: bytes, extra: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-    return post_raw(gw, "/v1/chat/completions", body, {
-        "authorization": f"Bearer {token}", "content-type": "application/json",
-        **step(body=UPSTREAM), **extra})
+    return post_raw(
+        gw,
+        "/v1/chat/completions",
+        body,
+        {"authorization": f"Bearer {token}", "content-type": "application/json", **step(body=UPSTREAM), **extra},
+    )
 
 
 def _row(gw: Gateway, key_id: str) -> dict:
@@ -61,8 +66,7 @@ def test_a_stream_without_include_usage_is_asked_for_it(hgw: Gateway, clean_stub
 
 def test_a_compressed_body_goes_decoded(hgw: Gateway, clean_stub: Stub) -> None:
     minted = mint_v2(hgw, MINI, "d-usage-2")
-    status, _, received = _chat(hgw, minted["token"], gzip.compress(BODY.encode()),
-                                {"content-encoding": "gzip"})
+    status, _, received = _chat(hgw, minted["token"], gzip.compress(BODY.encode()), {"content-encoding": "gzip"})
     assert status == 200 and received.decode() == WITHOUT_USAGE_CHUNK
     entry = clean_stub.requests()[0]
     assert "content-encoding" not in entry["headers"]
@@ -72,13 +76,16 @@ def test_a_compressed_body_goes_decoded(hgw: Gateway, clean_stub: Stub) -> None:
 
 def test_stream_options_without_include_usage_are_rewritten_in_place(hgw: Gateway, clean_stub: Stub) -> None:
     minted = mint_v2(hgw, MINI, "d-usage-3")
-    body = ('{"model":"gpt-5-mini","stream":true,"stream_options": {"include_usage": false, '
-            '"include_obfuscation": true},"messages":[{"role":"user","content":"x,}"}]}')
+    body = (
+        '{"model":"gpt-5-mini","stream":true,"stream_options": {"include_usage": false, '
+        '"include_obfuscation": true},"messages":[{"role":"user","content":"x,}"}]}'
+    )
     status, _, received = _chat(hgw, minted["token"], body.encode(), {})
     assert status == 200 and received.decode() == WITHOUT_USAGE_CHUNK
     assert clean_stub.requests()[0]["body"] == (
         '{"model":"gpt-5-mini","stream":true,"stream_options": {"include_usage":true,'
-        '"include_obfuscation":true},"messages":[{"role":"user","content":"x,}"}]}')
+        '"include_obfuscation":true},"messages":[{"role":"user","content":"x,}"}]}'
+    )
     _row(hgw, minted["key_id"])
 
 
@@ -94,8 +101,12 @@ def test_a_stream_that_asked_gets_every_byte(hgw: Gateway, clean_stub: Stub) -> 
 def test_a_non_streaming_body_is_untouched(hgw: Gateway, clean_stub: Stub) -> None:
     minted = mint_v2(hgw, MINI, "d-usage-5")
     body = '{"model":"gpt-5-mini","stream":false,"messages":[]}'
-    status, _, received = post_raw(hgw, "/v1/chat/completions", body.encode(), {
-        "authorization": f"Bearer {minted['token']}", "content-type": "application/json"})
+    status, _, received = post_raw(
+        hgw,
+        "/v1/chat/completions",
+        body.encode(),
+        {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"},
+    )
     assert status == 200 and json.loads(received)["usage"]["completion_tokens"] == 3
     assert clean_stub.requests()[0]["body"] == body
 
@@ -104,13 +115,28 @@ def test_a_budget_holds_against_streams_that_never_asked_for_usage(hgw: Gateway,
     """The issue's break: 20 such streams passed a budget of $0.00001 (each row $0, usage null).
     Now each one is priced, and once they exhaust it the budget refuses 429 `budget-exhausted`."""
     revision = hgw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = hgw.api("PUT", "/control/v2/policy/level", {
-        "name": "repo:acme/usage-budget", "expected_revision": revision, "reason": "issue 21",
-        "document": {"budgets": [{"window": "day", "usd": 0.00001}]}})
+    status, _, body = hgw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": "repo:acme/usage-budget",
+            "expected_revision": revision,
+            "reason": "issue 21",
+            "document": {"budgets": [{"window": "day", "usd": 0.00001}]},
+        },
+    )
     assert status == 200, body
-    status, _, minted = hgw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-usage-budget", "repo_slug": "acme/usage-budget", "principal_kind": "worker",
-        "principal_id": "w-1", "model": MINI})
+    status, _, minted = hgw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-usage-budget",
+            "repo_slug": "acme/usage-budget",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": MINI,
+        },
+    )
     assert status == 201, minted
     plain = b'{"model":"gpt-5-mini","stream":true,"messages":[{"role":"user","content":"hi"}]}'
     headers = {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"}
@@ -118,7 +144,12 @@ def test_a_budget_holds_against_streams_that_never_asked_for_usage(hgw: Gateway,
     first = settled(hgw, minted["key_id"])[0]
     assert first["usage"] is not None and first["cost_usd"] > 0  # $0.0000081: two exhaust the budget
     answers = iter(range(20))
-    refused = wait_until(lambda: next(answers) is not None and (
-        (answer := post_raw(hgw, "/v1/chat/completions", plain, headers))[0] == 429 and answer), 15,
-        "a request refused by the exhausted budget")
+    refused = wait_until(
+        lambda: (
+            next(answers) is not None
+            and ((answer := post_raw(hgw, "/v1/chat/completions", plain, headers))[0] == 429 and answer)
+        ),
+        15,
+        "a request refused by the exhausted budget",
+    )
     assert json.loads(refused[2])["error"]["code"] == "budget-exhausted"

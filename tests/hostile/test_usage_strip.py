@@ -3,25 +3,36 @@
 from __future__ import annotations
 
 import json
+import random
+import re
 
 import pytest
 
 from dataplane.bodies import BodyPeek, BodyRefused, strict_peek
-from dataplane.usage_ask import UsageStrip, asks_usage, with_usage
+from dataplane.usage_ask import _TOKEN, UsageStrip, asks_usage, with_usage
 from tests.hostile.test_usage_asked import EVENTS, UPSTREAM, WITHOUT_USAGE_CHUNK
 
 
-@pytest.mark.parametrize("body,expect", [
-    ('{"model":"m","stream":true}', '{"stream_options":{"include_usage":true},"model":"m","stream":true}'),
-    (' {"stream":true}', ' {"stream_options":{"include_usage":true},"stream":true}'),
-    ('{"stream":true,"stream_options":null}', '{"stream":true,"stream_options":{"include_usage":true}}'),
-    ('{"stream_options":{"a":[1,{"b":"}"}]},"stream":true}',
-     '{"stream_options":{"a":[1,{"b":"}"}],"include_usage":true},"stream":true}'),
-    ('{"x":{"stream_options":{}},"stream":true,"stream_options" : {} }',
-     '{"x":{"stream_options":{}},"stream":true,"stream_options" : {"include_usage":true} }'),
-    ('{"x":"\\"stream_options\\":{}","stream_opti\\u006fns":{},"stream":true}',
-     '{"x":"\\"stream_options\\":{}","stream_opti\\u006fns":{"include_usage":true},"stream":true}'),
-])
+@pytest.mark.parametrize(
+    "body,expect",
+    [
+        ('{"model":"m","stream":true}', '{"stream_options":{"include_usage":true},"model":"m","stream":true}'),
+        (' {"stream":true}', ' {"stream_options":{"include_usage":true},"stream":true}'),
+        ('{"stream":true,"stream_options":null}', '{"stream":true,"stream_options":{"include_usage":true}}'),
+        (
+            '{"stream_options":{"a":[1,{"b":"}"}]},"stream":true}',
+            '{"stream_options":{"a":[1,{"b":"}"}],"include_usage":true},"stream":true}',
+        ),
+        (
+            '{"x":{"stream_options":{}},"stream":true,"stream_options" : {} }',
+            '{"x":{"stream_options":{}},"stream":true,"stream_options" : {"include_usage":true} }',
+        ),
+        (
+            '{"x":"\\"stream_options\\":{}","stream_opti\\u006fns":{},"stream":true}',
+            '{"x":"\\"stream_options\\":{}","stream_opti\\u006fns":{"include_usage":true},"stream":true}',
+        ),
+    ],
+)
 def test_with_usage(body: str, expect: str) -> None:
     peek = strict_peek(body.encode())
     assert asks_usage("/v1/chat/completions", peek)
@@ -29,7 +40,8 @@ def test_with_usage(body: str, expect: str) -> None:
     assert asked is not None and asked.decode() == expect
     assert strict_peek(asked).include_usage
     assert {k: v for k, v in json.loads(asked).items() if k != "stream_options"} == {
-        k: v for k, v in json.loads(body).items() if k != "stream_options"}
+        k: v for k, v in json.loads(body).items() if k != "stream_options"
+    }
 
 
 def test_a_stream_options_that_is_not_an_object_is_refused_or_left_alone() -> None:
@@ -39,12 +51,15 @@ def test_a_stream_options_that_is_not_an_object_is_refused_or_left_alone() -> No
     assert with_usage(body, BodyPeek(None, True, False, True)) is None
 
 
-@pytest.mark.parametrize("path,body,asks", [
-    ("/v1/chat/completions", b'{"stream":true,"stream_options":{"include_usage":true}}', False),
-    ("/v1/chat/completions", b'{"stream":false}', False),
-    ("/v1/responses", b'{"stream":true}', False),
-    ("/v1/chat/completions", b'{"stream":true,"stream_options":{"include_usage":1}}', True),
-])
+@pytest.mark.parametrize(
+    "path,body,asks",
+    [
+        ("/v1/chat/completions", b'{"stream":true,"stream_options":{"include_usage":true}}', False),
+        ("/v1/chat/completions", b'{"stream":false}', False),
+        ("/v1/responses", b'{"stream":true}', False),
+        ("/v1/chat/completions", b'{"stream":true,"stream_options":{"include_usage":1}}', True),
+    ],
+)
 def test_asks_usage(path: str, body: bytes, asks: bool) -> None:
     assert asks_usage(path, strict_peek(body)) is asks
 
@@ -53,7 +68,7 @@ def test_asks_usage(path: str, body: bytes, asks: bool) -> None:
 def test_the_usage_chunk_is_removed_however_the_stream_is_cut(size: int) -> None:
     strip = UsageStrip()
     raw = UPSTREAM.encode()
-    out = b"".join(strip.feed(raw[i:i + size]) for i in range(0, len(raw), size)) + strip.flush()
+    out = b"".join(strip.feed(raw[i : i + size]) for i in range(0, len(raw), size)) + strip.flush()
     assert out.decode() == WITHOUT_USAGE_CHUNK and strip.dropped == 1
 
 
@@ -68,6 +83,17 @@ def test_crlf_events_and_a_usage_chunk_with_choices_pass() -> None:
 
 def test_a_partial_event_is_held_only_up_to_its_end() -> None:
     strip = UsageStrip()
-    assert strip.feed(b"data: {\"choices\":[") == b""
-    assert strip.feed(b"{}]}\n\ndata: x") == b"data: {\"choices\":[{}]}\n\n"
+    assert strip.feed(b'data: {"choices":[') == b""
+    assert strip.feed(b"{}]}\n\ndata: x") == b'data: {"choices":[{}]}\n\n'
     assert strip.flush() == b"data: x"
+
+
+def test_the_top_level_scan_tokenises_as_the_plain_pattern() -> None:
+    """`_TOKEN`'s unrolled string loop (fast on long strings) finds the tokens the plain one does."""
+    plain = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\],:]', re.S)
+    rnd = random.Random(21)
+    for _ in range(3000):
+        text = bytes(rnd.choice(b'ab"\\{}[],: \n\xc3') for _ in range(rnd.randrange(48)))
+        assert [(m.span(), m.group()) for m in _TOKEN.finditer(text)] == [
+            (m.span(), m.group()) for m in plain.finditer(text)
+        ], text

@@ -21,18 +21,35 @@ from shared.codes import AdminState
 from shared.errors import GatewayError
 
 ACCOUNTS = ("legacy-anthropic", "legacy-zai-harness", "legacy-openai", "team-b")
-RECORD_FIELDS = {"seq", "prev_hash", "hash", "at", "actor", "actor_authenticated_by", "account_id",
-                 "action", "state", "reason"}
+RECORD_FIELDS = {
+    "seq",
+    "prev_hash",
+    "hash",
+    "at",
+    "actor",
+    "actor_authenticated_by",
+    "account_id",
+    "action",
+    "state",
+    "reason",
+}
 
 
 def make_store(tmp_path: Path, **kw: Any) -> AccountAdminStore:
     return AccountAdminStore(str(tmp_path), ACCOUNTS, **kw)
 
 
-async def disable(store: AccountAdminStore, account_id: str = "team-b", state: str = "disabled",
-                  expected_revision: int | None = None) -> Any:
-    return await store.set_state(account_id, AdminState(state), reason="incident 42", actor="alice",
-                                 authenticated_by="control-token", expected_revision=expected_revision)
+async def disable(
+    store: AccountAdminStore, account_id: str = "team-b", state: str = "disabled", expected_revision: int | None = None
+) -> Any:
+    return await store.set_state(
+        account_id,
+        AdminState(state),
+        reason="incident 42",
+        actor="alice",
+        authenticated_by="control-token",
+        expected_revision=expected_revision,
+    )
 
 
 def chain_lines(tmp_path: Path) -> list[bytes]:
@@ -72,7 +89,11 @@ async def test_a_commit_appends_one_spec_shaped_record_and_anchors_it(tmp_path: 
     assert record == done.record
     assert record["seq"] == 1 and record["prev_hash"] == "0" * 64 and record_hash(record) == record["hash"]
     assert (record["account_id"], record["action"], record["state"], record["reason"]) == (
-        "team-b", "set-state", "disabled", "incident 42")
+        "team-b",
+        "set-state",
+        "disabled",
+        "incident 42",
+    )
     assert (record["actor"], record["actor_authenticated_by"]) == ("alice", "control-token")
     assert anchor(tmp_path) == {"count": 1, "head_hash": record["hash"]}
     assert store.verdict() is Verdict.VERIFIED and store.state_of("team-b") is AdminState.DISABLED
@@ -148,8 +169,7 @@ TAMPER = [
 
 
 @pytest.mark.parametrize(("tamper", "fault"), TAMPER, ids=[f.value for _, f in TAMPER])
-async def test_tampering_reads_corrupt_and_refuses_every_mutation(tmp_path: Path, tamper: Any,
-                                                                   fault: Fault) -> None:
+async def test_tampering_reads_corrupt_and_refuses_every_mutation(tmp_path: Path, tamper: Any, fault: Fault) -> None:
     store = await three_records(tmp_path)
     assert store.read().check.verdict is Verdict.VERIFIED  # warm the cache first
     tamper(tmp_path)
@@ -160,8 +180,10 @@ async def test_tampering_reads_corrupt_and_refuses_every_mutation(tmp_path: Path
     assert store.read().check.fault is fault  # the warm one notices too
     assert store.is_unavailable() and store.overlay() is None  # → every v2 mint held
     assert store.state_of("team-b") is AdminState.DISABLED  # and nothing reads as enabled
-    for attempt in (disable(store), store.revoke_leases("team-b", _never, reason="r", actor=None,
-                                                        authenticated_by="control-token")):
+    for attempt in (
+        disable(store),
+        store.revoke_leases("team-b", _never, reason="r", actor=None, authenticated_by="control-token"),
+    ):
         with pytest.raises(GatewayError) as refused:
             await attempt
         assert (refused.value.status, refused.value.code) == (503, "account-state-unavailable")
@@ -250,9 +272,11 @@ async def test_two_mutations_at_one_expected_revision_exactly_one_commits(tmp_pa
     store = make_store(tmp_path)
     other = make_store(tmp_path)  # a second writer instance: only the file lock orders them
     await disable(store, "legacy-anthropic")
-    outcomes = await asyncio.gather(disable(store, "team-b", expected_revision=1),
-                                    disable(other, "legacy-openai", expected_revision=1),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        disable(store, "team-b", expected_revision=1),
+        disable(other, "legacy-openai", expected_revision=1),
+        return_exceptions=True,
+    )
     committed = [o for o in outcomes if not isinstance(o, BaseException)]
     refused = [o for o in outcomes if isinstance(o, GatewayError)]
     assert len(committed) == 1 and len(refused) == 1
@@ -280,8 +304,9 @@ async def test_revoke_leases_runs_between_the_revision_check_and_the_append(tmp_
         seen.append((account_id, len(lines)))
         return 2
 
-    done = await store.revoke_leases("team-b", revoke, reason="leak", actor="bob",
-                                     authenticated_by="control-token", expected_revision=0)
+    done = await store.revoke_leases(
+        "team-b", revoke, reason="leak", actor="bob", authenticated_by="control-token", expected_revision=0
+    )
     assert seen == [("team-b", 0)]  # ran before its record existed
     assert done.revoked == 2 and done.revision == 1
     record = json.loads(chain_lines(tmp_path)[0])
@@ -289,8 +314,9 @@ async def test_revoke_leases_runs_between_the_revision_check_and_the_append(tmp_
     assert store.state_of("team-b") is AdminState.ENABLED  # revoking leases sets no state
 
     with pytest.raises(GatewayError) as conflict:  # a stale request never destroys leases
-        await store.revoke_leases("team-b", revoke, reason="leak", actor="bob",
-                                  authenticated_by="control-token", expected_revision=0)
+        await store.revoke_leases(
+            "team-b", revoke, reason="leak", actor="bob", authenticated_by="control-token", expected_revision=0
+        )
     assert conflict.value.status == 409 and len(seen) == 1
 
 
@@ -303,9 +329,11 @@ async def test_the_lock_is_held_while_the_revocation_runs(tmp_path: Path) -> Non
         await release.wait()
         return 1
 
-    revoking = asyncio.ensure_future(store.revoke_leases(
-        "team-b", slow_revoke, reason="leak", actor=None, authenticated_by="control-token",
-        expected_revision=0))
+    revoking = asyncio.ensure_future(
+        store.revoke_leases(
+            "team-b", slow_revoke, reason="leak", actor=None, authenticated_by="control-token", expected_revision=0
+        )
+    )
     await asyncio.wait_for(started.wait(), 5)
     probe = filelock.FileLock(store.chain.lock_path, timeout=0)
     with pytest.raises(filelock.Timeout):  # the writer's lock is held while the revocation runs
@@ -326,8 +354,7 @@ async def test_a_failed_revocation_records_nothing(tmp_path: Path) -> None:
         raise RuntimeError("data plane gone")
 
     with pytest.raises(GatewayError) as failed:
-        await store.revoke_leases("team-b", broken, reason="r", actor=None,
-                                  authenticated_by="control-token")
+        await store.revoke_leases("team-b", broken, reason="r", actor=None, authenticated_by="control-token")
     assert failed.value.status == 500
     assert not (tmp_path / CHAIN_FILE).exists()
     await disable(store, expected_revision=0)  # and the lock was released
@@ -420,4 +447,3 @@ async def test_a_torn_line_completed_before_the_second_read_reads_verified(tmp_p
     assert not [e for e in logs if e["event"] == "chain_corrupt"]
     (tmp_path / ANCHOR_FILE).write_bytes(last_anchor)
     assert os.path.getsize(tmp_path / CHAIN_FILE) == sum(map(len, lines))
-

@@ -52,8 +52,9 @@ DECISION_BACKENDS: dict[str, Callable[[Fleet | None], DecisionStore]] = {
 CHAIN_BACKENDS: dict[str, Callable[[Path, Fleet | None], ChainStorage]] = {
     "file": lambda d, _: FileChainStorage(str(d / "chain.jsonl"), str(d / "chain.anchor")),
     "redis": lambda d, f: RedisChainStorage(f.sync, f.keys, "chain"),
-    "mirrored": lambda d, f: MirroredChainStorage(RedisChainStorage(f.sync, f.keys, "chain"), FileChainStorage(
-        str(d / "mirror.jsonl"), str(d / "mirror.anchor"))),
+    "mirrored": lambda d, f: MirroredChainStorage(
+        RedisChainStorage(f.sync, f.keys, "chain"), FileChainStorage(str(d / "mirror.jsonl"), str(d / "mirror.anchor"))
+    ),
 }
 NEEDS_REDIS = {"redis", "mirrored"}
 
@@ -76,8 +77,10 @@ def _past_the_ttl(ttl_s: float, started: list[float]) -> Callable[[DecisionStore
     async def pass_over(store: DecisionStore) -> None:
         async def forgotten() -> bool:
             return await store.get("md_0") is None
+
         await wait_until_async(forgotten, ttl_s + 10, "md_0 to expire")
         assert time.monotonic() - started[0] >= ttl_s * 0.95, "forgotten before its TTL"
+
     return pass_over
 
 
@@ -123,8 +126,9 @@ async def bounded_decisions(request) -> AsyncIterator[tuple[DecisionStore, Bound
         if fleet is None:
             yield LocalDecisions(cap=8, refused_cap=4), Bound(_past_the_cap), started
         else:
-            store = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries, ttl_s=REDIS_TTL_S,
-                                   refused_ttl_s=REDIS_TTL_S)
+            store = RedisDecisions(
+                fleet.client, fleet.keys, entries=fleet.entries, ttl_s=REDIS_TTL_S, refused_ttl_s=REDIS_TTL_S
+            )
             yield store, Bound(_past_the_ttl(REDIS_TTL_S, started)), started
 
 
@@ -175,8 +179,9 @@ async def test_capacity_concurrent_reservers_never_exceed_the_ceiling(capacity: 
 # ---- CircuitStore --------------------------------------------------------------------------
 
 
-OPEN = rules.Circuit(phase=CircuitPhase.OPEN, consecutive=3, opened_at_ms=1, retry_at_ms=2,
-                     opened_by=Condition.RATE_LIMITED, open_ms=1)
+OPEN = rules.Circuit(
+    phase=CircuitPhase.OPEN, consecutive=3, opened_at_ms=1, retry_at_ms=2, opened_by=Condition.RATE_LIMITED, open_ms=1
+)
 
 
 async def test_circuit_store_answers_closed_for_an_account_never_stored(circuit_store: CircuitStore) -> None:
@@ -192,18 +197,37 @@ async def test_circuit_store_swaps_only_from_the_expected_state(circuit_store: C
 
 async def test_circuit_store_of_two_swaps_from_one_state_one_wins(circuit_store: CircuitStore) -> None:
     other = rules.Circuit(consecutive=1)
-    results = await asyncio.gather(circuit_store.swap("a", rules.CLOSED, OPEN),
-                                   circuit_store.swap("a", rules.CLOSED, other))
+    results = await asyncio.gather(
+        circuit_store.swap("a", rules.CLOSED, OPEN), circuit_store.swap("a", rules.CLOSED, other)
+    )
     assert sorted(results) == [False, True]
 
 
 def _row(key_id: str, condition: Condition | None, **over: Any) -> AttemptRow:
-    base = dict(attempt_id="att_" + key_id, key_id=key_id, account_id="a", mint_decision_id=None,
-                dispatch_id=None, repo_slug="r", principal_id="p", wire="anthropic", path="/v1/messages",
-                requested_model="m", served_model=None, stream=False, started_at="s", finished_at="f",
-                status="upstream-error" if condition else "completed", http_status=429 if condition else 200,
-                condition=None if condition is None else str(condition), refusal_reason=None, usage=None,
-                cost_usd=None, cost_reason=None, overhead_ms=None)
+    base = dict(
+        attempt_id="att_" + key_id,
+        key_id=key_id,
+        account_id="a",
+        mint_decision_id=None,
+        dispatch_id=None,
+        repo_slug="r",
+        principal_id="p",
+        wire="anthropic",
+        path="/v1/messages",
+        requested_model="m",
+        served_model=None,
+        stream=False,
+        started_at="s",
+        finished_at="f",
+        status="upstream-error" if condition else "completed",
+        http_status=429 if condition else 200,
+        condition=None if condition is None else str(condition),
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=None,
+    )
     base.update(over)
     return AttemptRow(**base)
 
@@ -231,9 +255,16 @@ LINEAGE = Lineage("d1", "r", "m")
 
 
 def _decision(n: int, key: str | None = None, outcome: Outcome = Outcome.SELECTED) -> Decision:
-    return Decision(mint_decision_id=f"md_{n}", outcome=outcome, lineage=LINEAGE, at_ms=n, key_id=key,
-                    account_id=None if key is None else "a", fallback_position=0,
-                    refusal_reason=None if key else Refusal.NO_ELIGIBLE_ACCOUNT)
+    return Decision(
+        mint_decision_id=f"md_{n}",
+        outcome=outcome,
+        lineage=LINEAGE,
+        at_ms=n,
+        key_id=key,
+        account_id=None if key is None else "a",
+        fallback_position=0,
+        refusal_reason=None if key else Refusal.NO_ELIGIBLE_ACCOUNT,
+    )
 
 
 async def test_decisions_keep_a_lease_bearing_decision_by_id_and_by_key(decisions: DecisionStore) -> None:
@@ -275,12 +306,12 @@ async def test_decisions_evidence_arrives_in_order_for_known_decisions_only(deci
 
 async def test_decisions_one_live_lease_per_dispatch(decisions: DecisionStore) -> None:
     assert await decisions.claim_live("K1", "r", "d1")
-    assert not await decisions.claim_live("K2", "r", "d1")          # another key is live
+    assert not await decisions.claim_live("K2", "r", "d1")  # another key is live
     assert await decisions.claim_live("K3", "r", "d1", allowing="K1")  # a renewal's successor
     assert await decisions.live_keys("r", "d1") == {"K1", "K3"}
-    assert await decisions.claim_live("K9", "r", "d2")               # another dispatch
+    assert await decisions.claim_live("K9", "r", "d2")  # another dispatch
     await decisions.end_key("K1")
-    await decisions.end_key("K1")                                     # idempotent
+    await decisions.end_key("K1")  # idempotent
     await decisions.end_key("K3")
     assert await decisions.live_keys("r", "d1") == set()
     assert await decisions.claim_live("K2", "r", "d1")
@@ -331,6 +362,7 @@ def test_chain_storage_anchor_replaces_and_the_version_moves(chain: ChainStorage
 
 def test_chain_storage_writer_is_exclusive(chain: ChainStorage, monkeypatch: pytest.MonkeyPatch) -> None:
     import shared.chainstorage as chainstorage
+
     monkeypatch.setattr(chainstorage, "LOCK_TIMEOUT_S", 0.2)
     entered, release = threading.Event(), threading.Event()
 

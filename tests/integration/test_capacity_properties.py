@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.pricing import PriceTable
-from controlplane.main import Control
-from controlplane.mint import MintV2
+from controlplane.mintshapes import MintV2
 from controlplane.registry import AccountSpec, Registry
+from controlplane.wiring import Control
 from shared.codes import AuthStyle, Binding, EndReason
 from shared.tokens import new_ulid
 from shared.wire import AttemptRow
@@ -22,13 +22,29 @@ from tests.support.control import make_control
 
 
 def _control(tmp: Path) -> Control:
-    accounts = [AccountSpec(id=i, display_name=i, provider_binding=Binding.ANTHROPIC, base_url="http://x",
-                            auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{i.upper()}_KEY",
-                            models=("m*",), lease_capacity=2) for i in ("acc-a", "acc-b", "acc-c")]
+    accounts = [
+        AccountSpec(
+            id=i,
+            display_name=i,
+            provider_binding=Binding.ANTHROPIC,
+            base_url="http://x",
+            auth_style=AuthStyle.X_API_KEY,
+            credential_env=f"GATEWAY_{i.upper()}_KEY",
+            models=("m*",),
+            lease_capacity=2,
+        )
+        for i in ("acc-a", "acc-b", "acc-c")
+    ]
     env = {a.credential_env: "k" for a in accounts}
     # a fresh state directory per example: hypothesis runs many in one tmp_path
-    return make_control(tmp / new_ulid(), settings={"GATEWAY_MAX_FALLBACK_HOPS": "2"}, env=env,
-                        registry=Registry(accounts), prices=PriceTable(price=()), keys_journal=False)
+    return make_control(
+        tmp / new_ulid(),
+        settings={"GATEWAY_MAX_FALLBACK_HOPS": "2"},
+        env=env,
+        registry=Registry(accounts),
+        prices=PriceTable(price=()),
+        keys_journal=False,
+    )
 
 
 step = st.one_of(
@@ -44,25 +60,45 @@ step = st.one_of(
 
 def _row(lease, decision_id: str, n: int, status: int) -> AttemptRow:
     from shared.evidence import condition_for_terminal
+
     kind = "completed" if status == 200 else "upstream-error"
     condition = condition_for_terminal(kind, status, None)
-    return AttemptRow(attempt_id=f"att-{n}", key_id=lease.key_id, account_id=lease.account_id,
-                      mint_decision_id=decision_id, dispatch_id=lease.dispatch_id, repo_slug=lease.repo_slug,
-                      principal_id="p", wire="anthropic", path="/v1/messages", requested_model="m1",
-                      served_model=None, stream=False, started_at="x", finished_at="y", status=kind,
-                      http_status=status, condition=None if condition is None else str(condition),
-                      refusal_reason=None, usage=None, cost_usd=None, cost_reason=None, overhead_ms=None)
+    return AttemptRow(
+        attempt_id=f"att-{n}",
+        key_id=lease.key_id,
+        account_id=lease.account_id,
+        mint_decision_id=decision_id,
+        dispatch_id=lease.dispatch_id,
+        repo_slug=lease.repo_slug,
+        principal_id="p",
+        wire="anthropic",
+        path="/v1/messages",
+        requested_model="m1",
+        served_model=None,
+        stream=False,
+        started_at="x",
+        finished_at="y",
+        status=kind,
+        http_status=status,
+        condition=None if condition is None else str(condition),
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=None,
+    )
 
 
 async def _run(tmp: Path, steps) -> None:
     control = _control(tmp)
     service, desk = control.service, control.desk
     decisions: list[tuple[str, int]] = []  # (mint decision id, dispatch)
-    renewals: set[str] = set()   # successors minted by renew, whose predecessor may still be live
+    renewals: set[str] = set()  # successors minted by renew, whose predecessor may still be live
 
     def body(dispatch: int, **cite) -> MintV2:
-        return MintV2(dispatch_id=f"d{dispatch}", repo_slug="r", principal_kind="w", principal_id="p",
-                      model="m1", **cite)
+        return MintV2(
+            dispatch_id=f"d{dispatch}", repo_slug="r", principal_kind="w", principal_id="p", model="m1", **cite
+        )
 
     for n, item in enumerate(steps):
         op = item[0]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import msgspec
 
-from controlplane.main import Control
 from controlplane.routebook import RouteView
 from controlplane.service import ControlService
+from controlplane.wiring import Control
 from shared.codes import CostReason
 from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
 from tests.support.control import make_control
@@ -27,13 +27,30 @@ def _service(tmp: Path) -> ControlService:
 
 
 def _row(n: int, **changes: object) -> AttemptRow:
-    base = dict(attempt_id=f"att_{n:04d}", key_id="key_1", account_id="legacy-anthropic",
-                mint_decision_id=None, dispatch_id=None, repo_slug="acme/widgets", principal_id="p",
-                wire="anthropic", path="/v1/messages", requested_model="claude-sonnet-4-5",
-                served_model=None, stream=False, started_at="2026-11-30T12:00:00.000Z",
-                finished_at="2026-11-30T12:00:00.010Z", status="completed", http_status=200,
-                condition=None, refusal_reason=None, usage=Usage(input_tokens=10, output_tokens=5),
-                cost_usd=None, cost_reason=None, overhead_ms=0.2)
+    base = dict(
+        attempt_id=f"att_{n:04d}",
+        key_id="key_1",
+        account_id="legacy-anthropic",
+        mint_decision_id=None,
+        dispatch_id=None,
+        repo_slug="acme/widgets",
+        principal_id="p",
+        wire="anthropic",
+        path="/v1/messages",
+        requested_model="claude-sonnet-4-5",
+        served_model=None,
+        stream=False,
+        started_at="2026-11-30T12:00:00.000Z",
+        finished_at="2026-11-30T12:00:00.010Z",
+        status="completed",
+        http_status=200,
+        condition=None,
+        refusal_reason=None,
+        usage=Usage(input_tokens=10, output_tokens=5),
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=0.2,
+    )
     return AttemptRow(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -47,8 +64,7 @@ class _Conn:
         self.frames = 0
 
     def send_nowait(self, message: Ack | Acks, lazy: bool = False) -> None:
-        on_disk = {msgspec.json.decode(line)["attempt_id"]
-                   for line in self.ledger_path.read_bytes().splitlines()}
+        on_disk = {msgspec.json.decode(line)["attempt_id"] for line in self.ledger_path.read_bytes().splitlines()}
         self.frames += 1
         if isinstance(message, Acks):
             self.acks.extend((Ack(req_id=rid, ok=message.ok), on_disk) for rid in message.req_ids)
@@ -89,8 +105,9 @@ async def test_a_failed_write_is_acknowledged_not_ok_and_written_on_recovery(tmp
     service.ledger.path = str(tmp_path / "ledger.jsonl")
     await service.retry_storage()
     assert states == [False, True]
-    assert [msgspec.json.decode(line)["attempt_id"]
-            for line in (tmp_path / "ledger.jsonl").read_bytes().splitlines()] == ["att_0001"]
+    assert [
+        msgspec.json.decode(line)["attempt_id"] for line in (tmp_path / "ledger.jsonl").read_bytes().splitlines()
+    ] == ["att_0001"]
 
 
 async def test_route_events_are_projected_once_and_only_when_read(tmp_path: Path) -> None:
@@ -108,21 +125,30 @@ async def test_route_events_are_projected_once_and_only_when_read(tmp_path: Path
 
 
 async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remembered_outcome(tmp_path: Path) -> None:
-    from controlplane.mint import MintV2
+    from controlplane.mintshapes import MintV2
 
     control = _control(tmp_path)  # only the anthropic credential is set: an OpenAI model is held
     service, desk = control.service, control.desk
 
     def body(**cite: str) -> MintV2:
-        return MintV2(dispatch_id="d1", repo_slug="acme/widgets", principal_kind="worker", principal_id="p",
-                      model="gpt-4o", **cite)
+        return MintV2(
+            dispatch_id="d1",
+            repo_slug="acme/widgets",
+            principal_kind="worker",
+            principal_id="p",
+            model="gpt-4o",
+            **cite,
+        )
 
     held = await desk.mint_v2(body())
     assert (held.status, held.body["refusal_reason"]) == (503, "no-eligible-account")
     held_id = held.body["mint_decision_id"]
     assert await service.decisions.get(held_id) is None  # no lease: only its outcome is remembered
     retry = await desk.mint_v2(body(retry_of_mint_decision_id=held_id))
-    assert (retry.status, retry.body["outcome"], retry.body["refusal_reason"]) == \
-        (409, "rejected", "fallback-cited-decision-not-selected")
+    assert (retry.status, retry.body["outcome"], retry.body["refusal_reason"]) == (
+        409,
+        "rejected",
+        "fallback-cited-decision-not-selected",
+    )
     unknown = await desk.mint_v2(body(retry_of_mint_decision_id="md_never_issued"))
     assert (unknown.status, unknown.body["refusal_reason"]) == (503, "fallback-lineage-unknown")

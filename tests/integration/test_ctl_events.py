@@ -18,8 +18,9 @@ from controlplane.cli.exits import Exit
 from controlplane.ctl import main
 
 TOKEN = "feed_token_0123456789abcdefghijklmnopqrstuvwxyz"
-EVENTS = [(str(i), "route.started" if i % 2 else "route.finished", {"attempt_id": f"at_{(i + 1) // 2}"})
-          for i in range(1, 5)]
+EVENTS = [
+    (str(i), "route.started" if i % 2 else "route.finished", {"attempt_id": f"at_{(i + 1) // 2}"}) for i in range(1, 5)
+]
 
 
 class FeedServer(ThreadingHTTPServer):
@@ -37,7 +38,9 @@ class FeedHandler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return self._json(401, {"error": {"code": "unauthenticated", "message": "a valid bearer token is required"}})
+            return self._json(
+                401, {"error": {"code": "unauthenticated", "message": "a valid bearer token is required"}}
+            )
         if self.server.status != 200:
             return self._json(self.server.status, "404: Not Found")
         last = self.headers.get("Last-Event-ID")
@@ -48,7 +51,7 @@ class FeedHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
         self.wfile.write(b": heartbeat\r\n\r\n")
-        for event_id, kind, data in EVENTS[start:start + 2 if first_connection else None]:
+        for event_id, kind, data in EVENTS[start : start + 2 if first_connection else None]:
             self.wfile.write(f"id: {event_id}\r\nevent: {kind}\r\ndata: {json.dumps(data)}\r\n\r\n".encode())
             self.wfile.flush()
         if not first_connection:
@@ -101,12 +104,17 @@ def test_events_without_reconnect_stop_when_the_feed_drops(feed: FeedServer, cap
     assert len(captured.out.splitlines()) == 2 and "the event feed ended" in captured.err
 
 
-@pytest.mark.parametrize(("status", "token", "code", "words"), [
-    (200, "wrong", Exit.AUTH, "401"),
-    (404, TOKEN, Exit.FAILED, "does not serve /control/v2/events"),
-], ids=["wrong token", "feed not served"])
-def test_events_refusals_are_one_line(feed: FeedServer, monkeypatch, capsys, status: int, token: str,
-                                      code: Exit, words: str) -> None:
+@pytest.mark.parametrize(
+    ("status", "token", "code", "words"),
+    [
+        (200, "wrong", Exit.AUTH, "401"),
+        (404, TOKEN, Exit.FAILED, "does not serve /control/v2/events"),
+    ],
+    ids=["wrong token", "feed not served"],
+)
+def test_events_refusals_are_one_line(
+    feed: FeedServer, monkeypatch, capsys, status: int, token: str, code: Exit, words: str
+) -> None:
     feed.status = status
     monkeypatch.setenv("LEASEHOLD_TOKEN", token)
     assert main(["events"]) == code

@@ -26,8 +26,9 @@ async def test_request_capacity_429_and_every_ending_returns_the_slot(stub: Stub
         url, proxy = plane.url, plane.proxy
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
-            holder = await session.post(url, json={**A_BODY, "stream": True},
-                                        headers={**headers, **step(stall_after_events=3, stall_s=30)})
+            holder = await session.post(
+                url, json={**A_BODY, "stream": True}, headers={**headers, **step(stall_after_events=3, stall_s=30)}
+            )
             assert holder.status == 200
             await holder.content.readuntil(b"event: ping")
             assert proxy.capacity.count(ACCOUNT) == 1
@@ -40,8 +41,11 @@ async def test_request_capacity_429_and_every_ending_returns_the_slot(stub: Stub
                 assert refused.headers["request-id"] == body["request_id"]
 
             holder.close()  # the worker goes away: the slot comes back with the aborted attempt
-            await until(lambda: proxy.capacity.count(ACCOUNT) == 0 and not proxy.in_flight, 10,
-                        "the aborted stream's slot returned")
+            await until(
+                lambda: proxy.capacity.count(ACCOUNT) == 0 and not proxy.in_flight,
+                10,
+                "the aborted stream's slot returned",
+            )
             async with session.post(url, json=A_BODY, headers=headers) as served:
                 assert served.status == 200
             async with session.post(url, json=A_BODY, headers={**headers, **step(status=529)}) as failed:

@@ -42,15 +42,15 @@ def _assert_logged_safely(logs: list[dict], plane: Plane, stub: Stub) -> None:
 
 
 async def test_a_bug_before_the_answer_is_a_500_internal_error_in_the_wire_shape(
-        plane: Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    plane: Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def broken(*_args: object, **_kwargs: object) -> web.StreamResponse:
         raise RuntimeError("a bug in the relay")
 
     monkeypatch.setattr(plane.proxy.relay, "exchange", broken)
     with capture_logs() as logs:
         async with aiohttp.ClientSession() as session:
-            async with session.post(plane.url, json=A_BODY,
-                                    headers={**A_HEADERS, "x-api-key": plane.token}) as answer:
+            async with session.post(plane.url, json=A_BODY, headers={**A_HEADERS, "x-api-key": plane.token}) as answer:
                 body = await answer.json()
                 assert answer.status == 500
                 assert answer.headers["request-id"].startswith("att_")
@@ -63,7 +63,8 @@ async def test_a_bug_before_the_answer_is_a_500_internal_error_in_the_wire_shape
 
 
 async def test_a_bug_mid_stream_cuts_the_stream_and_ends_in_one_row(
-        plane: Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    plane: Plane, stub: Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
     original = relay_module.Observer.feed
     chunks = 0
 
@@ -78,8 +79,9 @@ async def test_a_bug_mid_stream_cuts_the_stream_and_ends_in_one_row(
     with capture_logs() as logs:
         async with aiohttp.ClientSession() as session:
             paced = step(stall_between_events_s=0.02)  # events arrive as separate chunks
-            async with session.post(plane.url, json={**A_BODY, "stream": True},
-                                    headers={**A_HEADERS, "x-api-key": plane.token, **paced}) as answer:
+            async with session.post(
+                plane.url, json={**A_BODY, "stream": True}, headers={**A_HEADERS, "x-api-key": plane.token, **paced}
+            ) as answer:
                 assert answer.status == 200
                 with pytest.raises(aiohttp.ClientPayloadError):
                     await answer.read()  # closed without the chunked terminator: never complete

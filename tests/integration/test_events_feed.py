@@ -32,8 +32,10 @@ def feed_app(hub: EventHub, heartbeat_s: float = 15.0) -> web.Application:
 
 
 def request_bytes(port: int, token: str = READ_TOKEN) -> bytes:
-    return (f"GET /control/v2/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
+    return (
+        f"GET /control/v2/events HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
 
 
 async def test_idle_feed_gets_heartbeat_comments(aiohttp_server) -> None:
@@ -54,8 +56,9 @@ async def test_unauthenticated_reader_is_refused_before_subscribing(aiohttp_serv
     hub = EventHub(epoch="t")
     server = await aiohttp_server(feed_app(hub))
     async with aiohttp.ClientSession() as session:
-        async with session.get(server.make_url("/control/v2/events"),
-                               headers={"Authorization": "Bearer wrong"}) as response:
+        async with session.get(
+            server.make_url("/control/v2/events"), headers={"Authorization": "Bearer wrong"}
+        ) as response:
             assert response.status == 401
     assert hub.subscribers == set() and sum(hub.closed_by_reason.values()) == 0
 
@@ -100,8 +103,9 @@ async def test_shutdown_ends_open_feeds_at_once(aiohttp_server) -> None:
     hub = EventHub(epoch="t")
     server = await aiohttp_server(feed_app(hub))
     session = aiohttp.ClientSession()
-    response = await session.get(server.make_url("/control/v2/events"),
-                                 headers={"Authorization": f"Bearer {READ_TOKEN}"})
+    response = await session.get(
+        server.make_url("/control/v2/events"), headers={"Authorization": f"Bearer {READ_TOKEN}"}
+    )
     assert response.status == 200
     hub.publish("policy", {"name": "platform", "revision": 1})
     first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)

@@ -18,8 +18,9 @@ from typing import Any, NamedTuple
 import pytest
 
 from controlplane.core.pricing import Price, PriceTable
-from controlplane.main import Control, build_app
+from controlplane.main import build_app
 from controlplane.registry import AccountSpec, Registry
+from controlplane.wiring import Control
 from shared.clock import iso_ms, now_ms
 from shared.codes import HTTP_STATUS, AdminState, AuthStyle, Binding, Refusal
 from shared.tokens import new_ulid
@@ -28,9 +29,19 @@ from tests.support.control import TOKEN, close_control, make_control
 
 A, B = "acct-a", "acct-b"
 MODEL = "m-1"
-ACCOUNTS = [AccountSpec(id=i, display_name=i, provider_binding=Binding.ANTHROPIC, base_url="http://x",
-                        auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{i.upper().replace('-', '_')}_KEY",
-                        models=("m-*",), lease_capacity=1) for i in (A, B)]
+ACCOUNTS = [
+    AccountSpec(
+        id=i,
+        display_name=i,
+        provider_binding=Binding.ANTHROPIC,
+        base_url="http://x",
+        auth_style=AuthStyle.X_API_KEY,
+        credential_env=f"GATEWAY_{i.upper().replace('-', '_')}_KEY",
+        models=("m-*",),
+        lease_capacity=1,
+    )
+    for i in (A, B)
+]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 PRICES = PriceTable(price=(Price(models=("m-1",), input=1.0, output=1.0, cache_read=1.0, cache_creation=1.0),))
 
@@ -41,8 +52,14 @@ class World:
         self.client = client
 
     async def mint(self, dispatch: str, **cite: str) -> tuple[int, dict]:
-        body = {"dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker",
-                "principal_id": "p", "model": MODEL, **cite}
+        body = {
+            "dispatch_id": dispatch,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "p",
+            "model": MODEL,
+            **cite,
+        }
         response = await self.client.post("/control/v2/mint", json=body, headers=AUTH)
         return response.status, await response.json()
 
@@ -53,13 +70,13 @@ class World:
         return (await response.json())["would_select"]
 
     async def admin(self, account_id: str, state: AdminState) -> None:
-        await self.control.admin.set_state(account_id, state, reason="test", actor=None,
-                                           authenticated_by="admin")
+        await self.control.admin.set_state(account_id, state, reason="test", actor=None, authenticated_by="admin")
 
     async def policy(self, document: dict) -> None:
         revision = self.control.policy.read().check.revision
-        await self.control.policy.put_level("platform", document, expected_revision=revision,
-                                            reason="test", actor=None, authenticated_by="admin")
+        await self.control.policy.put_level(
+            "platform", document, expected_revision=revision, reason="test", actor=None, authenticated_by="admin"
+        )
 
     def corrupt(self, name: str) -> None:
         path = Path(self.control.settings.state_dir) / name
@@ -68,38 +85,94 @@ class World:
     async def fail(self, minted: dict, status: int = 429) -> None:
         """A terminal row of the minted lease, as the data plane reports it."""
         condition = {429: "rate-limited", 500: "upstream-unavailable", 200: None}[status]
-        row = AttemptRow(attempt_id="att_" + new_ulid(), key_id=minted["key_id"], account_id=minted["account_id"],
-                         mint_decision_id=minted["mint_decision_id"], dispatch_id=None, repo_slug="acme/app",
-                         principal_id="p", wire="anthropic", path="/v1/messages", requested_model=MODEL,
-                         served_model=None, stream=False, started_at="s", finished_at="f",
-                         status="completed" if status == 200 else "upstream-error", http_status=status,
-                         condition=condition, refusal_reason=None, usage=None, cost_usd=None,
-                         cost_reason=None, overhead_ms=None)
+        row = AttemptRow(
+            attempt_id="att_" + new_ulid(),
+            key_id=minted["key_id"],
+            account_id=minted["account_id"],
+            mint_decision_id=minted["mint_decision_id"],
+            dispatch_id=None,
+            repo_slug="acme/app",
+            principal_id="p",
+            wire="anthropic",
+            path="/v1/messages",
+            requested_model=MODEL,
+            served_model=None,
+            stream=False,
+            started_at="s",
+            finished_at="f",
+            status="completed" if status == 200 else "upstream-error",
+            http_status=status,
+            condition=condition,
+            refusal_reason=None,
+            usage=None,
+            cost_usd=None,
+            cost_reason=None,
+            overhead_ms=None,
+        )
         self.control.service.record(row)
         await self.control.service.settle()
 
     async def spend(self, minted: dict, tokens: int) -> None:
         """A completed, priced row of the minted lease, finished now: `tokens` millionths of a dollar."""
-        row = AttemptRow(attempt_id="att_" + new_ulid(), key_id=minted["key_id"], account_id=minted["account_id"],
-                         mint_decision_id=minted["mint_decision_id"], dispatch_id=None, repo_slug="acme/app",
-                         principal_id="p", wire="anthropic", path="/v1/messages", requested_model=MODEL,
-                         served_model=MODEL, stream=False, started_at=iso_ms(now_ms()), finished_at=iso_ms(now_ms()),
-                         status="completed", http_status=200, condition=None, refusal_reason=None,
-                         usage=Usage(output_tokens=tokens), cost_usd=None, cost_reason=None, overhead_ms=None)
+        row = AttemptRow(
+            attempt_id="att_" + new_ulid(),
+            key_id=minted["key_id"],
+            account_id=minted["account_id"],
+            mint_decision_id=minted["mint_decision_id"],
+            dispatch_id=None,
+            repo_slug="acme/app",
+            principal_id="p",
+            wire="anthropic",
+            path="/v1/messages",
+            requested_model=MODEL,
+            served_model=MODEL,
+            stream=False,
+            started_at=iso_ms(now_ms()),
+            finished_at=iso_ms(now_ms()),
+            status="completed",
+            http_status=200,
+            condition=None,
+            refusal_reason=None,
+            usage=Usage(output_tokens=tokens),
+            cost_usd=None,
+            cost_reason=None,
+            overhead_ms=None,
+        )
         self.control.service.record(row)
         await self.control.service.settle()
 
     def headroom(self, account_id: str, remaining: int, reset_in_ms: int) -> None:
         """A row of `account_id` whose answer stated `remaining` of 1,000 tokens (SPEC §22)."""
         now = now_ms()
-        stated = RateLimits(observed_at=iso_ms(now - 1), tokens=RateLimit(
-            limit=1000, remaining=remaining, reset_at=iso_ms(now + reset_in_ms)))
-        row = AttemptRow(attempt_id="att_" + new_ulid(), key_id="k", account_id=account_id,
-                         mint_decision_id=None, dispatch_id=None, repo_slug="acme/app", principal_id="p",
-                         wire="anthropic", path="/v1/messages", requested_model=MODEL, served_model=MODEL,
-                         stream=False, started_at=iso_ms(now), finished_at=iso_ms(now), status="completed",
-                         http_status=200, condition=None, refusal_reason=None, usage=None, cost_usd=None,
-                         cost_reason=None, overhead_ms=None, rate_limits=stated)
+        stated = RateLimits(
+            observed_at=iso_ms(now - 1),
+            tokens=RateLimit(limit=1000, remaining=remaining, reset_at=iso_ms(now + reset_in_ms)),
+        )
+        row = AttemptRow(
+            attempt_id="att_" + new_ulid(),
+            key_id="k",
+            account_id=account_id,
+            mint_decision_id=None,
+            dispatch_id=None,
+            repo_slug="acme/app",
+            principal_id="p",
+            wire="anthropic",
+            path="/v1/messages",
+            requested_model=MODEL,
+            served_model=MODEL,
+            stream=False,
+            started_at=iso_ms(now),
+            finished_at=iso_ms(now),
+            status="completed",
+            http_status=200,
+            condition=None,
+            refusal_reason=None,
+            usage=None,
+            cost_usd=None,
+            cost_reason=None,
+            overhead_ms=None,
+            rate_limits=stated,
+        )
         self.control.service.record(row)
 
     async def revoke(self, minted: dict) -> None:
@@ -233,7 +306,7 @@ async def citation_held(world: World) -> dict[str, str]:
 async def budget_exhausted(world: World) -> dict[str, str]:
     await world.policy({"budgets": [{"window": "day", "usd": 0.00001}]})
     _, minted = await world.mint("spender")
-    await world.spend(minted, 20)   # $0.00002
+    await world.spend(minted, 20)  # $0.00002
     await world.revoke(minted)
     return {}
 
@@ -248,7 +321,7 @@ async def budget_not_reached(world: World) -> dict[str, str]:
 
 async def model_unpriced_in_budgeted_chain(world: World) -> dict[str, str]:
     await world.policy({"budgets": [{"window": "month", "usd": 100}]})
-    return {"model": "m-2"}   # served by both accounts (m-*), priced by nothing
+    return {"model": "m-2"}  # served by both accounts (m-*), priced by nothing
 
 
 async def model_unpriced_without_budget(world: World) -> dict[str, str]:
@@ -257,7 +330,7 @@ async def model_unpriced_without_budget(world: World) -> dict[str, str]:
 
 async def a_low(world: World) -> dict[str, str]:
     await world.policy({"min_headroom_percent": 10})
-    world.headroom(A, 50, 60_000)        # 5 %
+    world.headroom(A, 50, 60_000)  # 5 %
     return {}
 
 
@@ -309,8 +382,13 @@ CASES = [
     Case("citation of a held decision", citation_held, "rejected", "fallback-cited-decision-not-selected", None),
     Case("a budget of the chain exhausted", budget_exhausted, "held", "budget-exhausted", None),
     Case("a budget of the chain not reached", budget_not_reached, "selected", None, A),
-    Case("a model without a price in a budgeted chain", model_unpriced_in_budgeted_chain, "rejected",
-         "model-unpriced", None),
+    Case(
+        "a model without a price in a budgeted chain",
+        model_unpriced_in_budgeted_chain,
+        "rejected",
+        "model-unpriced",
+        None,
+    ),
     Case("a model without a price, no budget anywhere", model_unpriced_without_budget, "selected", None, A),
     Case("first candidate's headroom below the floor", a_low, "selected", None, B),
     Case("every candidate's headroom below the floor", both_low, "held", "no-eligible-account", None),
@@ -322,8 +400,13 @@ CASES = [
 @pytest.fixture
 async def world(tmp_path: Path, aiohttp_client) -> Any:
     env = {a.credential_env: "k" for a in ACCOUNTS}
-    control = make_control(tmp_path / "state", env=env, registry=Registry(ACCOUNTS), prices=PRICES,
-                           settings={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "900"})
+    control = make_control(
+        tmp_path / "state",
+        env=env,
+        registry=Registry(ACCOUNTS),
+        prices=PRICES,
+        settings={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "900"},
+    )
     await control.service.restore()
     client = await aiohttp_client(build_app(control))
     yield World(control, client)

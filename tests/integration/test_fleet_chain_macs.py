@@ -27,15 +27,20 @@ NAME = "account-admin"
 
 
 def auth_of(secret: FleetSecret, fleet: Fleet, host: str) -> ChainAuth:
-    return ChainAuth(secret.key(fleet.keys.fleet_id, "chain/" + NAME),
-                     lambda: {"actor": "host:" + host, "actor_authenticated_by": "fleet-secret"})
+    return ChainAuth(
+        secret.key(fleet.keys.fleet_id, "chain/" + NAME),
+        lambda: {"actor": "host:" + host, "actor_authenticated_by": "fleet-secret"},
+    )
 
 
 def host(fleet: Fleet, state_dir: Path, secret: FleetSecret = SECRET) -> HashChain[list[dict[str, Any]]]:
     state_dir.mkdir(parents=True, exist_ok=True)
     path, anchor = str(state_dir / "account-admin.jsonl"), str(state_dir / "account-admin-head.json")
-    storage = MirroredChainStorage(RedisChainStorage(fleet.sync, fleet.keys, NAME), FileChainStorage(path, anchor),
-                                   auth_of(secret, fleet, state_dir.name))
+    storage = MirroredChainStorage(
+        RedisChainStorage(fleet.sync, fleet.keys, NAME),
+        FileChainStorage(path, anchor),
+        auth_of(secret, fleet, state_dir.name),
+    )
     return HashChain(path, anchor, list, storage=storage)
 
 
@@ -59,13 +64,21 @@ def forge(fleet: Fleet, fields: dict[str, Any], mac: str | None = None) -> None:
     admin.incr(fleet.keys.chain(NAME, "rev"))
 
 
-ENABLE = {"at": "2026-12-01T00:00:00.000Z", "actor": "alice", "actor_authenticated_by": "control-token",
-          "account_id": "team-a", "action": "set-state", "state": "enabled", "reason": "forged"}
+ENABLE = {
+    "at": "2026-12-01T00:00:00.000Z",
+    "actor": "alice",
+    "actor_authenticated_by": "control-token",
+    "account_id": "team-a",
+    "action": "set-state",
+    "state": "enabled",
+    "reason": "forged",
+}
 
 
 @pytest.mark.parametrize("mac", [None, "A" * 43], ids=["no-mac", "wrong-mac"])
-def test_a_forged_record_is_corrupt_on_every_host_and_never_mirrored(fleet: Fleet, tmp_path: Path,
-                                                                      mac: str | None) -> None:
+def test_a_forged_record_is_corrupt_on_every_host_and_never_mirrored(
+    fleet: Fleet, tmp_path: Path, mac: str | None
+) -> None:
     a, b = host(fleet, tmp_path / "a"), host(fleet, tmp_path / "b")
     assert commit(a, "team-a", "disabled") == 1
     assert b.read().state[-1]["state"] == "disabled" and "mac" in b.read().state[-1]
@@ -80,8 +93,10 @@ def test_a_forged_record_is_corrupt_on_every_host_and_never_mirrored(fleet: Flee
     assert b"forged" not in (tmp_path / "a" / "account-admin.jsonl").read_bytes()
     c = host(fleet, tmp_path / "c")  # a new host (an empty mirror) does not adopt a forgery either
     assert c.read().check.verdict is Verdict.CORRUPT
-    assert not (tmp_path / "c" / "account-admin.jsonl").exists() or b"forged" not in (
-        tmp_path / "c" / "account-admin.jsonl").read_bytes()
+    assert (
+        not (tmp_path / "c" / "account-admin.jsonl").exists()
+        or b"forged" not in (tmp_path / "c" / "account-admin.jsonl").read_bytes()
+    )
 
 
 def test_an_embedded_chain_is_adopted_once_by_an_audited_seal(fleet: Fleet, tmp_path: Path) -> None:
@@ -96,7 +111,11 @@ def test_an_embedded_chain_is_adopted_once_by_an_audited_seal(fleet: Fleet, tmp_
     assert view.check.verdict is Verdict.VERIFIED and view.check.revision == 3
     sealed = view.state[-1]
     assert (sealed["action"], sealed["adopts_hash"], sealed["prev_hash"], sealed["adopts_count"]) == (
-        SEAL_ACTION, head, head, 2)
+        SEAL_ACTION,
+        head,
+        head,
+        2,
+    )
     assert sealed["actor"] == "host:a" and a.auth is not None and a.auth.valid(sealed)
     b = host(fleet, tmp_path / "b")
     assert b.read().check.revision == 3 and commit(b, "team-a", "enabled") == 4
@@ -123,8 +142,7 @@ def test_after_a_rotation_a_host_with_the_whole_chain_reseals_it(fleet: Fleet, t
     assert a2.read().check.revision == 3
 
 
-def test_a_forged_chain_reads_corrupt_at_once_while_another_writer_holds_the_lock(fleet: Fleet,
-                                                                                   tmp_path: Path) -> None:
+def test_a_forged_chain_reads_corrupt_at_once_while_another_writer_holds_the_lock(fleet: Fleet, tmp_path: Path) -> None:
     """The fleet soak once saw mints held `fleet-state-unavailable` while a forged record sat in
     Redis: every corrupt read tried to seal under the fleet's writer lock, a `revoke-leases`
     held that lock for seconds, and the host had no recently validated view of its chain. A
@@ -135,7 +153,7 @@ def test_a_forged_chain_reads_corrupt_at_once_while_another_writer_holds_the_loc
     forge(fleet, ENABLE)
     holder = b.storage
     assert isinstance(holder, MirroredChainStorage)
-    with holder.writer():   # another writer (say a revoke-leases waiting for the fleet) holds the lock
+    with holder.writer():  # another writer (say a revoke-leases waiting for the fleet) holds the lock
         lock_waits = a.storage.remote.writer  # type: ignore[attr-defined]
         asked: list[bool] = []
 

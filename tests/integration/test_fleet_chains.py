@@ -26,8 +26,9 @@ from tests.support.harness import wait_until
 def _host(fleet: Fleet, state_dir: Path) -> HashChain[list[dict[str, Any]]]:
     state_dir.mkdir(parents=True, exist_ok=True)
     path, anchor = str(state_dir / "account-admin.jsonl"), str(state_dir / "account-admin-head.json")
-    storage = MirroredChainStorage(RedisChainStorage(fleet.sync, fleet.keys, "account-admin"),
-                                   FileChainStorage(path, anchor))
+    storage = MirroredChainStorage(
+        RedisChainStorage(fleet.sync, fleet.keys, "account-admin"), FileChainStorage(path, anchor)
+    )
     return HashChain(path, anchor, list, storage=storage)
 
 
@@ -96,13 +97,13 @@ def test_the_longer_mirror_extends_a_seed_nobody_wrote_after(fleet: Fleet, tmp_p
     behind, ahead = _host(fleet, tmp_path / "behind"), _host(fleet, tmp_path / "ahead")
     _commit(ahead, 1)
     assert behind.read().check.revision == 1  # behind's mirror has record 1
-    _commit(ahead, 2)                          # ... but not record 2
+    _commit(ahead, 2)  # ... but not record 2
     _lose_the_chain(fleet)
-    assert behind.read().check.revision == 1   # seeds the one record it has
-    assert ahead.read().check.revision == 2    # extends the seed with its second
+    assert behind.read().check.revision == 1  # seeds the one record it has
+    assert ahead.read().check.revision == 2  # extends the seed with its second
     assert behind.read().check.revision == 2
     _commit(behind, 3)
-    assert _redis(fleet, "seeded") is None     # a write closes the window
+    assert _redis(fleet, "seeded") is None  # a write closes the window
 
 
 def test_a_redis_chain_shorter_than_the_mirror_is_corrupt_on_that_host(fleet: Fleet, tmp_path: Path) -> None:
@@ -152,8 +153,9 @@ def test_a_tampered_mirror_is_corrupt_on_its_host_only(fleet: Fleet, tmp_path: P
     assert a.read().check.verdict is Verdict.VERIFIED
 
 
-def test_a_writer_whose_lock_lapsed_writes_nothing(fleet: Fleet, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_writer_whose_lock_lapsed_writes_nothing(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(chains, "LOCK_LEASE_S", 0.2)
     a = _host(fleet, tmp_path / "a")
     lock = fleet.keys.chain("account-admin", "lock")

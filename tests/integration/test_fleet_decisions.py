@@ -24,6 +24,7 @@ from controlplane.core.hop import FallbackDriver
 from controlplane.decisions import Decision, LiveGroup
 from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions, RedisDecisions
 from controlplane.stores import leasedecisions as fleet_decisions
+from controlplane.stores.decisionlines import ENDED_KEPT_MS
 from shared.capacity import StateUnavailable
 from shared.codes import Outcome, Refusal
 from shared.fleet.capacity import RedisCapacity
@@ -44,13 +45,21 @@ class Case(NamedTuple):
 
 
 def _decision(n: int, key: str) -> Decision:
-    return Decision(mint_decision_id=f"md_{n}", outcome=Outcome.SELECTED, lineage=Lineage("d", "r", "m"),
-                    at_ms=n, key_id=key, account_id=A, fallback_position=0)
+    return Decision(
+        mint_decision_id=f"md_{n}",
+        outcome=Outcome.SELECTED,
+        lineage=Lineage("d", "r", "m"),
+        at_ms=n,
+        key_id=key,
+        account_id=A,
+        fallback_position=0,
+    )
 
 
 def _lease(key: str, decision: str) -> Lease:
-    return Lease(key_id=key, digest=b"", account_id=A, expires_at_ms=1, repo_slug="r", dispatch_id="d",
-                 mint_decision_id=decision)
+    return Lease(
+        key_id=key, digest=b"", account_id=A, expires_at_ms=1, repo_slug="r", dispatch_id="d", mint_decision_id=decision
+    )
 
 
 # ---- the journal ---------------------------------------------------------------------------
@@ -61,43 +70,49 @@ def test_the_journal_keeps_each_live_leases_current_decision_across_a_restart(tm
     leases = {"K1": _lease("K1", "md_1"), "K2": _lease("K2", "md_2")}
     record = LeaseDecisions(path, leases.get)
     assert record.load([]) == []
-    for n, key in ((1, "K1"), (2, "K2"), (3, "K3"), (4, "K1")):   # K3 never granted; K1 hops to md_4
+    for n, key in ((1, "K1"), (2, "K2"), (3, "K3"), (4, "K1")):  # K3 never granted; K1 hops to md_4
         record.add(_decision(n, key))
     leases["K1"] = _lease("K1", "md_4")
-    record.forget("K1")                           # a hop lets go of the lease, not of the key
-    assert record.of_key("K1") == _decision(4, "K1") and record.get("md_1") is None
+    record.forget("K1")  # a hop lets go of the lease, not of the key
+    assert record.of_key("K1") == _decision(4, "K1") and record.get("md_1") == _decision(1, "K1")
     record.close()
     with open(path, "ab") as handle:
-        handle.write(b'{"torn": ')                # a crash mid-line
+        handle.write(b'{"torn": ')  # a crash mid-line
     again = LeaseDecisions(path, leases.get)
     assert again.load(list(leases.values()) + [_lease("K9", "md_9")]) == ["K9"]
-    assert again.by_id() == {"md_4": _decision(4, "K1"), "md_2": _decision(2, "K2")}
+    assert again.current() == {"K1": _decision(4, "K1"), "K2": _decision(2, "K2")}
+    assert again.by_id() == {"md_1": _decision(1, "K1"), "md_4": _decision(4, "K1"), "md_2": _decision(2, "K2")}
     assert os.stat(path).st_mode & 0o777 == 0o600
     del leases["K2"]
-    again.forget("K2")                            # the key ended
-    assert again.of_key("K2") is None and again.get("md_2") is None
+    again.forget("K2")  # the key ended: its decision is kept an hour (SPEC §5), no longer current
+    assert again.of_key("K2") is None and again.get("md_2") == _decision(2, "K2")
     again.close()
-    with open(path, "rb") as handle:              # rewritten at load: only what was live then
-        assert len(handle.readlines()) == 2
+    with open(path, "rb") as handle:  # rewritten at load: the live keys' 3 decisions; then K2's end
+        assert len(handle.readlines()) == 3 + 1
 
 
 def test_a_record_before_its_grant_leaves_the_previous_decision_for_a_crash(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A hop records its decision, then re-binds the lease; a crash between finds the old one,
     also when that record compacted the journal first."""
     monkeypatch.setattr(fleet_decisions, "COMPACT_MIN_LINES", 4)
     path = str(tmp_path / LEASE_DECISIONS_FILE)
     leases = {"K1": _lease("K1", "md_1")}
-    record = LeaseDecisions(path, leases.get)
+    clock = [0]
+    record = LeaseDecisions(path, leases.get, lambda: clock[0])
     record.load([])
     record.add(_decision(1, "K1"))
-    for n in range(2, 5):                         # three mints that were never granted: 4 lines
+    for n in range(2, 5):  # three mints that were never granted: 7 lines with their ends
         record.add(_decision(n, f"K{n}"))
         record.forget(f"K{n}")
-    record.add(_decision(5, "K1"))                # compacts, then records; the key table still names md_1
+    clock[0] += ENDED_KEPT_MS  # their hour is over
+    record.add(_decision(5, "K5"))
+    record.forget("K5")  # lets go of K2-K4: 9 lines, past twice the 3 kept; compacted
+    record.add(_decision(6, "K1"))  # records; the key table still names md_1
     record.close()
     with open(path, "rb") as handle:
-        assert len(handle.readlines()) == 2       # md_1 (compacted), md_5
+        assert len(handle.readlines()) == 4  # md_1, md_5, K5's end (compacted), md_6
     restored = LeaseDecisions(path, leases.get)
     assert restored.load(list(leases.values())) == []
     assert restored.of_key("K1") == _decision(1, "K1")
@@ -108,9 +123,11 @@ def test_the_journal_is_compacted_past_its_bound(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(fleet_decisions, "COMPACT_MIN_LINES", 8)
     path = str(tmp_path / LEASE_DECISIONS_FILE)
     live: dict[str, Lease] = {}
-    record = LeaseDecisions(path, live.get)
+    clock = [0]
+    record = LeaseDecisions(path, live.get, lambda: clock[0])
     record.load([])
-    for n in range(40):                           # a lease minted and ended, forty times
+    for n in range(40):  # a lease minted and ended, forty times, half an hour apart
+        clock[0] += 30 * 60_000
         live[f"K{n}"] = _lease(f"K{n}", f"md_{n}")
         record.add(_decision(n, f"K{n}"))
         del live[f"K{n}"]
@@ -132,10 +149,12 @@ LIVE_CASES = [
     Case("a renewal's two keys together", ([], [_group("K1", "K2")]), ([], {"K1", "K2"})),
     Case("already there (Redis kept its data)", (["K1"], [_group("K1")]), ([], {"K1"})),
     Case("a member holding no slot ended: dropped", (["K0"], [_group("K1")]), ([], {"K1"})),
-    Case("a member of this host's that is no longer live ended: dropped", (["Kmine"], [_group("K1")]),
-         ([], {"K1"})),
-    Case("another host holds a live lease of the dispatch: refused, nothing changed",
-         (["Kother"], [_group("K1", "K2")]), (["K1", "K2"], {"Kother"})),
+    Case("a member of this host's that is no longer live ended: dropped", (["Kmine"], [_group("K1")]), ([], {"K1"})),
+    Case(
+        "another host holds a live lease of the dispatch: refused, nothing changed",
+        (["Kother"], [_group("K1", "K2")]),
+        (["K1", "K2"], {"Kother"}),
+    ),
 ]
 
 
@@ -150,7 +169,7 @@ async def test_reregister_live(case: Case, fleet: Fleet) -> None:
         await table.note_live(key, "r", "d")
     assert await table.reregister_live(groups, "h1") == refused
     assert await table.live_keys("r", "d") == members
-    if not refused:                               # each key's entry names its set: `end_key` finds it
+    if not refused:  # each key's entry names its set: `end_key` finds it
         await table.end_key(groups[0].key_ids[0])
         assert groups[0].key_ids[0] not in await table.live_keys("r", "d")
 
@@ -178,16 +197,20 @@ async def test_after_a_flush_the_decisions_are_back_before_the_host_registers(wo
     minted = (await mint(h1, "d1", fallback_driver=FallbackDriver.GATEWAY)).body
     keys = h1.fleet.b.keys
     with redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2) as admin:
-        admin.flushall()                          # the data lost, as a restart without persistence
-        await until(lambda: any(m.startswith(b"h1:") for m in admin.smembers(keys.registered)), 10,
-                    "h1 to re-register after the flush")  # members are `<host>:<mac>` (SPEC §19)
+        admin.flushall()  # the data lost, as a restart without persistence
+        await until(
+            lambda: any(m.startswith(b"h1:") for m in admin.smembers(keys.registered)),
+            10,
+            "h1 to re-register after the flush",
+        )  # members are `<host>:<mac>` (SPEC §19)
         # `registered` is written last: by then the decision and the dispatch's live key are back
         assert admin.get(keys.decision_of_key(minted["key_id"])) == minted["mint_decision_id"].encode()
         assert admin.smembers(keys.live("acme/app", "d1")) == {minted["key_id"].encode()}
 
-    async def cited_on_h2() -> str:               # h2 answers by the decision's lineage and lease
+    async def cited_on_h2() -> str:  # h2 answers by the decision's lineage and lease
         answer = await mint(h2, "d1", retry_of_mint_decision_id=minted["mint_decision_id"])
         return answer.body["refusal_reason"]
+
     assert await until(cited_on_h2, 10, "h2 to answer the citation") == str(Refusal.FALLBACK_LEASE_STILL_HELD)
     foreign = await mint(h2, "d-other", retry_of_mint_decision_id=minted["mint_decision_id"])
     assert (foreign.status, foreign.body["refusal_reason"]) == (409, str(Refusal.FALLBACK_LINEAGE_MISMATCH))
@@ -203,17 +226,19 @@ async def test_a_host_restarted_after_it_was_reaped_yields_a_dispatch_taken_mean
     kept = (await mint(h1, "d2")).body["key_id"]
     await fleet.crash("h1")
 
-    async def reaped() -> bool:   # the slot, then (the reaper's next step) the dispatch's live key
+    async def reaped() -> bool:  # the slot, then (the reaper's next step) the dispatch's live key
         try:
-            return (not await h2.service.lease_capacity.holds(lost)
-                    and not await h2.service.decisions.live_keys("acme/app", "d1"))
+            return not await h2.service.lease_capacity.holds(lost) and not await h2.service.decisions.live_keys(
+                "acme/app", "d1"
+            )
         except StateUnavailable:
             return False
+
     await until(reaped, 15, "h2 to reap h1's slots and its dispatch claims")
     taken = await mint(h2, "d1")
-    assert taken.status == 201, taken.body                   # h1's claim on d1 went with its slots
-    h1 = await fleet.add("h1")                                # its key journal restores both leases
-    assert h1.service.keys.get(lost) is None                  # d1 is h2's now: h1's key ended (401)
+    assert taken.status == 201, taken.body  # h1's claim on d1 went with its slots
+    h1 = await fleet.add("h1")  # its key journal restores both leases
+    assert h1.service.keys.get(lost) is None  # d1 is h2's now: h1's key ended (401)
     assert h1.service.keys.get(kept) is not None
     assert await h2.service.decisions.live_keys("acme/app", "d1") == {taken.body["key_id"]}
     again = await mint(h1, "d1")

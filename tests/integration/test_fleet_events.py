@@ -33,6 +33,7 @@ async def _listening(events: FleetEvents, into: list[FleetEvent], tasks: list[as
     async def listen() -> None:
         async for event in events.listen(ready=ready):
             into.append(event)
+
     tasks.append(asyncio.create_task(listen()))
     await asyncio.wait_for(ready.wait(), 10)
 
@@ -47,27 +48,30 @@ async def test_an_event_reaches_every_other_host_and_not_its_own(fleet: Fleet, h
 
     async def delivered() -> bool:
         return len(got["gw-b"]) == 2 and len(got["gw-c"]) == 2
+
     await wait_until_async(delivered, 10, "both events on gw-b and gw-c")
     assert [(e.kind, e.host_id, e.data) for e in got["gw-b"]] == [
         (EventKind.ACCOUNT_STATE, "gw-a", {"account_id": "acct", "state": "disabled"}),
-        (EventKind.POLICY, "gw-a", {"revision": 4})]
+        (EventKind.POLICY, "gw-a", {"revision": 4}),
+    ]
     assert got["gw-a"] == []
 
 
 async def test_only_the_fleet_wide_kinds_are_fanned_out(fleet: Fleet) -> None:
     with pytest.raises(ValueError):
-        await FleetEvents(fleet.client, fleet.keys, "gw-a", entries=fleet.entries).publish(
-            EventKind.ROUTE_STARTED, {})
+        await FleetEvents(fleet.client, fleet.keys, "gw-a", entries=fleet.entries).publish(EventKind.ROUTE_STARTED, {})
 
 
-async def _serving(revocations: FleetRevocations, seen: list[RevokeRequest], tasks: list[asyncio.Task],
-                   fail: bool = False) -> None:
+async def _serving(
+    revocations: FleetRevocations, seen: list[RevokeRequest], tasks: list[asyncio.Task], fail: bool = False
+) -> None:
     ready = asyncio.Event()
 
     async def handle(request: RevokeRequest) -> None:
         seen.append(request)
         if fail:
             raise RuntimeError("could not end the leases")
+
     tasks.append(asyncio.create_task(revocations.serve(handle, ready=ready)))
     await asyncio.wait_for(ready.wait(), 10)
 
@@ -80,8 +84,10 @@ async def test_revoke_leases_is_acknowledged_by_every_live_host(fleet: Fleet, ho
         await _serving(fleet_of[h], seen[h], hosts)
     answer = await fleet_of["gw-a"].request("acct", names)
     assert (answer.acked, answer.missing) == (names, ())
-    assert all([(r.account_id, r.from_host, r.request_id) for r in seen[h]] ==
-               [("acct", "gw-a", answer.request_id)] for h in names)
+    assert all(
+        [(r.account_id, r.from_host, r.request_id) for r in seen[h]] == [("acct", "gw-a", answer.request_id)]
+        for h in names
+    )
     assert seen["gw-b"][0].at_ms > 0
 
 
@@ -92,8 +98,7 @@ async def test_revoke_leases_names_the_hosts_that_did_not_acknowledge(fleet: Fle
     requester = FleetRevocations(fleet.client, fleet.keys, "gw-a", ack_timeout_s=bound_s, entries=fleet.entries)
     await _serving(requester, [], hosts)
     await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-b", entries=fleet.entries), [], hosts)
-    await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-d", entries=fleet.entries), [], hosts,
-                   fail=True)
+    await _serving(FleetRevocations(fleet.client, fleet.keys, "gw-d", entries=fleet.entries), [], hosts, fail=True)
     started = time.monotonic()
     answer = await requester.request("acct", ["gw-a", "gw-b", "gw-c", "gw-d"])
     waited = time.monotonic() - started
@@ -113,6 +118,7 @@ async def test_a_host_that_reconnects_reads_the_requests_it_missed(fleet: Fleet,
 
     async def handle(request: RevokeRequest) -> None:
         seen.append(request)
+
     await late._serve_batch(last_id, handle)
     assert [r.request_id for r in seen] == [answer.request_id]
     assert fleet.admin().hexists(fleet.keys.revoke_acks(answer.request_id), "gw-b")

@@ -30,8 +30,9 @@ def host(fleet: Fleet, name: str) -> tuple[HeadroomBook, FleetHeadroom]:
 
 
 def served(book: HeadroomBook, remaining: int, at_ms: int, account: str = "team-a") -> None:
-    stated = RateLimits(observed_at=iso_ms(at_ms),
-                        tokens=RateLimit(limit=1000, remaining=remaining, reset_at=iso_ms(at_ms + 60_000)))
+    stated = RateLimits(
+        observed_at=iso_ms(at_ms), tokens=RateLimit(limit=1000, remaining=remaining, reset_at=iso_ms(at_ms + 60_000))
+    )
     book.on_row(msgspec.structs.replace(row(iso_ms(at_ms)), account_id=account, rate_limits=stated))
 
 
@@ -44,8 +45,8 @@ async def test_an_observation_on_one_host_reaches_the_other_and_the_newest_wins(
     assert book_b.held["team-a"]["tokens"].remaining == 20
     assert book_b.low("team-a", 10, now + 1)
 
-    served(book_b, 900, now + 50)            # B sees it recover, later
-    served(book_a, 5, now + 10)              # A's older answer is published after B's newer one
+    served(book_b, 900, now + 50)  # B sees it recover, later
+    served(book_a, 5, now + 10)  # A's older answer is published after B's newer one
     await b.publish()
     await a.publish()
     await a.pull()
@@ -64,27 +65,33 @@ async def test_hostile_entries_are_skipped_counted_and_the_rest_still_merged(fle
     book, shared = host(fleet, "gw-b")
     now = now_ms()
     good = Observation(limit=100, remaining=1, reset_at_ms=now + 30_000, observed_at_ms=now)
-    bad_entry = msgspec.msgpack.encode(Entry(limit=100, remaining=-5, reset_at_ms=None, observed_at_ms=now,
-                                             host_id="gw-x"))
+    bad_entry = msgspec.msgpack.encode(
+        Entry(limit=100, remaining=-5, reset_at_ms=None, observed_at_ms=now, host_id="gw-x")
+    )
     e = fleet.entries
     admin = fleet.admin()
-    admin.hset(fleet.keys.headroom, mapping={
-        "team-a/tokens": encode_value(e, "team-a", "tokens", good, "gw-a"),
-        "team-b/tokens": f"{now}:".encode() + seal(e, "team-b/tokens", bad_entry),       # out of range
-        "ghost/tokens": encode_value(e, "ghost", "tokens", good, "gw-a"),                 # no such account
-        "team-a/bananas": encode_value(e, "team-a", "bananas", good, "gw-a"),             # no such kind
-        "team-b/requests": b"not msgpack at all",
-        "team-b/input_tokens": b"12:" + seal(e, "team-b/input_tokens",
-                                             msgspec.msgpack.encode([1, 2, 3, 4, "h", "extra"])),
-        "team-b/output_tokens": str(now + 1).encode() + b":"
-        + encode_value(e, "team-b", "output_tokens", good, "gw-a").partition(b":")[2],  # prefix disagrees
-        "team-a/requests": encode_value(e, "team-a", "requests",
-                                        msgspec.structs.replace(good, observed_at_ms=now + 3_600_000), "gw-a"),
-    })
+    admin.hset(
+        fleet.keys.headroom,
+        mapping={
+            "team-a/tokens": encode_value(e, "team-a", "tokens", good, "gw-a"),
+            "team-b/tokens": f"{now}:".encode() + seal(e, "team-b/tokens", bad_entry),  # out of range
+            "ghost/tokens": encode_value(e, "ghost", "tokens", good, "gw-a"),  # no such account
+            "team-a/bananas": encode_value(e, "team-a", "bananas", good, "gw-a"),  # no such kind
+            "team-b/requests": b"not msgpack at all",
+            "team-b/input_tokens": b"12:"
+            + seal(e, "team-b/input_tokens", msgspec.msgpack.encode([1, 2, 3, 4, "h", "extra"])),
+            "team-b/output_tokens": str(now + 1).encode()
+            + b":"
+            + encode_value(e, "team-b", "output_tokens", good, "gw-a").partition(b":")[2],  # prefix disagrees
+            "team-a/requests": encode_value(
+                e, "team-a", "requests", msgspec.structs.replace(good, observed_at_ms=now + 3_600_000), "gw-a"
+            ),
+        },
+    )
     assert await shared.pull() == 1
     assert rejected(fleet) == 7
     assert set(book.held) == {"team-a"} and set(book.held["team-a"]) == {"tokens"}
-    await shared.pull()                      # the loop goes on; each bad field is counted again
+    await shared.pull()  # the loop goes on; each bad field is counted again
     assert rejected(fleet) == 14
 
 
@@ -95,24 +102,28 @@ async def test_a_forged_low_headroom_is_not_believed_and_is_counted(fleet: Fleet
     book, shared = host(fleet, "gw-b")
     now = now_ms()
     low = Observation(limit=1000, remaining=0, reset_at_ms=now + 60_000, observed_at_ms=now)
-    payload = msgspec.msgpack.encode(Entry(limit=1000, remaining=0, reset_at_ms=now + 60_000,
-                                           observed_at_ms=now, host_id="gw-a"))
+    payload = msgspec.msgpack.encode(
+        Entry(limit=1000, remaining=0, reset_at_ms=now + 60_000, observed_at_ms=now, host_id="gw-a")
+    )
     outsider = FleetEntries(Keyring(FleetSecret(secrets.token_bytes(32)), fleet.keys.fleet_id))
-    fleet.admin().hset(fleet.keys.headroom, mapping={
-        "team-a/tokens": f"{now}:".encode() + payload,                                    # no MAC
-        "team-a/requests": encode_value(outsider, "team-a", "requests", low, "gw-a"),     # another secret
-        "team-a/input_tokens": encode_value(fleet.entries, "team-b", "input_tokens", low, "gw-a"),  # moved
-        "team-a/output_tokens": f"{now}:".encode() + b"A" * 43 + payload,               # a MAC-shaped nothing
-    })
+    fleet.admin().hset(
+        fleet.keys.headroom,
+        mapping={
+            "team-a/tokens": f"{now}:".encode() + payload,  # no MAC
+            "team-a/requests": encode_value(outsider, "team-a", "requests", low, "gw-a"),  # another secret
+            "team-a/input_tokens": encode_value(fleet.entries, "team-b", "input_tokens", low, "gw-a"),  # moved
+            "team-a/output_tokens": f"{now}:".encode() + b"A" * 43 + payload,  # a MAC-shaped nothing
+        },
+    )
     assert await shared.pull() == 0
     assert rejected(fleet) == 4
     assert book.held.get("team-a", {}) == {}
     assert not book.low("team-a", 10, now + 1)
 
-    served(book, 900, now - 1_000)           # this host's own, older, genuine observation
-    await shared.publish()                   # the forged field's prefix is newer: Lua keeps it ...
+    served(book, 900, now - 1_000)  # this host's own, older, genuine observation
+    await shared.publish()  # the forged field's prefix is newer: Lua keeps it ...
     await shared.pull()
-    assert book.held["team-a"]["tokens"].remaining == 900   # ... but the book keeps the genuine one
+    assert book.held["team-a"]["tokens"].remaining == 900  # ... but the book keeps the genuine one
     assert not book.low("team-a", 10, now + 1)
 
 
@@ -122,9 +133,13 @@ def test_decode_entry_round_trips_and_refuses_a_bad_host_id() -> None:
     observation = Observation(limit=None, remaining=7, reset_at_ms=None, observed_at_ms=now)
     value = encode_value(e, "team-a", "requests", observation, "gw-a")
     assert decode_entry(e, b"team-a/requests", value, ACCOUNTS, now) == ("team-a", "requests", observation)
-    assert decode_entry(e, b"team-a/requests", encode_value(e, "team-a", "requests", observation, "GW A!"),
-                        ACCOUNTS, now) == Why.RANGE
-    assert decode_entry(e, b"team-a", encode_value(e, "team-a", "", observation, "gw-a")[:-1] + b"x",
-                        ACCOUNTS, now) == Why.MAC
-    assert decode_entry(e, b"team-a/tokens", value, ACCOUNTS, now) == Why.MAC   # bound to its field
+    assert (
+        decode_entry(e, b"team-a/requests", encode_value(e, "team-a", "requests", observation, "GW A!"), ACCOUNTS, now)
+        == Why.RANGE
+    )
+    assert (
+        decode_entry(e, b"team-a", encode_value(e, "team-a", "", observation, "gw-a")[:-1] + b"x", ACCOUNTS, now)
+        == Why.MAC
+    )
+    assert decode_entry(e, b"team-a/tokens", value, ACCOUNTS, now) == Why.MAC  # bound to its field
     assert decode_entry(e, b"\xff/tokens", value, ACCOUNTS, now) == Why.DECODE

@@ -45,9 +45,9 @@ def outsider(fleet: Fleet) -> FleetEntries:
 def hostile_requests(fleet: Fleet) -> list[dict[str, bytes | str]]:
     forged = outsider(fleet).mac(EntryKind.REVOKE, ["rv-" + "0" * 16, "acct", "gw-x"])
     return [
-        {"request_id": "x", "account_id": "y"},                                        # the crash-loop entry
+        {"request_id": "x", "account_id": "y"},  # the crash-loop entry
         {"request_id": b"\xff\xfe", "account_id": "acct", "from_host": "gw-x", "mac": "m"},  # not UTF-8
-        {"request_id": "rv-" + "0" * 16, "account_id": "acct", "from_host": "gw-x"},   # no MAC
+        {"request_id": "rv-" + "0" * 16, "account_id": "acct", "from_host": "gw-x"},  # no MAC
         {"request_id": "rv-" + "0" * 16, "account_id": "acct", "from_host": "gw-x", "mac": forged},
         {"request_id": "rv-" + "0" * 16, "account_id": "acct", "from_host": "gw-x", "mac": "A" * 43, "x": "1"},
     ]
@@ -61,6 +61,7 @@ async def test_garbage_in_the_revoke_stream_is_skipped_and_the_next_request_serv
     async def handle(request: RevokeRequest) -> int:
         seen.append(request)
         return 1
+
     tasks.append(asyncio.create_task(server.serve(handle, ready=ready)))
     await asyncio.wait_for(ready.wait(), 10)
     for fields in hostile_requests(fleet):
@@ -84,9 +85,11 @@ async def test_a_forged_acknowledgement_does_not_count(fleet: Fleet, tasks) -> N
             for _entry_id, fields in fleet.admin().xrange(fleet.keys.revoke):
                 request_id = fields[b"request_id"].decode()
                 tag = forged.mac(EntryKind.REVOKE_ACK, [request_id, "gw-b", 0])
-                fleet.admin().hset(fleet.keys.revoke_acks(request_id),
-                                   mapping={"gw-b": f"0:{tag}", "gw-c": "garbage", "gw-d": "-5:x"})
+                fleet.admin().hset(
+                    fleet.keys.revoke_acks(request_id), mapping={"gw-b": f"0:{tag}", "gw-c": "garbage", "gw-d": "-5:x"}
+                )
             await asyncio.sleep(0.05)
+
     tasks.append(asyncio.create_task(forge_acks()))
     answer = await requester.request("acct", ["gw-b", "gw-c", "gw-d"])
     assert (answer.acked, answer.missing) == ((), ("gw-b", "gw-c", "gw-d"))
@@ -94,22 +97,28 @@ async def test_a_forged_acknowledgement_does_not_count(fleet: Fleet, tasks) -> N
     channel.close()
 
 
-async def test_garbage_on_the_events_channel_is_skipped_and_the_next_event_delivered(fleet: Fleet,
-                                                                                      tasks) -> None:
+async def test_garbage_on_the_events_channel_is_skipped_and_the_next_event_delivered(fleet: Fleet, tasks) -> None:
     listener = FleetEvents(fleet.client, fleet.keys, "gw-b", entries=fleet.entries)
     got: list[FleetEvent] = []
     ready = asyncio.Event()
 
     async def handle(event: FleetEvent) -> None:
         got.append(event)
+
     tasks.append(asyncio.create_task(listener.run(handle, ready=ready)))
     await asyncio.wait_for(ready.wait(), 10)
     forged = FleetEvent(kind=EventKind.ACCOUNT_STATE, host_id="gw-x", data={"account_id": "a", "state": "enabled"})
-    for message in (b"not json", b"[1,2]", b'{"kind":"account.state","host_id":"gw-x","data":{}}',
-                    msgspec.json.encode(msgspec.structs.replace(forged, mac="A" * 43)), b"\xff" * 10):
+    for message in (
+        b"not json",
+        b"[1,2]",
+        b'{"kind":"account.state","host_id":"gw-x","data":{}}',
+        msgspec.json.encode(msgspec.structs.replace(forged, mac="A" * 43)),
+        b"\xff" * 10,
+    ):
         fleet.admin().publish(fleet.keys.events, message)
     await FleetEvents(fleet.client, fleet.keys, "gw-a", entries=fleet.entries).publish(
-        EventKind.ACCOUNT_STATE, {"account_id": "a", "state": "disabled"})
+        EventKind.ACCOUNT_STATE, {"account_id": "a", "state": "disabled"}
+    )
     await wait_until_async(lambda: len(got) == 1, 10, "the real event delivered")
     assert got[0].data == {"account_id": "a", "state": "disabled"} and got[0].host_id == "gw-a"
     await wait_until_async(lambda: fleet.entries.rejected[EntryKind.EVENT] == 5, 5, "five rejections")
@@ -125,19 +134,27 @@ async def test_forged_decisions_evidence_and_outcomes_are_not_believed(fleet: Fl
     from shared.codes import Condition, Outcome
 
     table = RedisDecisions(fleet.client, fleet.keys, entries=fleet.entries)
-    real = Decision(mint_decision_id="md_real", outcome=Outcome.SELECTED, lineage=Lineage("d-1", "o/r", "m"),
-                    at_ms=1, key_id="K1", account_id="a", fallback_position=0)
+    real = Decision(
+        mint_decision_id="md_real",
+        outcome=Outcome.SELECTED,
+        lineage=Lineage("d-1", "o/r", "m"),
+        at_ms=1,
+        key_id="K1",
+        account_id="a",
+        fallback_position=0,
+    )
     await table.record(real)
     await table.add_evidence("md_real", Condition.RATE_LIMITED)
-    await table.record(Decision(mint_decision_id="md_held", outcome=Outcome.HELD,
-                                lineage=Lineage("d-2", "o/r", "m"), at_ms=2))
+    await table.record(
+        Decision(mint_decision_id="md_held", outcome=Outcome.HELD, lineage=Lineage("d-2", "o/r", "m"), at_ms=2)
+    )
     forged = msgspec.structs.replace(real, mint_decision_id="md_forged", key_id="K2")
     other = outsider(fleet)
     admin = fleet.admin()
     forged_mac = other.mac(EntryKind.DECISION, ["md_forged", _encode(forged)])
     admin.set(fleet.keys.decision("md_forged"), _encode((forged_mac, _encode(forged))))
     admin.set(fleet.keys.decision_of_key("K2"), "md_forged")
-    admin.set(fleet.keys.decision("md_plain"), _encode(forged))            # the format before MACs
+    admin.set(fleet.keys.decision("md_plain"), _encode(forged))  # the format before MACs
     admin.set(fleet.keys.decision("md_garbage"), b"\xc1\xc1")
     admin.rpush(fleet.keys.evidence("md_real"), "server-error", "rate-limited:" + "A" * 43)
     admin.set(fleet.keys.refused("md_forged_refused"), "rejected")
@@ -166,9 +183,9 @@ async def test_a_forged_closed_circuit_over_an_open_one_does_not_admit_a_mint(fl
     closed = encode_circuit(rules.CLOSED)
     other = RedisCircuits(fleet.client, fleet.keys, entries=fleet.entries)
     forgeries = [
-        closed,                                                                           # unsigned
+        closed,  # unsigned
         msgspec.msgpack.encode((outsider(fleet).mac(EntryKind.CIRCUIT, ["acct", closed]), closed)),
-        other.signed("acct-2", rules.CLOSED),                                             # another account's
+        other.signed("acct-2", rules.CLOSED),  # another account's
         msgspec.msgpack.encode(("A" * 43, closed, "extra")),
     ]
     admin = fleet.admin()
@@ -177,13 +194,13 @@ async def test_a_forged_closed_circuit_over_an_open_one_does_not_admit_a_mint(fl
         assert not await registry.claim_probe("acct", f"key_{n}", now + 1)
         assert (await registry.get("acct", now + 1)).phase == CircuitPhase.OPEN
         assert fleet.entries.rejected[EntryKind.CIRCUIT] >= n
-        assert admin.get(key) == forged                  # nothing this host wrote was believed over it
+        assert admin.get(key) == forged  # nothing this host wrote was believed over it
 
     # The host's own next write: after the cooldown it admits one probe and signs what it stores.
     later = now_ms() + 31_000
     assert await registry.claim_probe("acct", "key_probe", later)
-    assert not await registry.claim_probe("acct", "key_other", later)     # one probe only
+    assert not await registry.claim_probe("acct", "key_other", later)  # one probe only
     assert admin.get(key) != forgeries[-1]
     before = fleet.entries.rejected[EntryKind.CIRCUIT]
-    assert (await registry.get("acct", later)).probe_key == "key_probe"   # read back: it verifies
+    assert (await registry.get("acct", later)).probe_key == "key_probe"  # read back: it verifies
     assert fleet.entries.rejected[EntryKind.CIRCUIT] == before

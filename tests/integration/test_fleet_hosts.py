@@ -57,6 +57,7 @@ async def test_a_crashed_instances_id_is_free_once_its_heartbeat_expired(fleet: 
 
     async def granted() -> bool:
         return (await registry.claim("gw-1", successor)).granted
+
     await wait_until_async(granted, TTL_S + 10, "the successor's claim")
     assert time.monotonic() - started >= TTL_S * 0.9  # not before the old heartbeat expired
 
@@ -71,6 +72,7 @@ async def test_heartbeat_answers_each_standing(fleet: Fleet) -> None:
 
     async def reaped() -> list[Reaped]:
         return (await registry.reap_dead())[1]
+
     released = await wait_until_async(reaped, TTL_S + 10, "gw-1 to be reaped")
     assert released == [Reaped(host_id="gw-1", table=Ceiling.LEASE, holder="k1", account_id="acct")]
     beat = await registry.heartbeat("gw-1", me, claim.epoch, claim.incarnation)
@@ -127,11 +129,15 @@ async def test_a_dead_hosts_slots_return_within_the_ttl_and_one_heartbeat(fleet:
 
         async def slots_back() -> bool:
             return await lease_a.count("acct") == 0 and await request_a.count("acct") == 0
+
         await wait_until_async(slots_back, TTL_S + 10, "gw-a's slots back", interval_s=0.01)
         waited_ms = _redis_ms(fleet) - last_seen
         assert TTL_S * 1000 <= waited_ms <= (TTL_S + interval_s) * 1000 + 1_000, waited_ms
         assert {(r.table, r.holder) for r in reaped_seen} == {
-            (Ceiling.LEASE, "k1"), (Ceiling.LEASE, "k2"), (Ceiling.REQUEST, "att-1")}
+            (Ceiling.LEASE, "k1"),
+            (Ceiling.LEASE, "k2"),
+            (Ceiling.REQUEST, "att-1"),
+        }
 
         assert await a.beat() == Standing.REAPED  # gw-a is back
         standing, claim, lost = recovered[0]

@@ -52,11 +52,16 @@ async def backends(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, Backends]
     server = RedisServer(tmp_path / "redis").start()
     fleet = Fleet(server, timeout_s=TIMEOUT_S)
     c, k = fleet.client, fleet.keys
-    made = Backends(fleet, RedisCapacity(c, k, Ceiling.LEASE, "gw-1"), RedisCircuits(c, k, entries=fleet.entries),
-                    RedisDecisions(c, k, entries=fleet.entries),
-                    HostRegistry(c, k, ttl_s=10), RedisChainStorage(fleet.sync, k, "policy"),
-                    FleetEvents(c, k, "gw-1", entries=fleet.entries),
-                    FleetRevocations(c, k, "gw-1", ack_timeout_s=0.2, entries=fleet.entries))
+    made = Backends(
+        fleet,
+        RedisCapacity(c, k, Ceiling.LEASE, "gw-1"),
+        RedisCircuits(c, k, entries=fleet.entries),
+        RedisDecisions(c, k, entries=fleet.entries),
+        HostRegistry(c, k, ttl_s=10),
+        RedisChainStorage(fleet.sync, k, "policy"),
+        FleetEvents(c, k, "gw-1", entries=fleet.entries),
+        FleetRevocations(c, k, "gw-1", ack_timeout_s=0.2, entries=fleet.entries),
+    )
     try:
         yield server, made
     finally:
@@ -68,7 +73,8 @@ async def backends(tmp_path: Path) -> AsyncIterator[tuple[RedisServer, Backends]
 
 def _chain_commit(b: Backends) -> Any:
     return HashChain("policy", "policy.anchor", lambda records: len(records), storage=b.chain).commit(
-        lambda check: {"action": "test"})
+        lambda check: {"action": "test"}
+    )
 
 
 # Every call of every backend, each one expected to raise StateUnavailable while Redis is gone.
@@ -139,6 +145,7 @@ async def test_a_hung_redis_is_state_unavailable_within_the_timeout(backends, na
 
     async def answers() -> bool:
         return await b.capacity.count("a") >= 0
+
     await wait_until_async(answers, 10, "the same client to answer after SIGCONT")
 
 
@@ -150,6 +157,7 @@ async def test_the_same_clients_recover_after_a_restart(backends) -> None:
 
     async def answers() -> bool:
         return await b.capacity.count("a") == 0  # the data is gone; the client is not
+
     await wait_until_async(answers, 10, "the same asyncio client after a restart")
     assert await b.capacity.reserve("a", "h2", 2)  # scripts reloaded by the client (NOSCRIPT)
     assert await b.circuits.swap("a", rules.CLOSED, rules.Circuit(consecutive=1))

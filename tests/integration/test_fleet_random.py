@@ -66,7 +66,7 @@ async def test_random_interleavings_never_exceed_a_ceiling(tmp_path: Path) -> No
                 await fleet.crash(down)
                 step += f" crash {down}"
             elif down is not None and n == crash_at + 8:
-                await fleet.add(down)          # its journal's leases re-registered, the ceiling honoured
+                await fleet.add(down)  # its journal's leases re-registered, the ceiling honoured
                 step += f" restart {down}"
                 down = None
             elif n == flush_at:
@@ -87,12 +87,13 @@ async def test_random_interleavings_never_exceed_a_ceiling(tmp_path: Path) -> No
                     step += " expire"
             await _check(fleet, step)
 
-        async def settled() -> bool:   # every served lease holds its slot, once the fleet recovered
+        async def settled() -> bool:  # every served lease holds its slot, once the fleet recovered
             for control in fleet.hosts.values():
                 for lease in control.service.keys.all():
                     if not await control.service.lease_capacity.holds(lease.key_id):
                         return False
             return True
+
         await until(settled, 20, "every served lease to hold its slot")
         await _check(fleet, "end")
     finally:

@@ -17,7 +17,8 @@ from shared.capacity import StateUnavailable
 from shared.chainstorage import ChainBytes
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.keys import FleetKeys
-from shared.fleet.redis_client import connect_sync, describe
+from shared.fleet.redis_client import connect, connect_sync, describe
+from shared.fleet.scriptline import ScriptLine
 from shared.settings import load_settings
 from tests.support.fleet import fleet_secret_file
 from tests.support.harness import Gateway, Stub, credential_like
@@ -38,12 +39,29 @@ def make_certificates(where: Path) -> dict[str, Path]:
     (where / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     (where / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test-ca",
-            cwd=where)
+    openssl(
+        "req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test-ca", cwd=where
+    )
     for name in ("server", "client"):
         openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=where)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext", cwd=where)
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+            cwd=where,
+        )
     return {n: where / n for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
 
 
@@ -65,21 +83,39 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     where = tmp_path_factory.mktemp("redis-tls")
     certs = make_certificates(where / "certs")
     tls_port = free_port()
-    server = RedisServer(where / "redis", extra_args=[
-        "--tls-port", str(tls_port), "--tls-cert-file", str(certs["server.pem"]),
-        "--tls-key-file", str(certs["server.key"]), "--tls-ca-cert-file", str(certs["ca.pem"]),
-        "--tls-auth-clients", "yes",
-        "--user", "leasehold", "on", f">{PASSWORD}", "~*", "&*", "+@all"]).start()
+    server = RedisServer(
+        where / "redis",
+        extra_args=[
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(certs["server.pem"]),
+            "--tls-key-file",
+            str(certs["server.key"]),
+            "--tls-ca-cert-file",
+            str(certs["ca.pem"]),
+            "--tls-auth-clients",
+            "yes",
+            "--user",
+            "leasehold",
+            "on",
+            f">{PASSWORD}",
+            "~*",
+            "&*",
+            "+@all",
+        ],
+    ).start()
     yield TlsRedis(server, tls_port, certs)
     server.stop()
 
 
-def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis) -> None:
+def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis, tmp_path: Path) -> None:
     url = tls_redis.url()
-    settings = load_settings({"GATEWAY_FLEET_REDIS_URL": url}, role="dataplane")   # accepted as it is
+    env = {"GATEWAY_FLEET_REDIS_URL": url, "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path))}
+    settings = load_settings(env, role="dataplane")  # accepted as it is
     client = connect_sync(settings.fleet_redis_url or "")
     try:
-        assert client.acl_whoami() in ("leasehold", b"leasehold")   # over TLS, as the ACL user
+        assert client.acl_whoami() in ("leasehold", b"leasehold")  # over TLS, as the ACL user
         chain = RedisChainStorage(client, FleetKeys("tls"), "policy")
         assert chain.read() == ChainBytes(None, b"", None)
     finally:
@@ -89,8 +125,12 @@ def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis) ->
 
 @pytest.mark.parametrize("case", ["wrong password", "unknown user", "no client certificate", "system CAs only"])
 def test_what_the_server_refuses_is_unavailable_never_a_silent_downgrade(tls_redis: TlsRedis, case: str) -> None:
-    url = {"wrong password": tls_redis.url(password="not-it"), "unknown user": tls_redis.url(user="mallory"),
-           "no client certificate": tls_redis.url(client=False), "system CAs only": tls_redis.url(ca=False)}[case]
+    url = {
+        "wrong password": tls_redis.url(password="not-it"),
+        "unknown user": tls_redis.url(user="mallory"),
+        "no client certificate": tls_redis.url(client=False),
+        "system CAs only": tls_redis.url(ca=False),
+    }[case]
     client = connect_sync(url)
     try:
         with pytest.raises(StateUnavailable) as caught:
@@ -101,15 +141,47 @@ def test_what_the_server_refuses_is_unavailable_never_a_silent_downgrade(tls_red
         client.close()
 
 
+async def test_the_data_planes_script_line_connects_as_the_pool_does(tls_redis: TlsRedis) -> None:
+    """Issue 27: the hot scripts' own connection, over TLS with the three files, as the ACL user;
+    a wrong password is unavailable and never quoted."""
+    for url, works in (
+        (tls_redis.url(), True),
+        (tls_redis.url(password="not-it"), False),
+        (tls_redis.url(client=False), False),
+    ):
+        client = connect(url)
+        line = ScriptLine.of(client)
+        try:
+            echo = client.register_script("return tonumber(ARGV[1])")
+            if works:
+                assert await line.run(echo, [], [27]) == 27
+            else:
+                with pytest.raises(StateUnavailable) as caught:
+                    await line.run(echo, [], [27])
+                assert PASSWORD not in str(caught.value) and "not-it" not in str(caught.value)
+        finally:
+            line.close()
+            await client.aclose()
+
+
 def test_a_pair_over_tls_with_an_acl_user_joins_and_mints(tls_redis: TlsRedis, tmp_path: Path, stub: Stub) -> None:
     from tests.support.fleetpairs import accounts_toml, mint
 
     accounts = tmp_path / "accounts.toml"
     accounts.write_text(accounts_toml(stub, lease_capacity=2))
-    gw = Gateway(tmp_path / "gw", stub, {
-        "GATEWAY_FLEET_REDIS_URL": tls_redis.url(), "GATEWAY_FLEET_ID": "tls-pair", "GATEWAY_HOST_ID": "gw-tls",
-        "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path)), "GATEWAY_ACCOUNTS_FILE": str(accounts),
-        "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "", "GATEWAY_TEAM_B_KEY": stub.anthropic_key or ""})
+    gw = Gateway(
+        tmp_path / "gw",
+        stub,
+        {
+            "GATEWAY_FLEET_REDIS_URL": tls_redis.url(),
+            "GATEWAY_FLEET_ID": "tls-pair",
+            "GATEWAY_HOST_ID": "gw-tls",
+            "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path)),
+            "GATEWAY_ACCOUNTS_FILE": str(accounts),
+            "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
+            "GATEWAY_TEAM_B_KEY": stub.anthropic_key or "",
+        },
+    )
     try:
         gw.start()
         wait_until(lambda: gw.api("GET", "/control/v2/fleet")[2]["state"] == "available", 20, "the pair joined")

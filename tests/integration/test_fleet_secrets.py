@@ -57,30 +57,57 @@ async def _workload(fleet: Fleet, state_dir: Path, key_id: str) -> None:
 
     registry = CircuitRegistry(RedisCircuits(c, k, entries=fleet.entries), cooldown_s=30)
     for n in range(3):
-        await registry.on_row(_row(key_id, Condition.RATE_LIMITED, account_id="acct-b",
-                                   attempt_id=f"att_{n}", principal_id="worker-7"), now_ms=1_000 + n)
+        await registry.on_row(
+            _row(key_id, Condition.RATE_LIMITED, account_id="acct-b", attempt_id=f"att_{n}", principal_id="worker-7"),
+            now_ms=1_000 + n,
+        )
 
     decisions = RedisDecisions(c, k, entries=fleet.entries)
-    decision = Decision(mint_decision_id="md_01J00000000000000000000000", outcome=Outcome.SELECTED,
-                        lineage=Lineage("dispatch-1", "org/repo", "claude-x"), at_ms=1, key_id=key_id,
-                        account_id="acct-b", fallback_position=0)
+    decision = Decision(
+        mint_decision_id="md_01J00000000000000000000000",
+        outcome=Outcome.SELECTED,
+        lineage=Lineage("dispatch-1", "org/repo", "claude-x"),
+        at_ms=1,
+        key_id=key_id,
+        account_id="acct-b",
+        fallback_position=0,
+    )
     await decisions.record(decision)
-    await decisions.record(Decision(mint_decision_id="md_held", outcome=Outcome.HELD,
-                                    lineage=Lineage("dispatch-2", "org/repo", "claude-x"), at_ms=2))
+    await decisions.record(
+        Decision(
+            mint_decision_id="md_held",
+            outcome=Outcome.HELD,
+            lineage=Lineage("dispatch-2", "org/repo", "claude-x"),
+            at_ms=2,
+        )
+    )
     await decisions.add_evidence(decision.mint_decision_id, Condition.RATE_LIMITED)
     await decisions.claim_live(key_id, "org/repo", "dispatch-1")
 
     # The admin chain as the real store writes it, its authority moved to Redis.
     admin = AccountAdminStore(str(state_dir), ["acct-b"])
-    admin.chain = HashChain(admin.chain.path, admin.chain.anchor_path, fold_overlay, storage=MirroredChainStorage(
-        RedisChainStorage(fleet.sync, k, "account-admin"),
-        FileChainStorage(admin.chain.path, admin.chain.anchor_path),
-        ChainAuth(fleet.keyring.key("chain/account-admin"))))  # SPEC §19: each record MAC'd
-    await admin.set_state("acct-b", AdminState.DISABLED, reason="rotating " + key_id, actor="operator",
-                          authenticated_by="admin", expected_revision=0)
+    admin.chain = HashChain(
+        admin.chain.path,
+        admin.chain.anchor_path,
+        fold_overlay,
+        storage=MirroredChainStorage(
+            RedisChainStorage(fleet.sync, k, "account-admin"),
+            FileChainStorage(admin.chain.path, admin.chain.anchor_path),
+            ChainAuth(fleet.keyring.key("chain/account-admin")),
+        ),
+    )  # SPEC §19: each record MAC'd
+    await admin.set_state(
+        "acct-b",
+        AdminState.DISABLED,
+        reason="rotating " + key_id,
+        actor="operator",
+        authenticated_by="admin",
+        expected_revision=0,
+    )
 
-    await FleetEvents(c, k, "gw-1", entries=fleet.entries).publish(EventKind.ACCOUNT_STATE,
-                                                                   {"account_id": "acct-b", "state": "disabled"})
+    await FleetEvents(c, k, "gw-1", entries=fleet.entries).publish(
+        EventKind.ACCOUNT_STATE, {"account_id": "acct-b", "state": "disabled"}
+    )
     await FleetRevocations(c, k, "gw-1", ack_timeout_s=0.1, entries=fleet.entries).request("acct-b", ["gw-1"])
 
 
@@ -120,26 +147,38 @@ async def test_no_credential_token_or_digest_reaches_redis(tmp_path: Path, monke
         token, key_id, token_digest = new_token()
         credentials = [credential_like("sk-ant-api03-"), credential_like("sk-proj-")]
         monkeypatch.setenv("GATEWAY_ANTHROPIC_API_KEY", credentials[0])  # around the workload, as
-        monkeypatch.setenv("GATEWAY_OPENAI_API_KEY", credentials[1])     # in a daemon's environment
+        monkeypatch.setenv("GATEWAY_OPENAI_API_KEY", credentials[1])  # in a daemon's environment
         monkeypatch.setenv("GATEWAY_CONTROL_TOKEN", token)
         await _workload(fleet, tmp_path / "state", key_id)
         blobs, chain_hashes = _everything(fleet)
         assert len(blobs) > 40 and chain_hashes  # the workload wrote what it should have
         secret_half = token.split(".", 1)[1]
-        forbidden = [token, secret_half, token_digest.hex(), digest(token).hex().upper(),
-                     base64.b64encode(token_digest).decode(), base64.urlsafe_b64encode(token_digest).decode(),
-                     "lhgw_", *credentials]
+        forbidden = [
+            token,
+            secret_half,
+            token_digest.hex(),
+            digest(token).hex().upper(),
+            base64.b64encode(token_digest).decode(),
+            base64.urlsafe_b64encode(token_digest).decode(),
+            "lhgw_",
+            *credentials,
+        ]
         everything = b"\x00".join(blobs)
         found = [f for f in forbidden if f.encode() in everything]
         assert found == [], f"found in Redis: {found}"
         assert token_digest not in everything  # the raw digest bytes, too
-        material = fleet.secret._material   # SPEC §19: the fleet secret and every key made from it
-        keys = [material, *(fleet.keyring.key(use) for use in ("chain/account-admin", "chain/policy",
-                                                                "entry/revoke", "entry/event", "entry/decision"))]
+        material = fleet.secret._material  # SPEC §19: the fleet secret and every key made from it
+        keys = [
+            material,
+            *(
+                fleet.keyring.key(use)
+                for use in ("chain/account-admin", "chain/policy", "entry/revoke", "entry/event", "entry/decision")
+            ),
+        ]
         for secret in keys:
             assert secret not in everything and secret.hex().encode() not in everything
             assert base64.urlsafe_b64encode(secret).rstrip(b"=") not in everything
-        assert b'"mac":' in everything   # the chain records do carry their MACs
+        assert b'"mac":' in everything  # the chain records do carry their MACs
         stray = {d for blob in blobs for d in HEX_DIGEST.findall(blob)} - chain_hashes
         assert stray == set(), f"digest-shaped values in Redis that are not record hashes: {stray}"
         assert key_id.encode() in everything  # ids are fine, and the workload did use them

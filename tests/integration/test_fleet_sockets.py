@@ -20,10 +20,10 @@ async def test_hosts_sum_and_a_host_rewrites_its_own(fleet: Fleet) -> None:
     await board(fleet).write("gw-a", {"acct-1": 2, "acct-2": 1, "acct-3": 0})
     await board(fleet).write("gw-b", {"acct-1": 3})
     assert await board(fleet).read(["gw-a", "gw-b", "gw-gone"]) == {"acct-1": 5, "acct-2": 1}
-    await board(fleet).write("gw-a", {})                      # its sockets closed
+    await board(fleet).write("gw-a", {})  # its sockets closed
     assert await board(fleet).read(["gw-a", "gw-b"]) == {"acct-1": 3}
     ttl = await fleet.client.pttl(fleet.keys.host_sockets("gw-b"))
-    assert 0 < ttl <= 6000                                    # a dead host's count vanishes
+    assert 0 < ttl <= 6000  # a dead host's count vanishes
 
 
 async def test_forged_and_garbage_entries_are_skipped_and_counted(fleet: Fleet) -> None:
@@ -32,15 +32,18 @@ async def test_forged_and_garbage_entries_are_skipped_and_counted(fleet: Fleet) 
     key = fleet.keys.host_sockets("gw-b")
     await mine.write("gw-b", {"acct-1": 2})
     good = mine.entry("gw-b", "acct-1", 2)
-    await fleet.client.hset(key, mapping={
-        "acct-2": stranger.entry("gw-b", "acct-2", 50),         # a writer without the secret
-        "acct-3": good,                                          # a MAC moved to another account
-        "acct-4": "7",                                           # no MAC
-        "acct-5": "-1." + good.partition(".")[2],                # out of range
-        "acct-6": "²." + good.partition(".")[2],                 # not ASCII digits
-        "acct-7": "9" * 40 + ".x",                               # far out of range
-        b"\xff": good,                                           # not UTF-8
-    })
+    await fleet.client.hset(
+        key,
+        mapping={
+            "acct-2": stranger.entry("gw-b", "acct-2", 50),  # a writer without the secret
+            "acct-3": good,  # a MAC moved to another account
+            "acct-4": "7",  # no MAC
+            "acct-5": "-1." + good.partition(".")[2],  # out of range
+            "acct-6": "²." + good.partition(".")[2],  # not ASCII digits
+            "acct-7": "9" * 40 + ".x",  # far out of range
+            b"\xff": good,  # not UTF-8
+        },
+    )
     before = fleet.entries.rejected[EntryKind.SOCKETS]
     assert await mine.read(["gw-b"]) == {"acct-1": 2}
     assert fleet.entries.rejected[EntryKind.SOCKETS] - before == 7

@@ -43,7 +43,8 @@ async def test_a_loop_that_keeps_failing_holds_the_mints_until_it_runs_again(wor
             failures["left"] -= 1
             raise RuntimeError("a bug, not an outage")
         await healthy_write(*args, **kwargs)
-    board.write = broken_write   # type: ignore[method-assign]
+
+    board.write = broken_write  # type: ignore[method-assign]
     await until(lambda: not h1.fleet.b.supervisor.healthy(), 15, "the in-flight loop to read failing")
     held = await mint(h1, "d2")
     assert held.body["refusal_reason"] == str(Refusal.FLEET_STATE_UNAVAILABLE)
@@ -51,8 +52,15 @@ async def test_a_loop_that_keeps_failing_holds_the_mints_until_it_runs_again(wor
     loops = {loop["name"]: loop for loop in fleet_payload(snap, now_ms())["loops"]}
     assert snap.state == FleetState.UNAVAILABLE
     assert loops["in-flight"]["state"] == "failing" and loops["in-flight"]["last_error_kind"] == "RuntimeError"
-    assert set(loops) == {"heartbeat", "in-flight", "chain-poll", "owed-writes", "events-in", "events-out",
-                          "revocations"}   # FleetHosts starts no spend loops (the daemon adds spend-*)
+    assert set(loops) == {
+        "heartbeat",
+        "in-flight",
+        "chain-poll",
+        "owed-writes",
+        "events-in",
+        "events-out",
+        "revocations",
+    }  # FleetHosts starts no spend loops (the daemon adds spend-*)
     assert loops["heartbeat"]["state"] == "running"
     failures["left"] = 0
     await until(h1.fleet.b.supervisor.healthy, 15, "the loop to run steadily again")
@@ -65,9 +73,9 @@ async def test_a_malformed_revoke_entry_stops_neither_the_start_nor_revocation(w
     key = (await mint(h1, "d1")).body["key_id"]
     client = redis.Redis.from_url(fleet.redis_url)
     stream = "{" + fleet.fleet_id + "}:revoke"
-    client.xadd(stream, {"request_id": "x", "account_id": "y"})      # no from_host, no MAC
+    client.xadd(stream, {"request_id": "x", "account_id": "y"})  # no from_host, no MAC
     await fleet.stop("h1")
-    h1 = await fleet.add("h1")                                      # a restart reads the stream
+    h1 = await fleet.add("h1")  # a restart reads the stream
     assert h1.fleet is not None and h1.service.keys.get(key) is not None
     h2 = await fleet.add("h2")
     client.xadd(stream, {"request_id": "x", "account_id": "y"})
@@ -93,5 +101,5 @@ async def test_a_forged_registration_does_not_lift_the_hold_after_a_data_loss(wo
     assert h1.fleet.b.entries.rejected[EntryKind.REGISTERED] == 3
     client.delete(keys.registered)
     client.sadd(keys.registered, *before)
-    assert await h2.fleet.recovery.registrations.hosts("inc-another") == frozenset()   # copied across a data loss
+    assert await h2.fleet.recovery.registrations.hosts("inc-another") == frozenset()  # copied across a data loss
     client.close()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.pricing import PriceTable
-from controlplane.mint import MintV2
+from controlplane.mintshapes import MintV2
 from controlplane.registry import AccountSpec, Registry
 from dataplane.leases import LeaseReplica
 from shared.codes import AuthStyle, Binding, EndReason
@@ -27,9 +27,15 @@ from tests.support.control import make_control
 
 ACCOUNTS = ("acc-a", "acc-b", "acc-c")
 MAX_HOPS = 2
-ENDINGS = {"429": ("upstream-error", 429), "529": ("upstream-error", 529), "500": ("upstream-error", 500),
-           "400": ("upstream-error", 400), "200": ("completed", 200), "abort": ("client-aborted", 200),
-           "cut": ("transport-error", 200)}
+ENDINGS = {
+    "429": ("upstream-error", 429),
+    "529": ("upstream-error", 529),
+    "500": ("upstream-error", 500),
+    "400": ("upstream-error", 400),
+    "200": ("completed", 200),
+    "abort": ("client-aborted", 200),
+    "cut": ("transport-error", 200),
+}
 
 step = st.one_of(
     st.tuples(st.just("mint"), st.integers(0, 1)),
@@ -41,28 +47,61 @@ step = st.one_of(
 
 
 def _accounts() -> list[AccountSpec]:
-    return [AccountSpec(id=i, display_name=i, provider_binding=Binding.ANTHROPIC, base_url="http://x",
-                        auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{i.upper().replace('-', '_')}_KEY",
-                        models=("m*",), lease_capacity=3) for i in ACCOUNTS]
+    return [
+        AccountSpec(
+            id=i,
+            display_name=i,
+            provider_binding=Binding.ANTHROPIC,
+            base_url="http://x",
+            auth_style=AuthStyle.X_API_KEY,
+            credential_env=f"GATEWAY_{i.upper().replace('-', '_')}_KEY",
+            models=("m*",),
+            lease_capacity=3,
+        )
+        for i in ACCOUNTS
+    ]
 
 
 def _row(lease: Lease, attempt_id: str, ending: str | None) -> AttemptRow:
     status, http_status = ENDINGS[ending] if ending else (None, None)
     condition = None if ending is None else condition_for_terminal(status, http_status, None)
-    return AttemptRow(attempt_id=attempt_id, key_id=lease.key_id, account_id=lease.account_id,
-                      mint_decision_id=lease.mint_decision_id, dispatch_id=lease.dispatch_id,
-                      repo_slug=lease.repo_slug, principal_id="p", wire="anthropic", path="/v1/messages",
-                      requested_model="m1", served_model=None, stream=False, started_at="s",
-                      finished_at=None if ending is None else "f", status=status, http_status=http_status,
-                      condition=None if condition is None else str(condition), refusal_reason=None,
-                      usage=None, cost_usd=None, cost_reason=None, overhead_ms=None)
+    return AttemptRow(
+        attempt_id=attempt_id,
+        key_id=lease.key_id,
+        account_id=lease.account_id,
+        mint_decision_id=lease.mint_decision_id,
+        dispatch_id=lease.dispatch_id,
+        repo_slug=lease.repo_slug,
+        principal_id="p",
+        wire="anthropic",
+        path="/v1/messages",
+        requested_model="m1",
+        served_model=None,
+        stream=False,
+        started_at="s",
+        finished_at=None if ending is None else "f",
+        status=status,
+        http_status=http_status,
+        condition=None if condition is None else str(condition),
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=None,
+    )
 
 
 async def _run(tmp: Path, steps) -> list[str]:
     """Run the steps checking every invariant after each; the accounts hopped to, in order."""
     env = {a.credential_env: "k" for a in _accounts()}
-    control = make_control(tmp / new_ulid(), settings={"GATEWAY_MAX_FALLBACK_HOPS": str(MAX_HOPS)}, env=env,
-                           registry=Registry(_accounts()), prices=PriceTable(price=()), keys_journal=False)
+    control = make_control(
+        tmp / new_ulid(),
+        settings={"GATEWAY_MAX_FALLBACK_HOPS": str(MAX_HOPS)},
+        env=env,
+        registry=Registry(_accounts()),
+        prices=PriceTable(price=()),
+        keys_journal=False,
+    )
     service, desk = control.service, control.desk
     replica = LeaseReplica(env={})
     replica.load([], [], True)
@@ -76,8 +115,8 @@ async def _run(tmp: Path, steps) -> list[str]:
             replica.remove(key_id)
         return True
 
-    service.link.lease_added = added        # type: ignore[method-assign]  # the RPC, applied at once
-    service.link.leases_removed = removed   # type: ignore[method-assign]
+    service.link.lease_added = added  # type: ignore[method-assign]  # the RPC, applied at once
+    service.link.leases_removed = removed  # type: ignore[method-assign]
     in_flight: list[tuple[Lease, str]] = []  # (the lease the data plane admitted it on, attempt id)
 
     def live_key(dispatch: int) -> Lease | None:
@@ -86,8 +125,16 @@ async def _run(tmp: Path, steps) -> list[str]:
     for item in steps:
         op = item[0]
         if op == "mint" and live_key(item[1]) is None:
-            await desk.mint_v2(MintV2(dispatch_id=f"d{item[1]}", repo_slug="r", principal_kind="w",
-                                      principal_id="p", model="m1", fallback_driver="gateway"))
+            await desk.mint_v2(
+                MintV2(
+                    dispatch_id=f"d{item[1]}",
+                    repo_slug="r",
+                    principal_kind="w",
+                    principal_id="p",
+                    model="m1",
+                    fallback_driver="gateway",
+                )
+            )
         elif op == "start" and (lease := live_key(item[1])) is not None:
             admitted = replica.lookup_by_key(lease.key_id)
             if admitted is not None and not (admitted.hop_on and replica.is_moving(admitted)):
@@ -122,6 +169,7 @@ async def _run(tmp: Path, steps) -> list[str]:
 
 def _started(lease: Lease, attempt_id: str):
     from shared.wire import AttemptStarted
+
     return AttemptStarted(row=_row(lease, attempt_id, None))
 
 
@@ -134,9 +182,21 @@ def test_no_interleaving_breaks_a_dispatch_keys_invariants(tmp_path: Path, steps
 def test_the_interleavings_do_hop_a_fixed_sequence_to_the_budget_and_no_further(tmp_path: Path) -> None:
     """Non-vacuity: a 429, a 529 and a cut, each on the key's current account, hop it twice
     (the budget), then it stays; a 400 and an abort never hop."""
-    steps = [("mint", 0), ("start", 0), ("finish", 0, "400"), ("start", 0), ("finish", 0, "abort"),
-             ("start", 0), ("finish", 0, "429"), ("start", 0), ("finish", 0, "529"),
-             ("start", 0), ("finish", 0, "cut"), ("start", 0), ("finish", 0, "200")]
+    steps = [
+        ("mint", 0),
+        ("start", 0),
+        ("finish", 0, "400"),
+        ("start", 0),
+        ("finish", 0, "abort"),
+        ("start", 0),
+        ("finish", 0, "429"),
+        ("start", 0),
+        ("finish", 0, "529"),
+        ("start", 0),
+        ("finish", 0, "cut"),
+        ("start", 0),
+        ("finish", 0, "200"),
+    ]
     assert asyncio.run(_run(tmp_path, steps)) == ["acc-b", "acc-c"]
 
 

@@ -29,6 +29,7 @@ def crash_at(step: str):
     def on_step(name: str) -> None:
         if name == step:
             raise Crash(step)
+
     return on_step
 
 
@@ -73,12 +74,12 @@ def test_a_quiet_ledger_rotates_on_the_timer(tmp_path: Path) -> None:
     clock = FakeClock("2026-11-30T12:00:00")
     ledger = open_ledger(tmp_path, clock)
     write(ledger, clock, 2, "a")
-    assert ledger.rotate_if_due() is False          # still the same day
+    assert ledger.rotate_if_due() is False  # still the same day
     clock.set("2026-12-01T00:00:05")
     assert ledger.rotate_if_due() is True
     ledger.wait_idle()
     assert ledger_files(tmp_path) == ["ledger-20261130.jsonl.gz", "ledger-20261130.spend.json"]
-    assert ledger.rotate_if_due() is False          # nothing written since
+    assert ledger.rotate_if_due() is False  # nothing written since
     write(ledger, clock, 1, "b")
     assert "ledger.jsonl" in ledger_files(tmp_path)
     ledger.close()
@@ -89,10 +90,10 @@ def test_open_rotates_a_file_left_from_an_earlier_day(tmp_path: Path) -> None:
     ledger = open_ledger(tmp_path, clock)
     ids = write(ledger, clock, 4, "a")
     ledger.close()
-    os.utime(tmp_path / "ledger.jsonl", (clock.now / 1000, clock.now / 1000))   # written that day
-    clock.set("2026-12-02T09:00:00")     # control was down for days
+    os.utime(tmp_path / "ledger.jsonl", (clock.now / 1000, clock.now / 1000))  # written that day
+    clock.set("2026-12-02T09:00:00")  # control was down for days
     ledger = open_ledger(tmp_path, clock)
-    ledger.wait_idle()                   # renamed at open, compressed by the worker
+    ledger.wait_idle()  # renamed at open, compressed by the worker
     assert ledger_files(tmp_path) == ["ledger-20261128.jsonl.gz", "ledger-20261128.spend.json", "ledger.jsonl"]
     assert ids_on_disk(tmp_path) == ids and (tmp_path / "ledger.jsonl").stat().st_size == 0
     ledger.close()
@@ -104,12 +105,16 @@ def test_a_day_rotated_twice_gets_a_second_name(tmp_path: Path) -> None:
     write(ledger, clock, 1, "a")
     clock.set("2026-12-01T00:00:01")
     ledger.rotate_if_due(background=False)
-    clock.set("2026-11-30T23:00:00")    # the clock was set back a day
+    clock.set("2026-11-30T23:00:00")  # the clock was set back a day
     write(ledger, clock, 1, "b")
     clock.set("2026-12-01T00:00:02")
     ledger.rotate_if_due(background=False)
-    assert ledger_files(tmp_path) == ["ledger-20261130-1.jsonl.gz", "ledger-20261130-1.spend.json",
-                                      "ledger-20261130.jsonl.gz", "ledger-20261130.spend.json"]
+    assert ledger_files(tmp_path) == [
+        "ledger-20261130-1.jsonl.gz",
+        "ledger-20261130-1.spend.json",
+        "ledger-20261130.jsonl.gz",
+        "ledger-20261130.spend.json",
+    ]
     assert sorted(ids_on_disk(tmp_path)) == ["a-0", "b-0"]
     assert segments.segment_names(str(tmp_path)) == ["20261130", "20261130-1"]
     ledger.close()
@@ -133,7 +138,7 @@ def test_a_crash_at_any_step_loses_no_row_and_counts_none_twice(tmp_path: Path, 
     assert book.fold.cell("2026-11", Dim.PLATFORM, "")[1] == 55
     assert book.fold.cell("2026-11-30", Dim.PLATFORM, "")[1] == 5
     assert json.loads((tmp_path / "ledger-20261129.spend.json").read_text())["rows"] == 50
-    for attempt_id in before[-3:]:          # a re-sent row of before the crash is still a duplicate
+    for attempt_id in before[-3:]:  # a re-sent row of before the crash is still a duplicate
         assert ledger.has(attempt_id)
     ledger.close()
 
@@ -145,7 +150,7 @@ def test_a_torn_compression_left_behind_is_redone(tmp_path: Path) -> None:
     clock.set("2026-12-01T00:00:00")
     with pytest.raises(Crash):
         ledger.rotate_if_due(background=False)
-    (tmp_path / "ledger-20261130.jsonl.gz.tmp").write_bytes(b"\x1f\x8b half a gzip")   # died mid-compression
+    (tmp_path / "ledger-20261130.jsonl.gz.tmp").write_bytes(b"\x1f\x8b half a gzip")  # died mid-compression
     ledger = open_ledger(tmp_path, clock)
     assert sorted(ids_on_disk(tmp_path)) == sorted(ids)
     assert ledger_files(tmp_path) == ["ledger-20261130.jsonl.gz", "ledger-20261130.spend.json", "ledger.jsonl"]
@@ -164,11 +169,11 @@ def test_a_rotation_that_fails_in_the_background_is_finished_later(tmp_path: Pat
     ledger = open_ledger(tmp_path, clock, on_step=on_step)
     ids = write(ledger, clock, 10, "a")
     clock.set("2026-11-30T00:00:00.500")
-    more = write(ledger, clock, 2, "b")     # the write rotates; the worker fails
+    more = write(ledger, clock, 2, "b")  # the write rotates; the worker fails
     ledger.wait_idle()
     assert "ledger-20261129.jsonl.part" in ledger_files(tmp_path)
     assert sorted(ids_on_disk(tmp_path)) == sorted(ids + more)
-    book = SpendBook.rebuild(ledger)   # the .part is the authority meanwhile, counted once
+    book = SpendBook.rebuild(ledger)  # the .part is the authority meanwhile, counted once
     assert book.fold.cell("2026-11", Dim.PLATFORM, "")[1] == 12
     failing["on"] = False
     ledger.resume_rotations()
@@ -186,10 +191,10 @@ def test_deduplication_survives_a_rotation_and_a_restart(tmp_path: Path) -> None
     ledger.flush()
     clock.set("2026-12-01T00:00:01")
     ledger.rotate_if_due()
-    ledger.close()                       # a restart right after the rotation
+    ledger.close()  # a restart right after the rotation
     ledger = open_ledger(tmp_path, clock)
-    assert ledger.has("att-resent")      # seeded from the segment's summary
-    ledger.stage(first)                  # the data plane re-sends it after reconnecting
+    assert ledger.has("att-resent")  # seeded from the segment's summary
+    ledger.stage(first)  # the data plane re-sends it after reconnecting
     ledger.flush()
     assert ids_on_disk(tmp_path) == ["att-resent"]
     ledger.close()
@@ -198,7 +203,7 @@ def test_deduplication_survives_a_rotation_and_a_restart(tmp_path: Path) -> None
 def test_retention_removes_old_segments_and_keeps_a_month_of_summaries(tmp_path: Path) -> None:
     clock = FakeClock("2026-10-01T12:00:00")
     ledger = open_ledger(tmp_path, clock, retention_days=3)
-    for day in range(1, 41):             # forty days, one rotation each
+    for day in range(1, 41):  # forty days, one rotation each
         clock.set("2026-10-01T12:00:00")
         clock.advance((day - 1) * 86400)
         write(ledger, clock, 1, f"d{day}")
@@ -206,7 +211,7 @@ def test_retention_removes_old_segments_and_keeps_a_month_of_summaries(tmp_path:
         ledger.rotate_if_due(background=False)
     days = sorted({name[7:15] for name in ledger_files(tmp_path) if name.endswith(".gz")})
     summaries = sorted({name[7:15] for name in ledger_files(tmp_path) if name.endswith(".spend.json")})
-    assert days == ["20261107", "20261108", "20261109"]    # today is 20261110: three days kept
+    assert days == ["20261107", "20261108", "20261109"]  # today is 20261110: three days kept
     assert summaries[0] == "20261009" and summaries[-1] == "20261109"  # 32 days of summaries
     ledger.close()
 

@@ -25,8 +25,9 @@ def make_store(tmp_path: Path) -> PolicyStore:
 
 
 async def put(store: PolicyStore, name: str, document: dict[str, Any], expected: int) -> Any:
-    return await store.put_level(name, document, expected_revision=expected, reason="ticket 7",
-                                 actor="alice", authenticated_by="control-token")
+    return await store.put_level(
+        name, document, expected_revision=expected, reason="ticket 7", actor="alice", authenticated_by="control-token"
+    )
 
 
 def lines(tmp_path: Path) -> list[bytes]:
@@ -59,7 +60,7 @@ async def test_one_write_is_one_append_of_the_whole_document(tmp_path: Path) -> 
 
     await put(store, "team:payments", {"repos": ["acme/pay"]}, 1)
     assert len(lines(tmp_path)) == 2
-    assert store.resolve("acme/pay", None).account_order is None   # the level was replaced whole
+    assert store.resolve("acme/pay", None).account_order is None  # the level was replaced whole
 
 
 async def test_a_stale_expected_revision_is_409_naming_the_current_one(tmp_path: Path) -> None:
@@ -73,9 +74,10 @@ async def test_a_stale_expected_revision_is_409_naming_the_current_one(tmp_path:
 
 
 async def test_concurrent_writers_on_one_revision_exactly_one_wins(tmp_path: Path) -> None:
-    stores = [make_store(tmp_path) for _ in range(4)]   # separate instances: the file lock decides
-    results = await asyncio.gather(*(put(s, f"repo:acme/r{n}", {"max_fallback_hops": 1}, 0)
-                                     for n, s in enumerate(stores)), return_exceptions=True)
+    stores = [make_store(tmp_path) for _ in range(4)]  # separate instances: the file lock decides
+    results = await asyncio.gather(
+        *(put(s, f"repo:acme/r{n}", {"max_fallback_hops": 1}, 0) for n, s in enumerate(stores)), return_exceptions=True
+    )
     won = [r for r in results if not isinstance(r, BaseException)]
     lost = [r for r in results if isinstance(r, GatewayError)]
     assert len(won) == 1 and len(lost) == 3
@@ -83,16 +85,20 @@ async def test_concurrent_writers_on_one_revision_exactly_one_wins(tmp_path: Pat
     assert len(lines(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("name, document, problem, names", [
-    ("platform", {"account_order": ["ghost"]}, "unknown-account", ["ghost"]),
-    ("platform", {"pair_order": []}, "unknown-field", ["pair_order"]),
-    ("repo:acme/app", {"providers": ["bedrock"]}, "unknown-binding", ["bedrock"]),
-    ("repo:acme/app", {"fallback_on": ["any"]}, "unknown-condition", ["any"]),
-    ("team:t", {"locks": ["repos"]}, "unknown-lock", ["repos"]),
-    ("tenant:x", {}, "invalid-level", ["tenant:x"]),
-])
-async def test_refused_writes_append_nothing(tmp_path: Path, name: str, document: dict, problem: str,
-                                             names: list[str]) -> None:
+@pytest.mark.parametrize(
+    "name, document, problem, names",
+    [
+        ("platform", {"account_order": ["ghost"]}, "unknown-account", ["ghost"]),
+        ("platform", {"pair_order": []}, "unknown-field", ["pair_order"]),
+        ("repo:acme/app", {"providers": ["bedrock"]}, "unknown-binding", ["bedrock"]),
+        ("repo:acme/app", {"fallback_on": ["any"]}, "unknown-condition", ["any"]),
+        ("team:t", {"locks": ["repos"]}, "unknown-lock", ["repos"]),
+        ("tenant:x", {}, "invalid-level", ["tenant:x"]),
+    ],
+)
+async def test_refused_writes_append_nothing(
+    tmp_path: Path, name: str, document: dict, problem: str, names: list[str]
+) -> None:
     store = make_store(tmp_path)
     with pytest.raises(GatewayError) as refused:
         await put(store, name, document, 0)
@@ -133,5 +139,5 @@ async def test_a_truncated_chain_is_caught_by_its_anchor(tmp_path: Path) -> None
     await put(store, "platform", {"max_fallback_hops": 1}, 0)
     await put(store, "platform", {"max_fallback_hops": 0}, 1)
     path = tmp_path / CHAIN_FILE
-    path.write_bytes(b"".join(lines(tmp_path)[:1]))   # drop the newest record: it links perfectly
+    path.write_bytes(b"".join(lines(tmp_path)[:1]))  # drop the newest record: it links perfectly
     assert store.is_unavailable()

@@ -18,9 +18,14 @@ ADMIN, READ, MINT = credential_like("ctl_"), credential_like("read_"), credentia
 
 @pytest.fixture
 def control(tmp_path: Path):
-    env = {"GATEWAY_STATE_DIR": str(tmp_path / "state"), "GATEWAY_RUNTIME_DIR": str(tmp_path / "run"),
-           "GATEWAY_CONTROL_TOKEN": ADMIN, "GATEWAY_READ_TOKEN": READ, "GATEWAY_MINT_TOKEN": MINT,
-           "GATEWAY_ANTHROPIC_API_KEY": credential_like("sk-ant-api03-")}
+    env = {
+        "GATEWAY_STATE_DIR": str(tmp_path / "state"),
+        "GATEWAY_RUNTIME_DIR": str(tmp_path / "run"),
+        "GATEWAY_CONTROL_TOKEN": ADMIN,
+        "GATEWAY_READ_TOKEN": READ,
+        "GATEWAY_MINT_TOKEN": MINT,
+        "GATEWAY_ANTHROPIC_API_KEY": credential_like("sk-ant-api03-"),
+    }
     wired = make_control(tmp_path / "state", settings=env, env=env)
     yield wired
     close_control(wired)
@@ -49,16 +54,24 @@ async def test_put_needs_admin_and_reads_need_read(client) -> None:
     for token in (READ, MINT):
         status, body = await call(client, "PUT", "/control/v2/policy/level", level("platform", {}, 0), token)
         assert (status, body["error"]["code"]) == (403, "forbidden-scope")
-    for path in ("/control/v2/policy", "/control/v2/policy/level?name=platform", "/control/v2/policy/audit",
-                 "/control/v2/policy/explain?repo_slug=acme/app&model=claude-sonnet-4-6"):
+    for path in (
+        "/control/v2/policy",
+        "/control/v2/policy/level?name=platform",
+        "/control/v2/policy/audit",
+        "/control/v2/policy/explain?repo_slug=acme/app&model=claude-sonnet-4-6",
+    ):
         assert (await call(client, "GET", path, token=READ))[0] == 200
         response = await client.get(path)
         assert response.status == 401
 
 
 async def test_a_write_answers_its_revision_publishes_an_event_and_reads_back(client, service) -> None:
-    status, body = await call(client, "PUT", "/control/v2/policy/level",
-                              level("team:payments", {"repos": ["acme/pay"], "max_fallback_hops": 0}, 0, actor="alice"))
+    status, body = await call(
+        client,
+        "PUT",
+        "/control/v2/policy/level",
+        level("team:payments", {"repos": ["acme/pay"], "max_fallback_hops": 0}, 0, actor="alice"),
+    )
     assert status == 200, body
     assert (body["name"], body["revision"], body["based_on_revision"]) == ("team:payments", 1, 0)
     assert body["record"]["actor_authenticated_by"] == "control-token" and body["record"]["actor"] == "alice"
@@ -66,8 +79,11 @@ async def test_a_write_answers_its_revision_publishes_an_event_and_reads_back(cl
     assert [(e.data.name, e.data.revision) for e in events] == [("team:payments", 1)]
 
     status, got = await call(client, "GET", "/control/v2/policy/level?name=team:payments", token=READ)
-    assert (got["document"], got["written_at_revision"], got["revision"]) == \
-        ({"repos": ["acme/pay"], "max_fallback_hops": 0}, 1, 1)
+    assert (got["document"], got["written_at_revision"], got["revision"]) == (
+        {"repos": ["acme/pay"], "max_fallback_hops": 0},
+        1,
+        1,
+    )
     status, absent = await call(client, "GET", "/control/v2/policy/level?name=repo:acme/pay", token=READ)
     assert (status, absent["document"]) == (200, None)
     status, whole = await call(client, "GET", "/control/v2/policy", token=READ)
@@ -98,15 +114,26 @@ async def test_a_stale_revision_is_409_with_the_current_one(client) -> None:
     assert (body["error"]["code"], body["error"]["current_revision"]) == ("revision-conflict", 1)
 
 
-@pytest.mark.parametrize("body, named", [
-    (level("platform", {"account_order": ["legacy-anthropic", "ghost"]}, 0), ["ghost"]),
-    (level("platform", {"providers": ["vertex"], "fallback_on": ["budget"]}, 0), ["vertex", "budget"]),
-    (level("org:acme", {"teams": ["t"], "locks": ["teams"], "surprise": 1}, 0), ["surprise", "teams"]),
-    (level("nowhere", {}, 0), ["nowhere"]),
-    (level("team:t", {"budgets": [{"window": "week", "usd": 5}, {"window": "day", "usd": 0},
-                                  {"window": "day", "usd": 3}], "locks": ["budgets"]}, 0),
-     ["week", "day", "day", "budgets"]),
-])
+@pytest.mark.parametrize(
+    "body, named",
+    [
+        (level("platform", {"account_order": ["legacy-anthropic", "ghost"]}, 0), ["ghost"]),
+        (level("platform", {"providers": ["vertex"], "fallback_on": ["budget"]}, 0), ["vertex", "budget"]),
+        (level("org:acme", {"teams": ["t"], "locks": ["teams"], "surprise": 1}, 0), ["surprise", "teams"]),
+        (level("nowhere", {}, 0), ["nowhere"]),
+        (
+            level(
+                "team:t",
+                {
+                    "budgets": [{"window": "week", "usd": 5}, {"window": "day", "usd": 0}, {"window": "day", "usd": 3}],
+                    "locks": ["budgets"],
+                },
+                0,
+            ),
+            ["week", "day", "day", "budgets"],
+        ),
+    ],
+)
 async def test_refusals_are_422_and_name_what_they_refuse(client, body: dict, named: list[str]) -> None:
     status, answer = await call(client, "PUT", "/control/v2/policy/level", body)
     assert (status, answer["error"]["code"]) == (422, "invalid-request")
@@ -117,16 +144,22 @@ async def test_refusals_are_422_and_name_what_they_refuse(client, body: dict, na
 
 
 async def test_the_body_is_strict(client) -> None:
-    status, _ = await call(client, "PUT", "/control/v2/policy/level", {"name": "platform", "document": {}, "reason": "x"})
-    assert status == 422   # expected_revision is required
+    status, _ = await call(
+        client, "PUT", "/control/v2/policy/level", {"name": "platform", "document": {}, "reason": "x"}
+    )
+    assert status == 422  # expected_revision is required
     status, _ = await call(client, "PUT", "/control/v2/policy/level", level("platform", {}, 0, account_id="x"))
     assert status == 422
 
 
 async def test_credential_shaped_text_is_never_recorded(client, tmp_path: Path) -> None:
     secret = credential_like("sk-ant-api03-")
-    status, body = await call(client, "PUT", "/control/v2/policy/level",
-                              level("platform", {"model_classes": {"top": {"anthropic": secret}}}, 0))
+    status, body = await call(
+        client,
+        "PUT",
+        "/control/v2/policy/level",
+        level("platform", {"model_classes": {"top": {"anthropic": secret}}}, 0),
+    )
     assert status == 422 and body["error"]["field"] == "document"
     status, body = await call(client, "PUT", "/control/v2/policy/level", {**level("platform", {}, 0), "reason": secret})
     assert status == 422 and body["error"]["field"] == "reason"
@@ -134,14 +167,16 @@ async def test_credential_shaped_text_is_never_recorded(client, tmp_path: Path) 
 
 
 async def test_explain_is_a_dry_run(client, service) -> None:
-    status, body = await call(client, "GET", "/control/v2/policy/explain?repo_slug=acme/app&worker_role=r"
-                                             "&model=claude-sonnet-4-6", token=READ)
+    status, body = await call(
+        client, "GET", "/control/v2/policy/explain?repo_slug=acme/app&worker_role=r&model=claude-sonnet-4-6", token=READ
+    )
     assert status == 200, body
     assert [(c["account_id"], c["code"], c["filters"]) for c in body["candidates"]] == [("legacy-anthropic", None, [])]
     assert body["would_select"]["outcome"] == "selected"
     status, body = await call(client, "GET", "/control/v2/policy/explain?repo_slug=acme/app&model=gpt-5", token=READ)
-    assert [(c["account_id"], c["code"], c["filters"]) for c in body["candidates"]] == \
-        [("legacy-openai", "not-configured", ["not-configured"])]
+    assert [(c["account_id"], c["code"], c["filters"]) for c in body["candidates"]] == [
+        ("legacy-openai", "not-configured", ["not-configured"])
+    ]
     assert (body["would_select"]["outcome"], body["would_select"]["refusal_reason"]) == ("held", "no-eligible-account")
     assert await service.lease_capacity.holds("anything") is False and not service.keys.all()
     for query in ("repo_slug=acme/app", "model=x", "repo_slug=a&model=x&model_class=y"):

@@ -29,20 +29,38 @@ ACCOUNT = "legacy-anthropic"
 
 
 def _service(tmp: Path) -> ControlService:
-    return make_control(tmp, settings={"GATEWAY_RUNTIME_DIR": str(tmp / "rt"),
-                                       "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1"},
-                        env={"GATEWAY_ANTHROPIC_API_KEY": "x"}).service
+    return make_control(
+        tmp,
+        settings={"GATEWAY_RUNTIME_DIR": str(tmp / "rt"), "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "1"},
+        env={"GATEWAY_ANTHROPIC_API_KEY": "x"},
+    ).service
 
 
 def _row(n: int, key_id: str, http_status: int) -> AttemptRow:
     return AttemptRow(
-        attempt_id=f"att_{n:04d}", key_id=key_id, account_id=ACCOUNT, mint_decision_id=None,
-        dispatch_id=None, repo_slug="acme/app", principal_id="w", wire="anthropic", path="/v1/messages",
-        requested_model="claude-sonnet-4-6", served_model=None, stream=False,
-        started_at="2026-11-30T12:00:00.000Z", finished_at="2026-11-30T12:00:00.010Z",
-        status="completed" if http_status < 300 else "upstream-error", http_status=http_status,
-        condition=None if http_status < 300 else "overloaded", refusal_reason=None, usage=None,
-        cost_usd=None, cost_reason=None, overhead_ms=0.1)
+        attempt_id=f"att_{n:04d}",
+        key_id=key_id,
+        account_id=ACCOUNT,
+        mint_decision_id=None,
+        dispatch_id=None,
+        repo_slug="acme/app",
+        principal_id="w",
+        wire="anthropic",
+        path="/v1/messages",
+        requested_model="claude-sonnet-4-6",
+        served_model=None,
+        stream=False,
+        started_at="2026-11-30T12:00:00.000Z",
+        finished_at="2026-11-30T12:00:00.010Z",
+        status="completed" if http_status < 300 else "upstream-error",
+        http_status=http_status,
+        condition=None if http_status < 300 else "overloaded",
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=0.1,
+    )
 
 
 async def _grant(service: ControlService) -> Lease:
@@ -80,12 +98,13 @@ async def test_a_probe_row_finished_just_before_its_revoke_closes_the_circuit(tm
 
         async def half_open() -> bool:
             return (await service.circuits.get(ACCOUNT, now_ms())).phase == CircuitPhase.HALF_OPEN
+
         await until(half_open, 10, "the circuit half-open")
 
         probe = await _grant(service)
         assert (await service.circuits.get(ACCOUNT, now_ms())).probe_key == probe.key_id
         dataplane.finished(_row(9, probe.key_id, 200))  # lazily: nobody waits for a 2xx row
-        assert await service.revoke(probe.key_id)       # at once, as a worker does
+        assert await service.revoke(probe.key_id)  # at once, as a worker does
 
         assert seen[-1] == "att_0009" and service.ledger.has("att_0009")  # control holds the row
         state = await service.circuits.get(ACCOUNT, now_ms())

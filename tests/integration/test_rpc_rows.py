@@ -17,19 +17,44 @@ from shared.rpc import LAZY_FLUSH_S, Connection, start_unix_server
 from shared.wire import AccountRoute, Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Message
 from tests.support.waits import until
 
-ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
-                     base_url="http://127.0.0.1:9", auth_style="x-api-key", credential_env="GATEWAY_X")
-ROW = AttemptRow(attempt_id="att_1", key_id="01J0000000000000000000000A", account_id=ROUTE.id,
-                 mint_decision_id=None, dispatch_id=None, repo_slug="acme/app", principal_id="w",
-                 wire="anthropic", path="/v1/messages", requested_model="m", served_model=None,
-                 stream=False, started_at="2026-01-01T00:00:00.000Z", finished_at=None, status=None,
-                 http_status=None, condition=None, refusal_reason=None, usage=None, cost_usd=None,
-                 cost_reason=None, overhead_ms=None)
+ROUTE = AccountRoute(
+    id="legacy-anthropic",
+    provider_binding="anthropic",
+    wire="anthropic",
+    base_url="http://127.0.0.1:9",
+    auth_style="x-api-key",
+    credential_env="GATEWAY_X",
+)
+ROW = AttemptRow(
+    attempt_id="att_1",
+    key_id="01J0000000000000000000000A",
+    account_id=ROUTE.id,
+    mint_decision_id=None,
+    dispatch_id=None,
+    repo_slug="acme/app",
+    principal_id="w",
+    wire="anthropic",
+    path="/v1/messages",
+    requested_model="m",
+    served_model=None,
+    stream=False,
+    started_at="2026-01-01T00:00:00.000Z",
+    finished_at=None,
+    status=None,
+    http_status=None,
+    condition=None,
+    refusal_reason=None,
+    usage=None,
+    cost_usd=None,
+    cost_reason=None,
+    overhead_ms=None,
+)
 
 
 def row(n: int, status: str = "completed", http_status: int = 200) -> AttemptRow:
-    return msgspec.structs.replace(ROW, attempt_id=f"att_{n}", status=status, http_status=http_status,
-                                   finished_at="2026-01-01T00:00:01.000Z")
+    return msgspec.structs.replace(
+        ROW, attempt_id=f"att_{n}", status=status, http_status=http_status, finished_at="2026-01-01T00:00:01.000Z"
+    )
 
 
 class Control:
@@ -157,6 +182,7 @@ async def test_frames_of_one_iteration_leave_in_one_write_and_lazy_ones_wait(soc
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def handler(_conn: Connection, message: Message) -> None:
             got.append(message)
+
         await Connection(reader, writer, "peer").run(handler)
 
     server = await start_unix_server(socket_path, on_client)
@@ -207,6 +233,7 @@ async def test_one_acks_frame_acknowledges_a_settles_rows(socket_path: str) -> N
             seen.append(message.req_id)
             if len(seen) == 3:
                 conn.send_nowait(Acks(req_ids=list(seen), ok=False))
+
         await Connection(reader, writer, "peer").run(handler)
 
     server = await start_unix_server(socket_path, on_client)

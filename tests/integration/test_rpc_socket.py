@@ -18,13 +18,20 @@ from shared.rpc import Connection, start_unix_server
 from shared.wire import PROTOCOL_VERSION, AccountRoute, Ack, Hello, Lease, Refused, Welcome
 from tests.support.waits import until
 
-ROUTE = AccountRoute(id="legacy-anthropic", provider_binding="anthropic", wire="anthropic",
-                     base_url="http://127.0.0.1:9", auth_style="x-api-key", credential_env="GATEWAY_X")
+ROUTE = AccountRoute(
+    id="legacy-anthropic",
+    provider_binding="anthropic",
+    wire="anthropic",
+    base_url="http://127.0.0.1:9",
+    auth_style="x-api-key",
+    credential_env="GATEWAY_X",
+)
 
 
 def lease(n: int) -> Lease:
-    return Lease(key_id=f"01J000000000000000000000{n:02d}", digest=bytes([n]) * 32, account_id=ROUTE.id,
-                 expires_at_ms=2**62)
+    return Lease(
+        key_id=f"01J000000000000000000000{n:02d}", digest=bytes([n]) * 32, account_id=ROUTE.id, expires_at_ms=2**62
+    )
 
 
 @pytest.fixture
@@ -61,7 +68,7 @@ async def test_snapshot_push_and_ack_round_trip(socket_path: str) -> None:
     try:
         await asyncio.wait_for(client.synced.wait(), 5)
         assert len(replica) == 1 and replica.ready
-        assert await link.lease_added(lease(2)) is True   # returns only once the data plane has it
+        assert await link.lease_added(lease(2)) is True  # returns only once the data plane has it
         assert len(replica) == 2
         assert await link.leases_removed([lease(1).key_id]) is True
         assert len(replica) == 1
@@ -85,8 +92,9 @@ async def test_losing_control_clears_the_replica_and_reconnect_resyncs(socket_pa
             lost = next(e for e in logs if e["event"] == "control_link_lost")
             assert lost["leases_dropped"] == 1
             # redialled and resynchronised from a fresh snapshot
-            await until(lambda: any(e["event"] == "control_synchronised" for e in logs), 5,
-                        "control_synchronised logged")
+            await until(
+                lambda: any(e["event"] == "control_synchronised" for e in logs), 5, "control_synchronised logged"
+            )
         assert replica.ready and len(replica) == 1
     finally:
         client.stop()
@@ -109,8 +117,11 @@ async def test_version_mismatch_is_refused_and_logged(socket_path: str) -> None:
         server.close()
 
 
-@pytest.mark.parametrize("garbage", [struct.pack(">I", 0), struct.pack(">I", 2**31), struct.pack(">I", 3) + b"\xc1\xc1\xc1"],
-                         ids=["empty", "oversized", "malformed"])
+@pytest.mark.parametrize(
+    "garbage",
+    [struct.pack(">I", 0), struct.pack(">I", 2**31), struct.pack(">I", 3) + b"\xc1\xc1\xc1"],
+    ids=["empty", "oversized", "malformed"],
+)
 async def test_a_bad_frame_closes_that_connection_and_the_server_lives_on(socket_path: str, garbage: bytes) -> None:
     link, server, _ = await serve(socket_path, [])
     try:

@@ -33,15 +33,18 @@ def feed(ledger: Ledger, book: SpendBook, clock: FakeClock, count: int, step_s: 
 
 
 def snapshot(book: SpendBook, keys: tuple[str, ...] = WINDOWS) -> dict:
-    return {(key, dim): {k: [round(v, 6) for v in cell] for k, cell in book.fold.cells(key, dim).items()}
-            for key in keys for dim in Dim}
+    return {
+        (key, dim): {k: [round(v, 6) for v in cell] for k, cell in book.fold.cells(key, dim).items()}
+        for key in keys
+        for dim in Dim
+    }
 
 
 def test_a_rebuilt_book_holds_what_the_running_one_held(tmp_path: Path) -> None:
     clock = FakeClock("2026-11-28T09:00:00")
     ledger = open_ledger(tmp_path, clock)
     running = SpendBook.rebuild(ledger)
-    feed(ledger, running, clock, 30, 3600 * 2.5, role="reviewer", cost=0.75)   # rotates across 3 days
+    feed(ledger, running, clock, 30, 3600 * 2.5, role="reviewer", cost=0.75)  # rotates across 3 days
     clock.set("2026-11-30T10:00:00")
     feed(ledger, running, clock, 7, 60, repo="acme/web", cost=None, model="house-1")
     ledger.wait_idle()
@@ -56,12 +59,12 @@ def test_only_the_segments_of_this_month_are_read(tmp_path: Path) -> None:
     clock = FakeClock("2026-10-31T12:00:00")
     ledger = open_ledger(tmp_path, clock)
     book = SpendBook.rebuild(ledger)
-    feed(ledger, book, clock, 2, 3600 * 14)   # Oct 31, then Nov 1 (a rotation)
+    feed(ledger, book, clock, 2, 3600 * 14)  # Oct 31, then Nov 1 (a rotation)
     clock.set("2026-11-02T00:00:30")
     ledger.rotate_if_due(background=False)
     clock.set("2026-11-02T12:00:00")
     rebuilt = SpendBook.rebuild(ledger)
-    assert rebuilt.loaded["segments"] == 1     # ledger-20261101, not ledger-20261031
+    assert rebuilt.loaded["segments"] == 1  # ledger-20261101, not ledger-20261031
     assert rebuilt.fold.cell("2026-11", Dim.PLATFORM, "")[1] == 1
     ledger.close()
 
@@ -93,7 +96,7 @@ def test_the_live_checkpoint_spares_a_restart_the_rows_before_it(tmp_path: Path)
     rebuilt = SpendBook.rebuild(ledger)
     assert rebuilt.loaded["live_rows"] == 3
     assert snapshot(rebuilt) == snapshot(running)
-    running.checkpoint()                     # a second pass reads only what was appended since
+    running.checkpoint()  # a second pass reads only what was appended since
     ledger.wait_idle()
     assert json.loads((tmp_path / LIVE_CHECKPOINT).read_text())["rows"] == 43
     assert SpendBook.rebuild(ledger).loaded["live_rows"] == 0
@@ -108,7 +111,7 @@ def test_a_checkpoint_of_another_file_is_ignored(tmp_path: Path) -> None:
     running.checkpoint()
     ledger.wait_idle()
     clock.set("2026-11-30T10:00:00")
-    feed(ledger, running, clock, 2, 1)       # rotates: the checkpoint was of yesterday's file
+    feed(ledger, running, clock, 2, 1)  # rotates: the checkpoint was of yesterday's file
     ledger.wait_idle()
     rebuilt = SpendBook.rebuild(ledger)
     assert rebuilt.loaded["live_rows"] == 2
@@ -130,12 +133,13 @@ def test_upkeep_rotates_prunes_and_checkpoints(tmp_path: Path) -> None:
     book.tick(force_checkpoint=True)
     ledger.wait_idle()
     assert "ledger-20261130.jsonl.gz" in os.listdir(tmp_path)
-    assert book.fold.windows == {} and book.fold.open_hour is None   # November is over
+    assert book.fold.windows == {} and book.fold.open_hour is None  # November is over
     ledger.close()
 
 
 def test_a_checkpoint_is_taken_once_the_live_file_grew_enough(tmp_path: Path, monkeypatch) -> None:
     from controlplane import spend
+
     monkeypatch.setattr(spend, "CHECKPOINT_BYTES", 4096)
     clock = FakeClock("2026-11-30T10:00:00")
     ledger = open_ledger(tmp_path, clock)
@@ -143,7 +147,7 @@ def test_a_checkpoint_is_taken_once_the_live_file_grew_enough(tmp_path: Path, mo
     feed(ledger, book, clock, 2, 1)
     book.tick()
     ledger.wait_idle()
-    assert not (tmp_path / LIVE_CHECKPOINT).exists() and book.unchecked_bytes() > 0   # a quiet file: none
+    assert not (tmp_path / LIVE_CHECKPOINT).exists() and book.unchecked_bytes() > 0  # a quiet file: none
     feed(ledger, book, clock, 20, 1)
     book.tick()
     ledger.wait_idle()

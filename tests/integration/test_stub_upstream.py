@@ -26,8 +26,11 @@ AKEY, OKEY = "sk-ant-real", "sk-openai-real"
 A_HEADERS = {"x-api-key": AKEY, "anthropic-version": "2023-06-01", "accept": "application/json"}
 O_HEADERS = {"authorization": f"Bearer {OKEY}"}
 A_BODY = {"model": "claude-sonnet-4-6", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
-A_STREAM_ORDER = ["message_start", "content_block_start", "ping"] + ["content_block_delta"] * STUB_DEFAULT_DELTAS + [
-    "content_block_stop", "message_delta", "message_stop"]
+A_STREAM_ORDER = (
+    ["message_start", "content_block_start", "ping"]
+    + ["content_block_delta"] * STUB_DEFAULT_DELTAS
+    + ["content_block_stop", "message_delta", "message_stop"]
+)
 
 
 @pytest.fixture
@@ -62,9 +65,12 @@ async def test_anthropic_stream_event_order_and_usage(stub):
     assert [name for name, _ in events] == A_STREAM_ORDER
     start = json.loads(events[0][1])["message"]
     assert start["model"] == "claude-sonnet-4-6"
-    assert start["usage"] == {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 1,
-                              "cache_creation_input_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
-                              "cache_read_input_tokens": STUB_CACHE_READ_INPUT_TOKENS}
+    assert start["usage"] == {
+        "input_tokens": STUB_INPUT_TOKENS,
+        "output_tokens": 1,
+        "cache_creation_input_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
+        "cache_read_input_tokens": STUB_CACHE_READ_INPUT_TOKENS,
+    }
     delta = json.loads(events[-2][1])
     assert delta["delta"]["stop_reason"] == "end_turn" and delta["usage"]["output_tokens"] == STUB_DEFAULT_DELTAS
     text = "".join(json.loads(d)["delta"]["text"] for n, d in events if n == "content_block_delta")
@@ -91,12 +97,15 @@ async def test_anthropic_json_and_count_tokens(stub):
         assert (await r.json())["object"] == "list" and "x-request-id" in r.headers
 
 
-@pytest.mark.parametrize("headers", [
-    {"x-api-key": "wrong"},
-    {},
-    {"x-api-key": "lhgw_leaked"},
-    {"x-api-key": AKEY, "authorization": "Bearer lhgw_leaked"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-api-key": "wrong"},
+        {},
+        {"x-api-key": "lhgw_leaked"},
+        {"x-api-key": AKEY, "authorization": "Bearer lhgw_leaked"},
+    ],
+)
 async def test_anthropic_refuses_bad_or_leaked_keys(stub, headers):
     _, s = stub
     async with s.post("/v1/messages", json=A_BODY, headers=headers) as r:
@@ -109,8 +118,9 @@ async def test_anthropic_refuses_bad_or_leaked_keys(stub, headers):
 @pytest.mark.parametrize("auth", ["Bearer wrong", f"Bearer lhgw_{OKEY}"])
 async def test_openai_refuses_bad_or_leaked_keys(stub, auth):
     _, s = stub
-    async with s.post("/v1/chat/completions", json={"model": "gpt-5", "messages": []},
-                      headers={"authorization": auth}) as r:
+    async with s.post(
+        "/v1/chat/completions", json={"model": "gpt-5", "messages": []}, headers={"authorization": auth}
+    ) as r:
         assert r.status == 401 and "x-request-id" in r.headers
         assert (await r.json())["error"]["code"] == "invalid_api_key"
 
@@ -174,10 +184,18 @@ async def test_openai_websocket_mode(stub):
         await ws.send_json({"type": "response.create", "model": "gpt-5", "previous_response_id": "resp_nope"})
         error = json.loads((await ws.receive(timeout=5)).data)
         assert error["error"]["code"] == "previous_response_not_found"
-        await ws.send_json({"type": "response.create", "model": "gpt-5",
-                            "previous_response_id": events[-1]["response"]["id"], "generate": False})
+        await ws.send_json(
+            {
+                "type": "response.create",
+                "model": "gpt-5",
+                "previous_response_id": events[-1]["response"]["id"],
+                "generate": False,
+            }
+        )
         assert [json.loads((await ws.receive(timeout=5)).data)["type"] for _ in range(2)] == [
-            "response.created", "response.completed"]
+            "response.created",
+            "response.completed",
+        ]
 
 
 async def test_real_anthropic_sdk_stream_and_json(stub):
@@ -213,8 +231,16 @@ async def test_real_openai_sdk_chat_and_responses(stub):
 async def test_cli_prints_port_and_exits_on_sigterm(tmp_path):
     port_file = tmp_path / "port"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.support.stub_upstream", "--port", "0", "--port-file", str(port_file),
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        sys.executable,
+        "-m",
+        "tests.support.stub_upstream",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
         assert line.startswith("stub_upstream listening on http://127.0.0.1:")

@@ -79,17 +79,20 @@ class Upstream:
 
 def aiohttp_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30), auto_decompress=False,
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+        auto_decompress=False,
         skip_auto_headers=frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"}),
-        timeout=aiohttp.ClientTimeout(total=None))
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
 
 
 def client() -> UpstreamClient:
     return UpstreamClient(5.0, aiohttp_session)
 
 
-async def exchange(c: UpstreamClient, method: str, url: URL, headers: CIMultiDict[str],
-                   body: bytes | None) -> tuple[int, bytes]:
+async def exchange(
+    c: UpstreamClient, method: str, url: URL, headers: CIMultiDict[str], body: bytes | None
+) -> tuple[int, bytes]:
     response = await c.request(method, url, headers, body)
     payload = await response.read()
     response.release()
@@ -97,9 +100,18 @@ async def exchange(c: UpstreamClient, method: str, url: URL, headers: CIMultiDic
 
 
 CASES = [
-    ("POST", "/v1/messages?beta=true", [("anthropic-version", "2023-06-01"), ("x-api-key", "CRED"),
-                                        ("Content-Type", "application/json"), ("x-extra", "a"),
-                                        ("X-Extra", "b")], b'{"model":"m"}'),
+    (
+        "POST",
+        "/v1/messages?beta=true",
+        [
+            ("anthropic-version", "2023-06-01"),
+            ("x-api-key", "CRED"),
+            ("Content-Type", "application/json"),
+            ("x-extra", "a"),
+            ("X-Extra", "b"),
+        ],
+        b'{"model":"m"}',
+    ),
     ("POST", "/v1/messages/count_tokens", [("Authorization", "Bearer CRED")], None),
     ("GET", "/v1/models", [("Authorization", "Bearer CRED"), ("Accept", "application/json")], None),
     ("POST", "/v1/chat/completions", [("Content-Encoding", "gzip")], b"\x1f\x8b" + b"z" * 70_000),
@@ -114,8 +126,9 @@ async def test_request_bytes_are_aiohttps(method: str, path: str, headers: list,
     try:
         url = URL(f"http://127.0.0.1:{upstream.port}{path}", encoded=True)
         assert (await exchange(lean, method, url, CIMultiDict(headers), body)) == (200, b"{}")
-        async with session.request(method, url, data=body, headers=CIMultiDict(headers),
-                                   allow_redirects=False) as theirs:
+        async with session.request(
+            method, url, data=body, headers=CIMultiDict(headers), allow_redirects=False
+        ) as theirs:
             await theirs.read()
         (_, ours), (_, reference) = upstream.requests
         assert ours == reference
@@ -242,9 +255,28 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         pytest.skip("openssl is not installed")
     where = tmp_path_factory.mktemp("tls")
     cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 

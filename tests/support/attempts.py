@@ -50,6 +50,7 @@ def settled(gw: Gateway, key_id: str, count: int = 1, timeout_s: float = 10) -> 
     Asserts there is exactly `count` rows (no attempt ended twice) and that control's active
     routes no longer hold any of the key's attempts.
     """
+
     def done() -> list[dict[str, Any]] | None:
         rows = rows_for(gw, key_id)
         return rows if len(rows) >= count and not active_for(gw, key_id) else None
@@ -64,9 +65,11 @@ def one_row(gw: Gateway, key_id: str, timeout_s: float = 10) -> dict[str, Any]:
     return settled(gw, key_id, 1, timeout_s)[0]
 
 
-def stub_entry(stub: Stub, predicate: Any = None, timeout_s: float = 10,
-               what: str = "the stub's record") -> dict[str, Any]:
+def stub_entry(
+    stub: Stub, predicate: Any = None, timeout_s: float = 10, what: str = "the stub's record"
+) -> dict[str, Any]:
     """The newest stub request record matching `predicate` (waits until one does)."""
+
     def find() -> dict[str, Any] | None:
         for entry in reversed(stub.requests()):
             if predicate is None or predicate(entry):
@@ -89,8 +92,13 @@ def assert_swapped(entry: dict[str, Any], token: str, header: str, credential: s
 def send_raw(gw: Gateway, body: dict, headers: dict[str, str], path: str = "/v1/messages") -> socket.socket:
     """Send one request on a plain socket (the test decides when the worker goes away)."""
     payload = json.dumps(body).encode()
-    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
-            f"Content-Length: {len(payload)}", *(f"{k}: {v}" for k, v in headers.items())]
+    head = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        f"Content-Length: {len(payload)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
     sock = socket.create_connection(("127.0.0.1", gw.dataplane_port), timeout=10)
     sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
     return sock

@@ -44,9 +44,25 @@ def main() -> int:
         stub_key = "stub-" + secrets.token_hex(16)
         port_file = VAR / "stub.port"
         port_file.unlink(missing_ok=True)
-        procs.append(Proc([sys.executable, "-m", "tests.support.stub_upstream", "--port", "0",
-                           "--port-file", str(port_file), "--anthropic-key", stub_key,
-                           "--openai-key", stub_key], env, VAR / "stub.log"))
+        procs.append(
+            Proc(
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.support.stub_upstream",
+                    "--port",
+                    "0",
+                    "--port-file",
+                    str(port_file),
+                    "--anthropic-key",
+                    stub_key,
+                    "--openai-key",
+                    stub_key,
+                ],
+                env,
+                VAR / "stub.log",
+            )
+        )
         port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 20, "stub upstream")
         for name in stubbed:
             env[f"GATEWAY_{name}_BASE_URL"] = f"http://127.0.0.1:{port}"
@@ -57,8 +73,9 @@ def main() -> int:
     try:
         wait_until(lambda: http("GET", control_url + "/healthz", timeout_s=2)[0] == 200, 20, "control daemon")
         procs.append(Proc([str(bin_dir / "leasehold-dataplane")], env, VAR / "dataplane.log"))
-        wait_until(lambda: http("GET", control_url + "/healthz", timeout_s=2)[2]["dataplane_connected"],
-                   20, "data plane")
+        wait_until(
+            lambda: http("GET", control_url + "/healthz", timeout_s=2)[2]["dataplane_connected"], 20, "data plane"
+        )
     except AssertionError as exc:
         print(f"make run: {exc}\nsee the logs in {VAR}/*.log", file=sys.stderr)
         for proc in reversed(procs):
@@ -77,8 +94,11 @@ def main() -> int:
 
 
 def banner(control_url: str, dataplane_url: str, token: str, stubbed: list[str]) -> str:
-    upstream = (f"stub upstream standing in for: {', '.join(s.lower() for s in stubbed)}"
-                if stubbed else "real provider credentials from your environment")
+    upstream = (
+        f"stub upstream standing in for: {', '.join(s.lower() for s in stubbed)}"
+        if stubbed
+        else "real provider credentials from your environment"
+    )
     return f"""
 Leasehold is running  ({upstream})
   control   {control_url}   (token in ./var/control-token; logs in ./var/*.log)

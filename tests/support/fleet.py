@@ -50,8 +50,9 @@ class Fleet:
         self.keyring = Keyring(self.secret, self.keys.fleet_id)
         self.entries = FleetEntries(self.keyring)
         self._sync: redis.Redis | None = None
-        self._admin = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=5, socket_connect_timeout=2,
-                                  retry=Retry(NoBackoff(), 0))
+        self._admin = redis.Redis(
+            host="127.0.0.1", port=server.port, socket_timeout=5, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)
+        )
 
     @property
     def client(self) -> Any:

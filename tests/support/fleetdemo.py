@@ -2,7 +2,8 @@
 
 State lives in `./var/fleet` (each pair's own state and runtime dirs, the redis-server's
 directory, every log); both pairs share the control token (`./var/fleet/control-token`), the
-fleet secret (`./var/fleet/fleet-secret`), the accounts file (`team-a` with `lease_capacity = 2`,
+fleet secret (`./var/fleet/fleet-secret`: every control and every data plane reads it, SPEC §19),
+the accounts file (`team-a` with `lease_capacity = 2`,
 `team-b`, both on the built-in stub upstream) and the fleet's Redis. It prints what to call,
 then waits; Ctrl-C (or SIGTERM) stops every process it started: both data planes, both
 controls (each leaves the fleet), Redis, the stub.
@@ -36,8 +37,7 @@ def main() -> int:
     try:
         redis = RedisServer(VAR / "redis").start()
         started.append(redis)
-        fleet = FleetPairs(VAR, stub, redis, 2, fleet_id="demo",
-                           extra_env={"GATEWAY_FLEET_HOST_TTL_SECONDS": "10"})
+        fleet = FleetPairs(VAR, stub, redis, 2, fleet_id="demo", extra_env={"GATEWAY_FLEET_HOST_TTL_SECONDS": "10"})
         fleet.control_token = _token()
         for gw in fleet.pairs:
             gw.control_token = fleet.control_token
@@ -71,15 +71,18 @@ def _stop(started: list[object]) -> None:
 def banner(fleet: FleetPairs, redis: RedisServer) -> str:
     a, b = fleet[0], fleet[1]
     auth = '-H "Authorization: Bearer $(cat var/fleet/control-token)"'
-    mint = (f"-H 'Content-Type: application/json' -d '{{\"dispatch_id\":\"d-1\",\"repo_slug\":\"demo/repo\","
-            f"\"principal_kind\":\"worker\",\"principal_id\":\"me\",\"model\":\"{MODEL}\"}}'")
+    mint = (
+        f'-H \'Content-Type: application/json\' -d \'{{"dispatch_id":"d-1","repo_slug":"demo/repo",'
+        f'"principal_kind":"worker","principal_id":"me","model":"{MODEL}"}}\''
+    )
     return f"""
 A Leasehold fleet is running on loopback (fleet id demo, stub upstream, logs under var/fleet/)
   redis     {redis.url}
   gw-a      control {a.control_url}   dataplane {a.dataplane_url}
   gw-b      control {b.control_url}   dataplane {b.dataplane_url}
   accounts  team-a (lease_capacity 2), team-b; both pairs share the token in var/fleet/control-token
-  secret    var/fleet/fleet-secret (GATEWAY_FLEET_SECRET_FILE: 32 random bytes, mode 0600, one per fleet)
+  secret    var/fleet/fleet-secret (GATEWAY_FLEET_SECRET_FILE of both daemons of each pair: 32 random bytes,
+            mode 0600, one per fleet)
 
 1. The fleet as each host sees it:
   curl -s {a.control_url}/control/v2/fleet {auth}

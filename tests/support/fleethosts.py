@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from controlplane.main import Control
-from controlplane.mint import MintAnswer, MintV2
+from controlplane.answers import MintAnswer
+from controlplane.mintshapes import MintV2
 from controlplane.registry import AccountSpec, Registry
+from controlplane.wiring import Control
 from shared.codes import AuthStyle, Binding
 from tests.support.control import close_control, make_control
 from tests.support.fleet import fleet_secret_file
@@ -25,14 +26,23 @@ MODEL = "m-1"
 
 
 def accounts(ceilings: dict[str, int | None]) -> list[AccountSpec]:
-    return [AccountSpec(id=a, display_name=a, provider_binding=Binding.ANTHROPIC, base_url="http://x",
-                        auth_style=AuthStyle.X_API_KEY, credential_env=f"GATEWAY_{a.upper().replace('-', '_')}_KEY",
-                        models=("m-*",), lease_capacity=c) for a, c in ceilings.items()]
+    return [
+        AccountSpec(
+            id=a,
+            display_name=a,
+            provider_binding=Binding.ANTHROPIC,
+            base_url="http://x",
+            auth_style=AuthStyle.X_API_KEY,
+            credential_env=f"GATEWAY_{a.upper().replace('-', '_')}_KEY",
+            models=("m-*",),
+            lease_capacity=c,
+        )
+        for a, c in ceilings.items()
+    ]
 
 
 class FleetHosts:
-    def __init__(self, root: Path, redis_url: str, fleet_id: str, specs: list[AccountSpec], *,
-                 ttl_s: int = 3) -> None:
+    def __init__(self, root: Path, redis_url: str, fleet_id: str, specs: list[AccountSpec], *, ttl_s: int = 3) -> None:
         self.root = root
         self.redis_url = redis_url
         self.fleet_id = fleet_id
@@ -43,13 +53,16 @@ class FleetHosts:
         self.secret_file = fleet_secret_file(root)
 
     def settings(self, name: str) -> dict[str, str]:
-        return {"GATEWAY_FLEET_REDIS_URL": self.redis_url, "GATEWAY_FLEET_ID": self.fleet_id,
-                "GATEWAY_HOST_ID": name, "GATEWAY_FLEET_HOST_TTL_SECONDS": str(self.ttl_s),
-                "GATEWAY_FLEET_SECRET_FILE": str(self.secret_file)}
+        return {
+            "GATEWAY_FLEET_REDIS_URL": self.redis_url,
+            "GATEWAY_FLEET_ID": self.fleet_id,
+            "GATEWAY_HOST_ID": name,
+            "GATEWAY_FLEET_HOST_TTL_SECONDS": str(self.ttl_s),
+            "GATEWAY_FLEET_SECRET_FILE": str(self.secret_file),
+        }
 
     def build(self, name: str) -> Control:
-        return make_control(self.root / name, settings=self.settings(name), env=self.env,
-                            registry=Registry(self.specs))
+        return make_control(self.root / name, settings=self.settings(name), env=self.env, registry=Registry(self.specs))
 
     async def add(self, name: str) -> Control:
         control = self.build(name)
@@ -87,8 +100,11 @@ class FleetHosts:
 
 
 async def mint(control: Control, dispatch: str, **fields: Any) -> MintAnswer:
-    return await control.desk.mint_v2(MintV2(dispatch_id=dispatch, repo_slug="acme/app", principal_kind="worker",
-                                             principal_id="p", model=MODEL, **fields))
+    return await control.desk.mint_v2(
+        MintV2(
+            dispatch_id=dispatch, repo_slug="acme/app", principal_kind="worker", principal_id="p", model=MODEL, **fields
+        )
+    )
 
 
 async def fleet_world(tmp_path: Path, ceilings: dict[str, int | None]) -> AsyncIterator[tuple[RedisServer, FleetHosts]]:

@@ -22,7 +22,7 @@ from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
 
 HOST_TTL_S = 3
-MODEL = "team-sonnet-1"   # served by the declared accounts only (not legacy-anthropic)
+MODEL = "team-sonnet-1"  # served by the declared accounts only (not legacy-anthropic)
 
 
 def accounts_toml(stub: Stub, *, lease_capacity: int | None = 2, extra: str = "") -> str:
@@ -48,9 +48,17 @@ models = ["team-*"]
 
 
 class FleetPairs:
-    def __init__(self, workdir: Path, stub: Stub, redis: RedisServer, count: int, *,
-                 accounts: str | None = None, extra_env: dict[str, str] | None = None,
-                 fleet_id: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        stub: Stub,
+        redis: RedisServer,
+        count: int,
+        *,
+        accounts: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        fleet_id: str | None = None,
+    ) -> None:
         self.workdir = workdir
         self.redis = redis
         self.fleet_id = fleet_id or "f" + secrets.token_hex(4)
@@ -59,18 +67,22 @@ class FleetPairs:
         workdir.mkdir(parents=True, exist_ok=True)
         accounts_file.write_text(accounts if accounts is not None else accounts_toml(stub))
         self.shared_env = {
-            "GATEWAY_FLEET_REDIS_URL": redis.url, "GATEWAY_FLEET_ID": self.fleet_id,
-            "GATEWAY_FLEET_HOST_TTL_SECONDS": str(HOST_TTL_S), "GATEWAY_ACCOUNTS_FILE": str(accounts_file),
+            "GATEWAY_FLEET_REDIS_URL": redis.url,
+            "GATEWAY_FLEET_ID": self.fleet_id,
+            "GATEWAY_FLEET_HOST_TTL_SECONDS": str(HOST_TTL_S),
+            "GATEWAY_ACCOUNTS_FILE": str(accounts_file),
             "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(workdir)),
-            "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "", "GATEWAY_TEAM_B_KEY": stub.anthropic_key or "",
-            "GATEWAY_CONTROL_TOKEN": self.control_token, "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "30",
-            **(extra_env or {})}
+            "GATEWAY_TEAM_A_KEY": stub.anthropic_key or "",
+            "GATEWAY_TEAM_B_KEY": stub.anthropic_key or "",
+            "GATEWAY_CONTROL_TOKEN": self.control_token,
+            "GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "30",
+            **(extra_env or {}),
+        }
         self.stub = stub
         self.pairs = [self.make(chr(ord("a") + i)) for i in range(count)]
 
     def make(self, letter: str) -> Gateway:
-        gw = Gateway(self.workdir / f"gw-{letter}", self.stub,
-                     {**self.shared_env, "GATEWAY_HOST_ID": f"gw-{letter}"})
+        gw = Gateway(self.workdir / f"gw-{letter}", self.stub, {**self.shared_env, "GATEWAY_HOST_ID": f"gw-{letter}"})
         gw.control_token = self.control_token
         return gw
 
@@ -87,8 +99,11 @@ class FleetPairs:
 
     def wait_hosts_live(self, count: int, timeout_s: float = 15, among: list[Gateway] | None = None) -> None:
         for gw in among or self.pairs:
-            wait_until(lambda gw=gw: fleet_of(gw).get("hosts_live") == count and fleet_of(gw)["state"] == "available",
-                       timeout_s, f"{count} live hosts seen by {gw.env['GATEWAY_HOST_ID']}")
+            wait_until(
+                lambda gw=gw: fleet_of(gw).get("hosts_live") == count and fleet_of(gw)["state"] == "available",
+                timeout_s,
+                f"{count} live hosts seen by {gw.env['GATEWAY_HOST_ID']}",
+            )
 
 
 def fleet_of(gw: Gateway) -> dict[str, Any]:
@@ -98,15 +113,25 @@ def fleet_of(gw: Gateway) -> dict[str, Any]:
 
 
 def mint(gw: Gateway, dispatch_id: str, **fields: Any) -> tuple[int, dict[str, str], dict[str, Any]]:
-    body = {"dispatch_id": dispatch_id, "repo_slug": "acme/app", "principal_kind": "worker",
-            "principal_id": "w-1", "model": MODEL, **fields}
+    body = {
+        "dispatch_id": dispatch_id,
+        "repo_slug": "acme/app",
+        "principal_kind": "worker",
+        "principal_id": "w-1",
+        "model": MODEL,
+        **fields,
+    }
     return gw.api("POST", "/control/v2/mint", body)
 
 
 def call(gw: Gateway, token: str, step: str | None = None) -> tuple[int, dict[str, str], Any]:
     headers = {"x-api-key": token, **({"x-stub-step": step} if step else {})}
-    return http("POST", gw.dataplane_url + "/v1/messages",
-                {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, headers)
+    return http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        headers,
+    )
 
 
 def accounts(gw: Gateway) -> dict[str, Any]:

@@ -100,9 +100,15 @@ class Proc:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self._log_start = os.path.getsize(log_path)  # an earlier process's output is not its own
-        self.popen = subprocess.Popen(argv, env=env, cwd=str(REPO), stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      preexec_fn=default_signals)
+        self.popen = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=str(REPO),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=default_signals,
+        )
         self._terminated = False
 
     @property
@@ -157,10 +163,14 @@ def credential_like(prefix: str) -> str:
 class Stub:
     """The stub upstream as a process; `steps()` / `requests()` drive and observe it."""
 
-    def __init__(self, workdir: Path, anthropic_key: str | None, openai_key: str | None) -> None:
+    def __init__(
+        self, workdir: Path, anthropic_key: str | None, openai_key: str | None, *, rate_limit_headers: bool = False
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         port_file = workdir / f"stub-{secrets.token_hex(3)}.port"
         argv = [sys.executable, "-m", "tests.support.stub_upstream", "--port", "0", "--port-file", str(port_file)]
+        if rate_limit_headers:  # a provider's rate-limit headers on every answer (stub_ratelimits)
+            argv.append("--rate-limit-headers")
         if anthropic_key:
             argv += ["--anthropic-key", anthropic_key]
         if openai_key:
@@ -168,8 +178,11 @@ class Stub:
         self.anthropic_key = anthropic_key
         self.openai_key = openai_key
         self.proc = Proc(argv, base_env(), workdir / (port_file.stem + ".log"))
-        port = wait_until(lambda: self.proc.require_alive("stub upstream") and port_file.exists()
-                          and port_file.read_text().strip(), 20, "stub port")
+        port = wait_until(
+            lambda: self.proc.require_alive("stub upstream") and port_file.exists() and port_file.read_text().strip(),
+            20,
+            "stub port",
+        )
         self.url = f"http://127.0.0.1:{int(port)}"
         wait_until(lambda: http("GET", self.url + "/_stub/health")[0] == 200, 20, "stub health")
 
@@ -191,8 +204,9 @@ class Stub:
         self.proc.stop()
 
 
-def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
-         timeout_s: float = 30.0) -> tuple[int, dict[str, str], Any]:
+def http(
+    method: str, url: str, body: Any = None, headers: dict[str, str] | None = None, timeout_s: float = 30.0
+) -> tuple[int, dict[str, str], Any]:
     """One HTTP exchange; returns (status, lower-cased headers, decoded JSON or text)."""
     data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
     request = urllib.request.Request(url, data=data, method=method, headers=dict(headers or {}))
@@ -225,14 +239,16 @@ class Gateway:
         self.control_url = f"http://127.0.0.1:{self.control_port}"
         self.dataplane_url = f"http://127.0.0.1:{self.dataplane_port}"
         self.env = base_env()
-        self.env.update({
-            "GATEWAY_STATE_DIR": str(self.state_dir),
-            "GATEWAY_RUNTIME_DIR": str(self.runtime_dir),
-            "GATEWAY_CONTROL_LISTEN": f"127.0.0.1:{self.control_port}",
-            "GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{self.dataplane_port}",
-            "GATEWAY_CONTROL_TOKEN": self.control_token,
-            "GATEWAY_DRAIN_SECONDS": "5",
-        })
+        self.env.update(
+            {
+                "GATEWAY_STATE_DIR": str(self.state_dir),
+                "GATEWAY_RUNTIME_DIR": str(self.runtime_dir),
+                "GATEWAY_CONTROL_LISTEN": f"127.0.0.1:{self.control_port}",
+                "GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{self.dataplane_port}",
+                "GATEWAY_CONTROL_TOKEN": self.control_token,
+                "GATEWAY_DRAIN_SECONDS": "5",
+            }
+        )
         if stub is not None:
             if stub.anthropic_key:
                 self.env["GATEWAY_ANTHROPIC_BASE_URL"] = stub.url
@@ -262,24 +278,25 @@ class Gateway:
         self.wait_control()
 
     def spawn_control(self) -> None:
-        self.control = Proc([sys.executable, "-m", "controlplane.main"], self.env,
-                            self.workdir / "control.log")
+        self.control = Proc([sys.executable, "-m", "controlplane.main"], self.env, self.workdir / "control.log")
 
     def wait_control(self) -> None:
-        wait_until(lambda: self.control.require_alive("control daemon") and self.healthz() is not None,
-                   20, "control healthz")
+        wait_until(
+            lambda: self.control.require_alive("control daemon") and self.healthz() is not None, 20, "control healthz"
+        )
 
     def start_dataplane(self) -> None:
-        self.dataplane = Proc([sys.executable, "-m", "dataplane.main"], self.env,
-                              self.workdir / "dataplane.log")
+        self.dataplane = Proc([sys.executable, "-m", "dataplane.main"], self.env, self.workdir / "dataplane.log")
 
     def wait_synchronised(self, timeout_s: float = 20) -> None:
         """Until control reports *this* data plane process synchronised."""
+
         def synced() -> bool:
-            self.control.require_alive("control daemon")    # a daemon that died is reported
-            self.dataplane.require_alive("data plane")      # now, not after the deadline
+            self.control.require_alive("control daemon")  # a daemon that died is reported
+            self.dataplane.require_alive("data plane")  # now, not after the deadline
             health = self.healthz() or {}
             return bool(health.get("dataplane_connected")) and health.get("dataplane_pid") == self.dataplane.popen.pid
+
         wait_until(synced, timeout_s, "data plane synchronised with control")
 
     def healthz(self) -> dict[str, Any] | None:
@@ -297,7 +314,9 @@ class Gateway:
 
     # ---- control API --------------------------------------------------------------------
 
-    def api(self, method: str, path: str, body: Any = None, token: str | None = "admin") -> tuple[int, dict[str, str], Any]:
+    def api(
+        self, method: str, path: str, body: Any = None, token: str | None = "admin"
+    ) -> tuple[int, dict[str, str], Any]:
         headers = {}
         bearer = self.control_token if token == "admin" else token
         if bearer:
@@ -305,8 +324,13 @@ class Gateway:
         return http(method, self.control_url + path, body, headers)
 
     def mint(self, binding: str = "anthropic", **fields: Any) -> dict[str, Any]:
-        body = {"provider_binding": binding, "principal_kind": "worker", "principal_id": "w-1",
-                "repo_slug": "acme/app", **fields}
+        body = {
+            "provider_binding": binding,
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "repo_slug": "acme/app",
+            **fields,
+        }
         status, _, payload = self.api("POST", "/control/v1/keys", body)
         assert status == 201, (status, payload)
         return payload
@@ -327,8 +351,9 @@ class Gateway:
         return rows_on_disk(self.state_dir)
 
     def wait_rows(self, count: int, timeout_s: float = 10) -> list[dict[str, Any]]:
-        return wait_until(lambda: (rows := self.ledger()) and len(rows) >= count and rows,
-                          timeout_s, f"{count} ledger rows")
+        return wait_until(
+            lambda: (rows := self.ledger()) and len(rows) >= count and rows, timeout_s, f"{count} ledger rows"
+        )
 
 
 def start_all(gateways: list[Gateway]) -> None:
@@ -341,7 +366,7 @@ def start_all(gateways: list[Gateway]) -> None:
         gw.wait_synchronised()
 
 
-DATAPLANE_DONE = b'"event":"dataplane_stopped"'   # its last rows acknowledged, its link closed
+DATAPLANE_DONE = b'"event":"dataplane_stopped"'  # its last rows acknowledged, its link closed
 
 
 def stop_all(gateways: list[Gateway], timeout_s: float = 15.0) -> None:

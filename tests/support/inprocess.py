@@ -31,25 +31,38 @@ CREDENTIAL_ENV = "GATEWAY_INPROCESS_KEY"
 
 class Plane:
     def __init__(self, url: str, token: str, link: ControlLink, proxy: Proxy) -> None:
-        self.url = url          # the data plane's /v1/messages
-        self.token = token      # a virtual key naming the one lease
+        self.url = url  # the data plane's /v1/messages
+        self.token = token  # a virtual key naming the one lease
         self.link = link
         self.proxy = proxy
 
 
 @asynccontextmanager
-async def anthropic_plane(stub: Stub, tmp_path: Path, account_id: str,
-                          request_capacity: int | None = None) -> AsyncIterator[Plane]:
+async def anthropic_plane(
+    stub: Stub, tmp_path: Path, account_id: str, request_capacity: int | None = None
+) -> AsyncIterator[Plane]:
     """One Anthropic-wire account on the stub, one live lease on it; stopped on exit."""
     port = free_port()
-    settings = load_settings({"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}",
-                              "GATEWAY_RUNTIME_DIR": str(tmp_path)}, role="dataplane")
+    settings = load_settings(
+        {"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}", "GATEWAY_RUNTIME_DIR": str(tmp_path)}, role="dataplane"
+    )
     replica = LeaseReplica(env={CREDENTIAL_ENV: stub.anthropic_key or ""})
     token, key_id, digest = new_token()
-    replica.load([Lease(key_id=key_id, digest=digest, account_id=account_id, expires_at_ms=now_ms() + 600_000)],
-                 [AccountRoute(id=account_id, provider_binding="anthropic", wire="anthropic", base_url=stub.url,
-                               auth_style="x-api-key", credential_env=CREDENTIAL_ENV,
-                               request_capacity=request_capacity)], True)
+    replica.load(
+        [Lease(key_id=key_id, digest=digest, account_id=account_id, expires_at_ms=now_ms() + 600_000)],
+        [
+            AccountRoute(
+                id=account_id,
+                provider_binding="anthropic",
+                wire="anthropic",
+                base_url=stub.url,
+                auth_style="x-api-key",
+                credential_env=CREDENTIAL_ENV,
+                request_capacity=request_capacity,
+            )
+        ],
+        True,
+    )
     link = ControlLink(str(tmp_path / "no-control.sock"), replica)
     pools = UpstreamPools(settings)
     proxy = Proxy(settings, replica, link, pools)

@@ -45,13 +45,13 @@ def rows_on_disk(state_dir: Path) -> list[dict[str, Any]]:
     if not state_dir.exists():
         return rows
     names = {p.name for p in state_dir.iterdir()}
-    for name in sorted(names):   # segments sort before the live ledger.jsonl
+    for name in sorted(names):  # segments sort before the live ledger.jsonl
         if name.endswith(".jsonl.gz") and name[:-3] + ".part" in names:
             continue
         if name == "ledger.jsonl" or (name.startswith("ledger-") and name.endswith((".jsonl.gz", ".jsonl.part"))):
             try:
                 lines = lines_of(state_dir / name)
-            except FileNotFoundError:   # rotated away meanwhile
+            except FileNotFoundError:  # rotated away meanwhile
                 continue
             for line in lines:
                 try:

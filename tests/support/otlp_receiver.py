@@ -44,7 +44,7 @@ class ReceivedSpan(msgspec.Struct, frozen=True):
     start_ns: int
     end_ns: int
     attributes: dict[str, Any]
-    status: int             # 0 unset, 1 ok, 2 error
+    status: int  # 0 unset, 1 ok, 2 error
     events: list[ReceivedEvent]
     resource: dict[str, Any]
 
@@ -64,14 +64,25 @@ def decode(body: bytes) -> list[ReceivedSpan]:
         resource = {a.key: value_of(a.value) for a in resource_spans.resource.attributes}
         for scope in resource_spans.scope_spans:
             for s in scope.spans:
-                spans.append(ReceivedSpan(
-                    name=s.name, trace_id=s.trace_id.hex(), span_id=s.span_id.hex(),
-                    parent_span_id=s.parent_span_id.hex(), trace_state=s.trace_state, kind=KIND[s.kind],
-                    start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano,
-                    attributes={a.key: value_of(a.value) for a in s.attributes}, status=s.status.code,
-                    events=[ReceivedEvent(e.name, e.time_unix_nano, {a.key: value_of(a.value) for a in e.attributes})
-                            for e in s.events],
-                    resource=resource))
+                spans.append(
+                    ReceivedSpan(
+                        name=s.name,
+                        trace_id=s.trace_id.hex(),
+                        span_id=s.span_id.hex(),
+                        parent_span_id=s.parent_span_id.hex(),
+                        trace_state=s.trace_state,
+                        kind=KIND[s.kind],
+                        start_ns=s.start_time_unix_nano,
+                        end_ns=s.end_time_unix_nano,
+                        attributes={a.key: value_of(a.value) for a in s.attributes},
+                        status=s.status.code,
+                        events=[
+                            ReceivedEvent(e.name, e.time_unix_nano, {a.key: value_of(a.value) for a in e.attributes})
+                            for e in s.events
+                        ],
+                        resource=resource,
+                    )
+                )
     return spans
 
 
@@ -79,7 +90,7 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self.mode = "ok"
         self.delay_s = 0.0
-        self.bodies: list[bytes] = []      # as received (decompressed), for the secret sweep
+        self.bodies: list[bytes] = []  # as received (decompressed), for the secret sweep
         self.headers: list[dict[str, str]] = []
         self.spans: list[ReceivedSpan] = []
         self.requests = 0
@@ -123,8 +134,9 @@ class OtlpReceiver:
             self.bodies.append(body)
             self.headers.append(dict(request.headers))
             self.spans.extend(spans)
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
+        return web.Response(
+            body=ExportTraceServiceResponse().SerializeToString(), content_type="application/x-protobuf"
+        )
 
     def stop(self) -> None:
         """Stop listening (the collector is down); `start` is not called again."""

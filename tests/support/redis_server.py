@@ -29,8 +29,11 @@ def require_redis_server() -> str:
     """The path of `redis-server`; fails (never skips) when it is not installed."""
     path = shutil.which("redis-server")
     if path is None:
-        where = "CI must provide it (make test installs it as root)" if os.environ.get("CI") else \
-            "install it with the one command"
+        where = (
+            "CI must provide it (make test installs it as root)"
+            if os.environ.get("CI")
+            else "install it with the one command"
+        )
         raise RuntimeError(f"redis-server is not on PATH; {where}: {INSTALL}")
     return path
 
@@ -47,7 +50,7 @@ def ping(port: int, timeout_s: float = 0.5) -> bool:
 
 class RedisServer:
     def __init__(self, directory: Path, port: int | None = None, extra_args: list[str] | None = None) -> None:
-        self.extra_args = list(extra_args or [])   # more redis-server options (TLS, ACL users)
+        self.extra_args = list(extra_args or [])  # more redis-server options (TLS, ACL users)
         self.directory = directory
         self.directory.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -64,12 +67,26 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         binary = require_redis_server()
-        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self.directory), "--protected-mode", "yes",
-                "--daemonize", "no", *self.extra_args]
+        argv = [
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory),
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+            *self.extra_args,
+        ]
         self._log = open(self.directory / "redis.log", "ab")
-        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not ping(self.port):  # a condition with a deadline, and an early exit noticed
             if self.popen.poll() is not None or time.monotonic() > deadline:

@@ -9,23 +9,21 @@ import aiohttp
 
 from tests.support.attempts import O_MODEL
 
-WS_HEADERS = {"openai-beta": "responses_websockets=2026-02-06", "originator": "codex_exec",
-              "session-id": "sess-1"}
+WS_HEADERS = {"openai-beta": "responses_websockets=2026-02-06", "originator": "codex_exec", "session-id": "sess-1"}
 
 
 def create(model: str = O_MODEL, **fields: Any) -> str:
     return json.dumps({"type": "response.create", "model": model, "input": "hi", **fields})
 
 
-async def connect(session: aiohttp.ClientSession, url: str, token: str,
-                  **kwargs: Any) -> aiohttp.ClientWebSocketResponse:
+async def connect(
+    session: aiohttp.ClientSession, url: str, token: str, **kwargs: Any
+) -> aiohttp.ClientWebSocketResponse:
     headers = {"Authorization": f"Bearer {token}", **WS_HEADERS, **kwargs.pop("headers", {})}
-    return await session.ws_connect(url + "/v1/responses", autoping=False, autoclose=False,
-                                    headers=headers, **kwargs)
+    return await session.ws_connect(url + "/v1/responses", autoping=False, autoclose=False, headers=headers, **kwargs)
 
 
-async def turn(ws: aiohttp.ClientWebSocketResponse, message: str,
-               timeout_s: float = 10) -> list[dict[str, Any]]:
+async def turn(ws: aiohttp.ClientWebSocketResponse, message: str, timeout_s: float = 10) -> list[dict[str, Any]]:
     """Send one message; the events until a terminal one (or an `error`)."""
     await ws.send_str(message)
     return await until_terminal(ws, timeout_s)

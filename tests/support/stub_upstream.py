@@ -60,7 +60,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from tests.support import stub_ws
+from tests.support import stub_ratelimits, stub_ws
 
 STUB_INPUT_TOKENS = 12
 STUB_CACHE_CREATION_INPUT_TOKENS = 5
@@ -79,7 +79,7 @@ _dec = msgspec.json.decode
 _PREFIX = os.urandom(4).hex()
 _counter = itertools.count(1)
 _NO_STEP: dict[str, Any] = {}
-_MALFORMED = b'data: {malformed\n\n'
+_MALFORMED = b"data: {malformed\n\n"
 
 
 def _new_id(kind: str) -> str:
@@ -104,26 +104,39 @@ def _sse(event: str | None, data: Any) -> bytes:
 
 # ---------------------------------------------------------------- errors
 
-_A_ERR = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
-          403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-          429: "rate_limit_error", 500: "api_error", 504: "timeout_error",
-          529: "overloaded_error"}
-_O_ERR = {400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
-          402: ("insufficient_quota", "insufficient_quota"),
-          403: ("invalid_request_error", "forbidden"), 404: ("invalid_request_error", "not_found"),
-          426: ("invalid_request_error", "upgrade_required"),
-          429: ("requests", "rate_limit_exceeded"), 503: ("server_error", "service_unavailable")}
+_A_ERR = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+_O_ERR = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    402: ("insufficient_quota", "insufficient_quota"),
+    403: ("invalid_request_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    426: ("invalid_request_error", "upgrade_required"),
+    429: ("requests", "rate_limit_exceeded"),
+    503: ("server_error", "service_unavailable"),
+}
 
 
 def error_body(wire: str, status: int, message: str | None = None, request_id: str = "") -> bytes:
     """A provider-shaped error body for ``status``."""
     if wire == ANTHROPIC:
         etype = _A_ERR.get(status, "api_error" if status >= 500 else "invalid_request_error")
-        return _enc({"type": "error", "error": {"type": etype, "message": message or f"stub {etype}"},
-                     "request_id": request_id})
+        return _enc(
+            {"type": "error", "error": {"type": etype, "message": message or f"stub {etype}"}, "request_id": request_id}
+        )
     etype, code = _O_ERR.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
-    return _enc({"error": {"message": message or f"stub {etype}", "type": etype,
-                           "param": None, "code": code}})
+    return _enc({"error": {"message": message or f"stub {etype}", "type": etype, "param": None, "code": code}})
 
 
 _AUTH_MSG = {ANTHROPIC: "invalid x-api-key", OPENAI: "Incorrect API key provided"}
@@ -140,13 +153,19 @@ def _auth_refusal(request: web.Request, key: str | None) -> bool:
 
 # ---------------------------------------------------------------- answers (JSON and SSE events)
 
+
 def _a_usage(output: int) -> dict[str, int]:
-    return {"input_tokens": STUB_INPUT_TOKENS, "cache_creation_input_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
-            "cache_read_input_tokens": STUB_CACHE_READ_INPUT_TOKENS, "output_tokens": output}
+    return {
+        "input_tokens": STUB_INPUT_TOKENS,
+        "cache_creation_input_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
+        "cache_read_input_tokens": STUB_CACHE_READ_INPUT_TOKENS,
+        "output_tokens": output,
+    }
 
 
-_A_BLOCK_START = _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                              "content_block": {"type": "text", "text": ""}})
+_A_BLOCK_START = _sse(
+    "content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+)
 _A_PING = _sse("ping", {"type": "ping"})
 _A_BLOCK_STOP = _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
 _A_MESSAGE_STOP = _sse("message_stop", {"type": "message_stop"})
@@ -154,44 +173,97 @@ _A_MESSAGE_STOP = _sse("message_stop", {"type": "message_stop"})
 
 @functools.lru_cache(maxsize=256)
 def _a_delta(i: int) -> bytes:
-    return _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                        "delta": {"type": "text_delta", "text": _delta_text(i)}})
+    return _sse(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": _delta_text(i)}},
+    )
 
 
 def anthropic_message(model: str, n: int, data: Any = None) -> bytes:
-    return _enc({"id": _new_id("msg_"), "type": "message", "role": "assistant", "model": model,
-                 "content": [{"type": "text", "text": stub_text(n)}], "stop_reason": "end_turn",
-                 "stop_sequence": None, "usage": _a_usage(n)})
+    return _enc(
+        {
+            "id": _new_id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": stub_text(n)}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": _a_usage(n),
+        }
+    )
 
 
 def anthropic_events(model: str, n: int, data: Any = None) -> list[bytes]:
-    start = {"type": "message_start", "message": {
-        "id": _new_id("msg_"), "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": _a_usage(1)}}
-    return [_sse("message_start", start), _A_BLOCK_START, _A_PING, *(_a_delta(i) for i in range(n)),
-            _A_BLOCK_STOP,
-            _sse("message_delta", {"type": "message_delta",
-                                   "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                   "usage": {"output_tokens": n}}),
-            _A_MESSAGE_STOP]
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": _new_id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _a_usage(1),
+        },
+    }
+    return [
+        _sse("message_start", start),
+        _A_BLOCK_START,
+        _A_PING,
+        *(_a_delta(i) for i in range(n)),
+        _A_BLOCK_STOP,
+        _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": n},
+            },
+        ),
+        _A_MESSAGE_STOP,
+    ]
 
 
 def _o_chat_usage(n: int) -> dict[str, Any]:
-    return {"prompt_tokens": STUB_INPUT_TOKENS, "completion_tokens": n, "total_tokens": STUB_INPUT_TOKENS + n,
-            "prompt_tokens_details": {"cached_tokens": STUB_OPENAI_CACHED_TOKENS}}
+    return {
+        "prompt_tokens": STUB_INPUT_TOKENS,
+        "completion_tokens": n,
+        "total_tokens": STUB_INPUT_TOKENS + n,
+        "prompt_tokens_details": {"cached_tokens": STUB_OPENAI_CACHED_TOKENS},
+    }
 
 
 def chat_completion(model: str, n: int, data: Any = None) -> bytes:
-    return _enc({"id": _new_id("chatcmpl-"), "object": "chat.completion", "created": int(time.time()),
-                 "model": model, "choices": [{"index": 0, "message": {
-                     "role": "assistant", "content": stub_text(n), "refusal": None},
-                     "logprobs": None, "finish_reason": "stop"}], "usage": _o_chat_usage(n)})
+    return _enc(
+        {
+            "id": _new_id("chatcmpl-"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": stub_text(n), "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": _o_chat_usage(n),
+        }
+    )
 
 
 def chat_events(model: str, n: int, data: Any = None) -> list[bytes]:
     include_usage = bool(((data or {}).get("stream_options") or {}).get("include_usage"))
-    head = {"id": _new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "system_fingerprint": None}
+    head = {
+        "id": _new_id("chatcmpl-"),
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": None,
+    }
     extra = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -208,17 +280,35 @@ def chat_events(model: str, n: int, data: Any = None) -> list[bytes]:
 
 
 def _r_usage(n: int) -> dict[str, Any]:
-    return {"input_tokens": STUB_INPUT_TOKENS, "input_tokens_details": {"cached_tokens": STUB_OPENAI_CACHED_TOKENS},
-            "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": STUB_INPUT_TOKENS + n}
+    return {
+        "input_tokens": STUB_INPUT_TOKENS,
+        "input_tokens_details": {"cached_tokens": STUB_OPENAI_CACHED_TOKENS},
+        "output_tokens": n,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": STUB_INPUT_TOKENS + n,
+    }
 
 
 def _r_object(rid: str, model: str, status: str, output: list[Any], usage: Any) -> dict[str, Any]:
-    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
-            "error": None, "incomplete_details": None, "instructions": None, "model": model,
-            "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-            "temperature": 1.0, "top_p": 1.0, "text": {"format": {"type": "text"}},
-            "metadata": {}, "usage": usage}
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "text": {"format": {"type": "text"}},
+        "metadata": {},
+        "usage": usage,
+    }
 
 
 def _r_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -247,8 +337,10 @@ def response_events(model: str, n: int, data: Any = None) -> list[bytes]:
         ("response.output_text.done", {**loc, "text": text, "logprobs": []}),
         ("response.content_part.done", {**loc, "part": _r_part(text)}),
         ("response.output_item.done", {"output_index": 0, "item": _r_item(item_id, text, "completed")}),
-        ("response.completed", {"response": _r_object(
-            rid, model, "completed", [_r_item(item_id, text, "completed")], _r_usage(n))}),
+        (
+            "response.completed",
+            {"response": _r_object(rid, model, "completed", [_r_item(item_id, text, "completed")], _r_usage(n))},
+        ),
     ]
     return [_sse(name, {"type": name, "sequence_number": seq, **data}) for seq, (name, data) in enumerate(bodies)]
 
@@ -257,24 +349,44 @@ def embeddings_json(model: str, n: int, data: Any) -> bytes:
     inputs = data.get("input")
     count = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else 1
     vector = [round(0.1 * (k + 1), 3) for k in range(STUB_EMBEDDING_DIM)]
-    return _enc({"object": "list", "model": model,
-                 "data": [{"object": "embedding", "index": i, "embedding": vector} for i in range(count)],
-                 "usage": {"prompt_tokens": STUB_INPUT_TOKENS, "total_tokens": STUB_INPUT_TOKENS}})
+    return _enc(
+        {
+            "object": "list",
+            "model": model,
+            "data": [{"object": "embedding", "index": i, "embedding": vector} for i in range(count)],
+            "usage": {"prompt_tokens": STUB_INPUT_TOKENS, "total_tokens": STUB_INPUT_TOKENS},
+        }
+    )
 
 
-_A_MODELS = _enc({"data": [{"type": "model", "id": m, "display_name": m, "created_at": "2025-09-29T00:00:00Z"}
-                           for m in ANTHROPIC_MODELS],
-                  "has_more": False, "first_id": ANTHROPIC_MODELS[0], "last_id": ANTHROPIC_MODELS[-1]})
+_A_MODELS = _enc(
+    {
+        "data": [
+            {"type": "model", "id": m, "display_name": m, "created_at": "2025-09-29T00:00:00Z"}
+            for m in ANTHROPIC_MODELS
+        ],
+        "has_more": False,
+        "first_id": ANTHROPIC_MODELS[0],
+        "last_id": ANTHROPIC_MODELS[-1],
+    }
+)
 _ANSWERS = {  # kind -> (JSON answer, SSE events or None); each takes (model, deltas, request JSON)
-    "messages": (anthropic_message, anthropic_events), "chat": (chat_completion, chat_events),
-    "responses": (response_json, response_events), "embeddings": (embeddings_json, None),
+    "messages": (anthropic_message, anthropic_events),
+    "chat": (chat_completion, chat_events),
+    "responses": (response_json, response_events),
+    "embeddings": (embeddings_json, None),
     "count_tokens": (lambda model, n, data: _enc({"input_tokens": STUB_INPUT_TOKENS}), None),
 }
-_O_MODELS = _enc({"object": "list", "data": [{"id": m, "object": "model", "created": 1700000000,
-                                              "owned_by": "openai"} for m in OPENAI_MODELS]})
+_O_MODELS = _enc(
+    {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "created": 1700000000, "owned_by": "openai"} for m in OPENAI_MODELS],
+    }
+)
 
 
 # ---------------------------------------------------------------- sending
+
 
 def _close_abruptly(request: web.Request) -> None:
     """End the connection without the chunked terminator (already-written bytes are flushed first)."""
@@ -305,8 +417,9 @@ def _sent(entry: dict[str, Any]) -> None:
     entry["events_sent"] = entry.get("events_sent", 0) + 1
 
 
-async def _send_body(request: web.Request, status: int, body: bytes, headers: dict[str, str],
-                     step: dict[str, Any], entry: dict[str, Any]) -> web.StreamResponse:
+async def _send_body(
+    request: web.Request, status: int, body: bytes, headers: dict[str, str], step: dict[str, Any], entry: dict[str, Any]
+) -> web.StreamResponse:
     if step.get("gzip"):
         body = zlib.compress(body, wbits=31)
         headers["Content-Encoding"] = "gzip"
@@ -324,8 +437,9 @@ async def _send_body(request: web.Request, status: int, body: bytes, headers: di
     return resp
 
 
-async def _send_stream(request: web.Request, events: list[bytes], headers: dict[str, str],
-                       step: dict[str, Any], entry: dict[str, Any]) -> web.StreamResponse:
+async def _send_stream(
+    request: web.Request, events: list[bytes], headers: dict[str, str], step: dict[str, Any], entry: dict[str, Any]
+) -> web.StreamResponse:
     gz = zlib.compressobj(wbits=31) if step.get("gzip") else None
     if gz is not None:
         headers["Content-Encoding"] = "gzip"
@@ -372,11 +486,15 @@ async def _send_stream(request: web.Request, events: list[bytes], headers: dict[
 
 # ---------------------------------------------------------------- handlers
 
+
 class StubState:
     """Per-app state: keys, the FIFO of script steps and the recorded requests."""
 
-    def __init__(self, anthropic_key: str | None, openai_key: str | None, record_limit: int) -> None:
+    def __init__(
+        self, anthropic_key: str | None, openai_key: str | None, record_limit: int, rate_limit_headers: bool = False
+    ) -> None:
         self.keys = {ANTHROPIC: anthropic_key, OPENAI: openai_key}
+        self.rate_limits = stub_ratelimits.RateLimitHeaders() if rate_limit_headers else None
         self.script: collections.deque[dict[str, Any]] = collections.deque()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=record_limit)
         self.holds: dict[str, asyncio.Event] = {}
@@ -421,11 +539,25 @@ def _route(wire: str | None, kind: str):
             headers_in[low] = f"{headers_in[low]}, {value}" if low in headers_in else value
         model = data.get("model") if data_ok else None
         stream = data_ok and data.get("stream") is True and _ANSWERS.get(kind, (0, None))[1] is not None
-        entry.update({"method": request.method, "path": request.path_qs, "headers": headers_in,
-                      "body_len": len(raw), "model": model, "stream": stream, "wire": w,
-                      "body": raw.decode("utf-8", "replace") if len(raw) <= BODY_RECORD_CAP else None,
-                      "time": time.time(), "status": None, "outcome": None, "events_sent": 0,
-                      "first_sent_at": None, "last_sent_at": None})
+        entry.update(
+            {
+                "method": request.method,
+                "path": request.path_qs,
+                "headers": headers_in,
+                "body_len": len(raw),
+                "body_crc32": zlib.crc32(raw),  # a large body, compared without recording it
+                "model": model,
+                "stream": stream,
+                "wire": w,
+                "body": raw.decode("utf-8", "replace") if len(raw) <= BODY_RECORD_CAP else None,
+                "time": time.time(),
+                "status": None,
+                "outcome": None,
+                "events_sent": 0,
+                "first_sent_at": None,
+                "last_sent_at": None,
+            }
+        )
         state.requests.append(entry)
         rid = _new_id("req_")
         headers = {"request-id" if w == ANTHROPIC else "x-request-id": rid, "Content-Type": "application/json"}
@@ -435,9 +567,11 @@ def _route(wire: str | None, kind: str):
         if _auth_refusal(request, state.keys[w]):
             entry["status"] = 401
             return web.Response(status=401, body=error_body(w, 401, _AUTH_MSG[w], rid), headers=headers)
+        limits = {} if state.rate_limits is None else state.rate_limits.headers(w)  # past the key check
+        headers.update(limits)
         if kind == "ws" and request.headers.get("upgrade", "").lower() == "websocket":  # SPEC §20
             refused = await stub_ws.handshake(request, state, entry, rid, error_body)
-            return refused or await stub_ws.serve(request, state, entry, response_events)
+            return refused or await stub_ws.serve(request, state, entry, response_events, limits)
         step_header = request.headers.get("x-stub-step")
         if step_header is not None:
             try:
@@ -530,15 +664,24 @@ async def _requests(request: web.Request) -> web.Response:
     return web.Response(body=_enc(list(state.requests)), content_type="application/json")
 
 
-def make_app(*, anthropic_key: str | None, openai_key: str | None,
-             record_limit: int = RECORD_LIMIT) -> web.Application:
-    """The stub as an aiohttp application (keys set to None are not checked)."""
+def make_app(
+    *,
+    anthropic_key: str | None,
+    openai_key: str | None,
+    record_limit: int = RECORD_LIMIT,
+    rate_limit_headers: bool = False,
+) -> web.Application:
+    """The stub as an aiohttp application (keys set to None are not checked); with
+    `rate_limit_headers`, every answer carries a provider's rate-limit headers (stub_ratelimits)."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app[STATE] = StubState(anthropic_key, openai_key, record_limit)
+    app[STATE] = StubState(anthropic_key, openai_key, record_limit, rate_limit_headers)
     for method, path, wire, kind in (
-        ("POST", "/v1/messages", ANTHROPIC, "messages"), ("POST", "/v1/messages/count_tokens", ANTHROPIC, "count_tokens"),
-        ("POST", "/v1/chat/completions", OPENAI, "chat"), ("POST", "/v1/responses", OPENAI, "responses"),
-        ("GET", "/v1/responses", OPENAI, "ws"), ("POST", "/v1/embeddings", OPENAI, "embeddings"),
+        ("POST", "/v1/messages", ANTHROPIC, "messages"),
+        ("POST", "/v1/messages/count_tokens", ANTHROPIC, "count_tokens"),
+        ("POST", "/v1/chat/completions", OPENAI, "chat"),
+        ("POST", "/v1/responses", OPENAI, "responses"),
+        ("GET", "/v1/responses", OPENAI, "ws"),
+        ("POST", "/v1/embeddings", OPENAI, "embeddings"),
         ("GET", "/v1/models", None, "models"),
     ):
         app.router.add_route(method, path, _route(wire, kind))
@@ -551,12 +694,23 @@ def make_app(*, anthropic_key: str | None, openai_key: str | None,
     return app
 
 
-async def start_stub(host: str = "127.0.0.1", port: int = 0, *, anthropic_key: str | None = None,
-                     openai_key: str | None = None, **kwargs: Any) -> tuple[web.AppRunner, str]:
+async def start_stub(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    anthropic_key: str | None = None,
+    openai_key: str | None = None,
+    **kwargs: Any,
+) -> tuple[web.AppRunner, str]:
     """Start the stub in this event loop; returns (runner, "http://host:port"). Call runner.cleanup()."""
-    runner = web.AppRunner(make_app(anthropic_key=anthropic_key, openai_key=openai_key, **kwargs),
-                           access_log=None, shutdown_timeout=1.0, handler_cancellation=True,
-                           max_field_size=64 * 1024, max_line_size=64 * 1024)
+    runner = web.AppRunner(
+        make_app(anthropic_key=anthropic_key, openai_key=openai_key, **kwargs),
+        access_log=None,
+        shutdown_timeout=1.0,
+        handler_cancellation=True,
+        max_field_size=64 * 1024,
+        max_line_size=64 * 1024,
+    )
     await runner.setup()
     # A deep accept queue, as the proxies in front of it have: a burst of 200 new upstream
     # connections (the benchmark's concurrent streams) must not lose SYNs to a full queue and
@@ -567,8 +721,13 @@ async def start_stub(host: str = "127.0.0.1", port: int = 0, *, anthropic_key: s
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    runner, base_url = await start_stub(args.host, args.port, anthropic_key=args.anthropic_key,
-                                        openai_key=args.openai_key)
+    runner, base_url = await start_stub(
+        args.host,
+        args.port,
+        anthropic_key=args.anthropic_key,
+        openai_key=args.openai_key,
+        rate_limit_headers=args.rate_limit_headers,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -592,6 +751,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--anthropic-key", default=None)
     parser.add_argument("--openai-key", default=None)
     parser.add_argument("--port-file", default=None, help="write the bound port number here")
+    parser.add_argument(
+        "--rate-limit-headers", action="store_true", help="send a provider's rate-limit headers on every answer"
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop

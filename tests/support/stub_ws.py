@@ -52,8 +52,9 @@ def _warmup(model: str, make: Any) -> list[dict[str, Any]]:
     return [full[0], done]
 
 
-async def handshake(request: web.Request, state: Any, entry: dict[str, Any], rid: str,
-                    error_body: Any) -> web.StreamResponse | None:
+async def handshake(
+    request: web.Request, state: Any, entry: dict[str, Any], rid: str, error_body: Any
+) -> web.StreamResponse | None:
     """A refusal the script asks for, or None to accept the socket."""
     step = state.script[0] if state.script else {}
     status = step.get("ws_handshake_status")
@@ -61,14 +62,19 @@ async def handshake(request: web.Request, state: Any, entry: dict[str, Any], rid
         return None
     state.script.popleft()
     entry["status"] = status
-    headers = {"x-request-id": rid, "Content-Type": "application/json",
-               **{str(k): str(v) for k, v in (step.get("headers") or {}).items()}}
-    return web.Response(status=int(status), body=error_body("openai", int(status), None, rid),
-                        headers=headers)
+    headers = {
+        "x-request-id": rid,
+        "Content-Type": "application/json",
+        **{str(k): str(v) for k, v in (step.get("headers") or {}).items()},
+    }
+    return web.Response(status=int(status), body=error_body("openai", int(status), None, rid), headers=headers)
 
 
-async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: Any) -> web.StreamResponse:
+async def serve(
+    request: web.Request, state: Any, entry: dict[str, Any], make: Any, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
     ws = web.WebSocketResponse(compress=True, max_msg_size=64 * 1024 * 1024)
+    ws.headers.update(headers or {})  # the 101's own headers (a provider's rate limits)
     await ws.prepare(request)
     entry["status"] = 101
     entry["outcome"] = "open"
@@ -84,7 +90,7 @@ async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: A
             if isinstance(data, dict) and data.get("type") == "response.create":
                 dropping = [t for t in tasks if not t.done() and getattr(t, "drop", False)]
                 for task in dropping:
-                    task.cancel()           # the stub drops a response in flight: no terminal
+                    task.cancel()  # the stub drops a response in flight: no terminal
                 await asyncio.gather(*dropping, return_exceptions=True)
                 step = state.script[0] if state.script else {}
                 if step.get("ws_parallel") or step.get("ws_drop_on_next"):
@@ -101,17 +107,35 @@ async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: A
 
 
 def _record(state: Any, handshake_entry: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    entry = {"method": "WS", "path": "/v1/responses", "headers": handshake_entry["headers"],
-             "body_len": len(_enc(data)), "model": data.get("model"), "stream": True, "wire": "openai",
-             "generate": data.get("generate", True), "previous_response_id": data.get("previous_response_id"),
-             "time": time.time(), "status": 200, "outcome": None, "events_sent": 0,
-             "first_sent_at": None, "last_sent_at": None}
+    entry = {
+        "method": "WS",
+        "path": "/v1/responses",
+        "headers": handshake_entry["headers"],
+        "body_len": len(_enc(data)),
+        "model": data.get("model"),
+        "stream": True,
+        "wire": "openai",
+        "generate": data.get("generate", True),
+        "previous_response_id": data.get("previous_response_id"),
+        "time": time.time(),
+        "status": 200,
+        "outcome": None,
+        "events_sent": 0,
+        "first_sent_at": None,
+        "last_sent_at": None,
+    }
     state.requests.append(entry)
     return entry
 
 
-async def _create(request: web.Request, ws: web.WebSocketResponse, state: Any,
-                  handshake_entry: dict[str, Any], data: dict[str, Any], make: Any) -> bool:
+async def _create(
+    request: web.Request,
+    ws: web.WebSocketResponse,
+    state: Any,
+    handshake_entry: dict[str, Any],
+    data: dict[str, Any],
+    make: Any,
+) -> bool:
     """Answer one response.create; False when the socket was closed by the script."""
     entry = _record(state, handshake_entry, data)
     step = state.script.popleft() if state.script else {}
@@ -120,9 +144,17 @@ async def _create(request: web.Request, ws: web.WebSocketResponse, state: Any,
     if data.get("generate") is False:
         events = _warmup(model, make)
     elif previous is not None and previous not in state.responses:
-        events = [{"type": "error", "status": 400, "error": {
-            "type": "invalid_request_error", "code": "previous_response_not_found",
-            "message": f"Previous response with id '{previous}' not found."}}]
+        events = [
+            {
+                "type": "error",
+                "status": 400,
+                "error": {
+                    "type": "invalid_request_error",
+                    "code": "previous_response_not_found",
+                    "message": f"Previous response with id '{previous}' not found.",
+                },
+            }
+        ]
     elif step.get("ws_function_call") is not None:
         events = _function_call(model, step["ws_function_call"], make)
     else:
@@ -142,19 +174,31 @@ def _function_call(model: str, call: dict[str, Any], make: Any) -> list[dict[str
     """A turn that asks the client to call a tool (its output comes back in the next create)."""
     full = _events(model, 0, make)
     created, done = full[0], full[-1]
-    item = {"type": "function_call", "id": "fc_" + done["response"]["id"][5:], "call_id": "call_" + done["response"]["id"][5:],
-            "name": call.get("name", "shell"), "arguments": call.get("arguments", "{}"), "status": "completed"}
+    item = {
+        "type": "function_call",
+        "id": "fc_" + done["response"]["id"][5:],
+        "call_id": "call_" + done["response"]["id"][5:],
+        "name": call.get("name", "shell"),
+        "arguments": call.get("arguments", "{}"),
+        "status": "completed",
+    }
     done["response"]["output"] = [item]
-    return [created, {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress"}},
-            {"type": "response.output_item.done", "output_index": 0, "item": item}, done]
+    return [
+        created,
+        {"type": "response.output_item.added", "output_index": 0, "item": {**item, "status": "in_progress"}},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        done,
+    ]
 
 
 def _scripted(step: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     error = step.get("ws_error")
     if error is not None:
         at = int(step.get("ws_error_after_events", 0))
-        event: dict[str, Any] = {"type": "error", "error": {
-            "type": "server_error", "code": error.get("code"), "message": error.get("message", "stub")}}
+        event: dict[str, Any] = {
+            "type": "error",
+            "error": {"type": "server_error", "code": error.get("code"), "message": error.get("message", "stub")},
+        }
         if "status" in error:
             event["status"] = error["status"]
         return events[:at] + [event]
@@ -162,16 +206,29 @@ def _scripted(step: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[s
     if code is not None:
         failed = dict(events[-1])
         failed["type"] = "response.failed"
-        failed["response"] = {**failed["response"], "status": "failed",
-                              "error": {"code": code, "message": "stub failure"}}
+        failed["response"] = {
+            **failed["response"],
+            "status": "failed",
+            "error": {"code": code, "message": "stub failure"},
+        }
         return events[:-1] + [failed]
     return events
 
 
-async def _send(request: web.Request, ws: web.WebSocketResponse, state: Any, entry: dict[str, Any],
-                step: dict[str, Any], events: list[dict[str, Any]]) -> bool:
+async def _send(
+    request: web.Request,
+    ws: web.WebSocketResponse,
+    state: Any,
+    entry: dict[str, Any],
+    step: dict[str, Any],
+    events: list[dict[str, Any]],
+) -> bool:
     cut, close = step.get("ws_cut_after_events"), step.get("ws_close_after_events")
-    stop = min(len(events), *(x for x in (cut, close) if x is not None)) if cut is not None or close is not None else len(events)
+    stop = (
+        min(len(events), *(x for x in (cut, close) if x is not None))
+        if cut is not None or close is not None
+        else len(events)
+    )
     between = step.get("stall_between_events_s") or 0
     holds = {int(k): str(v) for k, v in (step.get("holds") or {}).items()}
     if step.get("hold_after_events") is not None and step.get("hold"):

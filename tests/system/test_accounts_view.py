@@ -12,10 +12,30 @@ from tests.support.harness import Gateway, Stub, http
 from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
-FIELDS = {"id", "display_name", "provider_binding", "upstream_origin", "auth_style", "credential_env",
-          "configured", "administrative_state", "leased", "lease_count", "in_flight", "in_flight_count", "sockets_open",
-          "observed", "observed_request_count", "observed_aborted_count", "last_observed_at", "circuit",
-          "health", "health_reason", "hosts", "rate_limits"}
+FIELDS = {
+    "id",
+    "display_name",
+    "provider_binding",
+    "upstream_origin",
+    "auth_style",
+    "credential_env",
+    "configured",
+    "administrative_state",
+    "leased",
+    "lease_count",
+    "in_flight",
+    "in_flight_count",
+    "sockets_open",
+    "observed",
+    "observed_request_count",
+    "observed_aborted_count",
+    "last_observed_at",
+    "circuit",
+    "health",
+    "health_reason",
+    "hosts",
+    "rate_limits",
+}
 
 
 def accounts(gw: Gateway, query: str = "") -> dict:
@@ -36,7 +56,7 @@ def call(gw: Gateway, token: str, step: str | None = None, stream: bool = False)
 
 def test_every_field_and_an_unconfigured_account_is_named_not_absent(make_gateway, tmp_path: Path, stub: Stub):
     accounts_file = tmp_path / "accounts.toml"
-    accounts_file.write_text('''
+    accounts_file.write_text("""
 [[account]]
 id = "zz-second"
 provider_binding = "openai"
@@ -52,22 +72,38 @@ base_url = "https://example.test"
 auth_style = "x-api-key"
 credential_env = "GATEWAY_AA_KEY"
 models = ["claude-*"]
-''')
+""")
     gw = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts_file), "GATEWAY_ZAI_API_KEY": ""}).start()
     body = accounts(gw)
     assert [a["id"] for a in body["accounts"]] == [
-        "legacy-anthropic", "legacy-zai-harness", "legacy-openai", "zz-second", "aa-third"]
+        "legacy-anthropic",
+        "legacy-zai-harness",
+        "legacy-openai",
+        "zz-second",
+        "aa-third",
+    ]
     for account in body["accounts"]:
         assert set(account) == FIELDS
     view = by_id(body)
     assert view["zz-second"]["upstream_origin"] == "https://example.test:8443"
-    assert (view["zz-second"]["configured"], view["zz-second"]["health"], view["zz-second"]["health_reason"]) == \
-        (False, "unverified", "credential-missing")
+    assert (view["zz-second"]["configured"], view["zz-second"]["health"], view["zz-second"]["health_reason"]) == (
+        False,
+        "unverified",
+        "credential-missing",
+    )
     assert view["legacy-zai-harness"]["configured"] is False
     assert view["legacy-anthropic"]["configured"] is True
-    assert (view["legacy-anthropic"]["health"], view["legacy-anthropic"]["health_reason"]) == ("unverified", "no-evidence")
-    assert view["legacy-anthropic"]["circuit"] == {"state": "closed", "opened_at": None, "retry_at": None, "opened_by": None}
-    assert view["legacy-anthropic"]["rate_limits"] == {}   # no provider answer yet: none reported (SPEC §22)
+    assert (view["legacy-anthropic"]["health"], view["legacy-anthropic"]["health_reason"]) == (
+        "unverified",
+        "no-evidence",
+    )
+    assert view["legacy-anthropic"]["circuit"] == {
+        "state": "closed",
+        "opened_at": None,
+        "retry_at": None,
+        "opened_by": None,
+    }
+    assert view["legacy-anthropic"]["rate_limits"] == {}  # no provider answer yet: none reported (SPEC §22)
     assert body["window_seconds"] == 900 and body["evidence_truncated"] is False
     assert body["as_of"].endswith("Z") and body["evidence_since"].endswith("Z")
     # SPEC §16: embedded mode is a fleet of one host, always available
@@ -99,8 +135,12 @@ def test_four_aborts_leave_the_account_unverified(make_gateway, clean_stub: Stub
     for _ in range(4):
         sdk = anthropic.Anthropic(base_url=gw.dataplane_url, api_key=minted["token"], max_retries=0, timeout=0.3)
         with pytest.raises(anthropic.APITimeoutError):
-            sdk.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}],
-                                extra_headers={"x-stub-step": '{"stall_before_headers_s": 3}'})
+            sdk.messages.create(
+                model=MODEL,
+                max_tokens=5,
+                messages=[{"role": "user", "content": "x"}],
+                extra_headers={"x-stub-step": '{"stall_before_headers_s": 3}'},
+            )
     wait_until(lambda: len(gw.ledger()) == 4, 10, "four abort rows")
     assert {r["status"] for r in gw.ledger()} == {"client-aborted"}
     view = by_id(accounts(gw))["legacy-anthropic"]
@@ -122,8 +162,7 @@ def test_recent_view_says_truncated_when_the_limit_cuts(gateway: Gateway, clean_
     for _ in range(3):
         assert call(gateway, minted["token"]) == 200
     # 2xx rows reach control just after the answer: wait for all three before reading the view
-    wait_until(lambda: sum(r["key_id"] == minted["key_id"] for r in gateway.recent()["routes"]) == 3,
-               10, "three rows")
+    wait_until(lambda: sum(r["key_id"] == minted["key_id"] for r in gateway.recent()["routes"]) == 3, 10, "three rows")
     body = gateway.api("GET", "/control/v2/routes/recent?limit=2")[2]
     assert len(body["routes"]) == 2 and body["truncated"] is True and body["retained"] >= 3
     body = gateway.api("GET", "/control/v2/routes/recent?limit=200")[2]
@@ -153,6 +192,7 @@ def test_in_flight_route_is_visible_then_finishes(make_gateway, clean_stub: Stub
 def test_a_killed_data_plane_leaves_no_phantom_route(make_gateway, clean_stub: Stub):
     gw = make_gateway().start()
     minted = gw.mint()
+
     def doomed_stream() -> None:
         try:
             call(gw, minted["token"], '{"stall_after_events": 2, "stall_s": 30}', stream=True)

@@ -11,16 +11,27 @@ MODEL = "claude-sonnet-4-6"
 
 
 def mint(gw: Gateway, dispatch: str) -> tuple[int, dict]:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
-        "model": MODEL})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w",
+            "model": MODEL,
+        },
+    )
     return status, body
 
 
 def call(gw: Gateway, token: str) -> int:
-    return http("POST", gw.dataplane_url + "/v1/messages",
-                {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-                {"x-api-key": token})[0]
+    return http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        {"x-api-key": token},
+    )[0]
 
 
 def admin(gw: Gateway, method: str, path: str, body: dict | None = None, token: str = "admin"):
@@ -31,8 +42,12 @@ def test_disable_revoke_reenable_and_audit(make_gateway, clean_stub: Stub) -> No
     gw = make_gateway().start()
     status, live = mint(gw, "d-live")
     assert status == 201
-    status, _, body = admin(gw, "PATCH", "/legacy-anthropic/state",
-                            {"state": "disabled", "reason": "incident 42", "actor": "alice", "expected_revision": 0})
+    status, _, body = admin(
+        gw,
+        "PATCH",
+        "/legacy-anthropic/state",
+        {"state": "disabled", "reason": "incident 42", "actor": "alice", "expected_revision": 0},
+    )
     assert status == 200, body
     status, held = mint(gw, "d-next")
     assert (status, held["refusal_reason"]) == (503, "no-eligible-account")
@@ -52,8 +67,10 @@ def test_disable_revoke_reenable_and_audit(make_gateway, clean_stub: Stub) -> No
     assert status == 200
     records = audit["records"]
     assert [(r["action"], r.get("state")) for r in records] == [
-        ("set-state", "disabled"), ("revoke-leases", None), ("set-state", "enabled")] or \
-        [r["action"] for r in records] == ["set-state", "revoke-leases", "set-state"]
+        ("set-state", "disabled"),
+        ("revoke-leases", None),
+        ("set-state", "enabled"),
+    ] or [r["action"] for r in records] == ["set-state", "revoke-leases", "set-state"]
     assert [r["seq"] for r in records] == [1, 2, 3] or [r["seq"] for r in records] == [0, 1, 2]
     assert records[0]["actor"] == "alice" and records[0]["actor_authenticated_by"] == "control-token"
     assert audit["chain_verdict"] == "verified" and audit["revision"] == 3
@@ -64,8 +81,9 @@ def test_disable_revoke_reenable_and_audit(make_gateway, clean_stub: Stub) -> No
 def test_stale_revision_is_409_with_the_current_revision(make_gateway, clean_stub: Stub) -> None:
     gw = make_gateway().start()
     assert admin(gw, "PATCH", "/legacy-openai/state", {"state": "draining", "reason": "r"})[0] == 200
-    status, _, body = admin(gw, "PATCH", "/legacy-openai/state",
-                            {"state": "enabled", "reason": "r", "expected_revision": 0})
+    status, _, body = admin(
+        gw, "PATCH", "/legacy-openai/state", {"state": "enabled", "reason": "r", "expected_revision": 0}
+    )
     assert status == 409 and body["error"]["current_revision"] == 1
 
 
@@ -76,10 +94,24 @@ def test_scopes_and_tokens(make_gateway, clean_stub: Stub) -> None:
     assert admin(gw, "PATCH", "/legacy-openai/state", change, token=read_token)[0] == 403
     assert admin(gw, "PATCH", "/legacy-openai/state", change, token=mint_token)[0] == 403
     assert admin(gw, "GET", "/admin", token=read_token)[0] == 200
-    assert gw.api("POST", "/control/v1/keys", {"provider_binding": "anthropic", "principal_kind": "w",
-                                               "principal_id": "p", "repo_slug": "r"}, token=read_token)[0] == 403
-    assert gw.api("POST", "/control/v1/keys", {"provider_binding": "anthropic", "principal_kind": "w",
-                                               "principal_id": "p", "repo_slug": "r"}, token=mint_token)[0] == 201
+    assert (
+        gw.api(
+            "POST",
+            "/control/v1/keys",
+            {"provider_binding": "anthropic", "principal_kind": "w", "principal_id": "p", "repo_slug": "r"},
+            token=read_token,
+        )[0]
+        == 403
+    )
+    assert (
+        gw.api(
+            "POST",
+            "/control/v1/keys",
+            {"provider_binding": "anthropic", "principal_kind": "w", "principal_id": "p", "repo_slug": "r"},
+            token=mint_token,
+        )[0]
+        == 201
+    )
 
 
 def test_a_tampered_chain_holds_every_mint_and_refuses_mutations(make_gateway, clean_stub: Stub) -> None:

@@ -22,8 +22,7 @@ def test_short_fleet_soak_survives_its_faults(tmp_path: Path, capsys: pytest.Cap
     pause — and every invariant after. What the fleet soak once found broken (`soak_fleet_checks.REGRESSIONS`) is checked like
     every other invariant."""
     summary_path = tmp_path / "summary.json"
-    status = soak_fleet.main(["--seconds", "24", "--seed", "7", "--workers", "3",
-                              "--summary", str(summary_path)])
+    status = soak_fleet.main(["--seconds", "24", "--seed", "7", "--workers", "3", "--summary", str(summary_path)])
     out = capsys.readouterr().out
     assert status == 0, out
     summary = json.loads(summary_path.read_text())
@@ -32,6 +31,6 @@ def test_short_fleet_soak_survives_its_faults(tmp_path: Path, capsys: pytest.Cap
     assert all(f["recovered"] for f in runs), runs
     assert any(f["kind"] == "host-kill" and f["streams_cut"] >= 1 for f in runs), runs
     assert summary["ok"] and "FAIL" not in out
-    hostile = [i for i in summary["invariants"] if i["name"].startswith("hostile writer")]   # SPEC §19
+    hostile = [i for i in summary["invariants"] if i["name"].startswith("hostile writer")]  # SPEC §19
     assert len(hostile) == 2 and all(i["held"] for i in hostile), hostile
     assert all(rows["on_disk"] == rows["expected"] for rows in summary["rows"].values()), summary["rows"]

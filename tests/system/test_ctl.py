@@ -23,8 +23,11 @@ WHO = ["--principal", "w-1", "--repo", "acme/app"]
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway]:
     """One gateway for the module, with a read token and a mint token besides the admin one."""
-    gateway = Gateway(tmp_path_factory.mktemp("ctl"), stub, {
-        "GATEWAY_READ_TOKEN": credential_like("read_"), "GATEWAY_MINT_TOKEN": credential_like("mint_")})
+    gateway = Gateway(
+        tmp_path_factory.mktemp("ctl"),
+        stub,
+        {"GATEWAY_READ_TOKEN": credential_like("read_"), "GATEWAY_MINT_TOKEN": credential_like("mint_")},
+    )
     gateway.start()
     yield gateway
     gateway.stop()
@@ -37,9 +40,17 @@ def ctl_env(gw: Gateway, **extra: str) -> dict[str, str]:
     return env
 
 
-def ctl(gw: Gateway, *argv: str, env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    done = subprocess.run([*CTL, *argv], env=env or ctl_env(gw), capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)
+def ctl(
+    gw: Gateway, *argv: str, env: dict[str, str] | None = None, timeout_s: float = 60
+) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [*CTL, *argv],
+        env=env or ctl_env(gw),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -49,9 +60,12 @@ def pairs(stdout: str) -> dict[str, str]:
 
 
 def call(gw: Gateway, token: str) -> int:
-    return http("POST", gw.dataplane_url + "/v1/messages",
-                {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-                {"x-api-key": token})[0]
+    return http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        {"x-api-key": token},
+    )[0]
 
 
 def lease_count(gw: Gateway) -> int:
@@ -59,6 +73,7 @@ def lease_count(gw: Gateway) -> int:
 
 
 # ---- mint, revoke, renew ------------------------------------------------------------------
+
 
 def test_mint_v1_revoke_and_revoke_again(gw: Gateway, clean_stub: Stub) -> None:
     done = ctl(gw, "mint", "--binding", "anthropic", *WHO)
@@ -127,6 +142,7 @@ def test_renew_mints_a_successor_and_revokes_the_old_key(gw: Gateway, clean_stub
 
 # ---- views --------------------------------------------------------------------------------
 
+
 def test_accounts_table_and_json(gw: Gateway) -> None:
     done = ctl(gw, "accounts")
     assert done.returncode == 0, done.stderr
@@ -162,13 +178,16 @@ def test_watch_draws_the_live_view(gw: Gateway) -> None:
 
 # ---- failures: one line, a named fix, an exit code ----------------------------------------
 
+
 def test_unreachable_control_is_one_clear_line(gw: Gateway) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     done = ctl(gw, "accounts", env=ctl_env(gw, GATEWAY_CONTROL_URL=url))
     assert done.returncode == 5 and done.stdout == ""
-    assert done.stderr.strip() == (f"leaseholdctl: cannot reach the control daemon at {url}: [Errno 111] "
-                                   "Connection refused — is leasehold-control running? set GATEWAY_CONTROL_URL "
-                                   "(or GATEWAY_CONTROL_LISTEN, as in gateway.env)")
+    assert done.stderr.strip() == (
+        f"leaseholdctl: cannot reach the control daemon at {url}: [Errno 111] "
+        "Connection refused — is leasehold-control running? set GATEWAY_CONTROL_URL "
+        "(or GATEWAY_CONTROL_LISTEN, as in gateway.env)"
+    )
     watch = ctl(gw, "watch", "--count", "1", env=ctl_env(gw, GATEWAY_CONTROL_URL=url))
     assert watch.returncode == 0 and "cannot reach the control daemon" in watch.stdout
     assert "ID  " not in watch.stdout  # no empty table that reads as "no accounts"
@@ -178,8 +197,7 @@ def test_an_operator_who_sourced_gateway_env_needs_no_url(gw: Gateway) -> None:
     """SPEC §1: with only the daemons' own GATEWAY_CONTROL_LISTEN (a non-default port here),
     leaseholdctl finds control; GATEWAY_CONTROL_URL still wins when it is set."""
     env = base_env()
-    env.update({"GATEWAY_CONTROL_LISTEN": gw.env["GATEWAY_CONTROL_LISTEN"],
-                "GATEWAY_CONTROL_TOKEN": gw.control_token})
+    env.update({"GATEWAY_CONTROL_LISTEN": gw.env["GATEWAY_CONTROL_LISTEN"], "GATEWAY_CONTROL_TOKEN": gw.control_token})
     assert gw.env["GATEWAY_CONTROL_LISTEN"] != "127.0.0.1:8789"
     done = ctl(gw, "accounts", "--json", env=env)
     assert done.returncode == 0, done.stderr
@@ -211,8 +229,7 @@ def test_a_token_file_is_read_and_a_token_on_the_command_line_is_refused(gw: Gat
     done = ctl(gw, "accounts", "--json", "--token-file", str(token_file), env=env)
     assert done.returncode == 0, done.stderr
     assert "legacy-openai" in [a["id"] for a in json.loads(done.stdout)["accounts"]]
-    exec_argv = ("exec", "--token", gw.control_token, "--repo", "r", "--principal", "p", "--model", MODEL,
-                 "--", "true")
+    exec_argv = ("exec", "--token", gw.control_token, "--repo", "r", "--principal", "p", "--model", MODEL, "--", "true")
     for argv in (("accounts", "--token", gw.control_token), exec_argv):
         refused = ctl(gw, *argv, env=env)
         assert refused.returncode == 2, refused.stderr
@@ -253,14 +270,37 @@ sys.exit(int(sys.argv[2]))
 
 
 def exec_env(gw: Gateway) -> dict[str, str]:
-    return ctl_env(gw, LEASEHOLD_TOKEN=gw.control_token, GATEWAY_TEAM_B_KEY=credential_like("sk-ant-api03-"),
-                   ANTHROPIC_AUTH_TOKEN="sk-ant-stale", OPENAI_API_KEY="sk-stale", KEEP_ME="1")
+    return ctl_env(
+        gw,
+        LEASEHOLD_TOKEN=gw.control_token,
+        GATEWAY_TEAM_B_KEY=credential_like("sk-ant-api03-"),
+        ANTHROPIC_AUTH_TOKEN="sk-ant-stale",
+        OPENAI_API_KEY="sk-stale",
+        KEEP_ME="1",
+    )
 
 
 def test_exec_runs_the_worker_on_a_scrubbed_env_and_revokes_the_lease(gw: Gateway, clean_stub: Stub) -> None:
     before = lease_count(gw)
-    done = ctl(gw, "exec", "--repo", "acme/app", "--principal", "w-1", "--role", "coder", "--model", MODEL,
-               "--", sys.executable, "-c", PRINT_ENV_AND_CALL, MODEL, "7", env=exec_env(gw))
+    done = ctl(
+        gw,
+        "exec",
+        "--repo",
+        "acme/app",
+        "--principal",
+        "w-1",
+        "--role",
+        "coder",
+        "--model",
+        MODEL,
+        "--",
+        sys.executable,
+        "-c",
+        PRINT_ENV_AND_CALL,
+        MODEL,
+        "7",
+        env=exec_env(gw),
+    )
     assert done.returncode == 7, done.stderr  # the command's own status
     child_env = json.loads(done.stdout.splitlines()[0])
     assert [k for k in child_env if k.startswith("GATEWAY_")] == []
@@ -275,8 +315,23 @@ def test_exec_runs_the_worker_on_a_scrubbed_env_and_revokes_the_lease(gw: Gatewa
 
 
 def test_exec_picks_the_openai_pair_for_an_openai_account(gw: Gateway) -> None:
-    done = ctl(gw, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", "gpt-4o-mini", "--",
-               sys.executable, "-c", PRINT_ENV_AND_CALL, "gpt-4o-mini", "0", env=exec_env(gw))
+    done = ctl(
+        gw,
+        "exec",
+        "--repo",
+        "acme/app",
+        "--principal",
+        "w-1",
+        "--model",
+        "gpt-4o-mini",
+        "--",
+        sys.executable,
+        "-c",
+        PRINT_ENV_AND_CALL,
+        "gpt-4o-mini",
+        "0",
+        env=exec_env(gw),
+    )
     assert done.returncode == 0, done.stderr
     child_env = json.loads(done.stdout.splitlines()[0])
     assert child_env["OPENAI_BASE_URL"] == gw.dataplane_url + "/v1"
@@ -287,12 +342,33 @@ def test_exec_picks_the_openai_pair_for_an_openai_account(gw: Gateway) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_exec_forwards_signals_and_returns_128_plus_n(gw: Gateway, tmp_path: Path, sig: signal.Signals) -> None:
     ready = tmp_path / "ready"
-    child = ("import json, os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text("
-             "json.dumps([os.getpid(), os.environ['ANTHROPIC_API_KEY']])); time.sleep(60)")
-    proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
-                             sys.executable, "-c", child, str(ready)], env=exec_env(gw),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=default_signals)  # not pytest's: it may run under nohup, in `&`
+    child = (
+        "import json, os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text("
+        "json.dumps([os.getpid(), os.environ['ANTHROPIC_API_KEY']])); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [
+            *CTL,
+            "exec",
+            "--repo",
+            "acme/app",
+            "--principal",
+            "w-1",
+            "--model",
+            MODEL,
+            "--",
+            sys.executable,
+            "-c",
+            child,
+            str(ready),
+        ],
+        env=exec_env(gw),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_signals,
+    )  # not pytest's: it may run under nohup, in `&`
     try:
         pid, token = json.loads(wait_until(lambda: ready.exists() and ready.read_text(), 20, "the worker"))
         proc.send_signal(sig)
@@ -313,12 +389,14 @@ REPORT_DISPOSITIONS = (
     # (Python itself turns an inherited default SIGINT into default_int_handler)
     "signal.signal(signal.SIGHUP, lambda *_: sys.exit(42))\n"  # this worker handles SIGHUP itself
     "pathlib.Path(sys.argv[1]).write_text(json.dumps(seen))\n"
-    "time.sleep(60)\n")
+    "time.sleep(60)\n"
+)
 
 
 @pytest.mark.parametrize("started", ["default", "ignored"])
 def test_exec_passes_its_signal_dispositions_to_the_worker_and_still_forwards(
-        gw: Gateway, tmp_path: Path, started: str) -> None:
+    gw: Gateway, tmp_path: Path, started: str
+) -> None:
     """As `exec --help` says: the worker starts with SIGINT/SIGHUP ignored when leaseholdctl was
     (nohup, a background job), at their defaults otherwise; a forwarded signal still reaches a
     worker that handles it itself."""
@@ -329,10 +407,29 @@ def test_exec_passes_its_signal_dispositions_to_the_worker_and_still_forwards(
             signal.signal(sig, signal.SIG_IGN if started == "ignored" else signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
-                             sys.executable, "-c", REPORT_DISPOSITIONS, str(ready)], env=exec_env(gw),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=start_as)
+    proc = subprocess.Popen(
+        [
+            *CTL,
+            "exec",
+            "--repo",
+            "acme/app",
+            "--principal",
+            "w-1",
+            "--model",
+            MODEL,
+            "--",
+            sys.executable,
+            "-c",
+            REPORT_DISPOSITIONS,
+            str(ready),
+        ],
+        env=exec_env(gw),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=start_as,
+    )
     try:
         seen = json.loads(wait_until(lambda: ready.exists() and ready.read_text(), 20, "the worker"))
         assert seen == {"SIGINT": started, "SIGHUP": started, "SIGTERM": "default"}
@@ -355,8 +452,23 @@ def running(pid: int) -> bool:
 def test_exec_held_mint_runs_nothing(gw: Gateway, tmp_path: Path) -> None:
     first = pairs(ctl(gw, "mint", "--v2", "--dispatch", "ctl-busy", *WHO, "--model", MODEL).stdout)
     marker = tmp_path / "ran"
-    done = ctl(gw, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--dispatch", "ctl-busy",
-               "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')", env=exec_env(gw))
+    done = ctl(
+        gw,
+        "exec",
+        "--repo",
+        "acme/app",
+        "--principal",
+        "w-1",
+        "--model",
+        MODEL,
+        "--dispatch",
+        "ctl-busy",
+        "--",
+        sys.executable,
+        "-c",
+        f"open({str(marker)!r}, 'w')",
+        env=exec_env(gw),
+    )
     assert done.returncode == 3 and not marker.exists()
     assert "mint held: fallback-lease-still-held" in done.stderr and "Retry-After" in done.stderr
     assert ctl(gw, "revoke", first["key_id"]).returncode == 0
@@ -364,8 +476,19 @@ def test_exec_held_mint_runs_nothing(gw: Gateway, tmp_path: Path) -> None:
 
 def test_exec_of_a_missing_command_is_127_and_revokes(gw: Gateway) -> None:
     before = lease_count(gw)
-    done = ctl(gw, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
-               "/nonexistent/worker", env=exec_env(gw))
+    done = ctl(
+        gw,
+        "exec",
+        "--repo",
+        "acme/app",
+        "--principal",
+        "w-1",
+        "--model",
+        MODEL,
+        "--",
+        "/nonexistent/worker",
+        env=exec_env(gw),
+    )
     assert done.returncode == 127 and "command not found" in done.stderr
     assert lease_count(gw) == before
 
@@ -404,15 +527,36 @@ def test_exec_hands_the_terminal_to_the_worker_so_ctrl_c_reaches_it_once(gw: Gat
         default_signals()  # Ctrl-C must be able to reach the worker, however pytest was started
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    worker = ("import os, sys, time; print('FG', os.tcgetpgrp(0) == os.getpgrp(), "
-              "os.environ['ANTHROPIC_API_KEY'], 'READY', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, "--",
-                             sys.executable, "-c", worker], env=exec_env(gw), stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True, preexec_fn=controlling_tty)
+    worker = (
+        "import os, sys, time; print('FG', os.tcgetpgrp(0) == os.getpgrp(), "
+        "os.environ['ANTHROPIC_API_KEY'], 'READY', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [
+            *CTL,
+            "exec",
+            "--repo",
+            "acme/app",
+            "--principal",
+            "w-1",
+            "--model",
+            MODEL,
+            "--",
+            sys.executable,
+            "-c",
+            worker,
+        ],
+        env=exec_env(gw),
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=controlling_tty,
+    )
     os.close(slave)
     try:
         line = _read_until(master, b"READY", 20).decode()
-        words = line[line.index("FG"):].split()
+        words = line[line.index("FG") :].split()
         assert words[1] == "True", line  # the worker's group is the terminal's foreground group
         os.write(master, b"\x03")  # Ctrl-C, delivered by the terminal to its foreground group
         assert proc.wait(20) == 128 + signal.SIGINT

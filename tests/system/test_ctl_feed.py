@@ -32,8 +32,13 @@ class Tail:
 
     def __init__(self, gw: Gateway, workdir: Path, *argv: str) -> None:
         self.out, self.err = workdir / "events.out", workdir / "events.err"
-        self.proc = subprocess.Popen([*CTL, "events", *argv], env=ctl_env(gw), stdin=subprocess.DEVNULL,
-                                     stdout=self.out.open("w"), stderr=self.err.open("w"))
+        self.proc = subprocess.Popen(
+            [*CTL, "events", *argv],
+            env=ctl_env(gw),
+            stdin=subprocess.DEVNULL,
+            stdout=self.out.open("w"),
+            stderr=self.err.open("w"),
+        )
 
     def events(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]

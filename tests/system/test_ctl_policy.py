@@ -43,8 +43,19 @@ def test_set_get_explain_and_audit_a_repo_level(gw: Gateway, tmp_path: Path) -> 
     assert "a mint now would select: legacy-anthropic" in explain.stdout
     assert json.loads(ctl(gw, "policy", "explain", "--repo", "acme/app", "--model", MODEL, "--json").stdout)
 
-    stale = ctl(gw, "policy", "set", "--level", "repo:acme/app", "--file", str(doc), "--reason", "again",
-                "--expected-revision", str(revision))
+    stale = ctl(
+        gw,
+        "policy",
+        "set",
+        "--level",
+        "repo:acme/app",
+        "--file",
+        str(doc),
+        "--reason",
+        "again",
+        "--expected-revision",
+        str(revision),
+    )
     assert stale.returncode == 4 and "409" in stale.stderr
 
     audit = ctl(gw, "policy", "audit", "--verify")
@@ -63,6 +74,7 @@ def test_an_unknown_field_is_refused_naming_it(gw: Gateway, tmp_path: Path) -> N
 def test_a_bad_file_never_reaches_the_daemon(gw: Gateway, tmp_path: Path) -> None:
     doc = tmp_path / "bad.toml"
     doc.write_text("providers = [")
-    done = ctl(gw, "policy", "set", "--level", "platform", "--file", str(doc), "--reason", "x",
-               "--expected-revision", "0")
+    done = ctl(
+        gw, "policy", "set", "--level", "platform", "--file", str(doc), "--reason", "x", "--expected-revision", "0"
+    )
     assert done.returncode == 2 and "not valid TOML" in done.stderr

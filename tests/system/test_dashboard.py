@@ -22,8 +22,16 @@ import pytest
 from tests.support.harness import Gateway, Stub, credential_like, http
 from tests.support.prerequisites import CHROMIUM, CHROMIUM_INSTALL, missing
 
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 MODEL = "claude-sonnet-4-6"
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
@@ -49,8 +57,9 @@ def page(browser: Any) -> Iterator[Any]:
     opened = context.new_page()
     faults: list[str] = []
     opened.on("pageerror", lambda error: faults.append(f"uncaught: {error}"))
-    opened.on("console", lambda message: faults.append(message.text)
-              if "Content Security Policy" in message.text else None)
+    opened.on(
+        "console", lambda message: faults.append(message.text) if "Content Security Policy" in message.text else None
+    )
     yield opened
     context.close()
     assert faults == []
@@ -70,13 +79,18 @@ def open_dashboard(page: Any, gw: Gateway, token: str) -> list[str]:
 
 def stream_slowly(gw: Gateway, token: str, done: dict[str, Any]) -> None:
     sdk = anthropic.Anthropic(base_url=gw.dataplane_url, api_key=token, max_retries=0)
-    with sdk.messages.stream(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}],
-                             extra_headers={"x-stub-step": '{"stall_after_events": 2, "stall_s": 2}'}) as s:
+    with sdk.messages.stream(
+        model=MODEL,
+        max_tokens=16,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-stub-step": '{"stall_after_events": 2, "stall_s": 2}'},
+    ) as s:
         done["text"] = s.get_final_text()
 
 
 def test_a_streaming_route_shows_live_then_moves_to_recent_with_its_tokens(
-        page: Any, make_gateway, clean_stub: Stub) -> None:
+    page: Any, make_gateway, clean_stub: Stub
+) -> None:
     read_token = credential_like("read_")
     gw = make_gateway({"GATEWAY_READ_TOKEN": read_token}).start()
     requested = open_dashboard(page, gw, read_token)
@@ -103,8 +117,10 @@ def test_a_streaming_route_shows_live_then_moves_to_recent_with_its_tokens(
     try:
         live = page.wait_for_selector("#live-routes tr[data-attempt-id]", timeout=WAIT_MS)
         attempt_id = live.get_attribute("data-attempt-id")
-        page.wait_for_selector("#accounts tr[data-account-id='legacy-anthropic'] "
-                               "[data-field=in_flight]:text-is('1 streaming')", timeout=WAIT_MS)
+        page.wait_for_selector(
+            "#accounts tr[data-account-id='legacy-anthropic'] [data-field=in_flight]:text-is('1 streaming')",
+            timeout=WAIT_MS,
+        )
         page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
         recent = page.wait_for_selector(f"#recent-routes tr[data-attempt-id='{attempt_id}']", timeout=WAIT_MS)
     finally:
@@ -129,7 +145,8 @@ def test_a_streaming_route_shows_live_then_moves_to_recent_with_its_tokens(
 
 
 def test_a_refused_token_and_an_unreachable_control_daemon_are_said_not_shown_empty_then_recovered(
-        page: Any, make_gateway) -> None:
+    page: Any, make_gateway
+) -> None:
     read_token = credential_like("read_")
     gw = make_gateway({"GATEWAY_READ_TOKEN": read_token}).start()
     page.goto(gw.control_url + "/dashboard")
@@ -165,9 +182,13 @@ def test_the_page_is_public_self_contained_and_locked_to_its_own_origin(gateway:
     policy = headers["content-security-policy"]
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy and "script-src 'self'" in policy
     assert "/dashboard/dashboard.js" in page_html and "/dashboard/dashboard.css" in page_html
-    for name, kind in (("dashboard.js", "text/javascript"), ("source.js", "text/javascript"),
-                       ("render.js", "text/javascript"), ("charts.js", "text/javascript"),
-                       ("dashboard.css", "text/css")):
+    for name, kind in (
+        ("dashboard.js", "text/javascript"),
+        ("source.js", "text/javascript"),
+        ("render.js", "text/javascript"),
+        ("charts.js", "text/javascript"),
+        ("dashboard.css", "text/css"),
+    ):
         status, headers, body = http("GET", f"{gateway.control_url}/dashboard/{name}")
         assert status == 200 and headers["content-type"].startswith(kind) and body
     assert http("GET", gateway.control_url + "/dashboard/../main.py")[0] == 404
@@ -187,15 +208,18 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def put_budget(gw: Gateway, name: str, document: dict) -> None:
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {"name": name, "expected_revision": revision,
-                                                                  "document": document, "reason": "dashboard"})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {"name": name, "expected_revision": revision, "document": document, "reason": "dashboard"},
+    )
     assert status == 200, body
 
 
 def test_budgets_are_bars_and_each_account_has_its_hours_drawn(page: Any, make_gateway, clean_stub: Stub) -> None:
     read_token = credential_like("read_")
     gw = make_gateway({"GATEWAY_READ_TOKEN": read_token}).start()
-    put_budget(gw, "repo:acme/app", {"budgets": [{"window": "day", "usd": 0.00025}]})   # 3 requests exhaust it
+    put_budget(gw, "repo:acme/app", {"budgets": [{"window": "day", "usd": 0.00025}]})  # 3 requests exhaust it
     put_budget(gw, "platform", {"budgets": [{"window": "month", "usd": 1}]})
     lease = gw.mint()
     sdk = anthropic.Anthropic(base_url=gw.dataplane_url, api_key=lease["token"], max_retries=0)
@@ -203,14 +227,16 @@ def test_budgets_are_bars_and_each_account_has_its_hours_drawn(page: Any, make_g
         sdk.messages.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}])
     other = gw.mint("openai", repo_slug="solo/x")
     openai.OpenAI(base_url=other["base_url"], api_key=other["token"], max_retries=0).chat.completions.create(
-        model="gpt-5", messages=[{"role": "user", "content": "hi"}])
+        model="gpt-5", messages=[{"role": "user", "content": "hi"}]
+    )
     gw.wait_rows(4)
     open_dashboard(page, gw, read_token)
 
-    exhausted = page.wait_for_selector("#budgets .budget[data-level='repo:acme/app'][data-state=exhausted]",
-                                       timeout=WAIT_MS)
+    exhausted = page.wait_for_selector(
+        "#budgets .budget[data-level='repo:acme/app'][data-state=exhausted]", timeout=WAIT_MS
+    )
     assert float(exhausted.query_selector("rect.bar-fill").get_attribute("width")) > 0
-    assert exhausted.query_selector("rect.bar-over") is not None           # the overshoot, drawn past the mark
+    assert exhausted.query_selector("rect.bar-over") is not None  # the overshoot, drawn past the mark
     assert "overshoot" in exhausted.text_content() and "held 503" in exhausted.text_content()
     platform = page.locator("#budgets .budget[data-level='platform']")
     assert platform.get_attribute("data-state") == "ok" and "of $1.00" in platform.text_content()
@@ -218,12 +244,14 @@ def test_budgets_are_bars_and_each_account_has_its_hours_drawn(page: Any, make_g
     chart = page.wait_for_selector("#spend-charts svg.spend-chart[data-account-id='legacy-anthropic']", timeout=WAIT_MS)
     bars = chart.query_selector_all("rect.bar-cost")
     unheld = chart.query_selector_all("rect.slot-unheld")
-    assert len(bars) + len(unheld) == 24 and bars                          # one slot an hour, the last 24
+    assert len(bars) + len(unheld) == 24 and bars  # one slot an hour, the last 24
     now = bars[-1]
     assert now.get_attribute("data-attempts") == "3" and float(now.get_attribute("height")) > 0
     points = chart.query_selector("polyline.line-requests").get_attribute("points").split()
-    assert len(points) == len(bars)                                        # a request count for every held hour
-    assert page.locator("#spend-charts svg.spend-chart[data-account-id='legacy-openai'] rect.bar-cost").count() == len(bars)
+    assert len(points) == len(bars)  # a request count for every held hour
+    assert page.locator("#spend-charts svg.spend-chart[data-account-id='legacy-openai'] rect.bar-cost").count() == len(
+        bars
+    )
     assert "3 requests" in page.text_content("#spend-charts .spend-card[data-account-id='legacy-anthropic']")
 
     whole, money = ARTIFACTS / "dashboard-budgets.png", ARTIFACTS / "dashboard-budgets-charts.png"
@@ -231,4 +259,4 @@ def test_budgets_are_bars_and_each_account_has_its_hours_drawn(page: Any, make_g
     page.locator("#money").screenshot(path=str(money))
     width, height = png_size(money)
     assert width > 600 and height > 150
-    assert money.stat().st_size > 8_000 and whole.stat().st_size > money.stat().st_size   # drawn, not blank
+    assert money.stat().st_size > 8_000 and whole.stat().st_size > money.stat().st_size  # drawn, not blank

@@ -11,15 +11,19 @@ from tests.system.test_dispatch_keys import MODEL, A, B, mint, pool, second_stub
 
 
 def test_a_hop_appears_with_its_accounts_condition_and_decision(
-        page: Any, make_gateway, tmp_path: Path, clean_stub, second_stub) -> None:
+    page: Any, make_gateway, tmp_path: Path, clean_stub, second_stub
+) -> None:
     read_token = credential_like("read_")
     gw = pool(make_gateway, tmp_path, second_stub, {"GATEWAY_READ_TOKEN": read_token})
     open_dashboard(page, gw, read_token)
     assert "no hop since this page connected" in page.text_content("#hops")
     minted = mint(gw)
-    status, _, _ = http("POST", gw.dataplane_url + "/v1/messages",
-                        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-                        {"x-api-key": minted["token"], "x-stub-step": '{"status": 429, "headers": {"retry-after": "1"}}'})
+    status, _, _ = http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        {"x-api-key": minted["token"], "x-stub-step": '{"status": 429, "headers": {"retry-after": "1"}}'},
+    )
     assert status == 429
     row = page.wait_for_selector(f"#hops tr[data-key='{minted['key_id']}']", timeout=WAIT_MS)
     shown = {f: row.query_selector(f"[data-field={f}]").text_content() for f in ("from", "to", "condition", "hop")}

@@ -24,28 +24,38 @@ def test_request_capacity_end_to_end_through_the_v2_mint(make_gateway, clean_stu
     accounts.write_text(
         f'[[account]]\nid = "{ACCOUNT}"\nprovider_binding = "anthropic"\nbase_url = "{clean_stub.url}"\n'
         'auth_style = "x-api-key"\ncredential_env = "GATEWAY_CAPPED_KEY"\nmodels = ["capped-*"]\n'
-        'request_capacity = 1\n')
-    gw = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                       "GATEWAY_CAPPED_KEY": clean_stub.anthropic_key}).start()
-    status, _, minted = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-1", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": "capped-model-1"})
+        "request_capacity = 1\n"
+    )
+    gw = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_CAPPED_KEY": clean_stub.anthropic_key}).start()
+    status, _, minted = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-1",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": "capped-model-1",
+        },
+    )
     assert status == 201 and minted["account_id"] == ACCOUNT, minted
     body = {**A_BODY, "model": "capped-model-1"}
-    sock = send_raw(gw, {**body, "stream": True},
-                    {"x-api-key": minted["token"], **step(stall_after_events=3, stall_s=30)})
+    sock = send_raw(
+        gw, {**body, "stream": True}, {"x-api-key": minted["token"], **step(stall_after_events=3, stall_s=30)}
+    )
     read_until(sock, b"event: ping")
-    status, headers, answer = call("POST", gw.dataplane_url + "/v1/messages", body,
-                                   {**A_HEADERS, "x-api-key": minted["token"]})
+    status, headers, answer = call(
+        "POST", gw.dataplane_url + "/v1/messages", body, {**A_HEADERS, "x-api-key": minted["token"]}
+    )
     assert status == 429 and headers["retry-after"] == "1"
     assert answer["error"]["code"] == "request-capacity-exhausted"
     refused = wait_until(lambda: rows_for(gw, minted["key_id"]), 10, "the refusal's row")
     assert [(r["status"], r["refusal_reason"], r["condition"]) for r in refused] == [
-        ("refused", "request-capacity-exhausted", None)]
+        ("refused", "request-capacity-exhausted", None)
+    ]
     sock.close()
     wait_until(lambda: gw.active()["count"] == 0, 10, "the aborted stream ended")
-    status, _, _ = call("POST", gw.dataplane_url + "/v1/messages", body,
-                        {**A_HEADERS, "x-api-key": minted["token"]})
+    status, _, _ = call("POST", gw.dataplane_url + "/v1/messages", body, {**A_HEADERS, "x-api-key": minted["token"]})
     assert status == 200  # the aborted stream returned its slot
     rows = settled(gw, minted["key_id"], 3)
     assert [r["status"] for r in rows] == ["refused", "client-aborted", "completed"]

@@ -19,8 +19,14 @@ def healthz(gw: Gateway, method: str = "GET", headers: dict[str, str] | None = N
 def probe(gw: Gateway, *argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in gw.env.items() if not k.startswith("GATEWAY_")}
     env["GATEWAY_DATAPLANE_LISTEN"] = gw.env["GATEWAY_DATAPLANE_LISTEN"]
-    return subprocess.run([sys.executable, "-m", "dataplane.probe", *argv], env=env, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "dataplane.probe", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_healthz_needs_no_key_is_never_proxied_and_counts_leases(make_gateway, clean_stub: Stub) -> None:
@@ -31,12 +37,16 @@ def test_healthz_needs_no_key_is_never_proxied_and_counts_leases(make_gateway, c
     minted = gw.mint()
     assert healthz(gw)[2]["leases"] == 1
     # a key, a body or another wire's headers change nothing: it is never a proxied request
-    for extra in ({"x-api-key": minted["token"]}, {"authorization": f"Bearer {minted['token']}"},
-                  {"anthropic-version": "2023-06-01"}):
+    for extra in (
+        {"x-api-key": minted["token"]},
+        {"authorization": f"Bearer {minted['token']}"},
+        {"anthropic-version": "2023-06-01"},
+    ):
         assert healthz(gw, headers=extra)[:3:2] == (200, {"status": "ok", "control": "synchronised", "leases": 1})
     assert healthz(gw, "HEAD")[0] == 200
-    status, headers, _ = http("POST", gw.dataplane_url + "/healthz", {"model": "claude-sonnet-4-6"},
-                              {"x-api-key": minted["token"]})
+    status, headers, _ = http(
+        "POST", gw.dataplane_url + "/healthz", {"model": "claude-sonnet-4-6"}, {"x-api-key": minted["token"]}
+    )
     assert status == 405 and headers["allow"] == "GET, HEAD"
     assert clean_stub.requests() == []
     assert gw.ledger() == [] and gw.active()["count"] == 0  # no attempt, no row
@@ -53,6 +63,7 @@ def test_healthz_is_503_while_control_is_away_and_200_once_resynchronised(make_g
     def unavailable():
         status, headers, body = healthz(gw)
         return status == 503 and (headers, body)
+
     headers, body = wait_until(unavailable, 10, "data plane healthz 503")
     assert headers["retry-after"] == "1"
     assert body == {"status": "unavailable", "control": "disconnected", "leases": 0}  # fails closed

@@ -29,32 +29,42 @@ def test_credentials_and_presented_keys_never_recorded(make_gateway, tmp_path: P
         gw = make_gateway(upstream=upstream).start()
         minted, revoked = gw.mint(), gw.mint()
         gw.revoke(revoked["key_id"])
-        guessed = [shapeless("hunter"), anthropic_key, openai_key, revoked["token"],
-                   revoked["token"].split(".")[1]]
+        guessed = [shapeless("hunter"), anthropic_key, openai_key, revoked["token"], revoked["token"].split(".")[1]]
 
         # Served: the credential is swapped in; the key in the query string is dropped too.
-        status, _, _ = call("POST", gw.dataplane_url + f"/v1/messages?beta=true&key={minted['token']}",
-                            A_BODY, {**A_HEADERS, "x-api-key": minted["token"]})
+        status, _, _ = call(
+            "POST",
+            gw.dataplane_url + f"/v1/messages?beta=true&key={minted['token']}",
+            A_BODY,
+            {**A_HEADERS, "x-api-key": minted["token"]},
+        )
         assert status == 200
         entry = stub_entry(upstream)
         assert entry["path"] == "/v1/messages?beta=true"
         assert_swapped(entry, minted["token"], "x-api-key", anthropic_key)
         # The upstream rejects the credential: its answer passes through, nothing is logged of it.
-        status, _, _ = call("POST", gw.dataplane_url + "/v1/messages", A_BODY,
-                            {**A_HEADERS, "x-api-key": minted["token"], **step(status=401)})
+        status, _, _ = call(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            A_BODY,
+            {**A_HEADERS, "x-api-key": minted["token"], **step(status=401)},
+        )
         assert status == 401
         # Failed authentications: each presented string is refused and never written anywhere.
         for presented in guessed:
             for header in ({"x-api-key": presented}, {"authorization": f"Bearer {presented}"}):
-                status, headers, _ = call("POST", gw.dataplane_url + "/v1/messages", A_BODY,
-                                          {**A_HEADERS, **header})
+                status, headers, _ = call("POST", gw.dataplane_url + "/v1/messages", A_BODY, {**A_HEADERS, **header})
                 assert status == 401 and headers["x-should-retry"] == "false"
         # A header line too long to parse: the server library logs the start of the offending
         # value; it begins with a live credential and with the presented key.
         for value in (anthropic_key, minted["token"]):
             with socket.create_connection(("127.0.0.1", gw.dataplane_port), timeout=5) as sock:
-                sock.sendall(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: " + value.encode()
-                             + b"a" * 40_000 + b"\r\n\r\n")
+                sock.sendall(
+                    b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: "
+                    + value.encode()
+                    + b"a" * 40_000
+                    + b"\r\n\r\n"
+                )
                 assert sock.recv(4096).split(b"\r\n", 1)[0].endswith(b"400 Bad Request")
         settled(gw, minted["key_id"], 2)
         wait_until(lambda: gw.logs().count("LineTooLong") >= 2, 10, "the parser's complaints logged")

@@ -13,9 +13,15 @@ from tests.support.harness import Gateway, Stub
 
 
 def _head(gw: Gateway, token: str, payload: bytes, extra: list[str], path: str = "/v1/messages") -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json",
-             "anthropic-version: 2023-06-01", f"x-api-key: {token}", f"Content-Length: {len(payload)}",
-             *extra]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: application/json",
+        "anthropic-version: 2023-06-01",
+        f"x-api-key: {token}",
+        f"Content-Length: {len(payload)}",
+        *extra,
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -50,8 +56,9 @@ def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
     """One answer with a Content-Length: (head, body)."""
     data = read_until(sock, b"\r\n\r\n")
     head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return head, body
@@ -96,9 +103,13 @@ def test_a_chunked_body_past_aiohttp_default_limit_is_relayed(gateway: Gateway, 
     body = {**A_BODY, "messages": [{"role": "user", "content": "x" * (3 * 1024 * 1024 // 2)}]}
     payload = json.dumps(body).encode()
     conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=20)
-    conn.request("POST", "/v1/messages", iter([payload[i:i + 65536] for i in range(0, len(payload), 65536)]),
-                 {"Content-Type": "application/json", "anthropic-version": "2023-06-01",
-                  "x-api-key": minted["token"]}, encode_chunked=True)
+    conn.request(
+        "POST",
+        "/v1/messages",
+        iter([payload[i : i + 65536] for i in range(0, len(payload), 65536)]),
+        {"Content-Type": "application/json", "anthropic-version": "2023-06-01", "x-api-key": minted["token"]},
+        encode_chunked=True,
+    )
     response = conn.getresponse()
     response.read()
     conn.close()

@@ -66,12 +66,22 @@ def test_sigterm_drains_then_cuts_with_gateway_shutdown_rows(make_gateway, clean
     assert rows[short["key_id"]][0]["status"] == "completed"
     cut = rows[long_["key_id"]][0]
     assert (cut["status"], cut["refusal_reason"], cut["condition"], cut["http_status"]) == (
-        "refused", "gateway-shutdown", None, 200)
-    assert cut["usage"] == {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 1,
-                            "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
-                            "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS}
+        "refused",
+        "gateway-shutdown",
+        None,
+        200,
+    )
+    assert cut["usage"] == {
+        "input_tokens": STUB_INPUT_TOKENS,
+        "output_tokens": 1,
+        "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
+        "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
+    }
     held = rows[waiting["key_id"]][0]
     assert (held["status"], held["refusal_reason"], held["http_status"]) == ("refused", "gateway-shutdown", 503)
     assert gw.active()["count"] == 0
-    stub_entry(clean_stub, lambda e: e["outcome"] == "client-gone" and e["stream"],
-               what="the cut stream's upstream request cancelled")
+    stub_entry(
+        clean_stub,
+        lambda e: e["outcome"] == "client-gone" and e["stream"],
+        what="the cut stream's upstream request cancelled",
+    )

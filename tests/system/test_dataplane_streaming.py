@@ -35,9 +35,12 @@ from tests.support.stub_upstream import (
 )
 
 # What message_start reports before any output: the billing of a stream cut after it.
-A_STARTED_USAGE = {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 1,
-                   "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
-                   "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS}
+A_STARTED_USAGE = {
+    "input_tokens": STUB_INPUT_TOKENS,
+    "output_tokens": 1,
+    "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
+    "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
+}
 BODIES = {
     "anthropic": ("/v1/messages", {**A_BODY, "stream": True}),
     "chat": ("/v1/chat/completions", {"model": O_MODEL, "messages": MESSAGES, "stream": True}),
@@ -56,8 +59,12 @@ def raw_stream(gw: Gateway, token: str, kind: str, extra: dict[str, str]) -> tup
     path, body = BODIES[kind]
     conn = http.client.HTTPConnection("127.0.0.1", gw.dataplane_port, timeout=15)
     try:
-        conn.request("POST", path, json.dumps(body), {
-            **A_HEADERS, "authorization": f"Bearer {token}", "accept": "application/json", **extra})
+        conn.request(
+            "POST",
+            path,
+            json.dumps(body),
+            {**A_HEADERS, "authorization": f"Bearer {token}", "accept": "application/json", **extra},
+        )
         response = conn.getresponse()
         try:
             return response.status, response.read(), True
@@ -74,8 +81,9 @@ def test_chunks_reach_the_client_as_the_upstream_sends_them(gateway: Gateway, cl
     minted = gateway.mint()
     sdk = anthropic_sdk(gateway, minted["token"])
     arrivals: list[float] = []
-    with sdk.messages.stream(model=A_MODEL, max_tokens=64, messages=MESSAGES,
-                             extra_headers=step(deltas=14, stall_between_events_s=0.25)) as stream:
+    with sdk.messages.stream(
+        model=A_MODEL, max_tokens=64, messages=MESSAGES, extra_headers=step(deltas=14, stall_between_events_s=0.25)
+    ) as stream:
         for _event in stream:
             arrivals.append(time.time())
     entry = stub_entry(clean_stub)
@@ -96,7 +104,8 @@ def test_chunks_reach_the_client_as_the_upstream_sends_them(gateway: Gateway, cl
 @pytest.mark.parametrize("kind", ["anthropic", "chat", "responses"])
 @pytest.mark.parametrize("fault", ["cut_after_events", "eof_after_events"])
 def test_stream_without_terminal_event_reaches_the_worker_broken(
-        gateway: Gateway, clean_stub: Stub, kind: str, fault: str) -> None:
+    gateway: Gateway, clean_stub: Stub, kind: str, fault: str
+) -> None:
     """An abrupt cut and a clean-but-short upstream stream both end broken at the worker."""
     minted = gateway.mint("anthropic" if kind == "anthropic" else "openai")
     status, body, clean = raw_stream(gateway, minted["token"], kind, step(**{fault: 3}))
@@ -115,14 +124,18 @@ def test_sdks_raise_on_a_cut_stream_and_never_return_the_truncated_text(gateway:
     a = gateway.mint()
     with pytest.raises(anthropic.APIStatusError) as caught:  # the SDK raises the gateway's error event
         with anthropic_sdk(gateway, a["token"]).messages.stream(
-                model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(eof_after_events=5)) as s:
+            model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(eof_after_events=5)
+        ) as s:
             s.get_final_text()
     assert "t0" not in str(caught.value)
     o = gateway.mint("openai")
     sdk = openai_sdk(gateway, o["token"])
     with pytest.raises(openai.APIError):
-        list(sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES, stream=True,
-                                         extra_headers=step(eof_after_events=3)))
+        list(
+            sdk.chat.completions.create(
+                model=O_MODEL, messages=MESSAGES, stream=True, extra_headers=step(eof_after_events=3)
+            )
+        )
     with pytest.raises(openai.APIConnectionError) as cut:  # yields the error event, then meets the cut
         with sdk.responses.stream(model=O_MODEL, input="hi", extra_headers=step(eof_after_events=6)) as s:
             s.get_final_response()
@@ -151,11 +164,13 @@ def test_malformed_event_is_forwarded_and_does_not_cut(gateway: Gateway, clean_s
 def test_gzip_stream_is_relayed_compressed_and_a_cut_still_breaks_it(gateway: Gateway, clean_stub: Stub) -> None:
     minted = gateway.mint()
     with anthropic_sdk(gateway, minted["token"]).messages.stream(
-            model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(gzip=True)) as stream:
+        model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(gzip=True)
+    ) as stream:
         assert stream.get_final_text() == stub_text()
         assert stream.response.headers["content-encoding"] == "gzip"
-    status, _, clean = raw_stream(gateway, minted["token"], "anthropic", {
-        "accept-encoding": "gzip", **step(gzip=True, cut_after_events=4)})
+    status, _, clean = raw_stream(
+        gateway, minted["token"], "anthropic", {"accept-encoding": "gzip", **step(gzip=True, cut_after_events=4)}
+    )
     assert status == 200 and not clean
     rows = settled(gateway, minted["key_id"], 2)
     assert [r["status"] for r in rows] == ["completed", "transport-error"]
@@ -169,8 +184,12 @@ def test_openai_stream_usage_and_served_model(gateway: Gateway, clean_stub: Stub
     if kind == "chat":
         body = {**body, "stream_options": {"include_usage": True}}
     conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=10)
-    conn.request("POST", path, json.dumps(body),
-                 {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"})
+    conn.request(
+        "POST",
+        path,
+        json.dumps(body),
+        {"authorization": f"Bearer {minted['token']}", "content-type": "application/json"},
+    )
     response = conn.getresponse()
     payload = response.read()
     conn.close()
@@ -185,15 +204,21 @@ def test_non_streaming_answer_cut_mid_body_reaches_the_worker_short(gateway: Gat
     minted = gateway.mint()
     with pytest.raises(anthropic.APIConnectionError) as cut:
         anthropic_sdk(gateway, minted["token"]).messages.create(
-            model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(cut_after_events=1))
+            model=A_MODEL, max_tokens=16, messages=MESSAGES, extra_headers=step(cut_after_events=1)
+        )
     assert isinstance(cut.value.__cause__, httpx2.RemoteProtocolError)
     conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=10)
-    conn.request("POST", "/v1/messages", json.dumps(A_BODY),
-                 {**A_HEADERS, "x-api-key": minted["token"], **step(cut_after_events=1)})
+    conn.request(
+        "POST",
+        "/v1/messages",
+        json.dumps(A_BODY),
+        {**A_HEADERS, "x-api-key": minted["token"], **step(cut_after_events=1)},
+    )
     response = conn.getresponse()
     with pytest.raises(http.client.IncompleteRead):
         response.read()
     conn.close()
     rows = settled(gateway, minted["key_id"], 2)
-    assert all((r["status"], r["http_status"], r["stream"], r["usage"]) == ("transport-error", 200, False, None)
-               for r in rows)
+    assert all(
+        (r["status"], r["http_status"], r["stream"], r["usage"]) == ("transport-error", 200, False, None) for r in rows
+    )

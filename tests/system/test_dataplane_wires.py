@@ -42,11 +42,18 @@ from tests.support.stub_upstream import (
     stub_text,
 )
 
-A_USAGE = {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 3,
-           "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
-           "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS}
-O_USAGE = {"input_tokens": STUB_INPUT_TOKENS - STUB_OPENAI_CACHED_TOKENS, "output_tokens": 3,
-           "cache_read_tokens": STUB_OPENAI_CACHED_TOKENS, "cache_creation_tokens": 0}
+A_USAGE = {
+    "input_tokens": STUB_INPUT_TOKENS,
+    "output_tokens": 3,
+    "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
+    "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
+}
+O_USAGE = {
+    "input_tokens": STUB_INPUT_TOKENS - STUB_OPENAI_CACHED_TOKENS,
+    "output_tokens": 3,
+    "cache_read_tokens": STUB_OPENAI_CACHED_TOKENS,
+    "cache_creation_tokens": 0,
+}
 
 
 def _overhead(headers) -> float:
@@ -87,8 +94,9 @@ def test_anthropic_beta_stream_keeps_query_and_beta_header(gateway: Gateway, cle
     sdk = anthropic_sdk(gateway, minted["token"])
     betas = ["interleaved-thinking-2025-05-14", "context-management-2025-06-27"]
     # Claude Code always sends ?beta=true (this SDK version does not add it by itself).
-    with sdk.beta.messages.stream(model=A_MODEL, max_tokens=16, messages=MESSAGES, betas=betas,
-                                  extra_query={"beta": "true"}) as stream:
+    with sdk.beta.messages.stream(
+        model=A_MODEL, max_tokens=16, messages=MESSAGES, betas=betas, extra_query={"beta": "true"}
+    ) as stream:
         assert stream.get_final_text() == stub_text()
         assert stream.response.headers["request-id"].startswith("req_")
         _overhead(stream.response.headers)
@@ -112,21 +120,23 @@ def test_anthropic_count_tokens_and_models(gateway: Gateway, clean_stub: Stub) -
     assert [m.id for m in sdk.models.list()] == list(ANTHROPIC_MODELS)
 
     seen = clean_stub.requests()
-    assert [(e["method"], e["path"]) for e in seen] == [
-        ("POST", "/v1/messages/count_tokens"), ("GET", "/v1/models")]
+    assert [(e["method"], e["path"]) for e in seen] == [("POST", "/v1/messages/count_tokens"), ("GET", "/v1/models")]
     for entry in seen:
         assert_swapped(entry, minted["token"], "x-api-key", clean_stub.anthropic_key)
     rows = settled(gateway, minted["key_id"], 2)
     assert [r["path"] for r in rows] == ["/v1/messages/count_tokens", "/v1/models"]
     assert all(r["status"] == "completed" and r["usage"] is None for r in rows)
-    assert all(r["cost_usd"] == 0.0 and r["cost_reason"] == "not-billed" for r in rows)   # SPEC §19
+    assert all(r["cost_usd"] == 0.0 and r["cost_reason"] == "not-billed" for r in rows)  # SPEC §19
 
 
 def test_zai_harness_binding_uses_bearer_on_the_anthropic_wire(gateway: Gateway, clean_stub: Stub) -> None:
     minted = gateway.mint("zai-harness")
-    status, headers, body = call("POST", gateway.dataplane_url + "/v1/messages",
-                                 {**A_BODY, "model": "glm-9-unlisted"},
-                                 {**A_HEADERS, "x-api-key": minted["token"]})
+    status, headers, body = call(
+        "POST",
+        gateway.dataplane_url + "/v1/messages",
+        {**A_BODY, "model": "glm-9-unlisted"},
+        {**A_HEADERS, "x-api-key": minted["token"]},
+    )
     assert status == 200 and body["content"][0]["text"] == stub_text()
     assert_swapped(stub_entry(clean_stub), minted["token"], "authorization", clean_stub.anthropic_key)
     row = one_row(gateway, minted["key_id"])
@@ -159,8 +169,11 @@ def test_openai_chat_non_streaming_strips_organization(gateway: Gateway, clean_s
 def test_openai_chat_stream_takes_usage_from_the_final_chunk(gateway: Gateway, clean_stub: Stub) -> None:
     minted = gateway.mint("openai")
     sdk = openai_sdk(gateway, minted["token"])
-    chunks = list(sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES, stream=True,
-                                              stream_options={"include_usage": True}))
+    chunks = list(
+        sdk.chat.completions.create(
+            model=O_MODEL, messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == stub_text()
     assert chunks[-1].usage is not None and chunks[-1].choices == []
     without = list(sdk.chat.completions.create(model=O_MODEL, messages=MESSAGES, stream=True))
@@ -210,11 +223,20 @@ def test_openai_embeddings_and_models(make_gateway, tmp_path, clean_stub: Stub) 
     first; a declared account serving them too is its sibling."""
     accounts = tmp_path / "accounts.toml"
     accounts.write_text(EMBEDDINGS_ACCOUNT.format(url=clean_stub.url))
-    gateway = make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                            "GATEWAY_EMBEDDINGS_KEY": clean_stub.openai_key}).start()
-    status, _, minted = gateway.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-embed", "repo_slug": "acme/app", "principal_kind": "worker",
-        "principal_id": "w-1", "model": "text-embedding-3-small"})
+    gateway = make_gateway(
+        {"GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_EMBEDDINGS_KEY": clean_stub.openai_key}
+    ).start()
+    status, _, minted = gateway.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-embed",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": "text-embedding-3-small",
+        },
+    )
     assert (status, minted["account_id"]) == (201, "legacy-openai"), minted
     sdk = openai_sdk(gateway, minted["token"])
     embedded = sdk.embeddings.create(model="text-embedding-3-small", input=["a", "b"])
@@ -226,8 +248,12 @@ def test_openai_embeddings_and_models(make_gateway, tmp_path, clean_stub: Stub) 
     for entry in seen:
         assert_swapped(entry, minted["token"], "authorization", clean_stub.openai_key)
     rows = settled(gateway, minted["key_id"], 2)
-    assert rows[0]["usage"] == {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 0,
-                                "cache_read_tokens": 0, "cache_creation_tokens": 0}
+    assert rows[0]["usage"] == {
+        "input_tokens": STUB_INPUT_TOKENS,
+        "output_tokens": 0,
+        "cache_read_tokens": 0,
+        "cache_creation_tokens": 0,
+    }
     assert rows[1]["usage"] is None
 
 
@@ -239,8 +265,9 @@ UNKNOWN_TOKEN = "lhgw_01J00000000000000000000000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA
 
 @pytest.mark.parametrize("kind", ["unknown", "revoked"])
 @pytest.mark.parametrize("endpoint", ["chat", "responses"])
-def test_refused_key_on_the_openai_wire_is_401_do_not_retry(gateway: Gateway, clean_stub: Stub,
-                                                            kind: str, endpoint: str) -> None:
+def test_refused_key_on_the_openai_wire_is_401_do_not_retry(
+    gateway: Gateway, clean_stub: Stub, kind: str, endpoint: str
+) -> None:
     """SPEC §15: a 401 carries `x-should-retry: false` on the OpenAI wire too, in its shape."""
     token = UNKNOWN_TOKEN
     if kind == "revoked":
@@ -262,12 +289,18 @@ def test_refused_key_on_the_openai_wire_is_401_do_not_retry(gateway: Gateway, cl
 
 
 def test_upstream_429_headers_reach_both_sdks(gateway: Gateway, clean_stub: Stub) -> None:
-    limits = {"retry-after": "7", "retry-after-ms": "6500", "x-should-retry": "true",
-              "anthropic-ratelimit-requests-remaining": "0", "x-ratelimit-remaining-requests": "0"}
+    limits = {
+        "retry-after": "7",
+        "retry-after-ms": "6500",
+        "x-should-retry": "true",
+        "anthropic-ratelimit-requests-remaining": "0",
+        "x-ratelimit-remaining-requests": "0",
+    }
     a = gateway.mint()
     with pytest.raises(anthropic.RateLimitError) as caught:
         anthropic_sdk(gateway, a["token"]).messages.create(
-            model=A_MODEL, max_tokens=5, messages=MESSAGES, extra_headers=step(status=429, headers=limits))
+            model=A_MODEL, max_tokens=5, messages=MESSAGES, extra_headers=step(status=429, headers=limits)
+        )
     got = caught.value.response.headers
     assert {k: got[k] for k in limits} == limits
     assert got["request-id"].startswith("req_") and "x-leasehold-overhead-ms" in got
@@ -275,7 +308,8 @@ def test_upstream_429_headers_reach_both_sdks(gateway: Gateway, clean_stub: Stub
     o = gateway.mint("openai")
     with pytest.raises(openai.RateLimitError) as caught_o:
         openai_sdk(gateway, o["token"]).chat.completions.create(
-            model=O_MODEL, messages=MESSAGES, extra_headers=step(status=429, headers=limits))
+            model=O_MODEL, messages=MESSAGES, extra_headers=step(status=429, headers=limits)
+        )
     got = caught_o.value.response.headers
     assert {k: got[k] for k in limits} == limits and got["x-request-id"].startswith("req_")
     assert caught_o.value.code == "rate_limit_exceeded"  # the upstream's own body, unchanged
@@ -299,16 +333,21 @@ def test_529_stays_529_and_a_400_is_not_evidence(gateway: Gateway, clean_stub: S
     assert all(r["first_byte_ms"] >= 0 and r["hop"] == 0 for r in rows)  # an error answer is an answer
 
 
-@pytest.mark.parametrize("binding,path,wire", [
-    ("anthropic", "/v1/chat/completions", "anthropic"),
-    ("openai", "/v1/messages", "openai"),
-    ("openai", "/v2/whatever", "openai"),
-])
-def test_path_the_wire_does_not_serve_is_404_in_its_shape(gateway: Gateway, clean_stub: Stub,
-                                                          binding: str, path: str, wire: str) -> None:
+@pytest.mark.parametrize(
+    "binding,path,wire",
+    [
+        ("anthropic", "/v1/chat/completions", "anthropic"),
+        ("openai", "/v1/messages", "openai"),
+        ("openai", "/v2/whatever", "openai"),
+    ],
+)
+def test_path_the_wire_does_not_serve_is_404_in_its_shape(
+    gateway: Gateway, clean_stub: Stub, binding: str, path: str, wire: str
+) -> None:
     minted = gateway.mint(binding)
-    status, headers, body = call("POST", gateway.dataplane_url + path, {"model": "m"},
-                                 {"authorization": f"Bearer {minted['token']}"})
+    status, headers, body = call(
+        "POST", gateway.dataplane_url + path, {"model": "m"}, {"authorization": f"Bearer {minted['token']}"}
+    )
     assert status == 404
     row = one_row(gateway, minted["key_id"])
     if wire == "anthropic":
@@ -327,9 +366,18 @@ def test_path_the_wire_does_not_serve_is_404_in_its_shape(gateway: Gateway, clea
 
 def test_websocket_upgrade_off_the_openai_wire_is_426(gateway: Gateway, clean_stub: Stub) -> None:
     minted = gateway.mint()  # SPEC §15: the OpenAI wire's /v1/responses is proxied (§20), not this
-    status, headers, body = call("GET", gateway.dataplane_url + "/v1/responses", None, {
-        "authorization": f"Bearer {minted['token']}", "Connection": "Upgrade", "Upgrade": "websocket",
-        "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})
+    status, headers, body = call(
+        "GET",
+        gateway.dataplane_url + "/v1/responses",
+        None,
+        {
+            "authorization": f"Bearer {minted['token']}",
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Version": "13",
+            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        },
+    )
     assert status == 426 and body["error"]["code"] == "websocket-not-supported"
     assert headers["x-request-id"]
     assert clean_stub.requests() == []
@@ -342,9 +390,11 @@ def test_key_header_precedence_and_both_always_stripped(gateway: Gateway, clean_
     minted = gateway.mint()
     token = minted["token"]
     bogus = "lhgw_01J00000000000000000000000.BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB"
-    for headers in ({"x-api-key": token, "authorization": f"Bearer {bogus}"},
-                    {"x-api-key": bogus, "authorization": f"Bearer {token}"},
-                    {"x-api-key": "", "authorization": f"bearer {token}"}):
+    for headers in (
+        {"x-api-key": token, "authorization": f"Bearer {bogus}"},
+        {"x-api-key": bogus, "authorization": f"Bearer {token}"},
+        {"x-api-key": "", "authorization": f"bearer {token}"},
+    ):
         status, _, _ = call("POST", gateway.dataplane_url + "/v1/messages", A_BODY, {**A_HEADERS, **headers})
         assert status == 200, headers
     for entry in clean_stub.requests():
@@ -355,16 +405,30 @@ def test_key_header_precedence_and_both_always_stripped(gateway: Gateway, clean_
 
 def test_end_to_end_headers_pass_and_hop_by_hop_do_not(gateway: Gateway, clean_stub: Stub) -> None:
     minted = gateway.mint()
-    kept = {"x-stainless-timeout": "NOT_GIVEN", "x-app": "cli", "anthropic-beta": "a-2026-01-01,b-2026-02-02",
-            "X-Claude-Code-Session-Id": "3b9c7a8e-0000-4000-8000-000000000000",
-            "x-codex-turn-metadata": json.dumps({"k": "v" * 700}), "x-big": "z" * (16 * 1024 - 8),
-            "anthropic-dangerous-direct-browser-access": "true"}
-    hop = {"Connection": "keep-alive, x-hop-private", "x-hop-private": "1", "TE": "trailers",
-           "Proxy-Authorization": "Basic c2VjcmV0", "Keep-Alive": "timeout=5"}
+    kept = {
+        "x-stainless-timeout": "NOT_GIVEN",
+        "x-app": "cli",
+        "anthropic-beta": "a-2026-01-01,b-2026-02-02",
+        "X-Claude-Code-Session-Id": "3b9c7a8e-0000-4000-8000-000000000000",
+        "x-codex-turn-metadata": json.dumps({"k": "v" * 700}),
+        "x-big": "z" * (16 * 1024 - 8),
+        "anthropic-dangerous-direct-browser-access": "true",
+    }
+    hop = {
+        "Connection": "keep-alive, x-hop-private",
+        "x-hop-private": "1",
+        "TE": "trailers",
+        "Proxy-Authorization": "Basic c2VjcmV0",
+        "Keep-Alive": "timeout=5",
+    }
     answer = {"retry-after-ms": "10", "x-should-retry": "false", "anthropic-ratelimit-tokens-remaining": "99"}
     conn = http.client.HTTPConnection("127.0.0.1", gateway.dataplane_port, timeout=10)
-    conn.request("POST", "/v1/messages", json.dumps(A_BODY), {
-        **A_HEADERS, **kept, **hop, "x-api-key": minted["token"], **step(headers=answer)})
+    conn.request(
+        "POST",
+        "/v1/messages",
+        json.dumps(A_BODY),
+        {**A_HEADERS, **kept, **hop, "x-api-key": minted["token"], **step(headers=answer)},
+    )
     response = conn.getresponse()
     response.read()
     conn.close()
@@ -381,9 +445,18 @@ def test_compressed_bodies_pass_through_untouched(gateway: Gateway, clean_stub: 
     """A gzip request body is forwarded as it came; a gzip answer comes back still compressed."""
     minted = gateway.mint()
     body = gzip.compress(json.dumps({**A_BODY, "stream": True}).encode())
-    request = urllib.request.Request(gateway.dataplane_url + "/v1/messages", data=body, method="POST", headers={
-        **A_HEADERS, "content-encoding": "gzip", "accept-encoding": "gzip", "x-api-key": minted["token"],
-        **step(gzip=True)})
+    request = urllib.request.Request(
+        gateway.dataplane_url + "/v1/messages",
+        data=body,
+        method="POST",
+        headers={
+            **A_HEADERS,
+            "content-encoding": "gzip",
+            "accept-encoding": "gzip",
+            "x-api-key": minted["token"],
+            **step(gzip=True),
+        },
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.headers["content-encoding"] == "gzip"
         text = gzip.decompress(response.read()).decode()

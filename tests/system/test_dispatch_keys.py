@@ -24,8 +24,13 @@ def pool(make_gateway, tmp_path: Path, second: Stub, extra: dict | None = None) 
 
 
 def mint(gw: Gateway, driver: str | None = "gateway", dispatch: str = "d-1") -> dict:
-    body = {"dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker",
-            "principal_id": "w-1", "model": MODEL}
+    body = {
+        "dispatch_id": dispatch,
+        "repo_slug": "acme/app",
+        "principal_kind": "worker",
+        "principal_id": "w-1",
+        "model": MODEL,
+    }
     if driver is not None:
         body["fallback_driver"] = driver
     status, _, payload = gw.api("POST", "/control/v2/mint", body)
@@ -43,8 +48,11 @@ def ask(sdk: anthropic.Anthropic) -> str:
 
 
 def rows_of(gw: Gateway, key_id: str, count: int) -> list[dict]:
-    return wait_until(lambda: (rows := [r for r in gw.ledger() if r["key_id"] == key_id]) and len(rows) >= count
-                      and rows, 15, f"{count} rows of the key")
+    return wait_until(
+        lambda: (rows := [r for r in gw.ledger() if r["key_id"] == key_id]) and len(rows) >= count and rows,
+        15,
+        f"{count} rows of the key",
+    )
 
 
 def account_of(gw: Gateway, key_id: str) -> str:
@@ -53,7 +61,8 @@ def account_of(gw: Gateway, key_id: str) -> str:
 
 
 def test_a_429_hops_and_the_workers_own_retry_is_served_by_the_sibling(
-        make_gateway, tmp_path, clean_stub, second_stub) -> None:
+    make_gateway, tmp_path, clean_stub, second_stub
+) -> None:
     gw = pool(make_gateway, tmp_path, second_stub)
     minted = mint(gw)
     assert (minted["account_id"], minted["fallback_driver"]) == (A, "gateway")
@@ -67,7 +76,9 @@ def test_a_429_hops_and_the_workers_own_retry_is_served_by_the_sibling(
     assert len(clean_stub.requests()) == 1 and len(second_stub.requests()) == 1  # never re-sent
     accounts = {a["id"]: a for a in gw.api("GET", "/control/v2/accounts")[2]["accounts"]}
     assert (accounts[A]["lease_count"], accounts[B]["lease_count"]) == (0, 1)  # one live lease
-    status, _, metrics = http("GET", gw.control_url + "/metrics", headers={"Authorization": f"Bearer {gw.control_token}"})
+    status, _, metrics = http(
+        "GET", gw.control_url + "/metrics", headers={"Authorization": f"Bearer {gw.control_token}"}
+    )
     assert 'leasehold_dispatch_hops_total{condition="rate-limited"} 1.0' in metrics
 
 
@@ -83,8 +94,11 @@ def test_the_budget_spent_leaves_the_key_where_it_is(make_gateway, tmp_path, cle
     assert len(second_stub.requests()) == 2
 
 
-@pytest.mark.parametrize("step", [{"status": 400}, {"status": 200, "delay_s": 3}],
-                         ids=["a 400 is the request's fault", "a client abort is the worker's"])
+@pytest.mark.parametrize(
+    "step",
+    [{"status": 400}, {"status": 200, "delay_s": 3}],
+    ids=["a 400 is the request's fault", "a client abort is the worker's"],
+)
 def test_a_400_and_a_client_abort_never_hop(make_gateway, tmp_path, clean_stub, second_stub, step) -> None:
     gw = pool(make_gateway, tmp_path, second_stub)
     minted = mint(gw)
@@ -103,7 +117,8 @@ def test_a_400_and_a_client_abort_never_hop(make_gateway, tmp_path, clean_stub, 
 
 
 def test_a_hop_waits_for_a_stream_in_flight_answering_fallback_pending(
-        make_gateway, tmp_path, clean_stub, second_stub) -> None:
+    make_gateway, tmp_path, clean_stub, second_stub
+) -> None:
     gw = pool(make_gateway, tmp_path, second_stub)
     minted = mint(gw)
     token = minted["token"]
@@ -111,21 +126,30 @@ def test_a_hop_waits_for_a_stream_in_flight_answering_fallback_pending(
 
     def slow_stream() -> None:
         with client(gw, token, retries=0).messages.stream(
-                model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}],
-                extra_headers={"x-stub-step": '{"deltas": 4, "stall_between_events_s": 0.5}'}) as stream:
+            model=MODEL,
+            max_tokens=16,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-stub-step": '{"deltas": 4, "stall_between_events_s": 0.5}'},
+        ) as stream:
             streamed.append(stream.get_final_text())
 
     runner = threading.Thread(target=slow_stream)
     runner.start()
     try:
         wait_until(lambda: gw.active()["count"] == 1, 10, "the stream in flight")
-        failed = http("POST", gw.dataplane_url + "/v1/messages",
-                      {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-                      {"x-api-key": token, "x-stub-step": '{"status": 529}'})
+        failed = http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+            {"x-api-key": token, "x-stub-step": '{"status": 529}'},
+        )
         assert failed[0] == 529
-        status, headers, body = http("POST", gw.dataplane_url + "/v1/messages",
-                                     {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
-                                     {"x-api-key": token})
+        status, headers, body = http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+            {"x-api-key": token},
+        )
         assert (status, headers.get("retry-after")) == (503, "1")
         assert body["type"] == "error" and gw.active()["count"] == 1  # gateway-authored, wire-shaped
     finally:
@@ -179,9 +203,29 @@ print("KEY", os.environ["ANTHROPIC_API_KEY"].split(".")[0], "TEXT", message.cont
 def exec_ctl(gw: Gateway, *flags: str) -> subprocess.CompletedProcess:
     env = base_env()
     env.update({"GATEWAY_CONTROL_URL": gw.control_url, "GATEWAY_CONTROL_TOKEN": gw.control_token})
-    done = subprocess.run([*CTL, "exec", "--repo", "acme/app", "--principal", "w-1", "--model", MODEL, *flags,
-                           "--", sys.executable, "-c", WORKER, MODEL], env=env, capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [
+            *CTL,
+            "exec",
+            "--repo",
+            "acme/app",
+            "--principal",
+            "w-1",
+            "--model",
+            MODEL,
+            *flags,
+            "--",
+            sys.executable,
+            "-c",
+            WORKER,
+            MODEL,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert "Traceback" not in done.stderr, done.stderr
     return done
 
@@ -205,8 +249,9 @@ def test_exec_in_caller_mode_never_hops(make_gateway, tmp_path, clean_stub, seco
     assert "hop 1" not in done.stderr and second_stub.requests() == []
 
 
-def test_the_extender_keeps_a_dispatch_key_alive_past_its_ttl(make_gateway, tmp_path, clean_stub, second_stub,
-                                                             monkeypatch) -> None:
+def test_the_extender_keeps_a_dispatch_key_alive_past_its_ttl(
+    make_gateway, tmp_path, clean_stub, second_stub, monkeypatch
+) -> None:
     """exec's extender, in-process against the real daemons, on a short period: each extension
     moves the expiry; once it stops, nothing does."""
     from controlplane.cli import supervise
@@ -231,15 +276,20 @@ def client_for(gw: Gateway, token: str) -> anthropic.Anthropic:
     return client(gw, token, retries=0)
 
 
-@pytest.mark.parametrize("ttl_s,every_s", [(60, 20.0), (3600, 1200.0), (9, 5.0)],
-                         ids=["a minute's key every 20 s", "an hour's every 20 min", "never under the floor"])
+@pytest.mark.parametrize(
+    "ttl_s,every_s",
+    [(60, 20.0), (3600, 1200.0), (9, 5.0)],
+    ids=["a minute's key every 20 s", "an hour's every 20 min", "never under the floor"],
+)
 def test_extend_period(ttl_s: int, every_s: float) -> None:
     from controlplane.cli.supervise import extend_every_s
+
     assert extend_every_s(ttl_s) == every_s
 
 
 def test_a_key_whose_decision_was_forgotten_stays_put_instead_of_pending(
-        make_gateway, tmp_path, clean_stub, second_stub) -> None:
+    make_gateway, tmp_path, clean_stub, second_stub
+) -> None:
     """A key whose decision is lost (its journal, `lease-decisions.jsonl`, removed while control
     was down: SPEC §5 keeps it otherwise, `tests/system/test_decisions_restart.py`): a 429 cannot
     hop (no decision to cite), and the key must serve on where it is, never stay
@@ -251,6 +301,6 @@ def test_a_key_whose_decision_was_forgotten_stays_put_instead_of_pending(
     gw.start_control()
     gw.wait_synchronised()
     clean_stub.script({"status": 429, "headers": {"retry-after": "1"}})
-    assert ask(client(gw, minted["token"], retries=4))   # 429, then the key serves on at A
+    assert ask(client(gw, minted["token"], retries=4))  # 429, then the key serves on at A
     rows = rows_of(gw, minted["key_id"], 2)
     assert [r["account_id"] for r in rows if r["status"] != "refused"] == [A, A]

@@ -47,8 +47,9 @@ class Feed:
                 line = line.rstrip("\r\n")
                 if not line:
                     if "data" in block:
-                        self.events.append({"id": block.get("id"), "event": block.get("event"),
-                                            "data": json.loads(block["data"])})
+                        self.events.append(
+                            {"id": block.get("id"), "event": block.get("event"), "data": json.loads(block["data"])}
+                        )
                     block = {}
                 elif not line.startswith(":"):
                     field, _, value = line.partition(": ")
@@ -102,6 +103,7 @@ def drive(gw: Gateway, token: str, count: int, threads: int = 4) -> None:
             answer.read()
             assert answer.status == 200
         conn.close()
+
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(run, [count // threads + (i < count % threads) for i in range(threads)]))
 
@@ -112,8 +114,12 @@ def test_a_route_starts_then_finishes_in_order_as_a_sanitized_view(feed_gateway:
     try:
         minted = gw.mint()
         sdk = anthropic.Anthropic(base_url=gw.dataplane_url, api_key=minted["token"], max_retries=0)
-        with sdk.messages.stream(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}],
-                                 extra_headers={"x-stub-step": '{"stall_after_events": 2, "stall_s": 0.3}'}) as s:
+        with sdk.messages.stream(
+            model=MODEL,
+            max_tokens=16,
+            messages=[{"role": "user", "content": "hi"}],
+            extra_headers={"x-stub-step": '{"stall_after_events": 2, "stall_s": 0.3}'},
+        ) as s:
             s.get_final_text()
         events = feed.wait_for(lambda evs: any(e["event"] == "route.finished" for e in evs), "route.finished")
     finally:
@@ -148,8 +154,11 @@ def test_resume_with_last_event_id_replays_exactly_what_was_missed(feed_gateway:
     last_id = seen[-1]["id"]
 
     drive(gw, minted["token"], 3, threads=1)  # missed while disconnected
-    missed = wait_until(lambda: len(rows := [r for r in gw.ledger() if r["key_id"] == minted["key_id"]]) == 4
-                        and rows, 10, "rows of the missed requests")
+    missed = wait_until(
+        lambda: len(rows := [r for r in gw.ledger() if r["key_id"] == minted["key_id"]]) == 4 and rows,
+        10,
+        "rows of the missed requests",
+    )
 
     resumed = Feed(gw, read_token(gw), last_event_id=last_id)
     try:
@@ -212,8 +221,9 @@ def test_a_reader_that_never_reads_is_dropped_with_bounded_queues(feed_gateway: 
     stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stalled.connect(("127.0.0.1", gw.control_port))
-    stalled.sendall(f"GET /control/v2/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {read_token(gw)}\r\n\r\n"
-                    .encode())
+    stalled.sendall(
+        f"GET /control/v2/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {read_token(gw)}\r\n\r\n".encode()
+    )
     try:
         wait_until(lambda: metric(gw, "leasehold_event_subscribers") == 1, 10, "the stalled reader to subscribe")
         for _ in range(20):  # at most 2,400 requests; it takes about a fifth of that

@@ -40,7 +40,8 @@ def test_control_killed_mid_stream_loses_and_duplicates_nothing(make_gateway, cl
     gw = make_gateway().start()
     minted = gw.mint()
     thread, result = in_background(
-        lambda: call(gw, minted["token"], '{"stall_after_events": 3, "stall_s": 2}', stream=True))
+        lambda: call(gw, minted["token"], '{"stall_after_events": 3, "stall_s": 2}', stream=True)
+    )
     wait_until(lambda: gw.active()["count"] == 1, 10, "stream in flight")
     gw.control.kill()
     gw.start_control()
@@ -59,7 +60,8 @@ def test_data_plane_killed_mid_stream_and_restarted(make_gateway, clean_stub: St
     gw = make_gateway().start()
     minted = gw.mint()
     thread, result = in_background(
-        lambda: call(gw, minted["token"], '{"stall_after_events": 2, "stall_s": 30}', stream=True))
+        lambda: call(gw, minted["token"], '{"stall_after_events": 2, "stall_s": 30}', stream=True)
+    )
     wait_until(lambda: gw.active()["count"] == 1, 10, "stream in flight")
     gw.dataplane.kill()
     thread.join(10)
@@ -97,6 +99,7 @@ def test_ledger_storage_failure_refuses_rather_than_serves_unrecorded(make_gatew
     def refused() -> bool:
         status, _, body = call(gw, minted["token"])
         return status == 503 and body["error"]["code"] == "observation-storage-unavailable"
+
     wait_until(refused, 10, "503 observation-storage-unavailable")
     assert (gw.healthz() or {}).get("ledger_ok") is False
 
@@ -116,9 +119,14 @@ def test_upstream_that_accepts_but_never_answers(make_gateway, tmp_path: Path):
     silent.listen(16)
     port = silent.getsockname()[1]
     try:
-        gw = make_gateway({"GATEWAY_ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
-                           "GATEWAY_ANTHROPIC_API_KEY": "sk-ant-api03-silentsilentsilent",
-                           "GATEWAY_UPSTREAM_HEADERS_TIMEOUT": "1"}, upstream=None).start()
+        gw = make_gateway(
+            {
+                "GATEWAY_ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+                "GATEWAY_ANTHROPIC_API_KEY": "sk-ant-api03-silentsilentsilent",
+                "GATEWAY_UPSTREAM_HEADERS_TIMEOUT": "1",
+            },
+            upstream=None,
+        ).start()
         minted = gw.mint()
         status, headers, body = call(gw, minted["token"])
         assert status == 504 and body["type"] == "error" and body["error"]["code"] == "upstream-timeout"
@@ -141,8 +149,7 @@ def test_clock_jump_expires_leases_through_the_seam(future_s: int, tmp_path: Pat
     from tests.support.control import make_control
 
     async def scenario() -> None:
-        service = make_control(tmp_path, env={"GATEWAY_ANTHROPIC_API_KEY": "k"},
-                               prices=PriceTable(price=())).service
+        service = make_control(tmp_path, env={"GATEWAY_ANTHROPIC_API_KEY": "k"}, prices=PriceTable(price=())).service
         minted = [await service.mint_v1(Binding.ANTHROPIC, "worker", "w", "r", 60) for _ in range(3)]
         assert await service.reap_expired() == 0
         assert await service.lease_capacity.count("legacy-anthropic") == 3

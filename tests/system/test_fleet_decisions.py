@@ -41,7 +41,7 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 @pytest.fixture
 def fleet(tmp_path: Path, stub: Stub, own_redis: RedisServer) -> Iterator[FleetPairs]:
     pairs = FleetPairs(tmp_path / "fleet", stub, own_redis, 2)
-    try:                                          # a start that fails stops what it started too
+    try:  # a start that fails stops what it started too
         yield pairs.start()
     finally:
         pairs.stop()
@@ -58,8 +58,11 @@ def wait_recovered(server: RedisServer, fleet: FleetPairs) -> None:
     """Until every host re-registered into the new data and admits again."""
     wait_until(lambda: registered(server, fleet) == {"gw-a", "gw-b"}, 20, "both hosts re-registered")
     for gw in fleet.pairs:
-        wait_until(lambda gw=gw: accounts(gw)["fleet"] == {"mode": "redis", "state": "available", "hosts_live": 2},
-                   15, "the host admitting again")
+        wait_until(
+            lambda gw=gw: accounts(gw)["fleet"] == {"mode": "redis", "state": "available", "hosts_live": 2},
+            15,
+            "the host admitting again",
+        )
 
 
 def minted_pair(a: Gateway) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -72,8 +75,9 @@ def minted_pair(a: Gateway) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def explain_retry(gw: Gateway, dispatch_id: str, cited: str) -> dict[str, Any]:
-    query = urllib.parse.urlencode({"repo_slug": "acme/app", "model": MODEL, "dispatch_id": dispatch_id,
-                                    "retry_of_mint_decision_id": cited})
+    query = urllib.parse.urlencode(
+        {"repo_slug": "acme/app", "model": MODEL, "dispatch_id": dispatch_id, "retry_of_mint_decision_id": cited}
+    )
     status, _, body = gw.api("GET", f"/control/v2/policy/explain?{query}")
     assert status == 200, body
     return body["would_select"]
@@ -87,19 +91,20 @@ def assert_decisions_kept(a: Gateway, b: Gateway, keyed: dict[str, Any], caller:
     status, _, renewed = a.api("POST", f"/control/v2/keys/{caller['key_id']}/renew", {})
     assert status == 201, renewed
     assert (renewed["account_id"], renewed["fallback_position"], renewed["hop"]) == ("team-a", 0, 0)
-    assert a.revoke(caller["key_id"])               # the caller's part of a renewal
+    assert a.revoke(caller["key_id"])  # the caller's part of a renewal
     # another host: the citation is known (its lineage, its lease still held), never lineage-unknown
     status, _, cited = mint(b, "dk-1", retry_of_mint_decision_id=keyed["mint_decision_id"])
     assert (status, cited["outcome"], cited["refusal_reason"]) == (503, "held", "fallback-lease-still-held"), cited
     status, _, foreign = mint(b, "dk-other", retry_of_mint_decision_id=keyed["mint_decision_id"])
-    assert (status, foreign["outcome"], foreign["refusal_reason"]) == \
-        (409, "rejected", "fallback-lineage-mismatch"), foreign
+    assert (status, foreign["outcome"], foreign["refusal_reason"]) == (409, "rejected", "fallback-lineage-mismatch"), (
+        foreign
+    )
     would = explain_retry(b, "dk-1", keyed["mint_decision_id"])
     assert (would["outcome"], would["refusal_reason"]) == ("held", "fallback-lease-still-held"), would
     # one live lease per dispatch, fleet-wide: a fresh mint for the dispatch on B is held
     status, _, second = mint(b, "dk-1")
     assert (status, second["outcome"], second["refusal_reason"]) == (503, "held", "fallback-lease-still-held"), second
-    status, _, renewal_twin = mint(b, "cl-1")       # the renewed dispatch is held too (its successor)
+    status, _, renewal_twin = mint(b, "cl-1")  # the renewed dispatch is held too (its successor)
     assert (status, renewal_twin["refusal_reason"]) == (503, "fallback-lease-still-held"), renewal_twin
 
 
@@ -116,7 +121,7 @@ def assert_the_key_hops(a: Gateway, keyed: dict[str, Any]) -> None:
 def test_redis_restarted_empty_keeps_the_live_leases_decisions(fleet: FleetPairs, own_redis: RedisServer) -> None:
     a, b = fleet[0], fleet[1]
     keyed, caller = minted_pair(a)
-    own_redis.restart()                             # same port, nothing kept
+    own_redis.restart()  # same port, nothing kept
     wait_recovered(own_redis, fleet)
     assert_decisions_kept(a, b, keyed, caller)
     assert_the_key_hops(a, keyed)
@@ -125,7 +130,7 @@ def test_redis_restarted_empty_keeps_the_live_leases_decisions(fleet: FleetPairs
 def test_a_control_restart_keeps_the_live_leases_decisions(fleet: FleetPairs, own_redis: RedisServer) -> None:
     a, b = fleet[0], fleet[1]
     keyed, caller = minted_pair(a)
-    a.control.stop()                                # a clean stop; Redis keeps its data
+    a.control.stop()  # a clean stop; Redis keeps its data
     a.start_control()
     a.wait_synchronised()
     fleet.wait_hosts_live(2)
@@ -134,12 +139,13 @@ def test_a_control_restart_keeps_the_live_leases_decisions(fleet: FleetPairs, ow
 
 
 def test_a_control_down_while_redis_lost_its_data_keeps_the_live_leases_decisions(
-        fleet: FleetPairs, own_redis: RedisServer) -> None:
+    fleet: FleetPairs, own_redis: RedisServer
+) -> None:
     a, b = fleet[0], fleet[1]
     keyed, caller = minted_pair(a)
     a.control.stop()
-    own_redis.restart()                             # lost while A's control was away
-    a.start_control()                               # its decisions come from its own state dir
+    own_redis.restart()  # lost while A's control was away
+    a.start_control()  # its decisions come from its own state dir
     a.wait_synchronised()
     wait_recovered(own_redis, fleet)
     assert_decisions_kept(a, b, keyed, caller)
@@ -147,18 +153,22 @@ def test_a_control_down_while_redis_lost_its_data_keeps_the_live_leases_decision
 
 
 def test_a_host_back_after_a_data_loss_yields_a_dispatch_another_host_took_meanwhile(
-        fleet: FleetPairs, own_redis: RedisServer) -> None:
+    fleet: FleetPairs, own_redis: RedisServer
+) -> None:
     a, b = fleet[0], fleet[1]
     keyed, caller = minted_pair(a)
     a.control.stop()
-    own_redis.restart()                             # A's dispatch entries are gone, A is away
-    taken = wait_until(lambda: (answer := mint(b, "dk-1"))[0] == 201 and answer[2], 20,
-                       "B to mint for the dispatch once its hold is over")
-    a.start_control()                               # A's key for dk-1 ends at re-registration
+    own_redis.restart()  # A's dispatch entries are gone, A is away
+    taken = wait_until(
+        lambda: (answer := mint(b, "dk-1"))[0] == 201 and answer[2],
+        20,
+        "B to mint for the dispatch once its hold is over",
+    )
+    a.start_control()  # A's key for dk-1 ends at re-registration
     a.wait_synchronised()
     wait_recovered(own_redis, fleet)
-    assert call(a, keyed["token"])[0] == 401        # its worker re-mints
-    assert call(a, caller["token"])[0] == 200       # the other dispatch's lease keeps serving
+    assert call(a, keyed["token"])[0] == 401  # its worker re-mints
+    assert call(a, caller["token"])[0] == 200  # the other dispatch's lease keeps serving
     assert call(b, taken["token"])[0] == 200
-    status, _, again = mint(a, "dk-1")              # B's lease is the dispatch's one live lease
+    status, _, again = mint(a, "dk-1")  # B's lease is the dispatch's one live lease
     assert (status, again["refusal_reason"]) == (503, "fallback-lease-still-held"), again

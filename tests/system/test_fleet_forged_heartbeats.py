@@ -78,22 +78,27 @@ def rejected_heartbeats(gw: Gateway) -> float:
 def test_a_forged_heartbeat_neither_lifts_the_lapse_nor_makes_a_stopped_host_live(two: FleetPairs) -> None:
     a, b = two[0], two[1]
     capped = mint(b, "beat-1")[2]
-    assert capped["account_id"] == "team-a", capped          # team-a has a lease ceiling
+    assert capped["account_id"] == "team-a", capped  # team-a has a lease ceiling
     assert call(b, capped["token"])[0] == 200
     assert rejected_heartbeats(a) == 0
-    wait_until(lambda: {"dataplane:standing", "dataplane:upkeep"} <= {loop["name"] for loop in fleet_of(b)["loops"]},
-               15, "B's control to list its data plane's supervised loops")
+    wait_until(
+        lambda: {"dataplane:standing", "dataplane:upkeep"} <= {loop["name"] for loop in fleet_of(b)["loops"]},
+        15,
+        "B's control to list its data plane's supervised loops",
+    )
     assert 'leasehold_fleet_loop_restarts_total{loop="dataplane:standing"} 0.0' in b.api("GET", "/metrics")[2]
-    b.control.popen.send_signal(signal.SIGSTOP)               # B's data plane runs on, its control is silent
+    b.control.popen.send_signal(signal.SIGSTOP)  # B's data plane runs on, its control is silent
     try:
         with Forger(two, "gw-b"):
+
             def refused() -> bool:
                 status, _, body = call(b, capped["token"])
                 return status == 503 and body["error"]["code"] == "fleet-state-unavailable"
+
             wait_until(refused, 15, "B's data plane to hold team-a despite the forged heartbeat")
             wait_until(lambda: fleet_of(a)["hosts_live"] == 1, 15, "A to count only itself live")
             wait_until(lambda: rejected_heartbeats(a) > 0, 15, "A to count the forged seal")
-            assert refused()                                   # still held, the forger still writing
+            assert refused()  # still held, the forger still writing
     finally:
         b.control.popen.send_signal(signal.SIGCONT)
     two.wait_hosts_live(2, 20)

@@ -46,10 +46,21 @@ def test_a_chain_forged_between_two_mints_holds_the_next_one_on_every_host(pairs
         status, _, body = mint(gw, f"before-{n}")
         assert status == 201 and body["account_id"] == "team-a", body
         assert gw.revoke(body["key_id"])
-    forge_chain_record(admin_client(pairs), FleetKeys(pairs.fleet_id), "account-admin", lambda f: {
-        **f, "account_id": "team-a", "action": "set-state", "state": "disabled", "actor": "mallory",
-        "actor_authenticated_by": "control-token", "reason": "forged"})
-    for n, gw in enumerate((b, a)):   # the very next mint, on each host: no wait, no retry
+    forge_chain_record(
+        admin_client(pairs),
+        FleetKeys(pairs.fleet_id),
+        "account-admin",
+        lambda f: {
+            **f,
+            "account_id": "team-a",
+            "action": "set-state",
+            "state": "disabled",
+            "actor": "mallory",
+            "actor_authenticated_by": "control-token",
+            "reason": "forged",
+        },
+    )
+    for n, gw in enumerate((b, a)):  # the very next mint, on each host: no wait, no retry
         status, _, body = mint(gw, f"after-{n}")
         assert status == 503 and body["refusal_reason"] == "account-state-unavailable", body
 
@@ -61,7 +72,7 @@ def test_a_disable_on_one_host_is_obeyed_by_the_next_mint_on_another(pairs: Flee
     assert b.revoke(body["key_id"])
     status, _, body = a.api("PATCH", f"{ADMIN}/team-a/state", {"state": "disabled", "reason": "incident"})
     assert status == 200, body
-    status, _, body = mint(b, "next")   # the very next mint on B, nothing waited for
+    status, _, body = mint(b, "next")  # the very next mint on B, nothing waited for
     assert status == 201 and body["account_id"] == "team-b", body
     assert any(s["account_id"] == "team-a" for s in body["skipped"]), body
 

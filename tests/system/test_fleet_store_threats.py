@@ -27,9 +27,8 @@ from tests.support.redis_server import RedisServer
 from tests.support.waits import wait_until
 
 ADMIN = "/control/v2/accounts"
-PRICES = ('[[price]]\nmodels = ["team-*"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\n'
-          'cache_creation = 3.75\n')
-BUDGET_USD = 0.00015          # the second request ($0.00010185 each) exhausts it
+PRICES = '[[price]]\nmodels = ["team-*"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\ncache_creation = 3.75\n'
+BUDGET_USD = 0.00015  # the second request ($0.00010185 each) exhausts it
 
 
 class World:
@@ -45,8 +44,14 @@ def world(tmp_path: Path, stub: Stub) -> Iterator[World]:
     server = RedisServer(tmp_path / "redis").start()
     prices = tmp_path / "prices.toml"
     prices.write_text(PRICES)
-    pairs = FleetPairs(tmp_path / "fleet", stub, server, 2, accounts=accounts_toml(stub, lease_capacity=None),
-                       extra_env={"GATEWAY_PRICES_FILE": str(prices)})
+    pairs = FleetPairs(
+        tmp_path / "fleet",
+        stub,
+        server,
+        2,
+        accounts=accounts_toml(stub, lease_capacity=None),
+        extra_env={"GATEWAY_PRICES_FILE": str(prices)},
+    )
     try:
         yield World(pairs.start(), server)
     finally:
@@ -57,9 +62,16 @@ def world(tmp_path: Path, stub: Stub) -> Iterator[World]:
 
 def put_budget(gw: Gateway, level: str = "platform", usd: float = BUDGET_USD) -> None:
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-        "name": level, "expected_revision": revision,
-        "document": {"budgets": [{"window": "month", "usd": usd}]}, "reason": "threat model"})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": level,
+            "expected_revision": revision,
+            "document": {"budgets": [{"window": "month", "usd": usd}]},
+            "reason": "threat model",
+        },
+    )
     assert status == 200, body
 
 
@@ -90,14 +102,28 @@ def test_a_writer_cannot_lift_a_disable(world: World) -> None:
     status, _, body = a.api("PATCH", f"{ADMIN}/team-a/state", {"state": "disabled", "reason": "incident"})
     assert status == 200, body
     wait_until(lambda: mint(b, "d-0")[2].get("account_id") == "team-b", 10, "B skips the disabled team-a")
-    forged = forge_chain_record(world.admin, world.keys, "account-admin", lambda f: {
-        **f, "account_id": "team-a", "action": "set-state", "state": "enabled", "actor": "alice",
-        "actor_authenticated_by": "control-token", "reason": "forged"})
-    for n in range(5):   # never a mint on team-a: held while the chain cannot be believed
+    forged = forge_chain_record(
+        world.admin,
+        world.keys,
+        "account-admin",
+        lambda f: {
+            **f,
+            "account_id": "team-a",
+            "action": "set-state",
+            "state": "enabled",
+            "actor": "alice",
+            "actor_authenticated_by": "control-token",
+            "reason": "forged",
+        },
+    )
+    for n in range(5):  # never a mint on team-a: held while the chain cannot be believed
         status, _, body = mint(b, f"d-{n + 1}")
         assert body.get("account_id") != "team-a", body
-    wait_until(lambda: mint(b, "d-held")[2].get("refusal_reason") == "account-state-unavailable", 10,
-               "B holds mints on a chain that does not verify")
+    wait_until(
+        lambda: mint(b, "d-held")[2].get("refusal_reason") == "account-state-unavailable",
+        10,
+        "B holds mints on a chain that does not verify",
+    )
     mirror = (b.state_dir / "account-admin.jsonl").read_bytes()
     assert forged["hash"].encode() not in mirror and b"forged" not in mirror
     status, _, view = b.api("GET", ADMIN)
@@ -125,10 +151,13 @@ def test_a_writer_cannot_erase_spend(world: World) -> None:
         world.admin.hset(world.keys.spend_host(host), mapping={month: negative, "_": "1"})
         world.admin.hset(world.keys.spend_versions, host, "forged")
         world.admin.publish(world.keys.spend_moved, host)
-    wait_until(lambda: rejected(b, "spend") >= 2 or not b.api("GET", "/control/v2/budgets")[2]["budgets"][0][
-        "exhausted"], 10, "B reads the forged spend")
+    wait_until(
+        lambda: rejected(b, "spend") >= 2 or not b.api("GET", "/control/v2/budgets")[2]["budgets"][0]["exhausted"],
+        10,
+        "B reads the forged spend",
+    )
     budget = b.api("GET", "/control/v2/budgets")[2]["budgets"][0]
-    assert budget["exhausted"] and budget["spent_usd"] >= spent > 0   # (a late row of B's own may add)
+    assert budget["exhausted"] and budget["spent_usd"] >= spent > 0  # (a late row of B's own may add)
     assert rejected(b, "spend") >= 2
     assert call(b, lease["token"])[0] == 429
 
@@ -137,14 +166,16 @@ def test_a_writer_cannot_forge_a_revoke_nor_crash_a_host(world: World) -> None:
     a, b = world.pairs[0], world.pairs[1]
     status, _, lease = mint(b, "d-1")
     assert status == 201, lease
-    world.admin.xadd(world.keys.revoke, {"request_id": "rv-" + "0" * 16, "account_id": lease["account_id"],
-                                         "from_host": "gw-a", "mac": "A" * 43})
-    world.admin.xadd(world.keys.revoke, {"request_id": "x", "account_id": "y"})   # the crash-loop entry
+    world.admin.xadd(
+        world.keys.revoke,
+        {"request_id": "rv-" + "0" * 16, "account_id": lease["account_id"], "from_host": "gw-a", "mac": "A" * 43},
+    )
+    world.admin.xadd(world.keys.revoke, {"request_id": "x", "account_id": "y"})  # the crash-loop entry
     wait_until(lambda: rejected(b, "revoke") >= 2 or call(b, lease["token"])[0] != 200, 10, "B reads both entries")
-    assert call(b, lease["token"])[0] == 200                        # not revoked by a forgery
+    assert call(b, lease["token"])[0] == 200  # not revoked by a forgery
     assert rejected(b, "revoke") >= 2
     b.stop()
-    b.start()                                                        # a restart reads the stream
+    b.start()  # a restart reads the stream
     world.pairs.wait_hosts_live(2)
     status, _, body = a.api("POST", f"{ADMIN}/{lease['account_id']}/revoke-leases", {"reason": "real"})
     assert status == 200 and body["unacknowledged_hosts"] == [], body
@@ -153,7 +184,7 @@ def test_a_writer_cannot_forge_a_revoke_nor_crash_a_host(world: World) -> None:
 
 def test_stale_fleet_spend_holds_budgeted_scopes_only(world: World) -> None:
     a = world.pairs[0]
-    put_budget(a, "repo:acme/app", usd=100.0)   # never exhausted here: only staleness holds
+    put_budget(a, "repo:acme/app", usd=100.0)  # never exhausted here: only staleness holds
     wait_until(lambda: a.api("GET", "/control/v2/budgets")[2]["budgets"], 10, "A folds the budget")
     status, _, budgeted = mint(a, "d-budgeted")
     assert status == 201, budgeted
@@ -164,11 +195,12 @@ def test_stale_fleet_spend_holds_budgeted_scopes_only(world: World) -> None:
     wait_until(lambda: call(a, budgeted["token"])[0] == 503, 15, "the budgeted lease held once spend is stale")
     status, headers, body = call(a, budgeted["token"])
     assert status == 503 and "fleet-state-unavailable" in str(body) and int(headers["retry-after"]) >= 1
-    assert call(a, free["token"])[0] == 200                         # an unbudgeted scope is unaffected
-    world.redis.resume()   # the pause outlived the host TTL: its leases ended (SPEC §16); a new one serves
+    assert call(a, free["token"])[0] == 200  # an unbudgeted scope is unaffected
+    world.redis.resume()  # the pause outlived the host TTL: its leases ended (SPEC §16); a new one serves
     tries = iter(range(1000))
 
     def fresh_lease_served() -> bool:
         status, _, again = mint(a, f"d-again-{next(tries)}")
         return status == 201 and call(a, again["token"])[0] == 200
+
     wait_until(fresh_lease_served, 30, "a budgeted lease served again once spend is fresh")

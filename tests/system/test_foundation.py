@@ -18,9 +18,12 @@ from tests.support.stub_upstream import (
 from tests.support.waits import wait_until
 
 MODEL = "claude-sonnet-4-6"
-USAGE = {"input_tokens": STUB_INPUT_TOKENS, "output_tokens": 3,
-         "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
-         "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS}
+USAGE = {
+    "input_tokens": STUB_INPUT_TOKENS,
+    "output_tokens": 3,
+    "cache_read_tokens": STUB_CACHE_READ_INPUT_TOKENS,
+    "cache_creation_tokens": STUB_CACHE_CREATION_INPUT_TOKENS,
+}
 
 
 def client(gw: Gateway, token: str) -> anthropic.Anthropic:
@@ -39,8 +42,11 @@ def test_sdk_non_streaming_and_streaming_each_leave_one_row(gateway: Gateway, cl
     with sdk.messages.stream(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": "hi"}]) as stream:
         assert stream.get_final_text() == stub_text()
 
-    rows = wait_until(lambda: len(rows_for(gateway, minted["key_id"])) == 2 and rows_for(gateway, minted["key_id"]),
-                      10, "two ledger rows")
+    rows = wait_until(
+        lambda: len(rows_for(gateway, minted["key_id"])) == 2 and rows_for(gateway, minted["key_id"]),
+        10,
+        "two ledger rows",
+    )
     assert [r["stream"] for r in rows] == [False, True]
     for row in rows:
         assert row["status"] == "completed" and row["http_status"] == 200
@@ -59,7 +65,8 @@ def test_sdk_non_streaming_and_streaming_each_leave_one_row(gateway: Gateway, cl
 
 @pytest.mark.parametrize("kind", ["unknown", "revoked", "malformed"])
 def test_refused_key_gets_401_in_anthropic_shape_and_never_reaches_upstream(
-        gateway: Gateway, clean_stub: Stub, kind: str) -> None:
+    gateway: Gateway, clean_stub: Stub, kind: str
+) -> None:
     if kind == "unknown":
         token = "lhgw_01J00000000000000000000000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
     elif kind == "malformed":
@@ -69,9 +76,12 @@ def test_refused_key_gets_401_in_anthropic_shape_and_never_reaches_upstream(
         assert gateway.revoke(minted["key_id"]) is True
         assert gateway.revoke(minted["key_id"]) is False  # idempotent
         token = minted["token"]
-    status, headers, body = http("POST", gateway.dataplane_url + "/v1/messages",
-                                 {"model": MODEL, "max_tokens": 5, "messages": []},
-                                 {"x-api-key": token, "anthropic-version": "2023-06-01"})
+    status, headers, body = http(
+        "POST",
+        gateway.dataplane_url + "/v1/messages",
+        {"model": MODEL, "max_tokens": 5, "messages": []},
+        {"x-api-key": token, "anthropic-version": "2023-06-01"},
+    )
     assert status == 401
     assert headers["x-should-retry"] == "false"
     assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
@@ -84,8 +94,10 @@ def test_refused_key_gets_401_in_anthropic_shape_and_never_reaches_upstream(
 def test_control_refuses_without_bearer_before_reading_the_body(gateway: Gateway) -> None:
     """Headers announce 10 MB; none of it is sent, yet the 401 arrives."""
     with socket.create_connection(("127.0.0.1", gateway.control_port), timeout=5) as sock:
-        sock.sendall(b"POST /control/v1/keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 10000000\r\n\r\n")
+        sock.sendall(
+            b"POST /control/v1/keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10000000\r\n\r\n"
+        )
         answer = sock.recv(4096).decode()
     assert answer.startswith("HTTP/1.1 401"), answer
     assert '"unauthenticated"' in answer or "unauthenticated" in answer
@@ -100,11 +112,16 @@ def test_control_loss_fails_closed_and_restart_restores_service(make_gateway, cl
     sdk.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "a"}])
 
     gw.control.kill()
+
     def refused() -> bool:
-        status, headers, body = http("POST", gw.dataplane_url + "/v1/messages",
-                                     {"model": MODEL, "max_tokens": 5, "messages": []},
-                                     {"x-api-key": minted["token"]})
+        status, headers, body = http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {"model": MODEL, "max_tokens": 5, "messages": []},
+            {"x-api-key": minted["token"]},
+        )
         return status == 503 and body["error"]["code"] == "control-unavailable" and headers.get("retry-after") == "1"
+
     wait_until(refused, 10, "503 control-unavailable")
 
     gw.start_control()
@@ -119,8 +136,12 @@ def test_upstream_error_row_is_recorded_before_the_worker_sees_it(gateway: Gatew
     minted = gateway.mint()
     sdk = client(gateway, minted["token"])
     with pytest.raises(anthropic.RateLimitError) as caught:
-        sdk.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}],
-                            extra_headers={"x-stub-step": '{"status": 429, "headers": {"retry-after": "7"}}'})
+        sdk.messages.create(
+            model=MODEL,
+            max_tokens=5,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"x-stub-step": '{"status": 429, "headers": {"retry-after": "7"}}'},
+        )
     assert caught.value.response.headers["retry-after"] == "7"
     # No wait: the row was acknowledged by control before the 429 was returned.
     rows = [r for r in gateway.recent()["routes"] if r["key_id"] == minted["key_id"]]
@@ -133,8 +154,12 @@ def test_cut_stream_reaches_the_client_as_broken(gateway: Gateway, clean_stub: S
     sdk = client(gateway, minted["token"])
     started = time.monotonic()
     with pytest.raises(anthropic.APIStatusError):  # the SDK raises the gateway's error event
-        with sdk.messages.stream(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "x"}],
-                                 extra_headers={"x-stub-step": '{"cut_after_events": 4}'}) as stream:
+        with sdk.messages.stream(
+            model=MODEL,
+            max_tokens=5,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"x-stub-step": '{"cut_after_events": 4}'},
+        ) as stream:
             stream.get_final_text()
     assert time.monotonic() - started < 30
     rows = wait_until(lambda: rows_for(gateway, minted["key_id"]), 10, "row of the cut stream")

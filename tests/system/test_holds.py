@@ -21,9 +21,18 @@ BODY = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content"
 
 
 def mint(gw: Gateway, dispatch: str, driver: str = "gateway") -> dict[str, Any]:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": MODEL, "fallback_driver": driver})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": MODEL,
+            "fallback_driver": driver,
+        },
+    )
     assert status == 201, body
     return body
 
@@ -52,8 +61,7 @@ def set_state(gw: Gateway, state: str) -> None:
     assert status == 200, body
 
 
-def assert_refused(answer: tuple[int, dict[str, str], dict[str, Any]], status: int, outcome: str,
-                   reason: str) -> None:
+def assert_refused(answer: tuple[int, dict[str, str], dict[str, Any]], status: int, outcome: str, reason: str) -> None:
     got, headers, body = answer
     assert (got, body.get("outcome"), body.get("refusal_reason")) == (status, outcome, reason), body
     assert ("retry-after" in headers) == (status == 503)
@@ -84,8 +92,11 @@ def test_a_disabled_or_draining_account_refuses_renewal_and_extend(make_gateway,
 def test_a_corrupt_policy_chain_holds_renewal_and_extend(make_gateway, clean_stub: Stub) -> None:
     gw = make_gateway().start()
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-        "name": "platform", "expected_revision": revision, "reason": "r", "document": {"max_fallback_hops": 1}})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {"name": "platform", "expected_revision": revision, "reason": "r", "document": {"max_fallback_hops": 1}},
+    )
     assert status == 200, body
     keyed, caller = mint(gw, "d-k"), mint(gw, "d-c", driver="caller")
     chain = gw.state_dir / "policy.jsonl"
@@ -107,9 +118,16 @@ def test_an_exhausted_budget_holds_renewal_and_extend(make_gateway, clean_stub: 
     gw = make_gateway().start()
     keyed, caller = mint(gw, "d-k"), mint(gw, "d-c", driver="caller")
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-        "name": "repo:acme/app", "expected_revision": revision, "reason": "r",
-        "document": {"budgets": [{"window": "day", "usd": 0.00001}]}})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": "repo:acme/app",
+            "expected_revision": revision,
+            "reason": "r",
+            "document": {"budgets": [{"window": "day", "usd": 0.00001}]},
+        },
+    )
     assert status == 200, body
     assert http("POST", gw.dataplane_url + "/v1/messages", BODY, {"x-api-key": caller["token"]})[0] == 200
     gw.wait_rows(1)
@@ -119,15 +137,33 @@ def test_an_exhausted_budget_holds_renewal_and_extend(make_gateway, clean_stub: 
 def test_an_open_circuit_does_not_refuse_a_key_that_holds_its_slot(make_gateway, clean_stub: Stub) -> None:
     gw = make_gateway({"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "600"}).start()
     keyed, caller = mint(gw, "d-k"), mint(gw, "d-c", driver="caller")
-    for _ in range(3):   # three consecutive provider-overloaded terminals open the circuit
-        assert http("POST", gw.dataplane_url + "/v1/messages", BODY,
-                    {"x-api-key": caller["token"], "x-stub-step": '{"status": 529}'})[0] == 529
+    for _ in range(3):  # three consecutive provider-overloaded terminals open the circuit
+        assert (
+            http(
+                "POST",
+                gw.dataplane_url + "/v1/messages",
+                BODY,
+                {"x-api-key": caller["token"], "x-stub-step": '{"status": 529}'},
+            )[0]
+            == 529
+        )
     gw.wait_rows(3)
-    status, _, held = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-new", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": MODEL})
-    assert (status, held["refusal_reason"], held["skipped"][0]["code"]) == (503, "no-eligible-account",
-                                                                          "circuit-open"), held
+    status, _, held = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-new",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": MODEL,
+        },
+    )
+    assert (status, held["refusal_reason"], held["skipped"][0]["code"]) == (
+        503,
+        "no-eligible-account",
+        "circuit-open",
+    ), held
     status, _, renewed = renew(gw, caller["key_id"])
     assert (status, renewed["account_id"]) == (201, "legacy-anthropic"), renewed
     status, _, extended = extend(gw, keyed["key_id"])

@@ -49,21 +49,42 @@ def gw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gateway
     workdir = tmp_path_factory.mktemp("scope")
     accounts = workdir / "accounts.toml"
     accounts.write_text(ACCOUNTS.format(url=stub.url))
-    gateway = Gateway(workdir, stub, {"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                                      "GATEWAY_HAIKU_KEY": stub.anthropic_key,
-                                      "GATEWAY_MINI_KEY": stub.openai_key}).start()
-    status, _, body = gateway.api("PUT", "/control/v2/policy/level", {
-        "name": "platform", "expected_revision": 0, "reason": "issue 13",
-        "document": {"account_order": ["anthropic-haiku", "openai-mini"]}})
+    gateway = Gateway(
+        workdir,
+        stub,
+        {
+            "GATEWAY_ACCOUNTS_FILE": str(accounts),
+            "GATEWAY_HAIKU_KEY": stub.anthropic_key,
+            "GATEWAY_MINI_KEY": stub.openai_key,
+        },
+    ).start()
+    status, _, body = gateway.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": "platform",
+            "expected_revision": 0,
+            "reason": "issue 13",
+            "document": {"account_order": ["anthropic-haiku", "openai-mini"]},
+        },
+    )
     assert status == 200, body
     yield gateway
     gateway.stop()
 
 
 def mint_v2(gw: Gateway, model: str, dispatch_id: str) -> dict[str, Any]:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch_id, "repo_slug": "acme/app", "principal_kind": "worker",
-        "principal_id": "w-1", "model": model})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch_id,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": model,
+        },
+    )
     assert status == 201, body
     return body
 
@@ -124,23 +145,25 @@ def test_a_compressed_body_is_checked_and_an_unreadable_one_refused(gw: Gateway,
     status, got, answer = http("POST", url, gzip.compress(body), {**headers, "Content-Encoding": "gzip"})
     assert (status, answer["error"]["code"], got["x-should-retry"]) == (400, "model-not-permitted", "false")
     status, got, answer = http("POST", url, body, {**headers, "Content-Encoding": "br"})  # SPEC §19
-    assert (status, answer["error"]["code"], got["x-should-retry"]) == (415, "unsupported-content-encoding",
-                                                                        "false")
+    assert (status, answer["error"]["code"], got["x-should-retry"]) == (415, "unsupported-content-encoding", "false")
     assert "content-encoding" in answer["error"]["message"]
     assert clean_stub.requests() == []
     rows = settled(gw, minted["key_id"], 2)
     assert_refused_row(rows[0], OPUS)
     assert (rows[1]["status"], rows[1]["http_status"], rows[1]["refusal_reason"], rows[1]["condition"]) == (
-        "refused", 415, "unsupported-content-encoding", None)
+        "refused",
+        415,
+        "unsupported-content-encoding",
+        None,
+    )
     assert gw.revoke(minted["key_id"])
 
 
 def test_a_v1_lease_reaches_only_its_legacy_accounts_models(gw: Gateway, clean_stub: Stub) -> None:
-    anthropic_lease = gw.mint("anthropic")   # legacy-anthropic: claude-*
-    openai_lease = gw.mint("openai")         # legacy-openai: gpt-*, o[0-9]*, codex-*
+    anthropic_lease = gw.mint("anthropic")  # legacy-anthropic: claude-*
+    openai_lease = gw.mint("openai")  # legacy-openai: gpt-*, o[0-9]*, codex-*
     with pytest.raises(anthropic.BadRequestError) as caught:
-        anthropic_sdk(gw, anthropic_lease["token"]).messages.create(model="gpt-5", max_tokens=8,
-                                                                    messages=MESSAGES)
+        anthropic_sdk(gw, anthropic_lease["token"]).messages.create(model="gpt-5", max_tokens=8, messages=MESSAGES)
     assert caught.value.body["error"]["code"] == "model-not-permitted"
     with pytest.raises(openai.BadRequestError) as caught_o:
         openai_sdk(gw, openai_lease["token"]).chat.completions.create(model=OPUS, messages=MESSAGES)
@@ -160,7 +183,10 @@ def test_legacy_openai_serves_embedding_models(gw: Gateway, clean_stub: Stub) ->
     assert [r["path"] for r in clean_stub.requests()] == ["/v1/embeddings"]
     row = settled(gw, lease["key_id"])[0]
     assert (row["status"], row["refusal_reason"], row["requested_model"]) == (
-        "completed", None, "text-embedding-3-small")
+        "completed",
+        None,
+        "text-embedding-3-small",
+    )
     assert gw.revoke(lease["key_id"])
 
 
@@ -210,7 +236,16 @@ def test_a_refusal_moves_no_circuit_no_health_and_licenses_no_hop(gw: Gateway, c
     assert after["observed_request_count"] == before["observed_request_count"]
     assert (after["health"], after["health_reason"]) == (before["health"], before["health_reason"])
     assert gw.revoke(minted["key_id"])
-    status, _, retry = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-evidence", "repo_slug": "acme/app", "principal_kind": "worker",
-        "principal_id": "w-1", "model": HAIKU, "retry_of_mint_decision_id": minted["mint_decision_id"]})
+    status, _, retry = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-evidence",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": HAIKU,
+            "retry_of_mint_decision_id": minted["mint_decision_id"],
+        },
+    )
     assert (status, retry["outcome"], retry["refusal_reason"]) == (503, "held", "fallback-not-authorised")

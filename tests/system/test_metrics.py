@@ -41,10 +41,17 @@ def abort_while_in_flight(gw: Gateway, token: str) -> None:
     """A request the worker gives up on while the upstream has not answered yet."""
     conn = http.client.HTTPConnection("127.0.0.1", gw.dataplane_port, timeout=10)
     body = json.dumps({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
-    conn.request("POST", "/v1/messages", body, {"x-api-key": token, "content-type": "application/json",
-                                                 "x-stub-step": '{"stall_before_headers_s": 5}'})
-    wait_until(lambda: value(scrape(gw)[1], "leasehold_in_flight", account_id="legacy-anthropic") == 1, 10,
-               "the stalled request to show in flight")
+    conn.request(
+        "POST",
+        "/v1/messages",
+        body,
+        {"x-api-key": token, "content-type": "application/json", "x-stub-step": '{"stall_before_headers_s": 5}'},
+    )
+    wait_until(
+        lambda: value(scrape(gw)[1], "leasehold_in_flight", account_id="legacy-anthropic") == 1,
+        10,
+        "the stalled request to show in flight",
+    )
     conn.sock.close()
     conn.close()
 
@@ -55,27 +62,37 @@ def test_counters_match_the_ledger_after_mixed_traffic(make_gateway, clean_stub:
     openai_lease = gw.mint("openai")
     sdk = anthropic.Anthropic(base_url=gw.dataplane_url, api_key=anthropic_lease["token"], max_retries=0)
     ask = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
-    sdk.messages.create(**ask)                                                    # completed
-    with sdk.messages.stream(**ask) as stream:                                    # completed, streamed
+    sdk.messages.create(**ask)  # completed
+    with sdk.messages.stream(**ask) as stream:  # completed, streamed
         stream.get_final_text()
-    with pytest.raises(anthropic.InternalServerError):                            # failed: 500
+    with pytest.raises(anthropic.InternalServerError):  # failed: 500
         sdk.messages.create(**ask, extra_headers={"x-stub-step": '{"status": 500}'})
-    abort_while_in_flight(gw, anthropic_lease["token"])                           # client-aborted
-    status, _, _ = call("POST", gw.dataplane_url + "/v1/chat/completions",       # refused: wrong wire
-                        {"model": "gpt-5", "messages": []}, {"x-api-key": anthropic_lease["token"]})
+    abort_while_in_flight(gw, anthropic_lease["token"])  # client-aborted
+    status, _, _ = call(
+        "POST",
+        gw.dataplane_url + "/v1/chat/completions",  # refused: wrong wire
+        {"model": "gpt-5", "messages": []},
+        {"x-api-key": anthropic_lease["token"]},
+    )
     assert status == 404
     oai = openai.OpenAI(base_url=openai_lease["base_url"], api_key=openai_lease["token"], max_retries=0)
     oai.chat.completions.create(model="gpt-5", messages=[{"role": "user", "content": "x"}])  # other wire
 
     rows = gw.wait_rows(6)
     wait_until(lambda: gw.active()["count"] == 0, 10, "no route in flight")
-    assert Counter(r["status"] for r in rows) == {"completed": 3, "upstream-error": 1, "client-aborted": 1,
-                                                  "refused": 1}
+    assert Counter(r["status"] for r in rows) == {
+        "completed": 3,
+        "upstream-error": 1,
+        "client-aborted": 1,
+        "refused": 1,
+    }
     text, samples = scrape(gw)  # public: no token
 
     attempts = Counter((r["account_id"], r["wire"], r["status"], r["condition"] or "none") for r in rows)
-    scraped = {(d["account_id"], d["wire"], d["status"], d["condition"]): n
-               for d, n in ((dict(k), n) for k, n in samples["leasehold_attempts_total"].items())}
+    scraped = {
+        (d["account_id"], d["wire"], d["status"], d["condition"]): n
+        for d, n in ((dict(k), n) for k, n in samples["leasehold_attempts_total"].items())
+    }
     assert scraped == attempts
 
     refusals = Counter(r["refusal_reason"] for r in rows if r["refusal_reason"])
@@ -90,8 +107,7 @@ def test_counters_match_the_ledger_after_mixed_traffic(make_gateway, clean_stub:
         if r["cost_usd"] is not None:
             cost[r["account_id"]] += r["cost_usd"]
     assert tokens[("legacy-anthropic", "output")] > 0 and tokens[("legacy-openai", "input")] > 0
-    assert {(dict(k)["account_id"], dict(k)["kind"]): n for k, n in samples["leasehold_tokens_total"].items()} \
-        == tokens
+    assert {(dict(k)["account_id"], dict(k)["kind"]): n for k, n in samples["leasehold_tokens_total"].items()} == tokens
     for account_id, usd in cost.items():
         assert value(samples, "leasehold_cost_usd_total", account_id=account_id) == pytest.approx(usd)
 
@@ -99,8 +115,7 @@ def test_counters_match_the_ledger_after_mixed_traffic(make_gateway, clean_stub:
         timed = [r["overhead_ms"] for r in rows if r["wire"] == wire and r["overhead_ms"] is not None]
         assert timed, wire
         assert value(samples, "leasehold_dataplane_overhead_seconds_count", wire=wire) == len(timed)
-        assert value(samples, "leasehold_dataplane_overhead_seconds_sum", wire=wire) == \
-            pytest.approx(sum(timed) / 1000)
+        assert value(samples, "leasehold_dataplane_overhead_seconds_sum", wire=wire) == pytest.approx(sum(timed) / 1000)
         assert value(samples, "leasehold_dataplane_overhead_seconds_bucket", wire=wire, le="+Inf") == len(timed)
 
     for account_id in ("legacy-anthropic", "legacy-zai-harness", "legacy-openai"):
@@ -134,16 +149,24 @@ def test_metrics_need_a_read_token_unless_made_public(gateway: Gateway, make_gat
 
 
 def test_openmetrics_is_served_when_asked_for(gateway: Gateway) -> None:
-    status, headers, text = call("GET", gateway.control_url + "/metrics", headers={
-        "Authorization": f"Bearer {gateway.control_token}", "Accept": "application/openmetrics-text"})
+    status, headers, text = call(
+        "GET",
+        gateway.control_url + "/metrics",
+        headers={"Authorization": f"Bearer {gateway.control_token}", "Accept": "application/openmetrics-text"},
+    )
     assert status == 200 and headers["content-type"].startswith("application/openmetrics-text")
     assert text.rstrip().endswith("# EOF")
 
 
 def test_mint_decisions_are_counted_by_outcome_and_code(make_gateway, clean_stub: Stub) -> None:
     gw = make_gateway().start()
-    body = {"dispatch_id": "d", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
-            "model": "claude-sonnet-4-6"}
+    body = {
+        "dispatch_id": "d",
+        "repo_slug": "acme/app",
+        "principal_kind": "worker",
+        "principal_id": "w",
+        "model": "claude-sonnet-4-6",
+    }
     assert gw.api("POST", "/control/v2/mint", body)[0] == 201
     assert gw.api("POST", "/control/v2/mint", body)[0] == 503  # the dispatch already holds a lease
     assert gw.api("POST", "/control/v2/mint", {**body, "dispatch_id": "e", "model": "llama-3"})[0] == 409

@@ -36,8 +36,14 @@ models = ["claude-*"]
 
 
 def mint(gw: Gateway, **fields) -> tuple[int, dict, dict]:
-    body = {"dispatch_id": "d-1", "repo_slug": "acme/app", "principal_kind": "worker",
-            "principal_id": "w-1", "model": MODEL, **fields}
+    body = {
+        "dispatch_id": "d-1",
+        "repo_slug": "acme/app",
+        "principal_kind": "worker",
+        "principal_id": "w-1",
+        "model": MODEL,
+        **fields,
+    }
     status, headers, payload = gw.api("POST", "/control/v2/mint", body)
     return status, headers, payload
 
@@ -46,8 +52,12 @@ def call(gw: Gateway, token: str, step: str | None = None) -> tuple[int, dict, d
     headers = {"x-api-key": token}
     if step:
         headers["x-stub-step"] = step
-    return http("POST", gw.dataplane_url + "/v1/messages",
-                {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, headers)
+    return http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        headers,
+    )
 
 
 def live_leases(gw: Gateway) -> int:
@@ -59,8 +69,12 @@ def test_a_429_moves_the_dispatch_to_the_second_account_once(make_gateway, tmp_p
     gw = pool_gateway(make_gateway, tmp_path, second_stub)
     status, _, first = mint(gw)
     assert status == 201, first
-    assert (first["outcome"], first["account_id"], first["fallback_position"], first["hop"]) == \
-        ("selected", "legacy-anthropic", 0, 0)
+    assert (first["outcome"], first["account_id"], first["fallback_position"], first["hop"]) == (
+        "selected",
+        "legacy-anthropic",
+        0,
+        0,
+    )
     assert first["effective_model"] == MODEL and first["skipped"] == [] and first["policy_revision"] == 0
 
     status, headers, body = call(gw, first["token"], '{"status": 429, "headers": {"retry-after": "3"}}')

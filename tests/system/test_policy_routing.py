@@ -17,19 +17,28 @@ PAY, OTHER = "acme/pay", "acme/other"
 
 
 def accounts_toml(stub_url: str, *ids: str, binding: str = "anthropic", models: str = '"claude-*"') -> str:
-    return "".join(f'''
+    return "".join(
+        f'''
 [[account]]
 id = "{account_id}"
 provider_binding = "{binding}"
 base_url = "{stub_url}"
 auth_style = "x-api-key"
-credential_env = "GATEWAY_{account_id.upper().replace('-', '_')}_KEY"
+credential_env = "GATEWAY_{account_id.upper().replace("-", "_")}_KEY"
 models = [{models}]
-''' for account_id in ids)
+'''
+        for account_id in ids
+    )
 
 
-def pool(make_gateway, tmp_path: Path, stub, *ids: str, extra: dict[str, str] | None = None,
-         unconfigured: tuple[str, ...] = ()) -> Gateway:
+def pool(
+    make_gateway,
+    tmp_path: Path,
+    stub,
+    *ids: str,
+    extra: dict[str, str] | None = None,
+    unconfigured: tuple[str, ...] = (),
+) -> Gateway:
     path = tmp_path / "accounts.toml"
     path.write_text(accounts_toml(stub.url, *ids))
     env = {"GATEWAY_ACCOUNTS_FILE": str(path)}
@@ -38,17 +47,27 @@ def pool(make_gateway, tmp_path: Path, stub, *ids: str, extra: dict[str, str] | 
     return make_gateway(env).start()
 
 
-def put_level(gw: Gateway, name: str, document: dict[str, Any], expected: int,
-              token: str | None = "admin") -> tuple[int, dict]:
-    status, _, body = gw.api("PUT", "/control/v2/policy/level",
-                             {"name": name, "expected_revision": expected, "document": document,
-                              "reason": "issue 7"}, token=token)
+def put_level(
+    gw: Gateway, name: str, document: dict[str, Any], expected: int, token: str | None = "admin"
+) -> tuple[int, dict]:
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {"name": name, "expected_revision": expected, "document": document, "reason": "issue 7"},
+        token=token,
+    )
     return status, body
 
 
 def mint(gw: Gateway, **fields: Any) -> tuple[int, dict]:
-    body = {"dispatch_id": "d-1", "repo_slug": PAY, "principal_kind": "worker", "principal_id": "w-1",
-            "model": MODEL, **fields}
+    body = {
+        "dispatch_id": "d-1",
+        "repo_slug": PAY,
+        "principal_kind": "worker",
+        "principal_id": "w-1",
+        "model": MODEL,
+        **fields,
+    }
     body = {k: v for k, v in body.items() if v is not None}
     status, _, payload = gw.api("POST", "/control/v2/mint", body)
     return status, payload
@@ -58,8 +77,12 @@ def call(gw: Gateway, token: str, model: str = MODEL, step: str | None = None) -
     headers = {"x-api-key": token}
     if step:
         headers["x-stub-step"] = step
-    return http("POST", gw.dataplane_url + "/v1/messages",
-                {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, headers)[0]
+    return http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+        headers,
+    )[0]
 
 
 def fail_and_release(gw: Gateway, minted: dict, status: int) -> None:
@@ -77,7 +100,9 @@ def lease_count(gw: Gateway) -> int:
 
 def test_a_team_policy_narrows_account_order_for_its_repos_only(make_gateway, tmp_path, clean_stub):
     gw = pool(make_gateway, tmp_path, clean_stub, "anthropic-b", "anthropic-c")
-    status, written = put_level(gw, "team:payments", {"repos": [PAY], "account_order": ["anthropic-c", "anthropic-b"]}, 0)
+    status, written = put_level(
+        gw, "team:payments", {"repos": [PAY], "account_order": ["anthropic-c", "anthropic-b"]}, 0
+    )
     assert (status, written["revision"]) == (200, 1), written
 
     status, first = mint(gw)
@@ -132,8 +157,12 @@ def test_a_model_class_lets_a_fallback_cross_bindings(make_gateway, tmp_path, cl
     fail_and_release(gw, first, 529)
     status, second = retry(gw, first, model=None, model_class="top")
     assert status == 201, second
-    assert (second["account_id"], second["effective_model"], second["fallback_position"], second["hop"]) == \
-        ("legacy-zai-harness", "glm-4.6", 1, 1)
+    assert (second["account_id"], second["effective_model"], second["fallback_position"], second["hop"]) == (
+        "legacy-zai-harness",
+        "glm-4.6",
+        1,
+        1,
+    )
     assert call(gw, second["token"], "glm-4.6") == 200
     # a plain model mint for the same dispatch never crosses: its boundary is the model
     status, plain = mint(gw, dispatch_id="d-plain")
@@ -149,7 +178,9 @@ def test_a_hop_after_a_policy_change_starts_past_the_cited_account(make_gateway,
     fail_and_release(gw, first, 429)
     # the cited account moves to position 1: the hop starts at 2 — past anthropic-c at 0, and
     # never back on the account that failed
-    assert put_level(gw, f"repo:{PAY}", {"account_order": ["anthropic-c", "legacy-anthropic", "anthropic-b"]}, 0)[0] == 200
+    assert (
+        put_level(gw, f"repo:{PAY}", {"account_order": ["anthropic-c", "legacy-anthropic", "anthropic-b"]}, 0)[0] == 200
+    )
     status, second = retry(gw, first)
     assert status == 201, second
     assert (second["account_id"], second["fallback_position"], second["policy_revision"]) == ("anthropic-b", 2, 1)
@@ -164,8 +195,15 @@ def test_a_hop_after_a_policy_change_starts_past_the_cited_account(make_gateway,
 
 
 def test_explain_names_the_deciding_level_for_every_field(make_gateway, tmp_path, clean_stub):
-    gw = pool(make_gateway, tmp_path, clean_stub, "anthropic-b", "anthropic-c", unconfigured=("anthropic-b",),
-              extra={"GATEWAY_MAX_FALLBACK_HOPS": "3", "GATEWAY_FALLBACK_ON": "rate-limited,overloaded"})
+    gw = pool(
+        make_gateway,
+        tmp_path,
+        clean_stub,
+        "anthropic-b",
+        "anthropic-c",
+        unconfigured=("anthropic-b",),
+        extra={"GATEWAY_MAX_FALLBACK_HOPS": "3", "GATEWAY_FALLBACK_ON": "rate-limited,overloaded"},
+    )
     writes = [
         ("platform", {"providers": ["anthropic", "zai-harness"], "locks": ["providers"]}),
         ("org:acme", {"teams": ["payments"], "max_fallback_hops": 2}),
@@ -176,25 +214,35 @@ def test_explain_names_the_deciding_level_for_every_field(make_gateway, tmp_path
     for revision, (name, document) in enumerate(writes):
         status, body = put_level(gw, name, document, revision)
         assert status == 200, body
-    status, _, explained = gw.api("GET", f"/control/v2/policy/explain?repo_slug={PAY}&worker_role=reviewer&model={MODEL}")
+    status, _, explained = gw.api(
+        "GET", f"/control/v2/policy/explain?repo_slug={PAY}&worker_role=reviewer&model={MODEL}"
+    )
     assert status == 200, explained
     assert explained["provenance"] == {
-        "account_order": "team:payments", "providers": "platform", "fallback_on": f"binding:{PAY}#reviewer",
-        "max_fallback_hops": "org:acme", "model_classes": f"repo:{PAY}", "model_classes.top.anthropic": f"repo:{PAY}",
-        "min_headroom_percent": "default"}
+        "account_order": "team:payments",
+        "providers": "platform",
+        "fallback_on": f"binding:{PAY}#reviewer",
+        "max_fallback_hops": "org:acme",
+        "model_classes": f"repo:{PAY}",
+        "model_classes.top.anthropic": f"repo:{PAY}",
+        "min_headroom_percent": "default",
+    }
     assert explained["locked_by"] == {"providers": "platform"}
     assert explained["vetoed"] == {"providers": [f"repo:{PAY}"]}
     assert explained["ceilinged"] == ["fallback_on"]
     assert explained["resolved"]["fallback_on"] == ["rate-limited"]
     assert explained["resolved"]["max_fallback_hops"] == 2
-    assert explained["resolved"]["min_headroom_percent"] == 0   # SPEC §22: off unless a level sets it
+    assert explained["resolved"]["min_headroom_percent"] == 0  # SPEC §22: off unless a level sets it
     assert explained["tenancy"]["team"] == "payments" and explained["tenancy"]["org"] == "acme"
     assert [(c["account_id"], c["position"], c["code"]) for c in explained["candidates"]] == [
-        ("anthropic-b", 0, "not-configured"), ("anthropic-c", 1, None), ("legacy-anthropic", 2, None)]
+        ("anthropic-b", 0, "not-configured"),
+        ("anthropic-c", 1, None),
+        ("legacy-anthropic", 2, None),
+    ]
     would = explained["would_select"]
     assert (would["outcome"], would["account_id"], would["fallback_position"]) == ("selected", "anthropic-c", 1)
     assert would["skipped"] == [{"account_id": "anthropic-b", "position": 0, "code": "not-configured"}]
-    assert lease_count(gw) == 0   # a dry run: no lease taken
+    assert lease_count(gw) == 0  # a dry run: no lease taken
 
     # the mint agrees with the dry run
     status, minted = mint(gw, worker_role="reviewer")

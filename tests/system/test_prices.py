@@ -37,9 +37,12 @@ def test_the_prices_file_prices_rows_first(make_gateway, clean_stub: Stub, tmp_p
     costs = {}
     for model in ("claude-sonnet-4-6", "claude-house-1", "claude-sonnet-4-5", "claude-unknown-9"):
         minted = gw.mint()
-        status, _, _ = http("POST", gw.dataplane_url + "/v1/messages",
-                            {"model": model, "max_tokens": 16, "messages": MESSAGES},
-                            {**A_HEADERS, "x-api-key": minted["token"]})
+        status, _, _ = http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {"model": model, "max_tokens": 16, "messages": MESSAGES},
+            {**A_HEADERS, "x-api-key": minted["token"]},
+        )
         assert status == 200
         row = one_row(gw, minted["key_id"])
         costs[model] = (row["cost_usd"], row["cost_reason"], row["usage"]["output_tokens"])

@@ -46,17 +46,28 @@ def bins() -> dict[str, Path]:
 def client_env(home: Path, **extra: str) -> dict[str, str]:
     """A scrubbed environment: a temporary home, no route anywhere but loopback."""
     dead = "http://127.0.0.1:9"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
-           "TERM": "dumb", "HTTPS_PROXY": dead, "HTTP_PROXY": dead, "ALL_PROXY": dead,
-           "https_proxy": dead, "http_proxy": dead, "all_proxy": dead,
-           "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "HTTPS_PROXY": dead,
+        "HTTP_PROXY": dead,
+        "ALL_PROXY": dead,
+        "https_proxy": dead,
+        "http_proxy": dead,
+        "all_proxy": dead,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
     env.update(extra)
     return env
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=RUN_TIMEOUT_S)
+    return subprocess.run(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
 
 
 # ---- Claude Code --------------------------------------------------------------------------------
@@ -65,8 +76,13 @@ def run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
 def claude_turn(bins: dict[str, Path], gw: Gateway, token: str, tmp: Path) -> dict:
     home = tmp / "home"
     home.mkdir(exist_ok=True)
-    env = client_env(home, ANTHROPIC_BASE_URL=gw.dataplane_url, ANTHROPIC_API_KEY=token,
-                     CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
+    env = client_env(
+        home,
+        ANTHROPIC_BASE_URL=gw.dataplane_url,
+        ANTHROPIC_API_KEY=token,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        DISABLE_AUTOUPDATER="1",
+    )
     done = run([str(bins["claude"]), "-p", "say hi", "--output-format", "json"], home, env)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     return json.loads(done.stdout)
@@ -74,7 +90,8 @@ def claude_turn(bins: dict[str, Path], gw: Gateway, token: str, tmp: Path) -> di
 
 @pytest.mark.parametrize("fault", [None, "eof_after_events", "cut_after_events"])
 def test_claude_code_completes_a_turn_and_retries_a_broken_stream(
-        bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None) -> None:
+    bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None
+) -> None:
     minted = gateway.mint()
     # Both faults end the stream after two of its text deltas ("t0 t1 "): a clean close upstream
     # (which the gateway turns into a broken stream) and an abrupt cut. (A stream that lacks only
@@ -111,19 +128,38 @@ def codex_turn(bins: dict[str, Path], gw: Gateway, token: str, tmp: Path) -> str
         "[analytics]\nenabled = false\n"
         "[model_providers.leasehold]\n"
         f'name = "Leasehold"\nbase_url = "{gw.dataplane_url}/v1"\n'
-        'env_key = "LEASEHOLD_WORKER_KEY"\nwire_api = "responses"\n')
+        'env_key = "LEASEHOLD_WORKER_KEY"\nwire_api = "responses"\n'
+    )
     last = tmp / "last-message.txt"
     env = client_env(home, CODEX_HOME=str(codex_home), LEASEHOLD_WORKER_KEY=token)
-    done = run([str(bins["codex"]), "exec", "--skip-git-repo-check", "--disable", "plugins",
-                "--disable", "apps", "-c", "analytics.enabled=false",
-                "-c", "check_for_update_on_startup=false", "-o", str(last), "say hi"], home, env)
+    done = run(
+        [
+            str(bins["codex"]),
+            "exec",
+            "--skip-git-repo-check",
+            "--disable",
+            "plugins",
+            "--disable",
+            "apps",
+            "-c",
+            "analytics.enabled=false",
+            "-c",
+            "check_for_update_on_startup=false",
+            "-o",
+            str(last),
+            "say hi",
+        ],
+        home,
+        env,
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     return last.read_text()
 
 
 @pytest.mark.parametrize("fault", [None, "eof_after_events", "cut_after_events"])
 def test_codex_completes_a_turn_and_retries_a_broken_stream(
-        bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None) -> None:
+    bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None
+) -> None:
     minted = gateway.mint("openai")
     if fault == "eof_after_events":  # everything but response.completed, then a clean close
         clean_stub.script({"eof_after_events": CUT_DELTAS + 7, "deltas": CUT_DELTAS})
@@ -156,11 +192,26 @@ def codex_socket_turn(bins: dict[str, Path], gw: Gateway, token: str, tmp: Path)
     codex_home.mkdir(exist_ok=True)
     (codex_home / "config.toml").write_text(
         f'model = "gpt-5"\ncheck_for_update_on_startup = false\nopenai_base_url = "{gw.dataplane_url}/v1"\n'
-        "[analytics]\nenabled = false\n")
+        "[analytics]\nenabled = false\n"
+    )
     last = tmp / "last-message.txt"
     env = client_env(home, CODEX_HOME=str(codex_home), CODEX_API_KEY=token)
-    done = run([str(bins["codex"]), "exec", "--skip-git-repo-check", "--disable", "plugins",
-                "--disable", "apps", "-o", str(last), "say hi"], home, env)
+    done = run(
+        [
+            str(bins["codex"]),
+            "exec",
+            "--skip-git-repo-check",
+            "--disable",
+            "plugins",
+            "--disable",
+            "apps",
+            "-o",
+            str(last),
+            "say hi",
+        ],
+        home,
+        env,
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     return last.read_text()
 
@@ -170,21 +221,23 @@ TOOL_CALL = {"ws_function_call": {"name": "shell", "arguments": '{"command": ["e
 
 @pytest.mark.parametrize("fault", [None, "tool-calls", "cut"])
 def test_codex_over_the_socket_chains_turns_and_retries_a_cut(
-        bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None) -> None:
+    bins: dict[str, Path], gateway: Gateway, clean_stub: Stub, tmp_path: Path, fault: str | None
+) -> None:
     minted = gateway.mint("openai")
-    if fault == "tool-calls":    # two tool calls: each output comes back chained to the last response
+    if fault == "tool-calls":  # two tool calls: each output comes back chained to the last response
         clean_stub.script({}, TOOL_CALL, TOOL_CALL)
-    elif fault == "cut":         # the upstream socket dropped mid-turn: Codex reconnects and retries
+    elif fault == "cut":  # the upstream socket dropped mid-turn: Codex reconnects and retries
         clean_stub.script({}, {"ws_cut_after_events": 5, "deltas": CUT_DELTAS})
     assert codex_socket_turn(bins, gateway, minted["token"], tmp_path).strip() == stub_text().strip()
 
     seen = clean_stub.requests()
     assert not [e for e in seen if e["method"] == "POST"]  # never fell back to HTTP
     creates = [e for e in seen if e["method"] == "WS"]
-    assert creates[0]["generate"] is False                 # the warmup, then the turn chained to it
+    assert creates[0]["generate"] is False  # the warmup, then the turn chained to it
     first = creates[0]["headers"]
     assert first["authorization"] == f"Bearer {clean_stub.openai_key}" and first["openai-beta"].startswith(
-        "responses_websockets=")
+        "responses_websockets="
+    )
     assert all(minted["token"] not in json.dumps(e["headers"]) for e in seen)
     rows = settled(gateway, minted["key_id"], len(creates))
     assert {r["transport"] for r in rows} == {"websocket"}

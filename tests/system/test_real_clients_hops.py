@@ -34,8 +34,9 @@ FAULTS = {
 
 @pytest.fixture
 def sibling(tmp_path: Path):
-    upstream = Stub(tmp_path / "stub-b", anthropic_key=credential_like("sk-ant-api03-"),
-                    openai_key=credential_like("sk-proj-"))
+    upstream = Stub(
+        tmp_path / "stub-b", anthropic_key=credential_like("sk-ant-api03-"), openai_key=credential_like("sk-proj-")
+    )
     yield upstream
     upstream.stop()
 
@@ -60,22 +61,36 @@ auth_style = "bearer"
 credential_env = "GATEWAY_OPENAI_B_KEY"
 models = ["gpt-*"]
 ''')
-    return make_gateway({"GATEWAY_ACCOUNTS_FILE": str(accounts),
-                         "GATEWAY_ANTHROPIC_B_KEY": sibling.anthropic_key,
-                         "GATEWAY_OPENAI_B_KEY": sibling.openai_key}).start()
+    return make_gateway(
+        {
+            "GATEWAY_ACCOUNTS_FILE": str(accounts),
+            "GATEWAY_ANTHROPIC_B_KEY": sibling.anthropic_key,
+            "GATEWAY_OPENAI_B_KEY": sibling.openai_key,
+        }
+    ).start()
 
 
 def dispatch_key(gw: Gateway, model: str) -> dict:
-    status, _, minted = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-real", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": model, "fallback_driver": "gateway"})
+    status, _, minted = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-real",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": model,
+            "fallback_driver": "gateway",
+        },
+    )
     assert status == 201, minted
     return minted
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_claude_code_turn_is_served_by_the_sibling_after_a_fault_on_a(
-        bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path, fault: str) -> None:
+    bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path, fault: str
+) -> None:
     minted = dispatch_key(pool, "claude-sonnet-4-6")
     assert minted["account_id"] == "legacy-anthropic"
     clean_stub.script(FAULTS[fault])
@@ -89,7 +104,8 @@ def test_claude_code_turn_is_served_by_the_sibling_after_a_fault_on_a(
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_codex_turn_is_served_by_the_sibling_after_a_fault_on_a(
-        bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path, fault: str) -> None:
+    bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path, fault: str
+) -> None:
     minted = dispatch_key(pool, "gpt-5")
     assert minted["account_id"] == "legacy-openai"
     step = dict(FAULTS[fault])
@@ -104,21 +120,53 @@ def test_codex_turn_is_served_by_the_sibling_after_a_fault_on_a(
 
 
 def test_leaseholdctl_exec_runs_codex_on_the_socket_and_prints_the_hop(
-        bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path) -> None:
+    bins, pool: Gateway, clean_stub: Stub, sibling: Stub, tmp_path: Path
+) -> None:
     """`leaseholdctl exec -v -- codex exec ...`: Codex opens the Responses WebSocket (SPEC §20); a
     rate limit on A hops the key, the socket closes 1012, Codex reconnects and B answers."""
     home, codex_home = tmp_path / "home", tmp_path / "codex-home"
     home.mkdir()
     codex_home.mkdir()
-    (codex_home / "config.toml").write_text('model = "gpt-5"\ncheck_for_update_on_startup = false\n'
-                                            "[analytics]\nenabled = false\n")
+    (codex_home / "config.toml").write_text(
+        'model = "gpt-5"\ncheck_for_update_on_startup = false\n[analytics]\nenabled = false\n'
+    )
     clean_stub.script({}, {"ws_error": {"code": "rate_limit_exceeded", "message": "Rate limit reached."}})
-    env = client_env(home, CODEX_HOME=str(codex_home), PYTHONPATH=str(REPO),
-                     GATEWAY_CONTROL_URL=pool.control_url, LEASEHOLD_TOKEN=pool.control_token)
+    env = client_env(
+        home,
+        CODEX_HOME=str(codex_home),
+        PYTHONPATH=str(REPO),
+        GATEWAY_CONTROL_URL=pool.control_url,
+        LEASEHOLD_TOKEN=pool.control_token,
+    )
     last = tmp_path / "last.txt"
-    done = run([sys.executable, "-m", "controlplane.ctl", "exec", "-v", "--repo", "acme/app", "--principal", "w-1",
-                "--model", "gpt-5", "--", str(bins["codex"]), "exec", "--skip-git-repo-check", "--disable",
-                "plugins", "--disable", "apps", "-o", str(last), "say hi"], home, env)
+    done = run(
+        [
+            sys.executable,
+            "-m",
+            "controlplane.ctl",
+            "exec",
+            "-v",
+            "--repo",
+            "acme/app",
+            "--principal",
+            "w-1",
+            "--model",
+            "gpt-5",
+            "--",
+            str(bins["codex"]),
+            "exec",
+            "--skip-git-repo-check",
+            "--disable",
+            "plugins",
+            "--disable",
+            "apps",
+            "-o",
+            str(last),
+            "say hi",
+        ],
+        home,
+        env,
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert last.read_text().strip() == stub_text().strip()
     assert "hop 1: legacy-openai -> openai-b" in done.stderr and "closed (1012)" in done.stderr, done.stderr

@@ -23,9 +23,17 @@ ACCOUNT = "legacy-anthropic"
 
 
 def mint(gw: Gateway, dispatch_id: str) -> dict[str, Any]:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": dispatch_id, "repo_slug": "acme/app", "principal_kind": "worker",
-        "principal_id": "w-1", "model": A_BODY["model"]})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": dispatch_id,
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": A_BODY["model"],
+        },
+    )
     assert status == 201, body
     return body
 

@@ -17,16 +17,22 @@ CTL = [sys.executable, "-m", "controlplane.ctl"]
 
 
 def put(gw: Gateway, revision: int, name: str, document: dict) -> None:
-    status, _, body = gw.api("PUT", "/control/v2/policy/level",
-                             {"name": name, "expected_revision": revision, "document": document, "reason": "budgets"})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {"name": name, "expected_revision": revision, "document": document, "reason": "budgets"},
+    )
     assert status == 200, body
 
 
 def serve(gw: Gateway, repo: str, model: str = "claude-sonnet-4-6") -> dict:
     minted = gw.mint(repo_slug=repo)
-    status, _, _ = http("POST", gw.dataplane_url + "/v1/messages",
-                        {"model": model, "max_tokens": 16, "messages": MESSAGES},
-                        {**A_HEADERS, "x-api-key": minted["token"]})
+    status, _, _ = http(
+        "POST",
+        gw.dataplane_url + "/v1/messages",
+        {"model": model, "max_tokens": 16, "messages": MESSAGES},
+        {**A_HEADERS, "x-api-key": minted["token"]},
+    )
     assert status == 200
     return one_row(gw, minted["key_id"])
 
@@ -48,8 +54,12 @@ def test_spend_is_counted_shown_and_survives_a_restart(make_gateway, clean_stub:
     gw = make_gateway().start()
     # Served before the budgets exist: once they do, nothing unpriced is served in their scope,
     # and the team's budget is exhausted (enforcement: tests/system/test_budget_enforcement.py).
-    rows = [serve(gw, "acme/pay"), serve(gw, "acme/pay"), serve(gw, "solo/x"),
-            serve(gw, "acme/pay", model="claude-house-1")]
+    rows = [
+        serve(gw, "acme/pay"),
+        serve(gw, "acme/pay"),
+        serve(gw, "solo/x"),
+        serve(gw, "acme/pay", model="claude-house-1"),
+    ]
     put(gw, 0, "team:payments", {"repos": ["acme/pay"], "budgets": [{"window": "day", "usd": 0.0001}]})
     put(gw, 1, "repo:acme/pay", {"budgets": [{"window": "month", "usd": 1000}]})
     assert rows[-1]["cost_reason"] == "unpriced"
@@ -85,12 +95,20 @@ def test_a_restart_reads_the_rotated_segments_of_the_month(make_gateway, clean_s
     gw.state_dir.mkdir(parents=True)
     today = time.strftime("%Y%m%d", time.gmtime())
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
-    row = {"attempt_id": "att_rotated", "key_id": "key_x", "account_id": "legacy-anthropic", "repo_slug": "acme/old",
-           "principal_id": "w-9", "served_model": "claude-sonnet-4-6", "requested_model": "claude-sonnet-4-6",
-           "finished_at": stamp, "cost_usd": 1.25, "usage": {"input_tokens": 1, "output_tokens": 2,
-                                                              "cache_read_tokens": 0, "cache_creation_tokens": 0}}
+    row = {
+        "attempt_id": "att_rotated",
+        "key_id": "key_x",
+        "account_id": "legacy-anthropic",
+        "repo_slug": "acme/old",
+        "principal_id": "w-9",
+        "served_model": "claude-sonnet-4-6",
+        "requested_model": "claude-sonnet-4-6",
+        "finished_at": stamp,
+        "cost_usd": 1.25,
+        "usage": {"input_tokens": 1, "output_tokens": 2, "cache_read_tokens": 0, "cache_creation_tokens": 0},
+    }
     (gw.state_dir / f"ledger-{today}.jsonl.part").write_text(json.dumps(row) + "\n")
-    segments.finish_rotation(str(gw.state_dir), today)   # as a rotation earlier today left it
+    segments.finish_rotation(str(gw.state_dir), today)  # as a rotation earlier today left it
     gw.start()
     old = spend_by(gw, "repo")["acme/old"]
     assert (old["cost_usd"], old["attempts"]) == (1.25, 1)

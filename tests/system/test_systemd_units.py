@@ -81,9 +81,12 @@ def fake_root(tmp_path: Path) -> Path:
 @needs_analyze
 def test_units_pass_systemd_analyze_verify_without_a_warning(tmp_path: Path) -> None:
     root = fake_root(tmp_path)
-    done = subprocess.run([ANALYZE, "verify", f"--root={root}",
-                           *(f"/etc/systemd/system/{u}" for u in UNITS)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [ANALYZE, "verify", f"--root={root}", *(f"/etc/systemd/system/{u}" for u in UNITS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "" and done.stderr.strip() == "", done.stdout + done.stderr
 
@@ -92,9 +95,20 @@ def test_units_pass_systemd_analyze_verify_without_a_warning(tmp_path: Path) -> 
 def test_units_security_exposure_stays_low(tmp_path: Path) -> None:
     root = fake_root(tmp_path)
     for unit in UNITS:
-        done = subprocess.run([ANALYZE, "security", "--offline=yes", f"--root={root}", "--threshold=20",
-                               "--no-pager", f"/etc/systemd/system/{unit}"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [
+                ANALYZE,
+                "security",
+                "--offline=yes",
+                f"--root={root}",
+                "--threshold=20",
+                "--no-pager",
+                f"/etc/systemd/system/{unit}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr
         assert re.search(r"exposure level for \S+: [0-1]\.\d OK", done.stdout), done.stdout[-500:]
 
@@ -106,11 +120,21 @@ def test_unit_runs_as_the_fixed_user_with_the_shared_env_file_and_hardening(unit
     assert values(unit, "EnvironmentFile") == ["/etc/leasehold/gateway.env"]
     assert values(unit, "ExecStart") == [f"/opt/leasehold/venv/bin/{unit.removesuffix('.service')}"]
     expected = {
-        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
-        "PrivateDevices": "yes", "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
-        "ProtectKernelLogs": "yes", "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
-        "LockPersonality": "yes", "MemoryDenyWriteExecute": "yes", "CapabilityBoundingSet": "",
-        "UMask": "0077", "Restart": "on-failure", "KillSignal": "SIGTERM",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "PrivateDevices": "yes",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectKernelLogs": "yes",
+        "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6",
+        "LockPersonality": "yes",
+        "MemoryDenyWriteExecute": "yes",
+        "CapabilityBoundingSet": "",
+        "UMask": "0077",
+        "Restart": "on-failure",
+        "KillSignal": "SIGTERM",
     }
     for key, value in expected.items():
         assert values(unit, key) == [value], key
@@ -200,8 +224,9 @@ runpy.run_module(module, run_name="__main__")
 
 
 def _mdwe_supported() -> bool:
-    probe = subprocess.run([sys.executable, "-c", MDWE_WRAPPER, "this_module_does_not_exist"],
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        [sys.executable, "-c", MDWE_WRAPPER, "this_module_does_not_exist"], capture_output=True, timeout=30
+    )
     return probe.returncode not in (77, 78)
 
 
@@ -209,11 +234,9 @@ def test_both_daemons_serve_a_stream_under_memory_deny_write_execute(make_gatewa
     if not sys.platform.startswith("linux") or not _mdwe_supported():
         pytest.skip("this kernel has no PR_SET_MDWE (Linux 6.3+) to emulate MemoryDenyWriteExecute=")
     gw = make_gateway()
-    gw.control = Proc([sys.executable, "-c", MDWE_WRAPPER, "controlplane.main"], gw.env,
-                      gw.workdir / "control.log")
+    gw.control = Proc([sys.executable, "-c", MDWE_WRAPPER, "controlplane.main"], gw.env, gw.workdir / "control.log")
     wait_until(lambda: gw.healthz() is not None or not gw.control.alive, 20, "control healthz")
-    gw.dataplane = Proc([sys.executable, "-c", MDWE_WRAPPER, "dataplane.main"], gw.env,
-                        gw.workdir / "dataplane.log")
+    gw.dataplane = Proc([sys.executable, "-c", MDWE_WRAPPER, "dataplane.main"], gw.env, gw.workdir / "dataplane.log")
     gw.wait_synchronised()
     token = gw.mint()["token"]
     headers = {"x-api-key": token, "anthropic-version": "2023-06-01"}

@@ -52,9 +52,13 @@ def collector_key() -> str:
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory, stub: Stub, receiver: OtlpReceiver, collector_key: str):
-    g = traced(tmp_path_factory.mktemp("gw"), stub, receiver.endpoint,
-               OTEL_EXPORTER_OTLP_HEADERS=f"x-collector-key={collector_key}",
-               OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test")
+    g = traced(
+        tmp_path_factory.mktemp("gw"),
+        stub,
+        receiver.endpoint,
+        OTEL_EXPORTER_OTLP_HEADERS=f"x-collector-key={collector_key}",
+        OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test",
+    )
     yield g
     g.stop()
 
@@ -71,8 +75,9 @@ def assert_row_times(span, row: dict[str, Any]) -> None:
     assert span.start_ns == ns_of(row["started_at"]) and span.end_ns == ns_of(row["finished_at"])
 
 
-def test_anthropic_json_span_is_the_callers_child(gw: Gateway, stub: Stub, receiver: OtlpReceiver,
-                                                  collector_key: str) -> None:
+def test_anthropic_json_span_is_the_callers_child(
+    gw: Gateway, stub: Stub, receiver: OtlpReceiver, collector_key: str
+) -> None:
     token = gw.mint("anthropic")["token"]
     status, row = call(gw, "anthropic", token, ANTHROPIC_BODY, traceparent=TRACEPARENT, tracestate=TRACESTATE)
     assert status == 200 and row["traceparent"] == TRACEPARENT and row["tracestate"] == TRACESTATE
@@ -80,26 +85,55 @@ def test_anthropic_json_span_is_the_callers_child(gw: Gateway, stub: Stub, recei
     assert sent.get("traceparent") == TRACEPARENT and sent.get("tracestate") == TRACESTATE  # unchanged upstream
     span = receiver.wait_span(row["attempt_id"])
     assert (span.kind, span.name, span.trace_id, span.parent_span_id) == (
-        "CLIENT", "chat claude-sonnet-4-6", PARENT_TRACE, PARENT_SPAN)
+        "CLIENT",
+        "chat claude-sonnet-4-6",
+        PARENT_TRACE,
+        PARENT_SPAN,
+    )
     assert span.span_id == ids_of(row["attempt_id"])[1] and span.trace_state == TRACESTATE
     assert_row_times(span, row)
     a = span.attributes
-    assert {k: a.get(k) for k in ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
-                                  "gen_ai.response.model", "gen_ai.request.stream", "http.response.status_code",
-                                  "server.address")} == {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
-        "gen_ai.request.model": "claude-sonnet-4-6", "gen_ai.response.model": row["served_model"],
-        "gen_ai.request.stream": False, "http.response.status_code": 200, "server.address": "127.0.0.1"}
+    assert {
+        k: a.get(k)
+        for k in (
+            "gen_ai.operation.name",
+            "gen_ai.provider.name",
+            "gen_ai.request.model",
+            "gen_ai.response.model",
+            "gen_ai.request.stream",
+            "http.response.status_code",
+            "server.address",
+        )
+    } == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.request.model": "claude-sonnet-4-6",
+        "gen_ai.response.model": row["served_model"],
+        "gen_ai.request.stream": False,
+        "http.response.status_code": 200,
+        "server.address": "127.0.0.1",
+    }
     usage = row["usage"]  # the conventions count the cached prompt in input_tokens; the ledger does not
-    assert a["gen_ai.usage.input_tokens"] == usage["input_tokens"] + usage["cache_read_tokens"] + usage["cache_creation_tokens"]
-    assert (a["gen_ai.usage.output_tokens"], a["gen_ai.usage.cache_read.input_tokens"],
-            a["gen_ai.usage.cache_creation.input_tokens"]) == (usage["output_tokens"], usage["cache_read_tokens"],
-                                                               usage["cache_creation_tokens"])
+    assert (
+        a["gen_ai.usage.input_tokens"]
+        == usage["input_tokens"] + usage["cache_read_tokens"] + usage["cache_creation_tokens"]
+    )
+    assert (
+        a["gen_ai.usage.output_tokens"],
+        a["gen_ai.usage.cache_read.input_tokens"],
+        a["gen_ai.usage.cache_creation.input_tokens"],
+    ) == (usage["output_tokens"], usage["cache_read_tokens"], usage["cache_creation_tokens"])
     assert {k: a[k] for k in a if k.startswith("leasehold.") and k != "leasehold.overhead_ms"} == {
-        "leasehold.attempt_id": row["attempt_id"], "leasehold.key_id": row["key_id"],
-        "leasehold.account_id": "legacy-anthropic", "leasehold.repo": "acme/app", "leasehold.principal": "w-1",
-        "leasehold.status": "completed", "leasehold.transport": "http", "leasehold.hop": 0,
-        "leasehold.cost_usd": row["cost_usd"]}
+        "leasehold.attempt_id": row["attempt_id"],
+        "leasehold.key_id": row["key_id"],
+        "leasehold.account_id": "legacy-anthropic",
+        "leasehold.repo": "acme/app",
+        "leasehold.principal": "w-1",
+        "leasehold.status": "completed",
+        "leasehold.transport": "http",
+        "leasehold.hop": 0,
+        "leasehold.cost_usd": row["cost_usd"],
+    }
     assert "error.type" not in a and span.status == 0
     assert span.resource["service.name"] == "leasehold" and span.resource["deployment.environment"] == "test"
     assert span.resource.get("host.name")
@@ -121,16 +155,28 @@ def test_openai_json_span_starts_a_trace_without_traceparent(gw: Gateway, receiv
 
 def test_mint_decision_is_an_event_on_the_first_attempt(gw: Gateway, receiver: OtlpReceiver) -> None:
     """Runs before the refusals below open legacy-anthropic's circuit (a v2 mint would be held)."""
-    status, _, minted = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-trace", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w",
-        "model": "claude-sonnet-4-6"})
+    status, _, minted = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-trace",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w",
+            "model": "claude-sonnet-4-6",
+        },
+    )
     assert status == 201, minted
     _, first = call(gw, "anthropic", minted["token"], ANTHROPIC_BODY, traceparent=TRACEPARENT)
     _, second = call(gw, "anthropic", minted["token"], ANTHROPIC_BODY, traceparent=TRACEPARENT)
     one, two = receiver.wait_span(first["attempt_id"]), receiver.wait_span(second["attempt_id"])
     assert [e.name for e in one.events] == ["leasehold.mint"] and two.events == []
     event = one.events[0].attributes
-    assert event["leasehold.mint_decision_id"] == minted["mint_decision_id"] == one.attributes["leasehold.mint_decision_id"]
+    assert (
+        event["leasehold.mint_decision_id"]
+        == minted["mint_decision_id"]
+        == one.attributes["leasehold.mint_decision_id"]
+    )
     assert event["leasehold.outcome"] == "selected" and one.attributes["leasehold.hop"] == 0
     assert one.attributes["leasehold.dispatch_id"] == "d-trace"
 
@@ -138,15 +184,37 @@ def test_mint_decision_is_an_event_on_the_first_attempt(gw: Gateway, receiver: O
 def test_exec_gives_its_worker_a_trace_the_attempts_join(gw: Gateway, receiver: OtlpReceiver) -> None:
     """`leaseholdctl exec`: the worker gets TRACEPARENT (and no GATEWAY_*); a worker that sends it
     as its `traceparent` header gets its attempt's span under exec's trace."""
-    worker = ("import json, os, urllib.request as u; assert not [k for k in os.environ if k.startswith('GATEWAY_')]; "
-              "r = u.Request(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', data=json.dumps(" + repr(ANTHROPIC_BODY)
-              + ").encode(), headers={'x-api-key': os.environ['ANTHROPIC_API_KEY'], 'content-type': 'application/json', "
-              "'traceparent': os.environ['TRACEPARENT']}); u.urlopen(r).read(); print(os.environ['TRACEPARENT'])")
+    worker = (
+        "import json, os, urllib.request as u; assert not [k for k in os.environ if k.startswith('GATEWAY_')]; "
+        "r = u.Request(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', data=json.dumps("
+        + repr(ANTHROPIC_BODY)
+        + ").encode(), headers={'x-api-key': os.environ['ANTHROPIC_API_KEY'], 'content-type': 'application/json', "
+        "'traceparent': os.environ['TRACEPARENT']}); u.urlopen(r).read(); print(os.environ['TRACEPARENT'])"
+    )
     before = len(gw.ledger())
-    done = subprocess.run([sys.executable, "-m", "controlplane.ctl", "exec", "--repo", "acme/app", "--principal", "w-9",
-                           "--model", "claude-sonnet-4-6", "--", sys.executable, "-c", worker],
-                          env={**base_env(), "GATEWAY_CONTROL_URL": gw.control_url, "GATEWAY_CONTROL_TOKEN": gw.control_token},
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "controlplane.ctl",
+            "exec",
+            "--repo",
+            "acme/app",
+            "--principal",
+            "w-9",
+            "--model",
+            "claude-sonnet-4-6",
+            "--",
+            sys.executable,
+            "-c",
+            worker,
+        ],
+        env={**base_env(), "GATEWAY_CONTROL_URL": gw.control_url, "GATEWAY_CONTROL_TOKEN": gw.control_token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     traceparent = done.stdout.strip().splitlines()[-1]
     row = gw.wait_rows(before + 1)[before]
@@ -160,8 +228,14 @@ def test_leaseholdctl_trace_prints_the_span_the_collector_received(gw: Gateway, 
     _, row = call(gw, "anthropic", token, ANTHROPIC_BODY, traceparent=TRACEPARENT)
     span = receiver.wait_span(row["attempt_id"])
     env = {**base_env(), "GATEWAY_CONTROL_URL": gw.control_url, "GATEWAY_CONTROL_TOKEN": gw.control_token}
-    done = subprocess.run([sys.executable, "-m", "controlplane.ctl", "trace", row["attempt_id"]], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "controlplane.ctl", "trace", row["attempt_id"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"trace {PARENT_TRACE}" and PARENT_SPAN in lines[1]
@@ -169,8 +243,14 @@ def test_leaseholdctl_trace_prints_the_span_the_collector_received(gw: Gateway, 
     for key in ("gen_ai.usage.input_tokens", "leasehold.attempt_id", "server.address"):
         assert f"{key} = {span.attributes[key]!r}" in done.stdout
     print(done.stdout)  # the README's rendering comes from this
-    missing = subprocess.run([sys.executable, "-m", "controlplane.ctl", "trace", "att_nope"], env=env,
-                             capture_output=True, text=True, timeout=60, cwd=REPO)
+    missing = subprocess.run(
+        [sys.executable, "-m", "controlplane.ctl", "trace", "att_nope"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert missing.returncode != 0 and "not among the recent routes" in missing.stderr
 
 
@@ -187,15 +267,21 @@ def test_stream_span(gw: Gateway, receiver: OtlpReceiver, wire: str) -> None:
     assert span.attributes["gen_ai.response.time_to_first_chunk"] == pytest.approx(row["first_byte_ms"] / 1000)
 
 
-@pytest.mark.parametrize(("wire", "step", "http_status", "error_type"), [
-    ("anthropic", {"status": 429}, 429, "rate-limited"),
-    ("anthropic", {"status": 401}, 401, "credential-rejected"),
-    ("openai", {"status": 503}, 503, "upstream-unavailable"),
-    ("openai", {"status": 400}, 400, "upstream-error"),
-], ids=["429", "401", "503", "400"])
-def test_refused_attempt_is_an_error_span(gw: Gateway, receiver: OtlpReceiver, wire: str, step: dict[str, Any],
-                                          http_status: int, error_type: str) -> None:
+@pytest.mark.parametrize(
+    ("wire", "step", "http_status", "error_type"),
+    [
+        ("anthropic", {"status": 429}, 429, "rate-limited"),
+        ("anthropic", {"status": 401}, 401, "credential-rejected"),
+        ("openai", {"status": 503}, 503, "upstream-unavailable"),
+        ("openai", {"status": 400}, 400, "upstream-error"),
+    ],
+    ids=["429", "401", "503", "400"],
+)
+def test_refused_attempt_is_an_error_span(
+    gw: Gateway, receiver: OtlpReceiver, wire: str, step: dict[str, Any], http_status: int, error_type: str
+) -> None:
     import json
+
     token = gw.mint(wire)["token"]
     body = ANTHROPIC_BODY if wire == "anthropic" else OPENAI_BODY
     status, row = call(gw, wire, token, body, traceparent=TRACEPARENT, **{"x-stub-step": json.dumps(step)})
@@ -218,11 +304,16 @@ def test_gateway_refusal_is_an_error_span(gw: Gateway, receiver: OtlpReceiver) -
 
 def test_cut_stream_is_an_error_span(gw: Gateway, receiver: OtlpReceiver) -> None:
     import json
+
     token = gw.mint("anthropic")["token"]
     before = len(gw.ledger())
     try:
-        http("POST", gw.dataplane_url + "/v1/messages", {**ANTHROPIC_BODY, "stream": True},
-             {"x-api-key": token, "x-stub-step": json.dumps({"cut_after_events": 2})})
+        http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {**ANTHROPIC_BODY, "stream": True},
+            {"x-api-key": token, "x-stub-step": json.dumps({"cut_after_events": 2})},
+        )
     except (OSError, http_client.HTTPException):
         pass  # the cut reaches the worker as a broken read
     row = gw.wait_rows(before + 1)[before]
@@ -253,6 +344,7 @@ def dropped(gw: Gateway) -> float:
 
 
 # ---- a collector that fails: rows never slowed nor lost, spans counted ------------------------
+
 
 def burst(gw: Gateway, n: int) -> float:
     """n requests one after another; returns the slowest one's seconds. Every row is on disk."""

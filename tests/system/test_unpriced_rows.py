@@ -16,19 +16,36 @@ from tests.support.attempts import A_HEADERS, settled
 from tests.support.harness import Gateway, Stub, http
 
 MODEL = "claude-sonnet-4-6"
-NO_USAGE_MESSAGE = json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": MODEL,
-                               "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
-                               "stop_sequence": None})
-NO_USAGE_CHAT = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-5",
-                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                         "finish_reason": "stop"}]})
+NO_USAGE_MESSAGE = json.dumps(
+    {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": MODEL,
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+    }
+)
+NO_USAGE_CHAT = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "gpt-5",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+    }
+)
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def put(gw: Gateway, name: str, document: dict) -> None:
     revision = gw.api("GET", "/control/v2/policy")[2]["revision"]
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {"name": name, "expected_revision": revision,
-                                                                  "document": document, "reason": "budget"})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {"name": name, "expected_revision": revision, "document": document, "reason": "budget"},
+    )
     assert status == 200, body
 
 
@@ -37,19 +54,27 @@ def step(body: str) -> str:
 
 
 def test_a_served_answer_without_usage_is_unpriced_and_count_tokens_is_not_billed(
-        make_gateway, clean_stub: Stub) -> None:
+    make_gateway, clean_stub: Stub
+) -> None:
     gw = make_gateway().start()
     put(gw, "repo:acme/app", {"budgets": [{"window": "day", "usd": 5.0}]})
     anthropic_lease, openai_lease = gw.mint("anthropic"), gw.mint("openai")
     a_headers = {**A_HEADERS, "x-api-key": anthropic_lease["token"]}
     o_headers = {"authorization": f"Bearer {openai_lease['token']}", "content-type": "application/json"}
     answered = [
-        http("POST", gw.dataplane_url + "/v1/messages", {"model": MODEL, "max_tokens": 8, "messages": MESSAGES},
-             {**a_headers, "x-stub-step": step(NO_USAGE_MESSAGE)}),
-        http("POST", gw.dataplane_url + "/v1/chat/completions", {"model": "gpt-5", "messages": MESSAGES},
-             {**o_headers, "x-stub-step": step(NO_USAGE_CHAT)}),
-        http("POST", gw.dataplane_url + "/v1/messages/count_tokens", {"model": MODEL, "messages": MESSAGES},
-             a_headers),
+        http(
+            "POST",
+            gw.dataplane_url + "/v1/messages",
+            {"model": MODEL, "max_tokens": 8, "messages": MESSAGES},
+            {**a_headers, "x-stub-step": step(NO_USAGE_MESSAGE)},
+        ),
+        http(
+            "POST",
+            gw.dataplane_url + "/v1/chat/completions",
+            {"model": "gpt-5", "messages": MESSAGES},
+            {**o_headers, "x-stub-step": step(NO_USAGE_CHAT)},
+        ),
+        http("POST", gw.dataplane_url + "/v1/messages/count_tokens", {"model": MODEL, "messages": MESSAGES}, a_headers),
         http("GET", gw.dataplane_url + "/v1/models", None, o_headers),
     ]
     assert [status for status, _, _ in answered] == [200, 200, 200, 200], answered

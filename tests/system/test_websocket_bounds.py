@@ -40,21 +40,43 @@ def bgw(tmp_path_factory: pytest.TempPathFactory, stub: Stub) -> Iterator[Gatewa
     workdir = tmp_path_factory.mktemp("ws-bounds")
     accounts = workdir / "accounts.toml"
     accounts.write_text(ACCOUNTS.format(url=stub.url))
-    gateway = Gateway(workdir, stub, {
-        "GATEWAY_ACCOUNTS_FILE": str(accounts), "GATEWAY_ONE_KEY": stub.openai_key or "",
-        "GATEWAY_CLIENT_STALL_SECONDS": str(STALL_S), "GATEWAY_MAX_CONNECTIONS": str(CAP)}).start()
-    status, _, body = gateway.api("PUT", "/control/v2/policy/level", {
-        "name": "platform", "expected_revision": 0, "reason": "one account",
-        "document": {"account_order": ["openai-one"]}})
+    gateway = Gateway(
+        workdir,
+        stub,
+        {
+            "GATEWAY_ACCOUNTS_FILE": str(accounts),
+            "GATEWAY_ONE_KEY": stub.openai_key or "",
+            "GATEWAY_CLIENT_STALL_SECONDS": str(STALL_S),
+            "GATEWAY_MAX_CONNECTIONS": str(CAP),
+        },
+    ).start()
+    status, _, body = gateway.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": "platform",
+            "expected_revision": 0,
+            "reason": "one account",
+            "document": {"account_order": ["openai-one"]},
+        },
+    )
     assert status == 200, body
     yield gateway
     gateway.stop()
 
 
 def mint(gw: Gateway) -> dict:
-    status, _, body = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-" + os.urandom(4).hex(), "repo_slug": "acme/app", "principal_kind": "worker",
-        "principal_id": "w-1", "model": O_MODEL})
+    status, _, body = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-" + os.urandom(4).hex(),
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": O_MODEL,
+        },
+    )
     assert status == 201 and body["account_id"] == "openai-one", body
     return body
 
@@ -67,9 +89,13 @@ def raw_socket(gw: Gateway, token: str) -> socket.socket:
     sock.settimeout(10)
     sock.connect(("127.0.0.1", gw.dataplane_port))
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall((f"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-                  f"Authorization: Bearer {token}\r\n\r\n").encode())
+    sock.sendall(
+        (
+            f"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: Bearer {token}\r\n\r\n"
+        ).encode()
+    )
     head = b""
     while b"\r\n\r\n" not in head:
         piece = sock.recv(1)
@@ -100,11 +126,25 @@ def test_a_socket_that_stops_reading_is_cut_and_its_slot_released(bgw: Gateway, 
         assert row["usage"] is None and 0 < row["bytes_out"] < 16 * 1024 * 1024
     finally:
         sock.close()
-    status, _, body = http("POST", bgw.dataplane_url + "/v1/responses", {"model": O_MODEL, "input": "hi"},
-                           {"authorization": f"Bearer {minted['token']}"})
-    assert status == 200, body              # the slot was released: not 429 request-capacity-exhausted
-    wait_until(lambda: [a["sockets_open"] for a in bgw.api("GET", "/control/v2/accounts")[2]["accounts"]
-                        if a["id"] == "openai-one"] == [0], 10, "the cut socket no longer open")
+    status, _, body = http(
+        "POST",
+        bgw.dataplane_url + "/v1/responses",
+        {"model": O_MODEL, "input": "hi"},
+        {"authorization": f"Bearer {minted['token']}"},
+    )
+    assert status == 200, body  # the slot was released: not 429 request-capacity-exhausted
+    wait_until(
+        lambda: (
+            [
+                a["sockets_open"]
+                for a in bgw.api("GET", "/control/v2/accounts")[2]["accounts"]
+                if a["id"] == "openai-one"
+            ]
+            == [0]
+        ),
+        10,
+        "the cut socket no longer open",
+    )
 
 
 async def test_sockets_count_against_the_connection_cap(bgw: Gateway, clean_stub: Stub) -> None:
@@ -117,10 +157,11 @@ async def test_sockets_count_against_the_connection_cap(bgw: Gateway, clean_stub
         status, headers, body = http("GET", bgw.dataplane_url + "/healthz")
         assert status == 503 and body["error"]["code"] == "connection-limit", (status, body)
         assert headers["retry-after"] == "1"
-        assert (await turn(sockets[-1], create()))[-1]["type"] == "response.completed"   # open ones go on
+        assert (await turn(sockets[-1], create()))[-1]["type"] == "response.completed"  # open ones go on
         await sockets.pop().close()
-        await until(lambda: http("GET", bgw.dataplane_url + "/healthz")[0] == 200, 10,
-                    "a connection accepted below the cap")
+        await until(
+            lambda: http("GET", bgw.dataplane_url + "/healthz")[0] == 200, 10, "a connection accepted below the cap"
+        )
         for ws in sockets:
             await ws.close()
     assert settled(bgw, minted["key_id"], 1)[0]["status"] == "completed"

@@ -34,18 +34,21 @@ async def test_sockets_open_is_fleet_wide(fleet: FleetPairs, clean_stub: Stub) -
 
     async def seen(count: int) -> None:
         for gw in (a, b):
-            await until(lambda gw=gw: account(gw, account_id)["sockets_open"] == count, 20,
-                        f"{count} sockets open seen by {gw.env['GATEWAY_HOST_ID']}")
+            await until(
+                lambda gw=gw: account(gw, account_id)["sockets_open"] == count,
+                20,
+                f"{count} sockets open seen by {gw.env['GATEWAY_HOST_ID']}",
+            )
 
     async with aiohttp.ClientSession() as session:
         sockets = [await connect(session, a.dataplane_url, on_a["token"]) for _ in range(2)]
         sockets.append(await connect(session, b.dataplane_url, on_b["token"]))
-        for ws in sockets:                                   # each socket served, then held idle
+        for ws in sockets:  # each socket served, then held idle
             assert (await turn(ws, create()))[-1]["type"] == "response.completed"
         await seen(3)
-        await sockets.pop(0).close()                         # one closes on host a
+        await sockets.pop(0).close()  # one closes on host a
         await seen(2)
-        await sockets.pop().close()                          # the one on host b
+        await sockets.pop().close()  # the one on host b
         await seen(1)
         for ws in sockets:
             await ws.close()

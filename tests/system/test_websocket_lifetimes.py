@@ -16,8 +16,12 @@ from tests.support.sockets import closed_with, connect, create, turn, until_term
 from tests.support.waits import until, wait_until
 from tests.system.test_budget_enforcement import put
 
-UPGRADE = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-           "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+UPGRADE = {
+    "Connection": "Upgrade",
+    "Upgrade": "websocket",
+    "Sec-WebSocket-Version": "13",
+    "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+}
 B = "openai-team-b"
 
 
@@ -26,17 +30,28 @@ def handshake(gw: Gateway, token: str) -> tuple[int, dict, dict]:
 
 
 def mint_v2(gw: Gateway, model: str = "gpt-5", **fields) -> dict:
-    status, _, minted = gw.api("POST", "/control/v2/mint", {
-        "dispatch_id": "d-ws", "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1",
-        "model": model, **fields})
+    status, _, minted = gw.api(
+        "POST",
+        "/control/v2/mint",
+        {
+            "dispatch_id": "d-ws",
+            "repo_slug": "acme/app",
+            "principal_kind": "worker",
+            "principal_id": "w-1",
+            "model": model,
+            **fields,
+        },
+    )
     assert status == 201, minted
     return minted
 
 
 def account(tmp_path: Path, stub: Stub, name: str, extra: str = "", models: str = '"gpt-*"') -> Path:
     path = tmp_path / "accounts.toml"
-    path.write_text(f'[[account]]\nid = "{name}"\nprovider_binding = "openai"\nbase_url = "{stub.url}"\n'
-                    f'auth_style = "bearer"\ncredential_env = "GATEWAY_B_KEY"\nmodels = [{models}]\n{extra}')
+    path.write_text(
+        f'[[account]]\nid = "{name}"\nprovider_binding = "openai"\nbase_url = "{stub.url}"\n'
+        f'auth_style = "bearer"\ncredential_env = "GATEWAY_B_KEY"\nmodels = [{models}]\n{extra}'
+    )
     return path
 
 
@@ -48,10 +63,10 @@ async def test_request_capacity_at_the_handshake_and_per_create(make_gateway, cl
     async with aiohttp.ClientSession() as session:
         ws = await connect(session, gw.dataplane_url, minted["token"])
         await ws.send_str(create("capped-model-1"))
-        await ws.receive(timeout=10)                           # in flight: it holds the one slot
+        await ws.receive(timeout=10)  # in flight: it holds the one slot
         status, headers, body = handshake(gw, minted["token"])  # a second socket: 429 before the upgrade
         assert (status, headers["retry-after"], body["error"]["code"]) == (429, "1", "request-capacity-exhausted")
-        await ws.send_str(create("capped-model-1"))            # multiplexed: refused on the socket
+        await ws.send_str(create("capped-model-1"))  # multiplexed: refused on the socket
         clean_stub.release("cap-1")
         got = await until_terminal(ws)
         assert got[-1]["error"]["code"] == "request-capacity-exhausted" and got[-1]["status"] == 429
@@ -60,8 +75,11 @@ async def test_request_capacity_at_the_handshake_and_per_create(make_gateway, cl
         await ws.close()
     rows = settled(gw, minted["key_id"], 4)
     assert sorted((r["status"], r["refusal_reason"]) for r in rows) == [
-        ("completed", None), ("completed", None), ("refused", "request-capacity-exhausted"),
-        ("refused", "request-capacity-exhausted")]
+        ("completed", None),
+        ("completed", None),
+        ("refused", "request-capacity-exhausted"),
+        ("refused", "request-capacity-exhausted"),
+    ]
     assert {r["transport"] for r in rows} == {"websocket"}
 
 
@@ -72,7 +90,7 @@ async def test_an_exhausted_budget_closes_1008_and_refuses_the_handshake(make_ga
     async with aiohttp.ClientSession() as session:
         ws = await connect(session, gw.dataplane_url, minted["token"])
         assert (await turn(ws, create()))[-1]["type"] == "response.completed"  # never cut by the gate
-        assert await closed_with(ws, timeout_s=15) == 1008                    # spent: rights lost
+        assert await closed_with(ws, timeout_s=15) == 1008  # spent: rights lost
     status, headers, body = handshake(gw, minted["token"])
     assert (status, body["error"]["code"], headers["x-should-retry"]) == (429, "budget-exhausted", "false")
     rows = settled(gw, minted["key_id"], 2)
@@ -80,7 +98,8 @@ async def test_an_exhausted_budget_closes_1008_and_refuses_the_handshake(make_ga
 
 
 async def test_a_dispatch_hop_closes_1012_and_the_reconnect_reaches_the_sibling(
-        make_gateway, clean_stub: Stub, tmp_path: Path) -> None:
+    make_gateway, clean_stub: Stub, tmp_path: Path
+) -> None:
     second = Stub(tmp_path / "stub-b", anthropic_key=None, openai_key=credential_like("sk-proj-"))
     try:
         path = account(tmp_path, second, B)
@@ -98,6 +117,7 @@ async def test_a_dispatch_hop_closes_1012_and_the_reconnect_reaches_the_sibling(
                 status, _, body = handshake(gw, minted["token"])
                 seen.append((status, body["error"]["code"] if status == 503 else ""))
                 return status != 503
+
             await until(bound, 15, "the hop bound")
             assert {s for s in seen if s[0] == 503} <= {(503, "fallback-pending")}, seen
             ws = await connect(session, gw.dataplane_url, minted["token"])
@@ -105,7 +125,9 @@ async def test_a_dispatch_hop_closes_1012_and_the_reconnect_reaches_the_sibling(
             await ws.close()
         rows = settled(gw, minted["key_id"], 2)
         assert [(r["account_id"], r["status"], r["condition"]) for r in rows if r["status"] != "refused"] == [
-            ("legacy-openai", "upstream-error", "rate-limited"), (B, "completed", None)]
+            ("legacy-openai", "upstream-error", "rate-limited"),
+            (B, "completed", None),
+        ]
         assert len([e for e in second.requests() if e["method"] == "WS"]) == 1
     finally:
         second.stop()
@@ -121,8 +143,8 @@ async def test_sigterm_drains_sockets_then_closes_1001(make_gateway, clean_stub:
         await busy.send_str(create())
         await busy.receive(timeout=10)
         gw.dataplane.popen.send_signal(signal.SIGTERM)
-        assert await closed_with(idle) == 1001                   # nothing in flight: at once
-        await busy.send_str(create())                            # no new response while draining
+        assert await closed_with(idle) == 1001  # nothing in flight: at once
+        await busy.send_str(create())  # no new response while draining
         assert (await until_terminal(busy))[-1]["error"]["code"] == "gateway-shutdown"
         clean_stub.release("drain-1")
         assert (await until_terminal(busy))[-1]["type"] == "response.completed"
@@ -130,7 +152,9 @@ async def test_sigterm_drains_sockets_then_closes_1001(make_gateway, clean_stub:
     assert wait_until(lambda: gw.dataplane.popen.poll() is not None, 15, "the data plane exited") is not None
     rows = settled(gw, minted["key_id"], 2)
     assert sorted((r["status"], r["refusal_reason"]) for r in rows) == [
-        ("completed", None), ("refused", "gateway-shutdown")]
+        ("completed", None),
+        ("refused", "gateway-shutdown"),
+    ]
 
 
 async def test_the_upstream_idle_bound_runs_only_while_a_response_is_in_flight(make_gateway, clean_stub: Stub) -> None:
@@ -145,20 +169,33 @@ async def test_the_upstream_idle_bound_runs_only_while_a_response_is_in_flight(m
         assert await closed_with(ws) == 1011
     clean_stub.release("idle-1")
     rows = settled(gw, minted["key_id"], 2)
-    assert [(r["status"], r["condition"]) for r in rows] == [("completed", None), ("transport-error", "transport-error")]
+    assert [(r["status"], r["condition"]) for r in rows] == [
+        ("completed", None),
+        ("transport-error", "transport-error"),
+    ]
 
 
 def test_an_upstream_that_cannot_be_reached_is_a_transport_error_before_the_upgrade(make_gateway) -> None:
     import socket as _socket
+
     closed = _socket.socket()
     closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
     try:
-        gw = make_gateway({"GATEWAY_OPENAI_BASE_URL": f"http://127.0.0.1:{closed.getsockname()[1]}",
-                           "GATEWAY_OPENAI_API_KEY": credential_like("sk-proj-")}, upstream=None).start()
+        gw = make_gateway(
+            {
+                "GATEWAY_OPENAI_BASE_URL": f"http://127.0.0.1:{closed.getsockname()[1]}",
+                "GATEWAY_OPENAI_API_KEY": credential_like("sk-proj-"),
+            },
+            upstream=None,
+        ).start()
         minted = gw.mint("openai")
         status, headers, body = handshake(gw, minted["token"])
         assert (status, body["error"]["code"]) == (502, "upstream-unreachable") and headers["x-request-id"]
         row = settled(gw, minted["key_id"], 1)[0]
-        assert (row["status"], row["condition"], row["transport"]) == ("transport-error", "transport-error", "websocket")
+        assert (row["status"], row["condition"], row["transport"]) == (
+            "transport-error",
+            "transport-error",
+            "websocket",
+        )
     finally:
         closed.close()

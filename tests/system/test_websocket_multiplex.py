@@ -41,8 +41,9 @@ async def to_end(ws: aiohttp.ClientWebSocketResponse, log: list[str]) -> list[di
     return got
 
 
-async def steer(session: aiohttp.ClientSession, gw: Gateway, stub: Stub, token: str,
-                log: list[str]) -> tuple[aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]:
+async def steer(
+    session: aiohttp.ClientSession, gw: Gateway, stub: Stub, token: str, log: list[str]
+) -> tuple[aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]:
     """Steering, as Codex does it: a create for `O_MODEL`, and while its response streams (two
     events in) a create for `OTHER`, which makes the stub drop the first without a terminal."""
     stub.script({"ws_drop_on_next": True, "holds": {"2": f"steer-{uuid.uuid4().hex[:8]}"}}, {"deltas": 4})
@@ -60,40 +61,49 @@ def by_model(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def bytes_of(log: list[str], response_id: str, item_id: str) -> int:
     """What the events of one response weigh, as the gateway counts `bytes_out` (text length)."""
+
     def mine(event: dict[str, Any]) -> bool:
-        return (event.get("response") or {}).get("id") == response_id or event.get("item_id") == item_id \
+        return (
+            (event.get("response") or {}).get("id") == response_id
+            or event.get("item_id") == item_id
             or (event.get("item") or {}).get("id") == item_id
+        )
+
     return sum(len(text) for text in log if mine(json.loads(text)))
 
 
 async def test_interleaved_responses_each_get_their_own_row(gateway: Gateway, clean_stub: Stub) -> None:
     tag = uuid.uuid4().hex[:8]
-    clean_stub.script({"ws_parallel": True, "deltas": 2, "holds": {"1": f"a1-{tag}", "4": f"a2-{tag}"}},
-                      {"ws_parallel": True, "deltas": 5, "holds": {"2": f"b1-{tag}"}})
+    clean_stub.script(
+        {"ws_parallel": True, "deltas": 2, "holds": {"1": f"a1-{tag}", "4": f"a2-{tag}"}},
+        {"ws_parallel": True, "deltas": 5, "holds": {"2": f"b1-{tag}"}},
+    )
     minted = gateway.mint("openai")
     log: list[str] = []
     async with aiohttp.ClientSession() as session:
         ws = await connect(session, gateway.dataplane_url, minted["token"])
         await ws.send_str(create(OTHER, metadata={"turn": "a"}))
-        (a_created,) = await read(ws, 1, log)                       # a: created, then held
+        (a_created,) = await read(ws, 1, log)  # a: created, then held
         await ws.send_str(create(O_MODEL, metadata={"turn": "b"}))
-        b_head = await read(ws, 2, log)                             # b: created, in_progress
+        b_head = await read(ws, 2, log)  # b: created, in_progress
         clean_stub.release(f"a1-{tag}")
-        a_mid = await read(ws, 3, log)                              # a speaks while b is open
+        a_mid = await read(ws, 3, log)  # a speaks while b is open
         clean_stub.release(f"b1-{tag}")
-        b_rest = await to_end(ws, log)                              # b ends first
+        b_rest = await to_end(ws, log)  # b ends first
         clean_stub.release(f"a2-{tag}")
         a_rest = await to_end(ws, log)
         await ws.close()
     assert a_created["response"]["model"] == OTHER and b_head[0]["response"]["model"] == O_MODEL
-    assert [e["type"] for e in a_mid] == ["response.in_progress", "response.output_item.added",
-                                          "response.content_part.added"]
+    assert [e["type"] for e in a_mid] == [
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert b_rest[-1]["type"] == a_rest[-1]["type"] == "response.completed"
     rows = by_model(settled(gateway, minted["key_id"], 2))
     assert [rows[m]["usage"]["output_tokens"] for m in (OTHER, O_MODEL)] == [2, 5]
     assert [rows[m]["served_model"] for m in (OTHER, O_MODEL)] == [OTHER, O_MODEL]
-    assert {(r["status"], r["http_status"], r["transport"]) for r in rows.values()} == {
-        ("completed", 200, "websocket")}
+    assert {(r["status"], r["http_status"], r["transport"]) for r in rows.values()} == {("completed", 200, "websocket")}
     a_item = a_mid[1]["item"]["id"]
     b_item = next(e["item"]["id"] for e in b_rest if e["type"] == "response.output_item.added")
     assert rows[OTHER]["bytes_out"] == bytes_of(log, a_created["response"]["id"], a_item)
@@ -104,8 +114,7 @@ async def test_an_error_for_a_second_create_ends_that_create(gateway: Gateway, c
     """The upstream refuses the second create (an `error` naming nothing) while the first streams:
     the error ends the second; the first keeps streaming and ends with its own usage."""
     tag = uuid.uuid4().hex[:8]
-    clean_stub.script({"ws_parallel": True, "deltas": 4, "holds": {"2": f"c1-{tag}"}},
-                      {"ws_parallel": True})
+    clean_stub.script({"ws_parallel": True, "deltas": 4, "holds": {"2": f"c1-{tag}"}}, {"ws_parallel": True})
     minted = gateway.mint("openai")
     log: list[str] = []
     async with aiohttp.ClientSession() as session:
@@ -119,13 +128,11 @@ async def test_an_error_for_a_second_create_ends_that_create(gateway: Gateway, c
         assert (await until_terminal(ws))[-1]["type"] == "response.completed"
         await ws.close()
     rows = by_model(settled(gateway, minted["key_id"], 2))
-    assert (rows[OTHER]["status"], rows[OTHER]["http_status"], rows[OTHER]["usage"]) == (
-        "upstream-error", 400, None)
+    assert (rows[OTHER]["status"], rows[OTHER]["http_status"], rows[OTHER]["usage"]) == ("upstream-error", 400, None)
     assert (rows[O_MODEL]["status"], rows[O_MODEL]["usage"]["output_tokens"]) == ("completed", 4)
 
 
-async def test_a_response_dropped_for_its_successor_still_ends_in_one_row(
-        gateway: Gateway, clean_stub: Stub) -> None:
+async def test_a_response_dropped_for_its_successor_still_ends_in_one_row(gateway: Gateway, clean_stub: Stub) -> None:
     """Steering: a create sent while a response streams makes the upstream drop that response
     without a terminal event. The successor's row has its usage; the dropped one ends with a 200
     row without usage, so it counts as unpriced (SPEC §19), and both slots are released."""
@@ -135,9 +142,12 @@ async def test_a_response_dropped_for_its_successor_still_ends_in_one_row(
         ws, first = await steer(session, gateway, clean_stub, minted["token"], log)
         events = await until_terminal(ws)
         assert events[-1]["type"] == "response.completed" and events[-1]["response"]["model"] == OTHER
-        rows = by_model(settled(gateway, minted["key_id"], 2))       # while the socket is open
-        await until(lambda: not [r for r in gateway.active()["routes"]
-                                 if r["key_id"] == minted["key_id"]], 10, "no attempt in flight")
+        rows = by_model(settled(gateway, minted["key_id"], 2))  # while the socket is open
+        await until(
+            lambda: not [r for r in gateway.active()["routes"] if r["key_id"] == minted["key_id"]],
+            10,
+            "no attempt in flight",
+        )
         await ws.close()
     assert first[0]["response"]["model"] == O_MODEL
     assert (rows[OTHER]["status"], rows[OTHER]["usage"]["output_tokens"]) == ("completed", 4)
@@ -153,9 +163,16 @@ async def test_a_dropped_response_is_unpriced_in_its_budget(make_gateway, clean_
     """SPEC §19: a 2xx row without usage is unpriced, never $0 in silence: in a budgeted scope
     the budget counts it in `unpriced_attempts` (its spend is the priced successor's alone)."""
     gw = make_gateway().start()
-    status, _, body = gw.api("PUT", "/control/v2/policy/level", {
-        "name": "repo:acme/app", "expected_revision": gw.api("GET", "/control/v2/policy")[2]["revision"],
-        "document": {"budgets": [{"window": "day", "usd": 100.0}]}, "reason": "budget"})
+    status, _, body = gw.api(
+        "PUT",
+        "/control/v2/policy/level",
+        {
+            "name": "repo:acme/app",
+            "expected_revision": gw.api("GET", "/control/v2/policy")[2]["revision"],
+            "document": {"budgets": [{"window": "day", "usd": 100.0}]},
+            "reason": "budget",
+        },
+    )
     assert status == 200, body
     minted = gw.mint("openai")
     log: list[str] = []
@@ -170,13 +187,15 @@ async def test_a_dropped_response_is_unpriced_in_its_budget(make_gateway, clean_
 
 
 async def test_a_create_continuing_a_response_in_flight_ends_it_when_answered(
-        gateway: Gateway, clean_stub: Stub) -> None:
+    gateway: Gateway, clean_stub: Stub
+) -> None:
     """A create whose `previous_response_id` names the response still in flight continues it:
     once the upstream answers the successor (`response.created`), the continued response has
     its row, before the successor ends."""
     tag = uuid.uuid4().hex[:8]
-    clean_stub.script({"ws_drop_on_next": True, "holds": {"2": f"k1-{tag}"}},
-                      {"deltas": 2, "holds": {"1": f"k2-{tag}"}})
+    clean_stub.script(
+        {"ws_drop_on_next": True, "holds": {"2": f"k1-{tag}"}}, {"deltas": 2, "holds": {"1": f"k2-{tag}"}}
+    )
     minted = gateway.mint("openai")
     log: list[str] = []
     async with aiohttp.ClientSession() as session:
@@ -186,8 +205,9 @@ async def test_a_create_continuing_a_response_in_flight_ends_it_when_answered(
         await ws.send_str(create(OTHER, previous_response_id=first[0]["response"]["id"]))
         (created,) = await read(ws, 1, log)
         assert created["type"] == "response.created", created
-        (continued,) = await until(lambda: rows_for(gateway, minted["key_id"]), 10,
-                                   "the continued response's row, the successor still open")
+        (continued,) = await until(
+            lambda: rows_for(gateway, minted["key_id"]), 10, "the continued response's row, the successor still open"
+        )
         assert (continued["requested_model"], continued["status"], continued["usage"]) == (O_MODEL, "completed", None)
         clean_stub.release(f"k2-{tag}")
         assert (await to_end(ws, log))[-1]["type"] == "response.completed"

@@ -34,9 +34,16 @@ GUARD = REPO / "dataplane" / "aiohttp_private.py"
 PUBLIC_MODULES = {"aiohttp", "aiohttp.web"}
 
 # The keyword arguments `UpstreamClient.request` passes to `ResponseHandler.set_response_params`.
-RESPONSE_PARAMS = dict(skip_payload=False, read_until_eof=True, auto_decompress=False, read_bufsize=64 * 1024,
-                       timeout_ceil_threshold=5, max_line_size=64 * 1024, max_field_size=64 * 1024,
-                       max_headers=128)
+RESPONSE_PARAMS = dict(
+    skip_payload=False,
+    read_until_eof=True,
+    auto_decompress=False,
+    read_bufsize=64 * 1024,
+    timeout_ceil_threshold=5,
+    max_line_size=64 * 1024,
+    max_field_size=64 * 1024,
+    max_headers=128,
+)
 
 
 class _Transport(asyncio.Transport):
@@ -83,11 +90,13 @@ async def connected(answer: bytes = b"", **changes: Any) -> Any:
 async def serialize_headers_returns_the_exact_head() -> None:
     from aiohttp.http_writer import _serialize_headers
 
-    headers = CIMultiDict([("Host", "127.0.0.1:9"), ("x-api-key", "CRED"), ("X-Dup", "1"), ("x-dup", "2"),
-                           ("Content-Length", "2")])
+    headers = CIMultiDict(
+        [("Host", "127.0.0.1:9"), ("x-api-key", "CRED"), ("X-Dup", "1"), ("x-dup", "2"), ("Content-Length", "2")]
+    )
     assert _serialize_headers("POST /v1/messages?beta=true HTTP/1.1", headers) == (
         b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: 127.0.0.1:9\r\nx-api-key: CRED\r\n"
-        b"X-Dup: 1\r\nx-dup: 2\r\nContent-Length: 2\r\n\r\n")
+        b"X-Dup: 1\r\nx-dup: 2\r\nContent-Length: 2\r\n\r\n"
+    )
 
 
 async def serialize_headers_refuses_cr_lf() -> None:
@@ -109,8 +118,7 @@ async def response_handler_takes_the_clients_parameters() -> None:
 
 
 async def response_handler_reads_a_keep_alive_answer() -> None:
-    protocol = await connected(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
-                               b"Content-Length: 2\r\n\r\n{}")
+    protocol = await connected(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
     message, payload = await asyncio.wait_for(protocol.read(), 5)
     assert (message.code, message.reason, message.headers["Content-Type"]) == (201, "Created", "application/json")
     assert isinstance(payload, aiohttp.StreamReader)
@@ -119,8 +127,9 @@ async def response_handler_reads_a_keep_alive_answer() -> None:
 
 
 async def response_handler_reads_1xx_then_the_answer() -> None:
-    protocol = await connected(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                               b"2\r\n{}\r\n0\r\n\r\n")
+    protocol = await connected(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    )
     first, _ = await asyncio.wait_for(protocol.read(), 5)
     second, payload = await asyncio.wait_for(protocol.read(), 5)
     assert (first.code, second.code) == (100, 200)
@@ -216,15 +225,24 @@ class Case(NamedTuple):
     given: Callable[[], Awaitable[None]]
 
 
-CASES = [Case(check.__name__.replace("_", " "), check) for check in (
-    serialize_headers_returns_the_exact_head, serialize_headers_refuses_cr_lf,
-    response_handler_takes_the_clients_parameters, response_handler_reads_a_keep_alive_answer,
-    response_handler_reads_1xx_then_the_answer, response_handler_marks_a_closing_answer,
-    response_handler_skips_the_payload_when_told,
-    response_handler_raises_http_processing_error_on_a_malformed_answer,
-    response_handler_raises_server_disconnected_on_a_lost_connection, helpers_are_as_the_client_uses_them,
-    request_handler_has_what_the_connection_bounds_use, server_class_serves_with_the_given_handler,
-    headers_with_body_holds_the_headers_for_the_first_chunk)]
+CASES = [
+    Case(check.__name__.replace("_", " "), check)
+    for check in (
+        serialize_headers_returns_the_exact_head,
+        serialize_headers_refuses_cr_lf,
+        response_handler_takes_the_clients_parameters,
+        response_handler_reads_a_keep_alive_answer,
+        response_handler_reads_1xx_then_the_answer,
+        response_handler_marks_a_closing_answer,
+        response_handler_skips_the_payload_when_told,
+        response_handler_raises_http_processing_error_on_a_malformed_answer,
+        response_handler_raises_server_disconnected_on_a_lost_connection,
+        helpers_are_as_the_client_uses_them,
+        request_handler_has_what_the_connection_bounds_use,
+        server_class_serves_with_the_given_handler,
+        headers_with_body_holds_the_headers_for_the_first_chunk,
+    )
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
@@ -232,9 +250,12 @@ async def test_aiohttp_private_api(case: Case) -> None:
     try:
         await case.given()
     except (Exception, pytest.fail.Exception) as exc:  # any change at all is the news
-        pytest.fail(f"aiohttp {aiohttp.__version__}: {case.name}: no longer holds ({type(exc).__name__}: {exc}). "
-                    "dataplane/aiohttp_private.py relies on it; run tests/integration/test_upstream_client.py "
-                    "and adjust the guard module and the aiohttp pin in setup.cfg together.", pytrace=True)
+        pytest.fail(
+            f"aiohttp {aiohttp.__version__}: {case.name}: no longer holds ({type(exc).__name__}: {exc}). "
+            "dataplane/aiohttp_private.py relies on it; run tests/integration/test_upstream_client.py "
+            "and adjust the guard module and the aiohttp pin in setup.cfg together.",
+            pytrace=True,
+        )
 
 
 def _from_aiohttp(base: ast.expr) -> bool:
@@ -269,8 +290,11 @@ def test_only_the_guard_module_touches_aiohttp_internals() -> None:
             where = path.relative_to(REPO).as_posix()
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
-                    offenders += [f"{where}:{node.lineno} import {a.name}" for a in node.names
-                                  if a.name.split(".")[0] == "aiohttp" and a.name not in PUBLIC_MODULES]
+                    offenders += [
+                        f"{where}:{node.lineno} import {a.name}"
+                        for a in node.names
+                        if a.name.split(".")[0] == "aiohttp" and a.name not in PUBLIC_MODULES
+                    ]
                 elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "aiohttp":
                     if node.module not in PUBLIC_MODULES or any(a.name.startswith("_") for a in node.names):
                         offenders.append(f"{where}:{node.lineno} from {node.module} import ...")

@@ -7,8 +7,20 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IO_MODULES = {"asyncio", "aiohttp", "filelock", "structlog", "os", "socket", "time", "secrets", "random",
-              "subprocess", "shared.logging", "shared.clock"}
+IO_MODULES = {
+    "asyncio",
+    "aiohttp",
+    "filelock",
+    "structlog",
+    "os",
+    "socket",
+    "time",
+    "secrets",
+    "random",
+    "subprocess",
+    "shared.logging",
+    "shared.clock",
+}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -58,8 +70,12 @@ def test_cli_imports_only_shared_its_own_package_and_the_stdlib() -> None:
     for path in files:
         for name in imports_of(path):
             top = name.split(".")[0]
-            allowed = (top in ("shared", "__future__", "msgspec") or top in sys.stdlib_module_names
-                       or name == "controlplane.cli" or name.startswith("controlplane.cli."))
+            allowed = (
+                top in ("shared", "__future__", "msgspec")
+                or top in sys.stdlib_module_names
+                or name == "controlplane.cli"
+                or name.startswith("controlplane.cli.")
+            )
             if not allowed:
                 offenders.setdefault(path.name, []).append(name)
     assert offenders == {}, f"leaseholdctl must not import these: {offenders}"
@@ -106,8 +122,11 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [base + "." + alias.name for alias in node.names] + [base]
             for target in targets:
                 resolved = resolve(target)
-                if resolved and resolved != module and not (
-                        path.name == "__init__.py" and resolved.startswith(module + ".")):
+                if (
+                    resolved
+                    and resolved != module
+                    and not (path.name == "__init__.py" and resolved.startswith(module + "."))
+                ):
                     graph[module].add(resolved)
     return graph
 
@@ -175,8 +194,10 @@ def test_a_core_module_imports_only_core_and_shared() -> None:
     graph = import_graph()
     cores = [m for m in graph if m.startswith("controlplane.core.")]
     assert len(cores) >= 7
-    offenders = {m: sorted(t for t in graph[m] if not (t.startswith("controlplane.core") or t.startswith("shared")))
-                 for m in cores}
+    offenders = {
+        m: sorted(t for t in graph[m] if not (t.startswith("controlplane.core") or t.startswith("shared")))
+        for m in cores
+    }
     assert {m: t for m, t in offenders.items() if t} == {}
 
 

@@ -27,8 +27,7 @@ def test_the_line_prints_median_range_and_every_round() -> None:
 
 def test_the_baseline_names_a_commit_of_this_repository() -> None:
     commit = baseline.baseline_commit()
-    done = subprocess.run(["git", "-C", str(baseline.REPO), "cat-file", "-t", commit],
-                          capture_output=True, text=True)
+    done = subprocess.run(["git", "-C", str(baseline.REPO), "cat-file", "-t", commit], capture_output=True, text=True)
     if done.returncode != 0 and "not a git repository" in done.stderr:
         pytest.skip("not a git checkout")
     assert done.stdout.strip() == "commit"

@@ -17,22 +17,33 @@ class Case(NamedTuple):
     done: bool
 
 
-CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-           b"7\r\nevent: \r\n5\r\nhello\r\n0\r\n\r\n")
+CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"7\r\nevent: \r\n5\r\nhello\r\n0\r\n\r\n"
+)
 CASES = [
     Case("content-length in one piece", (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",), 200, b"hello", True),
-    Case("content-length split everywhere", (b"HTTP/1.1 20", b"1 Created\r\nconTent-LENGTH:  5\r", b"\n\r\nhe", b"llo"),
-         201, b"hello", True),
+    Case(
+        "content-length split everywhere",
+        (b"HTTP/1.1 20", b"1 Created\r\nconTent-LENGTH:  5\r", b"\n\r\nhe", b"llo"),
+        201,
+        b"hello",
+        True,
+    ),
     Case("content-length still short", (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel",), 200, b"hel", False),
     Case("empty body", (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",), 200, b"", True),
     Case("no content", (b"HTTP/1.1 204 No Content\r\n\r\n",), 204, b"", True),
     Case("error answer", (b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 2\r\n\r\n{}",), 401, b"{}", True),
     Case("chunked in one piece", (CHUNKED,), 200, b"event: hello", True),
-    Case("chunked byte by byte", tuple(CHUNKED[i:i + 1] for i in range(len(CHUNKED))), 200, b"event: hello", True),
+    Case("chunked byte by byte", tuple(CHUNKED[i : i + 1] for i in range(len(CHUNKED))), 200, b"event: hello", True),
     Case("chunked without terminator", (CHUNKED[:-5],), 200, b"event: hello", False),
-    Case("chunk extension and trailer",
-         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",),
-         200, b"abc", True),
+    Case(
+        "chunk extension and trailer",
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nX-T: 1\r\n\r\n",),
+        200,
+        b"abc",
+        True,
+    ),
 ]
 
 
@@ -43,7 +54,11 @@ def test_parser_frames_responses(case: Case) -> None:
     for piece in case.pieces:
         done = parser.feed(piece)
     assert (parser.status, bytes(parser.body), parser.body_bytes, done) == (
-        case.status, case.body, len(case.body), case.done)
+        case.status,
+        case.body,
+        len(case.body),
+        case.done,
+    )
 
 
 BAD = [
@@ -71,6 +86,5 @@ def test_close_delimited_body_ends_at_eof_and_a_cut_stream_does_not() -> None:
 
 def test_request_bytes_carry_host_headers_and_length() -> None:
     raw = build_request("POST", "/v1/messages", "127.0.0.1:9", {"x-api-key": "k"}, b"{}")
-    assert raw == (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:9\r\nx-api-key: k\r\n"
-                   b"Content-Length: 2\r\n\r\n{}")
+    assert raw == (b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1:9\r\nx-api-key: k\r\nContent-Length: 2\r\n\r\n{}")
     assert b"Content-Length" not in build_request("GET", "/", "h")

@@ -100,27 +100,57 @@ def _results() -> dict:
         return {"n": 100, "p50": p50, "p90": p50, "p99": p99, "max": p99, "mean": p50}
 
     def held(name: str, kib: int) -> dict:
-        return {"streams_open": 10, "errors": {}, "daemons": {
-            name: {"rss_idle_kib": 1000, "rss_held_kib": 1000 + 10 * kib, "peak_rss_kib": 2000,
-                   "kib_per_stream": kib}}}
+        return {
+            "streams_open": 10,
+            "errors": {},
+            "daemons": {
+                name: {
+                    "rss_idle_kib": 1000,
+                    "rss_held_kib": 1000 + 10 * kib,
+                    "peak_rss_kib": 2000,
+                    "kib_per_stream": kib,
+                }
+            },
+        }
 
     return {
-        "started_at": "2026-01-01T00:00:00Z", "machine": {"cores": 2}, "layout": "pinned",
-        "versions": {"python": "3.11"}, "targets": ["direct", "minimal-proxy", "leasehold"],
-        "plan": {"body_bytes": 2048, "saturate_connections": 64, "rate": 200, "stream_chunks": 50,
-                 "stream_rate": 50, "streams": 200, "held_streams": 10},
-        "saturation": {"direct": {"rps": 1000.0, "errors": {}, "cpu": {"generator": 0.5, "stub": 1.0}},
-                       "minimal-proxy": {"rps": 250.0, "errors": {}, "cpu": {"generator": 0.2}},
-                       "leasehold": {"rps": 200.0, "errors": {"http-503": 2}, "cpu": {"generator": 0.1}}},
-        "fixed_rate": {"direct": {"latency_ms": lat(0.4, 1.0), "errors": {}},
-                       "minimal-proxy": {"latency_ms": lat(0.8, 2.0), "errors": {}},
-                       "leasehold": {"latency_ms": lat(1.0, 4.0), "errors": {}}},
-        "stream_rate": {n: {"ttfb_ms": lat(v, v), "errors": {}} for n, v in
-                        (("direct", 0.5), ("minimal-proxy", 1.0), ("leasehold", 1.2))},
-        "streams": {n: {"ttfb_ms": lat(v, v), "total_ms": lat(10 * v, 10 * v), "errors": {}} for n, v in
-                    (("direct", 2.0), ("minimal-proxy", 4.0), ("leasehold", 5.0))},
-        "held": {"direct": held("stub", 20.0), "minimal-proxy": held("minimal-proxy", 30.0),
-                 "leasehold": held("dataplane", 45.0)},
+        "started_at": "2026-01-01T00:00:00Z",
+        "machine": {"cores": 2},
+        "layout": "pinned",
+        "versions": {"python": "3.11"},
+        "targets": ["direct", "minimal-proxy", "leasehold"],
+        "plan": {
+            "body_bytes": 2048,
+            "saturate_connections": 64,
+            "rate": 200,
+            "stream_chunks": 50,
+            "stream_rate": 50,
+            "streams": 200,
+            "held_streams": 10,
+        },
+        "saturation": {
+            "direct": {"rps": 1000.0, "errors": {}, "cpu": {"generator": 0.5, "stub": 1.0}},
+            "minimal-proxy": {"rps": 250.0, "errors": {}, "cpu": {"generator": 0.2}},
+            "leasehold": {"rps": 200.0, "errors": {"http-503": 2}, "cpu": {"generator": 0.1}},
+        },
+        "fixed_rate": {
+            "direct": {"latency_ms": lat(0.4, 1.0), "errors": {}},
+            "minimal-proxy": {"latency_ms": lat(0.8, 2.0), "errors": {}},
+            "leasehold": {"latency_ms": lat(1.0, 4.0), "errors": {}},
+        },
+        "stream_rate": {
+            n: {"ttfb_ms": lat(v, v), "errors": {}}
+            for n, v in (("direct", 0.5), ("minimal-proxy", 1.0), ("leasehold", 1.2))
+        },
+        "streams": {
+            n: {"ttfb_ms": lat(v, v), "total_ms": lat(10 * v, 10 * v), "errors": {}}
+            for n, v in (("direct", 2.0), ("minimal-proxy", 4.0), ("leasehold", 5.0))
+        },
+        "held": {
+            "direct": held("stub", 20.0),
+            "minimal-proxy": held("minimal-proxy", 30.0),
+            "leasehold": held("dataplane", 45.0),
+        },
         "mint_revoke": {"mint_revoke_ms": lat(1.5, 3.0), "errors": {}},
         "start": {"gateway_ready_ms": lat(800.0, 900.0)},
     }
@@ -137,9 +167,13 @@ def test_derived_figures_are_ratios_and_differences_against_direct() -> None:
     assert lh["kib_per_stream"] == 45.0 and lh["errors"] == 2
     verdicts = {v.name: v.met for v in aims(results, derived)}
     assert verdicts == {
-        "throughput vs minimal proxy": False, "added p50 at fixed rate": False,
-        "added p99 at fixed rate": False, "data plane RSS per open stream": False,
-        "start to ready": True, "mint + revoke p50": True, "added TTFB p50 for streams": True,
+        "throughput vs minimal proxy": False,
+        "added p50 at fixed rate": False,
+        "added p99 at fixed rate": False,
+        "data plane RSS per open stream": False,
+        "start to ready": True,
+        "mint + revoke p50": True,
+        "added TTFB p50 for streams": True,
         "errors": False,
     }
 
@@ -154,8 +188,10 @@ def test_generator_check_flags_a_busy_generator() -> None:
 def test_table_names_every_column_and_every_aim() -> None:
     results = _results()
     results["derived"] = derive(results)
-    results["aims"] = [{"name": v.name, "unit": v.unit, "op": v.op, "limit": v.limit,
-                        "measured": v.measured, "met": v.met} for v in aims(results, results["derived"])]
+    results["aims"] = [
+        {"name": v.name, "unit": v.unit, "op": v.op, "limit": v.limit, "measured": v.measured, "met": v.met}
+        for v in aims(results, results["derived"])
+    ]
     table = render(results)
     for name in results["targets"]:
         assert name in table
@@ -167,20 +203,34 @@ def test_table_names_every_column_and_every_aim() -> None:
 def test_rounds_merge_pools_samples_and_sums_errors() -> None:
     from bench.stats import merge_rate, merge_saturation
 
-    sat = merge_saturation([
-        {"rps": 100.0, "requests": 100, "errors": {"http-503": 1}, "cpu": {"generator": 0.2, "stub": 0.9},
-         "latency_ms": {"p50": 1.0}},
-        {"rps": 300.0, "requests": 300, "errors": {"http-503": 2}, "cpu": {"generator": 0.4, "stub": None},
-         "latency_ms": {"p50": 3.0}},
-        {"rps": 200.0, "requests": 200, "errors": {}, "cpu": {"generator": 0.3}, "latency_ms": {"p50": 2.0}},
-    ])
+    sat = merge_saturation(
+        [
+            {
+                "rps": 100.0,
+                "requests": 100,
+                "errors": {"http-503": 1},
+                "cpu": {"generator": 0.2, "stub": 0.9},
+                "latency_ms": {"p50": 1.0},
+            },
+            {
+                "rps": 300.0,
+                "requests": 300,
+                "errors": {"http-503": 2},
+                "cpu": {"generator": 0.4, "stub": None},
+                "latency_ms": {"p50": 3.0},
+            },
+            {"rps": 200.0, "requests": 200, "errors": {}, "cpu": {"generator": 0.3}, "latency_ms": {"p50": 2.0}},
+        ]
+    )
     assert sat["rps"] == 200.0 and sat["requests"] == 600 and sat["errors"] == {"http-503": 3}
     assert sat["latency_ms"] == {"p50": 2.0}  # the median round's
     assert sat["cpu"] == {"generator": 0.3, "stub": 0.9}
-    rate = merge_rate([
-        {"requests": 2, "raw_latency_s": [0.001, 0.003], "raw_ttfb_s": [0.001, 0.001], "errors": {}},
-        {"requests": 1, "raw_latency_s": [0.002], "raw_ttfb_s": [0.002], "errors": {"stream-cut": 1}},
-    ])
+    rate = merge_rate(
+        [
+            {"requests": 2, "raw_latency_s": [0.001, 0.003], "raw_ttfb_s": [0.001, 0.001], "errors": {}},
+            {"requests": 1, "raw_latency_s": [0.002], "raw_ttfb_s": [0.002], "errors": {"stream-cut": 1}},
+        ]
+    )
     assert rate["requests"] == 3 and rate["latency_ms"]["p50"] == pytest.approx(2.0)
     assert rate["errors"] == {"stream-cut": 1} and not any(k.startswith("raw_") for k in rate)
 

@@ -17,8 +17,15 @@ GLOBS = ("claude-sonnet-4*", "gpt-5*")
 
 
 def lease(retry_at_ms: int | None = None, stale: bool = False) -> Lease:
-    return Lease(key_id="k", digest=b"\0" * 32, account_id="a", expires_at_ms=NOW + 600_000, budgeted=True,
-                 budget_retry_at_ms=retry_at_ms, budget_stale=stale)
+    return Lease(
+        key_id="k",
+        digest=b"\0" * 32,
+        account_id="a",
+        expires_at_ms=NOW + 600_000,
+        budgeted=True,
+        budget_retry_at_ms=retry_at_ms,
+        budget_stale=stale,
+    )
 
 
 class Case(NamedTuple):
@@ -34,18 +41,28 @@ CASES = [
     Case("globs are case-sensitive, as control's", (lease(), "Claude-Sonnet-4-6"), (Refusal.MODEL_UNPRICED, 403, None)),
     Case("exhausted: until the reset", (lease(NOW + 90_500), "gpt-5"), (Refusal.BUDGET_EXHAUSTED, 429, 90.5)),
     Case("exhausted, and nothing named: still refused", (lease(NOW + 1), None), (Refusal.BUDGET_EXHAUSTED, 429, 0.001)),
-    Case("unpriced and exhausted: unpriced first (no reset lifts it)", (lease(NOW + 5_000), "claude-house-1"),
-         (Refusal.MODEL_UNPRICED, 403, None)),
+    Case(
+        "unpriced and exhausted: unpriced first (no reset lifts it)",
+        (lease(NOW + 5_000), "claude-house-1"),
+        (Refusal.MODEL_UNPRICED, 403, None),
+    ),
     Case("from the reset on it goes through", (lease(NOW), "gpt-5"), None),
     Case("a reset in the past", (lease(NOW - 1), "gpt-5"), None),
     # SPEC §19: the fleet's spend is stale (control could not refresh it for 5 s)
-    Case("stale fleet spend: held 503, retry in a second", (lease(stale=True), "gpt-5"),
-         (Refusal.FLEET_STATE_UNAVAILABLE, 503, 1)),
+    Case(
+        "stale fleet spend: held 503, retry in a second",
+        (lease(stale=True), "gpt-5"),
+        (Refusal.FLEET_STATE_UNAVAILABLE, 503, 1),
+    ),
     Case("stale and nothing named: held too", (lease(stale=True), None), (Refusal.FLEET_STATE_UNAVAILABLE, 503, 1)),
-    Case("stale and exhausted: the reset's wait is the longer", (lease(NOW + 5_000, stale=True), "gpt-5"),
-         (Refusal.BUDGET_EXHAUSTED, 429, 5.0)),
-    Case("stale and unpriced: unpriced first", (lease(stale=True), "claude-house-1"),
-         (Refusal.MODEL_UNPRICED, 403, None)),
+    Case(
+        "stale and exhausted: the reset's wait is the longer",
+        (lease(NOW + 5_000, stale=True), "gpt-5"),
+        (Refusal.BUDGET_EXHAUSTED, 429, 5.0),
+    ),
+    Case(
+        "stale and unpriced: unpriced first", (lease(stale=True), "claude-house-1"), (Refusal.MODEL_UNPRICED, 403, None)
+    ),
 ]
 
 

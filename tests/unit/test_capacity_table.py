@@ -11,8 +11,9 @@ from shared.capacity import CapacityTable
 HOLDERS = [f"h{i}" for i in range(6)]
 ACCOUNTS = ["a", "b"]
 
-capacity_ops = st.lists(st.tuples(st.sampled_from(["reserve", "release"]), st.sampled_from(ACCOUNTS),
-                                  st.sampled_from(HOLDERS)), max_size=60)
+capacity_ops = st.lists(
+    st.tuples(st.sampled_from(["reserve", "release"]), st.sampled_from(ACCOUNTS), st.sampled_from(HOLDERS)), max_size=60
+)
 
 
 @given(capacity_ops, st.integers(min_value=1, max_value=4))

@@ -75,47 +75,101 @@ CASES = [
     Case("seeded-anchor-empty-chain", lambda: ([], encode_anchor(0, None)), Verdict.VERIFIED, revision=0),
     Case("anchored", lambda: (_three(), anchor_for(_three())), Verdict.VERIFIED, revision=3),
     Case("crash-window-one-ahead", lambda: (_three(), anchor_for(_three(), 2)), Verdict.VERIFIED, revision=3),
-    Case("crash-window-first-append", lambda: (chain(1), encode_anchor(0, None)), Verdict.VERIFIED,
-         revision=1),
-    Case("edited-earlier-record", lambda: ([edit(_three()[0], reason="x")] + _three()[1:],
-                                           anchor_for(_three())), Verdict.CORRUPT, Fault.HASH_MISMATCH),
-    Case("edited-and-rehashed-earlier-record",
-         lambda: ([edit(_three()[0], rehash=True, state="enabled")] + _three()[1:], anchor_for(_three())),
-         Verdict.CORRUPT, Fault.LINK_BROKEN),
-    Case("swapped-records", lambda: ([_three()[0], _three()[2], _three()[1]], anchor_for(_three())),
-         Verdict.CORRUPT, Fault.LINK_BROKEN),
-    Case("dropped-last-record", lambda: (_three()[:2], anchor_for(_three())), Verdict.CORRUPT,
-         Fault.SHORTER_THAN_ANCHOR),
-    Case("dropped-to-seeded-size", lambda: (_three()[:1], anchor_for(_three())), Verdict.CORRUPT,
-         Fault.SHORTER_THAN_ANCHOR),
-    Case("truncated-to-empty-with-anchor", lambda: ([], anchor_for(_three())), Verdict.CORRUPT,
-         Fault.EMPTY_WITH_ANCHOR),
+    Case("crash-window-first-append", lambda: (chain(1), encode_anchor(0, None)), Verdict.VERIFIED, revision=1),
+    Case(
+        "edited-earlier-record",
+        lambda: ([edit(_three()[0], reason="x")] + _three()[1:], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.HASH_MISMATCH,
+    ),
+    Case(
+        "edited-and-rehashed-earlier-record",
+        lambda: ([edit(_three()[0], rehash=True, state="enabled")] + _three()[1:], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.LINK_BROKEN,
+    ),
+    Case(
+        "swapped-records",
+        lambda: ([_three()[0], _three()[2], _three()[1]], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.LINK_BROKEN,
+    ),
+    Case(
+        "dropped-last-record", lambda: (_three()[:2], anchor_for(_three())), Verdict.CORRUPT, Fault.SHORTER_THAN_ANCHOR
+    ),
+    Case(
+        "dropped-to-seeded-size",
+        lambda: (_three()[:1], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.SHORTER_THAN_ANCHOR,
+    ),
+    Case(
+        "truncated-to-empty-with-anchor", lambda: ([], anchor_for(_three())), Verdict.CORRUPT, Fault.EMPTY_WITH_ANCHOR
+    ),
     Case("records-without-anchor", lambda: (_three(), None), Verdict.CORRUPT, Fault.ANCHOR_MISSING),
-    Case("torn-final-line", lambda: (_three()[:2] + [_three()[2][:40]], anchor_for(_three(), 2)),
-         Verdict.CORRUPT, Fault.TORN_LINE),
-    Case("final-line-without-newline", lambda: (_three()[:2] + [_three()[2][:-1]], anchor_for(_three())),
-         Verdict.CORRUPT, Fault.TORN_LINE),
-    Case("garbage-middle-line", lambda: ([_three()[0], b"not json\n", _three()[2]], anchor_for(_three())),
-         Verdict.CORRUPT, Fault.TORN_LINE),
-    Case("blank-middle-line", lambda: ([_three()[0], b"\n"] + _three()[1:], anchor_for(_three())),
-         Verdict.CORRUPT, Fault.TORN_LINE),
-    Case("json-but-not-a-record", lambda: ([b"[1, 2]\n"], encode_anchor(0, None)), Verdict.CORRUPT,
-         Fault.TORN_LINE),
-    Case("record-without-hash", lambda: ([b'{"seq": 1, "prev_hash": "00"}\n'], encode_anchor(0, None)),
-         Verdict.CORRUPT, Fault.TORN_LINE),
-    Case("anchor-names-another-head", lambda: (_three(), encode_anchor(3, "f" * 64)), Verdict.CORRUPT,
-         Fault.HEAD_MISMATCH),
-    Case("crash-window-anchor-names-another-head", lambda: (_three(), encode_anchor(2, "f" * 64)),
-         Verdict.CORRUPT, Fault.HEAD_MISMATCH),
-    Case("two-past-the-anchor", lambda: (chain(4), anchor_for(chain(4), 2)), Verdict.CORRUPT,
-         Fault.AHEAD_OF_ANCHOR),
+    Case(
+        "torn-final-line",
+        lambda: (_three()[:2] + [_three()[2][:40]], anchor_for(_three(), 2)),
+        Verdict.CORRUPT,
+        Fault.TORN_LINE,
+    ),
+    Case(
+        "final-line-without-newline",
+        lambda: (_three()[:2] + [_three()[2][:-1]], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.TORN_LINE,
+    ),
+    Case(
+        "garbage-middle-line",
+        lambda: ([_three()[0], b"not json\n", _three()[2]], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.TORN_LINE,
+    ),
+    Case(
+        "blank-middle-line",
+        lambda: ([_three()[0], b"\n"] + _three()[1:], anchor_for(_three())),
+        Verdict.CORRUPT,
+        Fault.TORN_LINE,
+    ),
+    Case("json-but-not-a-record", lambda: ([b"[1, 2]\n"], encode_anchor(0, None)), Verdict.CORRUPT, Fault.TORN_LINE),
+    Case(
+        "record-without-hash",
+        lambda: ([b'{"seq": 1, "prev_hash": "00"}\n'], encode_anchor(0, None)),
+        Verdict.CORRUPT,
+        Fault.TORN_LINE,
+    ),
+    Case(
+        "anchor-names-another-head",
+        lambda: (_three(), encode_anchor(3, "f" * 64)),
+        Verdict.CORRUPT,
+        Fault.HEAD_MISMATCH,
+    ),
+    Case(
+        "crash-window-anchor-names-another-head",
+        lambda: (_three(), encode_anchor(2, "f" * 64)),
+        Verdict.CORRUPT,
+        Fault.HEAD_MISMATCH,
+    ),
+    Case("two-past-the-anchor", lambda: (chain(4), anchor_for(chain(4), 2)), Verdict.CORRUPT, Fault.AHEAD_OF_ANCHOR),
     Case("anchor-not-json", lambda: (_three(), b"{nope"), Verdict.CORRUPT, Fault.ANCHOR_UNREADABLE),
-    Case("anchor-unknown-field", lambda: ([], b'{"count":0,"head_hash":null,"x":1}'), Verdict.CORRUPT,
-         Fault.ANCHOR_UNREADABLE),
-    Case("anchor-count-zero-with-head", lambda: ([], encode_anchor(0, "a" * 64)), Verdict.CORRUPT,
-         Fault.ANCHOR_UNREADABLE),
-    Case("anchor-negative-count", lambda: ([], b'{"count":-1,"head_hash":null}'), Verdict.CORRUPT,
-         Fault.ANCHOR_UNREADABLE),
+    Case(
+        "anchor-unknown-field",
+        lambda: ([], b'{"count":0,"head_hash":null,"x":1}'),
+        Verdict.CORRUPT,
+        Fault.ANCHOR_UNREADABLE,
+    ),
+    Case(
+        "anchor-count-zero-with-head",
+        lambda: ([], encode_anchor(0, "a" * 64)),
+        Verdict.CORRUPT,
+        Fault.ANCHOR_UNREADABLE,
+    ),
+    Case(
+        "anchor-negative-count",
+        lambda: ([], b'{"count":-1,"head_hash":null}'),
+        Verdict.CORRUPT,
+        Fault.ANCHOR_UNREADABLE,
+    ),
 ]
 
 
@@ -164,7 +218,7 @@ BETWEEN = [
 @pytest.mark.parametrize("case", BETWEEN, ids=[c.name for c in BETWEEN])
 def test_verify_chain_between_two_anchor_reads(case: Between) -> None:
     full = chain(6)
-    lines = full[:case.records]
+    lines = full[: case.records]
     before = None if case.before is None else anchor_for(full, case.before)
     after = None if case.after is None else anchor_for(full, case.after)
     check = verify_chain_between(lines, before, after)
@@ -209,8 +263,18 @@ def test_check_is_frozen() -> None:
 
 
 PURE = ["shared/chain.py", "controlplane/core/overlay.py"]
-FORBIDDEN = {"asyncio", "aiohttp", "filelock", "structlog", "os", "socket", "time", "secrets",
-             "shared.logging", "shared.clock"}
+FORBIDDEN = {
+    "asyncio",
+    "aiohttp",
+    "filelock",
+    "structlog",
+    "os",
+    "socket",
+    "time",
+    "secrets",
+    "shared.logging",
+    "shared.clock",
+}
 
 
 @pytest.mark.parametrize("path", PURE)

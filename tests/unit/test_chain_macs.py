@@ -32,7 +32,9 @@ def build(specs: list[str]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for spec in specs:
         prev = records[-1]["hash"] if records else GENESIS_HASH
-        fields = {"action": SEAL_ACTION, "adopts_hash": prev} if spec in "sS" else {"action": "set-state", "n": len(records)}
+        fields = (
+            {"action": SEAL_ACTION, "adopts_hash": prev} if spec in "sS" else {"action": "set-state", "n": len(records)}
+        )
         record = seal(fields, len(records) + 1, prev)
         if spec in "ms":
             record["mac"] = AUTH.mac(record)
@@ -83,10 +85,23 @@ def test_without_auth_the_embedded_check_is_unchanged() -> None:
 
 def test_a_forged_record_with_a_recomputed_hash_is_caught() -> None:
     records = build(list("mm"))
-    forged = seal({"action": "set-state", "account_id": "a", "state": "enabled", "actor": "alice",
-                   "actor_authenticated_by": "control-token"}, 3, records[-1]["hash"])
+    forged = seal(
+        {
+            "action": "set-state",
+            "account_id": "a",
+            "state": "enabled",
+            "actor": "alice",
+            "actor_authenticated_by": "control-token",
+        },
+        3,
+        records[-1]["hash"],
+    )
     forged["mac"] = "A" * 43
     lines = [encode_record(r) for r in (*records, forged)]
     result = verify_chain(lines, encode_anchor(3, forged["hash"]), AUTH)
     assert (result.verdict, result.fault, result.fault_line, len(result.records)) == (
-        Verdict.CORRUPT, Fault.MAC_MISMATCH, 3, 2)
+        Verdict.CORRUPT,
+        Fault.MAC_MISMATCH,
+        3,
+        2,
+    )

@@ -10,8 +10,7 @@ from controlplane.core import circuit as rules
 from shared.codes import CircuitPhase
 
 NOW = 1_800_000_000_000
-HALF_OPEN = rules.Circuit(phase=CircuitPhase.HALF_OPEN, opened_at_ms=NOW - 60_000, retry_at_ms=NOW - 1,
-                          open_ms=30_000)
+HALF_OPEN = rules.Circuit(phase=CircuitPhase.HALF_OPEN, opened_at_ms=NOW - 60_000, retry_at_ms=NOW - 1, open_ms=30_000)
 
 
 class Counting(LocalCircuits):
@@ -31,8 +30,8 @@ async def test_a_lease_admitted_as_no_probe_ends_without_a_read() -> None:
     before = store.loads
     await registry.on_lease_ended("a", "k1", NOW)
     assert store.loads == before
-    await registry.on_lease_ended("a", "k1", NOW)          # a second end: unknown now, read
-    await registry.on_lease_ended("b", "k1", NOW)          # another account's: read
+    await registry.on_lease_ended("a", "k1", NOW)  # a second end: unknown now, read
+    await registry.on_lease_ended("b", "k1", NOW)  # another account's: read
     assert store.loads == before + 2
 
 
@@ -42,7 +41,7 @@ async def test_the_probe_is_read_and_released_at_its_end() -> None:
     registry = CircuitRegistry(store, 30)
     assert await registry.claim_probe("a", "probe", NOW)
     assert store._state["a"].probe_key == "probe"
-    assert not await registry.claim_probe("a", "other", NOW)   # one probe out
+    assert not await registry.claim_probe("a", "other", NOW)  # one probe out
     await registry.on_lease_ended("a", "probe", NOW)
     assert store._state["a"].probe_key is None
     assert await registry.claim_probe("a", "next", NOW) and store._state["a"].probe_key == "next"

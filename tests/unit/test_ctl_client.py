@@ -26,16 +26,34 @@ class TokenCase:
 
 
 TOKEN_CASES = [
-    TokenCase("token file wins", "f", {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"}, TokenChoice("f", "--token-file")),
-    TokenCase("leasehold before gateway", None, {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"},
-              TokenChoice("l", "LEASEHOLD_TOKEN")),
-    TokenCase("control before mint", None, {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_CONTROL_TOKEN": "c"},
-              TokenChoice("c", "GATEWAY_CONTROL_TOKEN")),
-    TokenCase("mint before read", None, {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_READ_TOKEN": "r"},
-              TokenChoice("m", "GATEWAY_MINT_TOKEN")),
+    TokenCase(
+        "token file wins", "f", {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"}, TokenChoice("f", "--token-file")
+    ),
+    TokenCase(
+        "leasehold before gateway",
+        None,
+        {"LEASEHOLD_TOKEN": "l", "GATEWAY_CONTROL_TOKEN": "c"},
+        TokenChoice("l", "LEASEHOLD_TOKEN"),
+    ),
+    TokenCase(
+        "control before mint",
+        None,
+        {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_CONTROL_TOKEN": "c"},
+        TokenChoice("c", "GATEWAY_CONTROL_TOKEN"),
+    ),
+    TokenCase(
+        "mint before read",
+        None,
+        {"GATEWAY_MINT_TOKEN": "m", "GATEWAY_READ_TOKEN": "r"},
+        TokenChoice("m", "GATEWAY_MINT_TOKEN"),
+    ),
     TokenCase("read alone", None, {"GATEWAY_READ_TOKEN": "r"}, TokenChoice("r", "GATEWAY_READ_TOKEN")),
-    TokenCase("blank is unset", None, {"LEASEHOLD_TOKEN": "  ", "GATEWAY_READ_TOKEN": "r"},
-              TokenChoice("r", "GATEWAY_READ_TOKEN")),
+    TokenCase(
+        "blank is unset",
+        None,
+        {"LEASEHOLD_TOKEN": "  ", "GATEWAY_READ_TOKEN": "r"},
+        TokenChoice("r", "GATEWAY_READ_TOKEN"),
+    ),
     TokenCase("none", None, {}, TokenChoice(None, "")),
 ]
 
@@ -57,11 +75,17 @@ URL_CASES = [
     UrlCase("default", {}, "http://127.0.0.1:8789"),
     UrlCase("url set", {"GATEWAY_CONTROL_URL": "http://10.0.0.1:9000/"}, "http://10.0.0.1:9000"),
     UrlCase("url blank", {"GATEWAY_CONTROL_URL": ""}, "http://127.0.0.1:8789"),
-    UrlCase("url wins over listen", {"GATEWAY_CONTROL_URL": "https://ctl.internal",
-                                     "GATEWAY_CONTROL_LISTEN": "127.0.0.1:9100"}, "https://ctl.internal"),
+    UrlCase(
+        "url wins over listen",
+        {"GATEWAY_CONTROL_URL": "https://ctl.internal", "GATEWAY_CONTROL_LISTEN": "127.0.0.1:9100"},
+        "https://ctl.internal",
+    ),
     UrlCase("listen alone", {"GATEWAY_CONTROL_LISTEN": "127.0.0.1:9100"}, "http://127.0.0.1:9100"),
-    UrlCase("listen when url blank", {"GATEWAY_CONTROL_URL": " ", "GATEWAY_CONTROL_LISTEN": "10.1.2.3:80"},
-            "http://10.1.2.3:80"),
+    UrlCase(
+        "listen when url blank",
+        {"GATEWAY_CONTROL_URL": " ", "GATEWAY_CONTROL_LISTEN": "10.1.2.3:80"},
+        "http://10.1.2.3:80",
+    ),
     UrlCase("listen blank", {"GATEWAY_CONTROL_LISTEN": ""}, "http://127.0.0.1:8789"),
     UrlCase("listen on every v4 interface", {"GATEWAY_CONTROL_LISTEN": "0.0.0.0:9100"}, "http://127.0.0.1:9100"),
     UrlCase("listen on a v6 address", {"GATEWAY_CONTROL_LISTEN": "[::1]:9100"}, "http://[::1]:9100"),
@@ -104,21 +128,62 @@ class FailureCase:
 
 
 FAILURES = [
-    FailureCase("401 names the variable and scope", Reply(401, {}, _error("unauthenticated", "x")), Scope.MINT,
-                "GATEWAY_READ_TOKEN", Exit.AUTH, ("GATEWAY_READ_TOKEN", "401", "scope mint")),
-    FailureCase("403 names scope and the variable to use", Reply(403, {}, _error("forbidden-scope", "needs admin")),
-                Scope.ADMIN, "GATEWAY_MINT_TOKEN", Exit.AUTH, ("GATEWAY_MINT_TOKEN", "scope admin", "GATEWAY_CONTROL_TOKEN")),
-    FailureCase("422 prints the server's message", Reply(422, {}, _error("invalid-request", "ttl_seconds >= 60")),
-                Scope.MINT, "--token-file", Exit.FAILED, ("422", "ttl_seconds >= 60")),
-    FailureCase("409 revision conflict names the current revision",
-                Reply(409, {}, _error("invalid-request", "m", current_revision=7, expected_revision=3)),
-                Scope.ADMIN, "--token-file", Exit.REJECTED, ("current revision is 7", "not 3")),
-    FailureCase("409 other", Reply(409, {}, _error("fallback-lineage-mismatch", "no")), Scope.MINT, "--token-file",
-                Exit.REJECTED, ("fallback-lineage-mismatch",)),
-    FailureCase("plain 404 is a missing route", Reply(404, {}, "404: Not Found"), Scope.READ, "--token-file",
-                Exit.FAILED, ("does not serve /p",)),
-    FailureCase("coded 404 is the server's word", Reply(404, {}, _error("decision-unknown", "no live v2 lease")),
-                Scope.MINT, "--token-file", Exit.FAILED, ("decision-unknown", "no live v2 lease")),
+    FailureCase(
+        "401 names the variable and scope",
+        Reply(401, {}, _error("unauthenticated", "x")),
+        Scope.MINT,
+        "GATEWAY_READ_TOKEN",
+        Exit.AUTH,
+        ("GATEWAY_READ_TOKEN", "401", "scope mint"),
+    ),
+    FailureCase(
+        "403 names scope and the variable to use",
+        Reply(403, {}, _error("forbidden-scope", "needs admin")),
+        Scope.ADMIN,
+        "GATEWAY_MINT_TOKEN",
+        Exit.AUTH,
+        ("GATEWAY_MINT_TOKEN", "scope admin", "GATEWAY_CONTROL_TOKEN"),
+    ),
+    FailureCase(
+        "422 prints the server's message",
+        Reply(422, {}, _error("invalid-request", "ttl_seconds >= 60")),
+        Scope.MINT,
+        "--token-file",
+        Exit.FAILED,
+        ("422", "ttl_seconds >= 60"),
+    ),
+    FailureCase(
+        "409 revision conflict names the current revision",
+        Reply(409, {}, _error("invalid-request", "m", current_revision=7, expected_revision=3)),
+        Scope.ADMIN,
+        "--token-file",
+        Exit.REJECTED,
+        ("current revision is 7", "not 3"),
+    ),
+    FailureCase(
+        "409 other",
+        Reply(409, {}, _error("fallback-lineage-mismatch", "no")),
+        Scope.MINT,
+        "--token-file",
+        Exit.REJECTED,
+        ("fallback-lineage-mismatch",),
+    ),
+    FailureCase(
+        "plain 404 is a missing route",
+        Reply(404, {}, "404: Not Found"),
+        Scope.READ,
+        "--token-file",
+        Exit.FAILED,
+        ("does not serve /p",),
+    ),
+    FailureCase(
+        "coded 404 is the server's word",
+        Reply(404, {}, _error("decision-unknown", "no live v2 lease")),
+        Scope.MINT,
+        "--token-file",
+        Exit.FAILED,
+        ("decision-unknown", "no live v2 lease"),
+    ),
     FailureCase("500", Reply(500, {}, "boom"), Scope.READ, "--token-file", Exit.FAILED, ("500", "boom")),
 ]
 

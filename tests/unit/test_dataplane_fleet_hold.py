@@ -10,7 +10,7 @@ from dataplane.admission import hold_reason
 HOLDS = [
     (False, [], None),
     (True, [], "place in the fleet has lapsed"),
-    (True, ["standing"], "place in the fleet has lapsed"),   # the lapse is the first cause named
+    (True, ["standing"], "place in the fleet has lapsed"),  # the lapse is the first cause named
     (False, ["standing"], "fleet loop standing keeps failing"),
     (False, ["standing", "upkeep"], "fleet loops standing, upkeep keep failing"),
 ]

@@ -81,8 +81,11 @@ def test_every_declared_distribution_is_imported() -> None:
 def test_the_lock_pins_every_declared_distribution_inside_its_range() -> None:
     pins = locked()
     wanted = {**declared("options", "install_requires"), **declared("options.extras_require", "test")}
-    outside = {name: (str(req.specifier), pins.get(name)) for name, req in wanted.items()
-               if name not in pins or not req.specifier.contains(pins[name], prereleases=True)}
+    outside = {
+        name: (str(req.specifier), pins.get(name))
+        for name, req in wanted.items()
+        if name not in pins or not req.specifier.contains(pins[name], prereleases=True)
+    }
     assert not outside, f"requirements-test.txt misses or pins outside setup.cfg's range: {outside}"
 
 

@@ -29,15 +29,24 @@ MIN_NAMES = 25
 def _prefix(tree: ast.Module) -> tuple[str, str]:
     """(variable name, value) of the module-level `PREFIX = "GATEWAY_"`-style constant."""
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Constant) and node.value.value == "GATEWAY_"):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Constant)
+            and node.value.value == "GATEWAY_"
+        ):
             return node.targets[0].id, node.value.value
     raise AssertionError("settings.py no longer defines its GATEWAY_ prefix constant")
 
 
 def _is_prefix_plus(node: ast.AST, prefix_var: str) -> ast.expr | None:
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and \
-            isinstance(node.left, ast.Name) and node.left.id == prefix_var:
+    if (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Add)
+        and isinstance(node.left, ast.Name)
+        and node.left.id == prefix_var
+    ):
         return node.right
     return None
 
@@ -62,11 +71,22 @@ def settings_sources() -> dict[str, set[str]]:
         if isinstance(node, ast.GeneratorExp | ast.ListComp | ast.SetComp) and _is_prefix_plus(node.elt, prefix_var):
             for generator in node.generators:  # PREFIX + n for n in ("A B " "C").split()
                 it = generator.iter
-                if (isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "split"
-                        and isinstance(it.func.value, ast.Constant) and isinstance(it.func.value.value, str)):
+                if (
+                    isinstance(it, ast.Call)
+                    and isinstance(it.func, ast.Attribute)
+                    and it.func.attr == "split"
+                    and isinstance(it.func.value, ast.Constant)
+                    and isinstance(it.func.value.value, str)
+                ):
                     found["known-set"].update(prefix + part for part in it.func.value.value.split())
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in methods
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             found["reader-call"].add(prefix + node.args[0].value)  # r.text("NAME") reads PREFIX + "NAME"
     return found
 
@@ -99,13 +119,18 @@ def test_extractors_are_not_vacuous() -> None:
     assert len(sources["reader-call"]) >= MIN_NAMES - 5, sources  # every setting is read by a _Reader call
     found = settings_names()
     assert len(found) >= MIN_NAMES, sorted(found)
-    assert {"GATEWAY_CONTROL_TOKEN", "GATEWAY_MINT_TOKEN", "GATEWAY_READ_TOKEN", "GATEWAY_STATE_DIR",
-            "GATEWAY_ANTHROPIC_API_KEY", "GATEWAY_OPENAI_API_KEY", "GATEWAY_ZAI_API_KEY"} <= found
+    assert {
+        "GATEWAY_CONTROL_TOKEN",
+        "GATEWAY_MINT_TOKEN",
+        "GATEWAY_READ_TOKEN",
+        "GATEWAY_STATE_DIR",
+        "GATEWAY_ANTHROPIC_API_KEY",
+        "GATEWAY_OPENAI_API_KEY",
+        "GATEWAY_ZAI_API_KEY",
+    } <= found
     # fleet mode's URL may carry the Redis password: it must be found (and so scrubbed) too
-    assert {"GATEWAY_FLEET_REDIS_URL", "GATEWAY_FLEET_ID", "GATEWAY_HOST_ID",
-            "GATEWAY_FLEET_HOST_TTL_SECONDS"} <= found
-    assert registry_credential_names() == {"GATEWAY_ANTHROPIC_API_KEY", "GATEWAY_ZAI_API_KEY",
-                                           "GATEWAY_OPENAI_API_KEY"}
+    assert {"GATEWAY_FLEET_REDIS_URL", "GATEWAY_FLEET_ID", "GATEWAY_HOST_ID", "GATEWAY_FLEET_HOST_TTL_SECONDS"} <= found
+    assert registry_credential_names() == {"GATEWAY_ANTHROPIC_API_KEY", "GATEWAY_ZAI_API_KEY", "GATEWAY_OPENAI_API_KEY"}
     assert all(NAME_RE.match(n) for n in found), sorted(n for n in found if not NAME_RE.match(n))
 
 

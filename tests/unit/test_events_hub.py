@@ -60,21 +60,51 @@ def test_resume_from(case: Resume) -> None:
     assert resume_from(case.last_event_id, EPOCH, case.oldest_seq, case.next_seq) == case.expect
 
 
-@pytest.mark.parametrize("text,expect", [
-    ("ab12-7", ("ab12", 7)), (" ab12-7 ", ("ab12", 7)), ("a-b-3", ("a-b", 3)),
-    ("", None), (None, None), ("-3", None), ("ab12-", None), ("ab12-x", None), ("ab12", None),
-])
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ("ab12-7", ("ab12", 7)),
+        (" ab12-7 ", ("ab12", 7)),
+        ("a-b-3", ("a-b", 3)),
+        ("", None),
+        (None, None),
+        ("-3", None),
+        ("ab12-", None),
+        ("ab12-x", None),
+        ("ab12", None),
+    ],
+)
 def test_parse_event_id(text: str | None, expect: Any) -> None:
     assert parse_event_id(text) == expect
 
 
 def row(attempt_id: str = "att_1", **changes: Any) -> AttemptRow:
     base = AttemptRow(
-        attempt_id=attempt_id, key_id="01KEY", account_id="legacy-anthropic", mint_decision_id=None,
-        dispatch_id=None, repo_slug="acme/app", principal_id="w-1", wire="anthropic", path="/v1/messages",
-        requested_model="claude-sonnet-4-6", served_model=None, stream=True, started_at="2026-01-01T00:00:00.000Z",
-        finished_at=None, status=None, http_status=None, condition=None, refusal_reason=None, usage=None,
-        cost_usd=None, cost_reason=None, overhead_ms=None, principal_kind="worker", bytes_out=99)
+        attempt_id=attempt_id,
+        key_id="01KEY",
+        account_id="legacy-anthropic",
+        mint_decision_id=None,
+        dispatch_id=None,
+        repo_slug="acme/app",
+        principal_id="w-1",
+        wire="anthropic",
+        path="/v1/messages",
+        requested_model="claude-sonnet-4-6",
+        served_model=None,
+        stream=True,
+        started_at="2026-01-01T00:00:00.000Z",
+        finished_at=None,
+        status=None,
+        http_status=None,
+        condition=None,
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        overhead_ms=None,
+        principal_kind="worker",
+        bytes_out=99,
+    )
     return msgspec.structs.replace(base, **changes)
 
 
@@ -93,35 +123,55 @@ def test_no_event_model_declares_a_secret_shaped_field() -> None:
 def test_route_events_carry_the_route_view_not_the_row() -> None:
     hub = EventHub(epoch=EPOCH)
     started = hub.publish("route.started", row())
-    finished = hub.publish("route.finished", row(status="completed", usage=Usage(input_tokens=3, output_tokens=2),
-                                                   cost_usd=0.5, cost_reason="priced"))
+    finished = hub.publish(
+        "route.finished",
+        row(status="completed", usage=Usage(input_tokens=3, output_tokens=2), cost_usd=0.5, cost_reason="priced"),
+    )
     assert started is not None and finished is not None
     assert isinstance(started.data, RouteView) and isinstance(finished.data, RouteView)
     decoded = msgspec.json.decode(finished.payload)
     assert set(decoded) == set(RouteView.__struct_fields__)
     assert "bytes_out" not in decoded and "principal_kind" not in decoded  # row-only fields stay home
-    assert decoded["usage"] == {"input_tokens": 3, "output_tokens": 2, "cache_read_tokens": 0,
-                                "cache_creation_tokens": 0}
+    assert decoded["usage"] == {
+        "input_tokens": 3,
+        "output_tokens": 2,
+        "cache_read_tokens": 0,
+        "cache_creation_tokens": 0,
+    }
     assert (started.id, finished.id) == (f"{EPOCH}-1", f"{EPOCH}-2")
 
 
 def test_models_drop_keys_they_do_not_declare() -> None:
     hub = EventHub(epoch=EPOCH)
-    event = hub.publish("circuit", {"account_id": "a", "state": "open", "opened_at": "t", "retry_at": "u",
-                                    "opened_by": "rate-limited", "token": "lhgw_leak.secret"})
+    event = hub.publish(
+        "circuit",
+        {
+            "account_id": "a",
+            "state": "open",
+            "opened_at": "t",
+            "retry_at": "u",
+            "opened_by": "rate-limited",
+            "token": "lhgw_leak.secret",
+        },
+    )
     assert event is not None and b"lhgw_leak" not in event.payload and b"token" not in event.payload
-    admin = hub.publish("account.state", {"account_id": "a", "action": "set-state", "state": "draining",
-                                          "revision": 3, "credential": "sk-ant-leak"})
+    admin = hub.publish(
+        "account.state",
+        {"account_id": "a", "action": "set-state", "state": "draining", "revision": 3, "credential": "sk-ant-leak"},
+    )
     assert admin is not None and msgspec.json.decode(admin.payload)["revision"] == 3
     assert b"sk-ant-leak" not in admin.payload
 
 
-@pytest.mark.parametrize("kind,data", [
-    ("route.exploded", {}),                       # unknown kind
-    ("circuit", {"state": "open"}),               # missing account_id
-    ("policy", {"revision": "seven"}),            # wrong type
-    ("route.started", {"attempt_id": "x"}),       # not a row
-])
+@pytest.mark.parametrize(
+    "kind,data",
+    [
+        ("route.exploded", {}),  # unknown kind
+        ("circuit", {"state": "open"}),  # missing account_id
+        ("policy", {"revision": "seven"}),  # wrong type
+        ("route.started", {"attempt_id": "x"}),  # not a row
+    ],
+)
 def test_unpublishable_events_are_logged_never_raised(kind: str, data: Any) -> None:
     hub = EventHub(epoch=EPOCH)
     with capture_logs() as logs:

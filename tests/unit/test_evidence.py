@@ -20,9 +20,17 @@ class Case(NamedTuple):
 UPSTREAM = AttemptStatus.UPSTREAM_ERROR
 TRANSPORT = AttemptStatus.TRANSPORT_ERROR
 # SPEC §7's gateway-authored terminals, and the data plane's own failure (SPEC §12).
-GATEWAY_AUTHORED = (Refusal.REQUEST_CAPACITY_EXHAUSTED, Refusal.CONTROL_UNAVAILABLE, Refusal.POOL_TIMEOUT,
-                    Refusal.BODY_TOO_LARGE, Refusal.PATH_NOT_SERVED, Refusal.GATEWAY_SHUTDOWN,
-                    Refusal.OBSERVATION_STORAGE_UNAVAILABLE, Refusal.INTERNAL_ERROR, Refusal.MODEL_NOT_PERMITTED)
+GATEWAY_AUTHORED = (
+    Refusal.REQUEST_CAPACITY_EXHAUSTED,
+    Refusal.CONTROL_UNAVAILABLE,
+    Refusal.POOL_TIMEOUT,
+    Refusal.BODY_TOO_LARGE,
+    Refusal.PATH_NOT_SERVED,
+    Refusal.GATEWAY_SHUTDOWN,
+    Refusal.OBSERVATION_STORAGE_UNAVAILABLE,
+    Refusal.INTERNAL_ERROR,
+    Refusal.MODEL_NOT_PERMITTED,
+)
 
 CASES = [
     # the upstream answered: its status decides
@@ -46,8 +54,10 @@ CASES = [
     Case("client abort", (AttemptStatus.CLIENT_ABORTED, 200, None), None),
     Case("client abort before headers", (AttemptStatus.CLIENT_ABORTED, None, None), None),
     # gateway-authored: never evidence about an account
-    *(Case(f"gateway-authored {code}", (AttemptStatus.REFUSED, HTTP_STATUS[code], code), None)
-      for code in GATEWAY_AUTHORED),
+    *(
+        Case(f"gateway-authored {code}", (AttemptStatus.REFUSED, HTTP_STATUS[code], code), None)
+        for code in GATEWAY_AUTHORED
+    ),
     Case("gateway shutdown cut mid-stream", (TRANSPORT, 200, Refusal.GATEWAY_SHUTDOWN), None),
     Case("a refusal wins over an upstream-looking 429", (UPSTREAM, 429, Refusal.REQUEST_CAPACITY_EXHAUSTED), None),
     Case("a refusal wins over an upstream-looking 503", (UPSTREAM, 503, Refusal.POOL_TIMEOUT), None),

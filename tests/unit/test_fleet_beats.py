@@ -15,7 +15,7 @@ TTL = 3000
 NOW = 1_800_000_010_000
 HOST = "gw-b"
 ENTRIES = FleetEntries(Keyring(FleetSecret(secrets.token_bytes(32)), "f"))
-OTHER = FleetEntries(Keyring(FleetSecret(secrets.token_bytes(32)), "f"))   # a writer without the secret
+OTHER = FleetEntries(Keyring(FleetSecret(secrets.token_bytes(32)), "f"))  # a writer without the secret
 
 
 def sealed(at: int, entries: FleetEntries = ENTRIES, host: str = HOST) -> bytes:

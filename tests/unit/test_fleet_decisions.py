@@ -89,14 +89,21 @@ def _lease(key: str, account: str, at: int) -> RestoredLease:
 
 
 MISSED_CASES = [
-    Case("minted before a revoke of its account: ended",
-         ([_lease("k1", "a", 10)], [MissedRevocation(account_id="a", at_ms=20)]), ["k1"]),
+    Case(
+        "minted before a revoke of its account: ended",
+        ([_lease("k1", "a", 10)], [MissedRevocation(account_id="a", at_ms=20)]),
+        ["k1"],
+    ),
     Case("minted after it: kept", ([_lease("k1", "a", 30)], [MissedRevocation(account_id="a", at_ms=20)]), []),
-    Case("another account's revoke: kept", ([_lease("k1", "b", 10)], [MissedRevocation(account_id="a", at_ms=20)]),
-         []),
-    Case("the latest revoke of the account counts",
-         ([_lease("k1", "a", 25), _lease("k2", "a", 35)],
-          [MissedRevocation(account_id="a", at_ms=20), MissedRevocation(account_id="a", at_ms=30)]), ["k1"]),
+    Case("another account's revoke: kept", ([_lease("k1", "b", 10)], [MissedRevocation(account_id="a", at_ms=20)]), []),
+    Case(
+        "the latest revoke of the account counts",
+        (
+            [_lease("k1", "a", 25), _lease("k2", "a", 35)],
+            [MissedRevocation(account_id="a", at_ms=20), MissedRevocation(account_id="a", at_ms=30)],
+        ),
+        ["k1"],
+    ),
     Case("no revoke", ([_lease("k1", "a", 10)], []), []),
 ]
 
@@ -107,10 +114,16 @@ def test_missed_revocations(case: Case) -> None:
 
 
 def test_host_rows_list_live_hosts_and_unreaped_holders_with_this_hosts_own_in_flight() -> None:
-    rows = host_rows("a", 1000, live={"a": 900, "b": 950}, leases={"a": 1, "c": 2},
-                     in_flight={"a": 7, "b": 3, "c": 9}, local_in_flight=2)
+    rows = host_rows(
+        "a",
+        1000,
+        live={"a": 900, "b": 950},
+        leases={"a": 1, "c": 2},
+        in_flight={"a": 7, "b": 3, "c": 9},
+        local_in_flight=2,
+    )
     assert rows == [
-        HostRow(host_id="a", lease_count=1, in_flight_count=2, last_seen_ms=1000),   # exact, now
+        HostRow(host_id="a", lease_count=1, in_flight_count=2, last_seen_ms=1000),  # exact, now
         HostRow(host_id="b", lease_count=0, in_flight_count=3, last_seen_ms=950),
-        HostRow(host_id="c", lease_count=2, in_flight_count=0, last_seen_ms=None),   # dead, not reaped
+        HostRow(host_id="c", lease_count=2, in_flight_count=0, last_seen_ms=None),  # dead, not reaped
     ]

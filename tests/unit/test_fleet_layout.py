@@ -17,12 +17,30 @@ from shared.logging import redact_text
 
 
 def every_key(keys: FleetKeys) -> list[str]:
-    return [keys.incarnation, keys.hosts_seen, keys.hosts_instance, keys.hosts_epoch, keys.host_in_flight("h"), keys.registered, keys.events, keys.revoke, keys.headroom,
-            keys.revoke_acked, keys.revoke_acks("rv-1"), keys.circuit("a"), keys.decision("md_1"),
-            keys.refused("md_1"), keys.decision_of_key("K"), keys.evidence("md_1"), keys.live("r", "d"),
-            keys.live_of_key("K"), *(keys.chain("policy", p) for p in ("records", "anchor", "rev", "lock", "seeded")),
-            *(f(t) for t in Ceiling for f in (keys.cap_owner, keys.cap_hosts)),
-            *(keys.cap_account(t, "a") for t in Ceiling), *(keys.cap_host(t, "h") for t in Ceiling)]
+    return [
+        keys.incarnation,
+        keys.hosts_seen,
+        keys.hosts_instance,
+        keys.hosts_epoch,
+        keys.host_in_flight("h"),
+        keys.registered,
+        keys.events,
+        keys.revoke,
+        keys.headroom,
+        keys.revoke_acked,
+        keys.revoke_acks("rv-1"),
+        keys.circuit("a"),
+        keys.decision("md_1"),
+        keys.refused("md_1"),
+        keys.decision_of_key("K"),
+        keys.evidence("md_1"),
+        keys.live("r", "d"),
+        keys.live_of_key("K"),
+        *(keys.chain("policy", p) for p in ("records", "anchor", "rev", "lock", "seeded")),
+        *(f(t) for t in Ceiling for f in (keys.cap_owner, keys.cap_hosts)),
+        *(keys.cap_account(t, "a") for t in Ceiling),
+        *(keys.cap_host(t, "h") for t in Ceiling),
+    ]
 
 
 def test_every_key_of_a_fleet_is_in_its_namespace_and_one_cluster_slot() -> None:
@@ -52,10 +70,15 @@ def test_a_fleet_id_outside_the_namespace_charset_is_refused(fleet_id: str) -> N
 
 
 circuits = st.builds(
-    rules.Circuit, phase=st.sampled_from(list(CircuitPhase)), consecutive=st.integers(0, 10),
-    opened_at_ms=st.none() | st.integers(0, 2**45), retry_at_ms=st.none() | st.integers(0, 2**45),
-    opened_by=st.none() | st.sampled_from(list(Condition)), open_ms=st.integers(0, 900_000),
-    probe_key=st.none() | st.text(min_size=1, max_size=30))
+    rules.Circuit,
+    phase=st.sampled_from(list(CircuitPhase)),
+    consecutive=st.integers(0, 10),
+    opened_at_ms=st.none() | st.integers(0, 2**45),
+    retry_at_ms=st.none() | st.integers(0, 2**45),
+    opened_by=st.none() | st.sampled_from(list(Condition)),
+    open_ms=st.integers(0, 900_000),
+    probe_key=st.none() | st.text(min_size=1, max_size=30),
+)
 
 
 @given(circuits)

@@ -15,8 +15,9 @@ async def test_a_delivery_takes_what_was_owed_when_it_started_in_order() -> None
     def write(n: int) -> Owed:
         async def land() -> None:
             landed.append(n)
-            if n < 1_000:                    # each write lets a new one be owed meanwhile
+            if n < 1_000:  # each write lets a new one be owed meanwhile
                 owed._append(write(n + 100))
+
         return Owed("evidence", land, evidence=True)
 
     for n in range(3):

@@ -13,7 +13,7 @@ from shared.fleet.secret import FleetSecret, Keyring, mac, read_secret_file, ver
 from shared.settings import SettingsError, load_settings
 
 NAME = "GATEWAY_FLEET_SECRET_FILE"
-CONTENT = b"sk-fleet-" + b"Q7x9" * 12   # credential-shaped: no problem may quote it
+CONTENT = b"sk-fleet-" + b"Q7x9" * 12  # credential-shaped: no problem may quote it
 FLEET = {"GATEWAY_CONTROL_TOKEN": "control-token-value", "GATEWAY_FLEET_REDIS_URL": "redis://127.0.0.1:6379/0"}
 
 
@@ -35,13 +35,19 @@ def test_fleet_mode_requires_the_secret_file_naming_the_variable() -> None:
     assert any(NAME in p and "required" in p for p in found), found
 
 
-REFUSED = [("group-readable", CONTENT, 0o640), ("world-readable", CONTENT, 0o644), ("executable", CONTENT, 0o700),
-           ("short", b"x" * 31, 0o600), ("empty", b"", 0o400)]
+REFUSED = [
+    ("group-readable", CONTENT, 0o640),
+    ("world-readable", CONTENT, 0o644),
+    ("executable", CONTENT, 0o700),
+    ("short", b"x" * 31, 0o600),
+    ("empty", b"", 0o400),
+]
 
 
 @pytest.mark.parametrize("case,content,mode", REFUSED, ids=[c[0] for c in REFUSED])
-def test_a_bad_secret_file_is_refused_naming_the_variable_never_the_content(tmp_path: Path, case: str,
-                                                                           content: bytes, mode: int) -> None:
+def test_a_bad_secret_file_is_refused_naming_the_variable_never_the_content(
+    tmp_path: Path, case: str, content: bytes, mode: int
+) -> None:
     path = secret_file(tmp_path, content, mode)
     found = problems({**FLEET, NAME: str(path)})
     assert any(NAME in p for p in found), found
@@ -63,8 +69,12 @@ def test_the_key_material_is_the_files_exact_bytes(tmp_path: Path, mode: int) ->
 
 def test_the_secret_never_shows_in_a_repr(tmp_path: Path) -> None:
     settings = load_settings({**FLEET, NAME: str(secret_file(tmp_path))})
-    for shown in (repr(settings), str(settings), repr(settings.fleet_secret),
-                  repr(Keyring(settings.fleet_secret, "f"))):  # type: ignore[arg-type]
+    for shown in (
+        repr(settings),
+        str(settings),
+        repr(settings.fleet_secret),
+        repr(Keyring(settings.fleet_secret, "f")),
+    ):  # type: ignore[arg-type]
         assert "Q7x9" not in shown and "<redacted>" in shown
 
 
@@ -76,8 +86,17 @@ def test_a_symlinked_file_is_followed(tmp_path: Path) -> None:  # secret manager
     assert problem is None and secret == FleetSecret(CONTENT)
 
 
-def test_the_data_plane_does_not_need_it_and_embedded_mode_ignores_it(tmp_path: Path) -> None:
-    assert load_settings({k: v for k, v in FLEET.items() if "TOKEN" not in k}, role="dataplane").fleet_secret is None
+def test_the_data_plane_requires_it_too_and_embedded_mode_ignores_it(tmp_path: Path) -> None:
+    """Without the secret a fleet data plane would believe unsealed heartbeats, so a Redis writer
+    could lift its lapse: it is refused like control, by name, and a bad file is refused alike."""
+    dataplane = {k: v for k, v in FLEET.items() if "TOKEN" not in k}
+    found = problems(dataplane, role="dataplane")
+    assert any(NAME in p and "required" in p for p in found), found
+    found = problems({**dataplane, NAME: str(secret_file(tmp_path, mode=0o644))}, role="dataplane")
+    assert any(NAME in p for p in found) and all("Q7x9" not in p for p in found), found
+    good = secret_file(tmp_path)
+    assert load_settings({**dataplane, NAME: str(good)}, role="dataplane").fleet_secret == FleetSecret(CONTENT)
+    assert load_settings(dataplane, role="ctl").fleet_secret is None  # leaseholdctl never reads it
     bad = str(secret_file(tmp_path, mode=0o644))
     assert load_settings({"GATEWAY_CONTROL_TOKEN": "t" * 20, NAME: bad}).fleet_secret is None
 

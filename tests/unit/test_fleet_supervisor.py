@@ -11,9 +11,15 @@ from shared.supervisor import LoopState, Supervisor, loop_state, reported
 from shared.wire import FleetLoops, LoopReport, Message
 from tests.support.waits import until
 
-STATES = [(0, 0.0, LoopState.RUNNING), (1, 0.1, LoopState.RESTARTING), (2, 4.9, LoopState.RESTARTING),
-          (3, 0.1, LoopState.FAILING), (9, 4.9, LoopState.FAILING), (9, 5.0, LoopState.RUNNING),
-          (1, 5.0, LoopState.RUNNING)]
+STATES = [
+    (0, 0.0, LoopState.RUNNING),
+    (1, 0.1, LoopState.RESTARTING),
+    (2, 4.9, LoopState.RESTARTING),
+    (3, 0.1, LoopState.FAILING),
+    (9, 4.9, LoopState.FAILING),
+    (9, 5.0, LoopState.RUNNING),
+    (1, 5.0, LoopState.RUNNING),
+]
 
 
 @pytest.mark.parametrize("failures,running_for_s,expected", STATES)
@@ -28,7 +34,7 @@ async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> Non
     async def flaky() -> None:
         runs.append(1)
         if len(runs) <= 4:
-            raise KeyError(b"from_host")   # what a malformed revoke entry used to raise
+            raise KeyError(b"from_host")  # what a malformed revoke entry used to raise
         await asyncio.sleep(3600)
 
     async def steady() -> None:
@@ -41,10 +47,12 @@ async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> Non
         assert status["flaky"].last_error_kind == "KeyError" and status["steady"].state is LoopState.RUNNING
         assert supervisor.failing() == ["flaky"]
         await until(lambda: len(runs) == 5, 5, "started again after each failure")
-        assert supervisor.restarts == {"flaky": 4, "steady": 0}   # the metric's counter
+        assert supervisor.restarts == {"flaky": 4, "steady": 0}  # the metric's counter
         await until(supervisor.healthy, 5, "a run that lasted clears it")
-        assert {s.name: s.state for s in supervisor.statuses()} == {"flaky": LoopState.RUNNING,
-                                                                     "steady": LoopState.RUNNING}
+        assert {s.name: s.state for s in supervisor.statuses()} == {
+            "flaky": LoopState.RUNNING,
+            "steady": LoopState.RUNNING,
+        }
     finally:
         for task in tasks:
             task.cancel()
@@ -57,12 +65,17 @@ def test_the_data_planes_loops_cross_the_rpc_and_read_as_this_hosts_view_names_t
     state it does not know reads `failing` (never `running` by default)."""
     import msgspec
 
-    sent = FleetLoops(loops=[LoopReport(name="standing", state="failing", failures=3, restarts=7,
-                                        last_error_kind="RuntimeError"),
-                             LoopReport(name="upkeep", state="dozing", failures=0, restarts=0)])
+    sent = FleetLoops(
+        loops=[
+            LoopReport(name="standing", state="failing", failures=3, restarts=7, last_error_kind="RuntimeError"),
+            LoopReport(name="upkeep", state="dozing", failures=0, restarts=0),
+        ]
+    )
     got = msgspec.msgpack.decode(msgspec.msgpack.encode(sent), type=Message)
     assert got == sent
     assert isinstance(got, FleetLoops)
     statuses = reported(got.loops, "dataplane:")
     assert [(s.name, s.state, s.restarts) for s in statuses] == [
-        ("dataplane:standing", LoopState.FAILING, 7), ("dataplane:upkeep", LoopState.FAILING, 0)]
+        ("dataplane:standing", LoopState.FAILING, 7),
+        ("dataplane:upkeep", LoopState.FAILING, 0),
+    ]

@@ -25,8 +25,9 @@ NOW = 1_800_000_000_000
 
 
 def obs(remaining: int, limit: int | None = 100, reset_in: int | None = 60_000, at: int = NOW) -> Observation:
-    return Observation(limit=limit, remaining=remaining, reset_at_ms=None if reset_in is None else NOW + reset_in,
-                       observed_at_ms=at)
+    return Observation(
+        limit=limit, remaining=remaining, reset_at_ms=None if reset_in is None else NOW + reset_in, observed_at_ms=at
+    )
 
 
 class Low(NamedTuple):
@@ -62,7 +63,7 @@ def test_low_kinds_and_lifts_at_the_last_low_reset() -> None:
     held = {"requests": obs(1, reset_in=1_000), "tokens": obs(5, reset_in=30_000), "output_tokens": obs(90)}
     assert low_kinds(held, 10, NOW) == ("requests", "tokens")
     assert lifts_at(held, 10, NOW) == NOW + 30_000
-    assert low_kinds(held, 10, NOW + 1_000) == ("tokens",)     # the requests window refilled
+    assert low_kinds(held, 10, NOW + 1_000) == ("tokens",)  # the requests window refilled
     assert low_kinds(held, 10, NOW + 30_000) == ()
     assert lifts_at(held, 10, NOW + 30_000) is None
     assert low_kinds(held, 0, NOW) == ()
@@ -71,7 +72,7 @@ def test_low_kinds_and_lifts_at_the_last_low_reset() -> None:
 def test_newest_wins() -> None:
     old, new = obs(1, at=NOW - 5), obs(90, at=NOW)
     assert newer(None, old) and newer(old, new) and not newer(new, old)
-    assert newer(new, obs(3, at=NOW))   # a tie: the later recorded
+    assert newer(new, obs(3, at=NOW))  # a tie: the later recorded
 
 
 def rl(**kinds: RateLimit) -> RateLimits:
@@ -85,21 +86,38 @@ class Row(NamedTuple):
 
 
 ROWS = [
-    Row("two kinds", rl(requests=RateLimit(limit=50, remaining=4, reset_at=iso_ms(NOW + 1000)),
-                        tokens=RateLimit(limit=None, remaining=7, reset_at=None)),
-        {"requests": Observation(limit=50, remaining=4, reset_at_ms=NOW + 1000, observed_at_ms=NOW),
-         "tokens": Observation(limit=None, remaining=7, reset_at_ms=None, observed_at_ms=NOW)}),
+    Row(
+        "two kinds",
+        rl(
+            requests=RateLimit(limit=50, remaining=4, reset_at=iso_ms(NOW + 1000)),
+            tokens=RateLimit(limit=None, remaining=7, reset_at=None),
+        ),
+        {
+            "requests": Observation(limit=50, remaining=4, reset_at_ms=NOW + 1000, observed_at_ms=NOW),
+            "tokens": Observation(limit=None, remaining=7, reset_at_ms=None, observed_at_ms=NOW),
+        },
+    ),
     Row("negative remaining: left out", rl(requests=RateLimit(limit=50, remaining=-1)), {}),
     Row("remaining missing: left out", rl(requests=RateLimit(limit=50)), {}),
     Row("huge remaining: left out", rl(tokens=RateLimit(limit=5, remaining=10**15)), {}),
-    Row("huge limit: limit dropped", rl(tokens=RateLimit(limit=10**15, remaining=5)),
-        {"tokens": Observation(limit=None, remaining=5, reset_at_ms=None, observed_at_ms=NOW)}),
-    Row("reset years away: the kind is left out",
-        rl(tokens=RateLimit(limit=5, remaining=5, reset_at="2090-01-01T00:00:00Z")), {}),
-    Row("garbage reset: no reset", rl(tokens=RateLimit(limit=5, remaining=5, reset_at="soon")),
-        {"tokens": Observation(limit=5, remaining=5, reset_at_ms=None, observed_at_ms=NOW)}),
-    Row("garbage observed_at: nothing", RateLimits(observed_at="yesterday",
-                                                    tokens=RateLimit(limit=5, remaining=5)), {}),
+    Row(
+        "huge limit: limit dropped",
+        rl(tokens=RateLimit(limit=10**15, remaining=5)),
+        {"tokens": Observation(limit=None, remaining=5, reset_at_ms=None, observed_at_ms=NOW)},
+    ),
+    Row(
+        "reset years away: the kind is left out",
+        rl(tokens=RateLimit(limit=5, remaining=5, reset_at="2090-01-01T00:00:00Z")),
+        {},
+    ),
+    Row(
+        "garbage reset: no reset",
+        rl(tokens=RateLimit(limit=5, remaining=5, reset_at="soon")),
+        {"tokens": Observation(limit=5, remaining=5, reset_at_ms=None, observed_at_ms=NOW)},
+    ),
+    Row(
+        "garbage observed_at: nothing", RateLimits(observed_at="yesterday", tokens=RateLimit(limit=5, remaining=5)), {}
+    ),
 ]
 
 

@@ -24,14 +24,18 @@ class Clock:
 
 
 def answered(book: HeadroomBook, account: str, remaining: int, at: int, reset_in: int = 10_000) -> None:
-    stated = RateLimits(observed_at=iso_ms(at), tokens=RateLimit(limit=100, remaining=remaining,
-                                                                 reset_at=iso_ms(at + reset_in)))
+    stated = RateLimits(
+        observed_at=iso_ms(at), tokens=RateLimit(limit=100, remaining=remaining, reset_at=iso_ms(at + reset_in))
+    )
     book.on_row(msgspec.structs.replace(row(iso_ms(at)), account_id=account, rate_limits=stated))
 
 
 def headroom_events(hub: EventHub) -> list[tuple]:
-    return [(e.data.account_id, e.data.floor_percent, e.data.state, tuple(e.data.kinds))  # type: ignore[attr-defined]
-            for e in hub.replay if e.kind == EventKind.HEADROOM]
+    return [
+        (e.data.account_id, e.data.floor_percent, e.data.state, tuple(e.data.kinds))  # type: ignore[attr-defined]
+        for e in hub.replay
+        if e.kind == EventKind.HEADROOM
+    ]
 
 
 def book_with(floors: tuple[int, ...]) -> tuple[HeadroomBook, EventHub, Clock]:
@@ -43,15 +47,15 @@ def book_with(floors: tuple[int, ...]) -> tuple[HeadroomBook, EventHub, Clock]:
 
 def test_each_floor_crossing_is_one_event_and_recovery_comes_with_the_reset() -> None:
     book, hub, clock = book_with((10, 30))
-    answered(book, "a", 20, T0)                    # below 30, above 10
-    answered(book, "a", 19, T0 + 1)                # still below 30: no second event
+    answered(book, "a", 20, T0)  # below 30, above 10
+    answered(book, "a", 19, T0 + 1)  # still below 30: no second event
     assert headroom_events(hub) == [("a", 30, "below", ("tokens",))]
-    answered(book, "a", 5, T0 + 2)                 # now below 10 too
+    answered(book, "a", 5, T0 + 2)  # now below 10 too
     assert headroom_events(hub)[-1] == ("a", 10, "below", ("tokens",))
     clock.now = T0 + 5_000
     book.tick()
-    assert len(headroom_events(hub)) == 2          # nothing changed before the reset
-    clock.now = T0 + 2 + 10_000                    # the reset passed
+    assert len(headroom_events(hub)) == 2  # nothing changed before the reset
+    clock.now = T0 + 2 + 10_000  # the reset passed
     book.tick()
     assert headroom_events(hub)[-2:] == [("a", 10, "recovered", ()), ("a", 30, "recovered", ())]
     assert not book.low("a", 30, clock.now)
@@ -62,7 +66,7 @@ def test_a_newer_answer_lifts_and_an_older_one_is_ignored() -> None:
     answered(book, "a", 5, T0)
     answered(book, "a", 90, T0 + 10)
     assert headroom_events(hub) == [("a", 10, "below", ("tokens",)), ("a", 10, "recovered", ())]
-    answered(book, "a", 1, T0 + 5)                 # an answer older than the one held
+    answered(book, "a", 1, T0 + 5)  # an answer older than the one held
     assert book.held["a"]["tokens"].remaining == 90 and len(headroom_events(hub)) == 2
 
 
@@ -84,7 +88,8 @@ def test_the_gauges_drop_a_kind_whose_reset_passed() -> None:
     book, _, clock = book_with(())
     answered(book, "a", 40, T0)
     families = {f.name: f.samples for f in book.gauges().collect()}
-    assert [(s.labels, s.value) for s in families["leasehold_account_ratelimit_remaining"]] == \
-        [({"account_id": "a", "kind": "tokens"}, 40)]
+    assert [(s.labels, s.value) for s in families["leasehold_account_ratelimit_remaining"]] == [
+        ({"account_id": "a", "kind": "tokens"}, 40)
+    ]
     clock.now = T0 + 10_000
     assert all(not f.samples for f in book.gauges().collect())

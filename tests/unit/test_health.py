@@ -13,14 +13,34 @@ CASES = [
     ("four aborts", True, EvidenceCounts(aborted=4), Health.UNVERIFIED, HealthReason.ONLY_ABORTED_EVIDENCE),
     ("one success", True, EvidenceCounts(succeeded=1), Health.HEALTHY, HealthReason.WITHIN_THRESHOLD),
     ("two failures of two is noise", True, EvidenceCounts(failed=2), Health.HEALTHY, HealthReason.WITHIN_THRESHOLD),
-    ("three of four degraded", True, EvidenceCounts(succeeded=1, failed=3), Health.DEGRADED,
-     HealthReason.QUALIFYING_FAILURES),
-    ("three of six is exactly the share", True, EvidenceCounts(succeeded=3, failed=3), Health.DEGRADED,
-     HealthReason.QUALIFYING_FAILURES),
-    ("three of seven is under the share", True, EvidenceCounts(succeeded=4, failed=3), Health.HEALTHY,
-     HealthReason.WITHIN_THRESHOLD),
-    ("aborts leave the denominator", True, EvidenceCounts(succeeded=3, failed=3, aborted=50), Health.DEGRADED,
-     HealthReason.QUALIFYING_FAILURES),
+    (
+        "three of four degraded",
+        True,
+        EvidenceCounts(succeeded=1, failed=3),
+        Health.DEGRADED,
+        HealthReason.QUALIFYING_FAILURES,
+    ),
+    (
+        "three of six is exactly the share",
+        True,
+        EvidenceCounts(succeeded=3, failed=3),
+        Health.DEGRADED,
+        HealthReason.QUALIFYING_FAILURES,
+    ),
+    (
+        "three of seven is under the share",
+        True,
+        EvidenceCounts(succeeded=4, failed=3),
+        Health.HEALTHY,
+        HealthReason.WITHIN_THRESHOLD,
+    ),
+    (
+        "aborts leave the denominator",
+        True,
+        EvidenceCounts(succeeded=3, failed=3, aborted=50),
+        Health.DEGRADED,
+        HealthReason.QUALIFYING_FAILURES,
+    ),
 ]
 
 

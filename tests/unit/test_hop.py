@@ -25,8 +25,14 @@ class Conditions(NamedTuple):
 
 CONDITIONS = [
     Conditions("a dispatch key with budget hops on fallback_on", GATEWAY, ALL, 0, 1, ALL),
-    Conditions("a narrowed fallback_on narrows the hop", GATEWAY, frozenset({Condition.RATE_LIMITED}), 0, 1,
-               frozenset({Condition.RATE_LIMITED})),
+    Conditions(
+        "a narrowed fallback_on narrows the hop",
+        GATEWAY,
+        frozenset({Condition.RATE_LIMITED}),
+        0,
+        1,
+        frozenset({Condition.RATE_LIMITED}),
+    ),
     Conditions("the budget spent: never", GATEWAY, ALL, 1, 1, frozenset()),
     Conditions("zero hops: never", GATEWAY, ALL, 0, 0, frozenset()),
     Conditions("a second hop within a budget of two", GATEWAY, ALL, 1, 2, ALL),
@@ -51,8 +57,13 @@ STARTS = [
     Starts("429 on a dispatch key", ALL, Condition.RATE_LIMITED, None, True),
     Starts("529 on a dispatch key", ALL, Condition.OVERLOADED, None, True),
     Starts("a cut stream on a dispatch key", ALL, Condition.TRANSPORT_ERROR, None, True),
-    Starts("a condition outside fallback_on", frozenset({Condition.RATE_LIMITED}), Condition.UPSTREAM_UNAVAILABLE,
-           None, False),
+    Starts(
+        "a condition outside fallback_on",
+        frozenset({Condition.RATE_LIMITED}),
+        Condition.UPSTREAM_UNAVAILABLE,
+        None,
+        False,
+    ),
     Starts("a 400 carries no condition", ALL, None, None, False),
     Starts("a client abort carries no condition", ALL, None, None, False),
     Starts("a 2xx carries no condition", ALL, None, None, False),
@@ -67,9 +78,16 @@ def test_starts_hop(case: Starts) -> None:
     assert starts_hop(case.conditions, case.condition, case.refusal) is case.expect
 
 
-@pytest.mark.parametrize("pending,in_flight,expect", [
-    (True, 0, True), (True, 1, False), (True, 3, False), (False, 0, False), (False, 2, False)],
-    ids=["pending, nothing in flight", "pending, one in flight", "pending, several in flight",
-         "not pending", "not pending, in flight"])
+@pytest.mark.parametrize(
+    "pending,in_flight,expect",
+    [(True, 0, True), (True, 1, False), (True, 3, False), (False, 0, False), (False, 2, False)],
+    ids=[
+        "pending, nothing in flight",
+        "pending, one in flight",
+        "pending, several in flight",
+        "not pending",
+        "not pending, in flight",
+    ],
+)
 def test_hop_may_proceed(pending: bool, in_flight: int, expect: bool) -> None:
     assert hop_may_proceed(pending, in_flight) is expect

@@ -2,7 +2,7 @@
 
 Importing the Redis client (with the OpenTelemetry API it pulls in) and fleet mode's modules cost
 control ~9 MiB of idle RSS and ~130 modules at every start. They are imported only when
-`GATEWAY_FLEET_REDIS_URL` is set (`controlplane.main.backends_for`, the data plane's admission
+`GATEWAY_FLEET_REDIS_URL` is set (`controlplane.wiring.backends_for`, the data plane's admission
 set-up). Each check runs in a fresh interpreter, so what an earlier test imported cannot hide a
 regression.
 
@@ -27,18 +27,25 @@ import pytest
 from tests.support.harness import REPO
 
 # Top-level packages and project modules an embedded daemon must not import.
-FLEET_ONLY = ("redis", "opentelemetry", "shared.fleet", "controlplane.fleet.wiring",
-              "controlplane.fleet.host", "controlplane.fleet.view", "controlplane.fleet.spend",
-              "dataplane.admission")
+FLEET_ONLY = (
+    "redis",
+    "opentelemetry",
+    "shared.fleet",
+    "controlplane.fleet.wiring",
+    "controlplane.fleet.host",
+    "controlplane.fleet.view",
+    "controlplane.fleet.spend",
+    "dataplane.admission",
+)
 
 
 def loaded_after(*modules: str) -> set[str]:
     """The module names a fresh interpreter holds after importing `modules`."""
-    code = ("import json, sys\n" + "".join(f"import {m}\n" for m in modules)
-            + "print(json.dumps(sorted(sys.modules)))")
+    code = "import json, sys\n" + "".join(f"import {m}\n" for m in modules) + "print(json.dumps(sorted(sys.modules)))"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OTEL_"))}
-    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True,
-                          text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     return set(json.loads(done.stdout))
 
 
@@ -121,9 +128,31 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[st
     made = {}
     for name in ("served", "other"):
         cert, key = where / f"{name}.pem", where / f"{name}.key"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-days", "1", "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            [
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                f"/CN={name}",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         made[name] = (str(cert), str(key))
     (where / "empty").mkdir()
     made["dir"] = (str(where / "empty"), "")
@@ -135,25 +164,32 @@ def handshake(main: str, served: tuple[str, str], trusted: str, cert_dir: str) -
     SSL_CERT_FILE when a context reads its default paths)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GATEWAY_", "OTEL_", "SSL_CERT_"))}
     env.update(SSL_CERT_FILE=trusted, SSL_CERT_DIR=cert_dir)
-    done = subprocess.run([sys.executable, "-c", HANDSHAKE.format(main=main), *served], cwd=str(REPO), env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", HANDSHAKE.format(main=main), *served],
+        cwd=str(REPO),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(json.loads(done.stdout.splitlines()[-1]))
 
 
 @pytest.mark.parametrize("main", ["controlplane.main", "dataplane.main"])
 def test_aiohttps_contexts_read_the_ca_bundle_at_their_first_handshake_not_at_start(
-        main: str, certificates: dict[str, tuple[str, str]]) -> None:
+    main: str, certificates: dict[str, tuple[str, str]]
+) -> None:
     served, other, cert_dir = certificates["served"], certificates["other"], certificates["dir"][0]
     trusting = handshake(main, served, served[0], cert_dir)
-    assert trusting["aiohttp_before"] == 0           # nothing read at start
-    assert trusting["aiohttp_default"] == 200        # read at the first handshake, and verified with
+    assert trusting["aiohttp_before"] == 0  # nothing read at start
+    assert trusting["aiohttp_default"] == 200  # read at the first handshake, and verified with
     assert trusting["aiohttp_after"] == 1
     refusing = handshake(main, served, other[0], cert_dir)
-    assert refusing["aiohttp_default"] == "certificate-refused"   # verification is on
+    assert refusing["aiohttp_default"] == "certificate-refused"  # verification is on
     if main == "dataplane.main":  # its own context, deferred too; its sessions use it
         assert trusting["upstream_at_start"] == 0 and trusting["upstream_session"] == 200
-        assert trusting["aiohttp_after_upstream"] == 0   # aiohttp's own contexts never read
+        assert trusting["aiohttp_after_upstream"] == 0  # aiohttp's own contexts never read
         assert refusing["upstream_session"] == "certificate-refused"
 
 
@@ -162,13 +198,15 @@ def test_the_check_sees_a_ca_read_at_import(certificates: dict[str, tuple[str, s
     code = "import aiohttp.connector as c; print(c._SSL_CONTEXT_VERIFIED.cert_store_stats()['x509_ca'])"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSL_CERT_")}
     env.update(SSL_CERT_FILE=certificates["served"][0], SSL_CERT_DIR=certificates["dir"][0])
-    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=60, check=True
+    )
     assert done.stdout.split() == ["1"]
 
 
 def test_read_in_background_reads_a_deferred_context_and_leaves_others_alone(
-        certificates: dict[str, tuple[str, str]]) -> None:
+    certificates: dict[str, tuple[str, str]],
+) -> None:
     """The data plane's start reads its context on a thread (`dataplane.main.serve`); a context
     built outside the deferral is not touched; a second read is a no-op."""
     code = """
@@ -186,7 +224,17 @@ print(json.dumps(seen))
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSL_CERT_")}
     env.update(SSL_CERT_FILE=certificates["served"][0], SSL_CERT_DIR=certificates["dir"][0])
-    done = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == [0, True, True, 1, 0, False]
+
+
+def test_the_data_plane_starts_no_process_pool() -> None:
+    """Large bodies are read in reader processes started at the first one (dataplane/readers.py,
+    no multiprocessing); no start loads a process pool (tests/hostile/test_large_bodies.py checks
+    that a started data plane has no child process)."""
+    loaded = loaded_after("dataplane.main")
+    assert "dataplane.readers" in loaded  # the check can fail: it sees what is loaded
+    assert [m for m in ("multiprocessing", "concurrent.futures.process") if m in loaded] == []

@@ -42,8 +42,15 @@ def test_the_registry_matches_through_the_same_function() -> None:
     from controlplane.registry import AccountSpec
     from shared.codes import AuthStyle, Binding
 
-    spec = AccountSpec(id="a-1", display_name="a", provider_binding=Binding.ANTHROPIC, base_url="http://x",
-                       auth_style=AuthStyle.X_API_KEY, credential_env="GATEWAY_A_KEY", models=("claude-haiku-*",))
+    spec = AccountSpec(
+        id="a-1",
+        display_name="a",
+        provider_binding=Binding.ANTHROPIC,
+        base_url="http://x",
+        auth_style=AuthStyle.X_API_KEY,
+        credential_env="GATEWAY_A_KEY",
+        models=("claude-haiku-*",),
+    )
     for case in GLOB_CASES:
         if case.globs == ("claude-haiku-*",):
             assert spec.serves(case.model) is case.expect, case.name
@@ -72,8 +79,7 @@ REACH_CASES = [
     ReachCase("another wire's model", "gpt-5", True, HAIKU, Reach.NOT_SERVED),
     ReachCase("no model named (GET /v1/models, a body without one)", None, True, HAIKU, Reach.NO_MODEL),
     ReachCase("a body in an encoding the gateway cannot read", None, False, HAIKU, Reach.UNREADABLE),
-    ReachCase("a route without globs (older control) is not checked", "claude-opus-4-1", True, None,
-              Reach.UNCHECKED),
+    ReachCase("a route without globs (older control) is not checked", "claude-opus-4-1", True, None, Reach.UNCHECKED),
     ReachCase("nor is an unreadable body on such a route", None, False, None, Reach.UNCHECKED),
 ]
 

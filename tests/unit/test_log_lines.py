@@ -27,13 +27,27 @@ def lines(stream: io.StringIO) -> list[dict]:
 
 
 def test_request_done_keeps_ids_codes_and_numbers(out) -> None:
-    get_logger("t").info("request_done", attempt_id="att_01J0000000000000000000000A",
-                         account_id="legacy-anthropic", key_id="01J0000000000000000000000B",
-                         status="completed", http_status=200, code=None, bytes=12, duration_ms=1.5)
+    get_logger("t").info(
+        "request_done",
+        attempt_id="att_01J0000000000000000000000A",
+        account_id="legacy-anthropic",
+        key_id="01J0000000000000000000000B",
+        status="completed",
+        http_status=200,
+        code=None,
+        bytes=12,
+        duration_ms=1.5,
+    )
     (line,) = lines(out)
     assert line["event"] == "request_done" and line["attempt_id"] == "att_01J0000000000000000000000A"
-    assert (line["account_id"], line["status"], line["http_status"], line["code"], line["bytes"],
-            line["duration_ms"]) == ("legacy-anthropic", "completed", 200, None, 12, 1.5)
+    assert (
+        line["account_id"],
+        line["status"],
+        line["http_status"],
+        line["code"],
+        line["bytes"],
+        line["duration_ms"],
+    ) == ("legacy-anthropic", "completed", 200, None, 12, 1.5)
     assert line["service"] == "test" and line["level"] == "info" and line["timestamp"].endswith("Z")
 
 

@@ -27,22 +27,22 @@ CASES = [
     Case("no-records-everything-enabled", [], {"a": E, "b": E}),
     Case("disable-one", [rec("a")], {"a": DI, "b": E}),
     Case("drain-one", [rec("a", state="draining")], {"a": DR, "b": E}),
-    Case("last-record-wins", [rec("a"), rec("a", state="draining"), rec("a", state="enabled")],
-         {"a": E, "b": E}),
-    Case("revoke-leases-changes-no-state", [rec("a", state="draining"), rec("a", "revoke-leases", None)],
-         {"a": DR, "b": E}),
-    Case("revoke-leases-with-a-state-still-changes-nothing", [rec("b", "revoke-leases", "disabled")],
-         {"a": E, "b": E}),
+    Case("last-record-wins", [rec("a"), rec("a", state="draining"), rec("a", state="enabled")], {"a": E, "b": E}),
+    Case(
+        "revoke-leases-changes-no-state",
+        [rec("a", state="draining"), rec("a", "revoke-leases", None)],
+        {"a": DR, "b": E},
+    ),
+    Case("revoke-leases-with-a-state-still-changes-nothing", [rec("b", "revoke-leases", "disabled")], {"a": E, "b": E}),
     Case("unrecognised-state-reads-disabled", [rec("a", state="quarantined")], {"a": DI, "b": E}),
     Case("non-string-state-reads-disabled", [rec("a", state=3)], {"a": DI, "b": E}),
     Case("set-state-with-null-state-reads-disabled", [rec("a", state=None)], {"a": DI, "b": E}),
-    Case("unknown-action-carrying-a-state-sets-it", [rec("b", action="suspend", state="paused")],
-         {"a": E, "b": DI}),
-    Case("unknown-action-without-state-changes-nothing", [rec("b", action="note", state=None)],
-         {"a": E, "b": E}),
+    Case("unknown-action-carrying-a-state-sets-it", [rec("b", action="suspend", state="paused")], {"a": E, "b": DI}),
+    Case("unknown-action-without-state-changes-nothing", [rec("b", action="note", state=None)], {"a": E, "b": E}),
     Case("record-without-account-is-ignored", [rec(None), rec(7)], {"a": E, "b": E}),
-    Case("accounts-are-independent", [rec("a"), rec("b", state="draining"), rec("a", state="enabled")],
-         {"a": E, "b": DR}),
+    Case(
+        "accounts-are-independent", [rec("a"), rec("b", state="draining"), rec("a", state="enabled")], {"a": E, "b": DR}
+    ),
 ]
 
 

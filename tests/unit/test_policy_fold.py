@@ -33,8 +33,7 @@ def state_of(docs: dict[str, dict[str, Any]]) -> PolicyState:
     return state
 
 
-def fold(docs: dict[str, dict[str, Any]], repo: str = REPO, role: str | None = ROLE,
-         ceiling: Ceiling = CEIL):
+def fold(docs: dict[str, dict[str, Any]], repo: str = REPO, role: str | None = ROLE, ceiling: Ceiling = CEIL):
     return resolve(state_of(docs), repo, role, ceiling, revision=7)
 
 
@@ -49,10 +48,11 @@ class Case(NamedTuple):
 VALUE_OF = {
     "account_order": lambda label: (f"acct-{label}",),
     "providers": lambda label: ("anthropic",) if label in (PLATFORM, TEAM, BINDING) else ("openai",),
-    "fallback_on": lambda label: frozenset({Condition.RATE_LIMITED}) if label in (ORG, REPO_L)
-    else frozenset({Condition.OVERLOADED}),
+    "fallback_on": lambda label: (
+        frozenset({Condition.RATE_LIMITED}) if label in (ORG, REPO_L) else frozenset({Condition.OVERLOADED})
+    ),
     "max_fallback_hops": lambda label: LEVELS.index(label) % 3,
-    "min_headroom_percent": lambda label: 5 + 10 * LEVELS.index(label),   # SPEC §22
+    "min_headroom_percent": lambda label: 5 + 10 * LEVELS.index(label),  # SPEC §22
 }
 
 
@@ -68,8 +68,11 @@ def only(field: str, label: str, **more: dict) -> dict[str, dict[str, Any]]:
 
 
 # Each level setting each field alone: that level answers, with its own label.
-SINGLE = [Case(f"{field} set only at {label}", only(field, label), field, VALUE_OF[field](label), label)
-          for field in VALUE_OF for label in LEVELS]
+SINGLE = [
+    Case(f"{field} set only at {label}", only(field, label), field, VALUE_OF[field](label), label)
+    for field in VALUE_OF
+    for label in LEVELS
+]
 
 
 def setters(field: str, *labels: str, locks: dict[str, list[str]] | None = None) -> dict[str, dict[str, Any]]:
@@ -92,42 +95,113 @@ CASES = SINGLE + [
     Case("most specific setter wins", setters(F, PLATFORM, TEAM, BINDING), F, (f"acct-{BINDING}",), BINDING),
     Case("repo beats team and org", setters(F, ORG, TEAM, REPO_L), F, (f"acct-{REPO_L}",), REPO_L),
     # a lock vetoes every more specific setter ...
-    Case("platform lock vetoes every tenant", setters(F, PLATFORM, ORG, TEAM, REPO_L, BINDING,
-                                                      locks=locks_at(PLATFORM, F)), F, (f"acct-{PLATFORM}",), PLATFORM),
-    Case("org lock vetoes team, repo, binding", setters(F, PLATFORM, ORG, TEAM, REPO_L, BINDING,
-                                                        locks=locks_at(ORG, F)), F, (f"acct-{ORG}",), ORG),
-    Case("team lock vetoes repo and binding", setters(F, PLATFORM, ORG, TEAM, REPO_L, BINDING,
-                                                      locks=locks_at(TEAM, F)), F, (f"acct-{TEAM}",), TEAM),
-    Case("repo lock vetoes binding", setters(F, TEAM, REPO_L, BINDING, locks=locks_at(REPO_L, F)),
-         F, (f"acct-{REPO_L}",), REPO_L),
-    Case("binding lock binds nothing below", setters(F, TEAM, BINDING, locks=locks_at(BINDING, F)),
-         F, (f"acct-{BINDING}",), BINDING),
+    Case(
+        "platform lock vetoes every tenant",
+        setters(F, PLATFORM, ORG, TEAM, REPO_L, BINDING, locks=locks_at(PLATFORM, F)),
+        F,
+        (f"acct-{PLATFORM}",),
+        PLATFORM,
+    ),
+    Case(
+        "org lock vetoes team, repo, binding",
+        setters(F, PLATFORM, ORG, TEAM, REPO_L, BINDING, locks=locks_at(ORG, F)),
+        F,
+        (f"acct-{ORG}",),
+        ORG,
+    ),
+    Case(
+        "team lock vetoes repo and binding",
+        setters(F, PLATFORM, ORG, TEAM, REPO_L, BINDING, locks=locks_at(TEAM, F)),
+        F,
+        (f"acct-{TEAM}",),
+        TEAM,
+    ),
+    Case(
+        "repo lock vetoes binding",
+        setters(F, TEAM, REPO_L, BINDING, locks=locks_at(REPO_L, F)),
+        F,
+        (f"acct-{REPO_L}",),
+        REPO_L,
+    ),
+    Case(
+        "binding lock binds nothing below",
+        setters(F, TEAM, BINDING, locks=locks_at(BINDING, F)),
+        F,
+        (f"acct-{BINDING}",),
+        BINDING,
+    ),
     # ... but never a less specific one: the lock answers at-or-below itself
-    Case("team lock without a value: the org answers", setters(F, ORG, REPO_L, BINDING, locks=locks_at(TEAM, F)),
-         F, (f"acct-{ORG}",), ORG),
-    Case("org lock without a value: the platform answers", setters(F, PLATFORM, TEAM, locks=locks_at(ORG, F)),
-         F, (f"acct-{PLATFORM}",), PLATFORM),
-    Case("platform lock without a value: the default stands", setters(F, ORG, TEAM, locks=locks_at(PLATFORM, F)),
-         F, None, DEFAULT),
-    Case("team lock without any setter at or below it: default", setters(F, REPO_L, locks=locks_at(TEAM, F)),
-         F, None, DEFAULT),
-    Case("least specific lock wins over a more specific one",
-         setters(F, PLATFORM, ORG, TEAM, locks={ORG: [F], TEAM: [F]}), F, (f"acct-{ORG}",), ORG),
-    Case("a lock on another field changes nothing", setters(F, ORG, BINDING, locks=locks_at(ORG, "providers")),
-         F, (f"acct-{BINDING}",), BINDING),
-    Case("platform lock on fallback_on", setters("fallback_on", PLATFORM, ORG, REPO_L,
-                                                 locks=locks_at(PLATFORM, "fallback_on")),
-         "fallback_on", frozenset({Condition.OVERLOADED}), PLATFORM),
-    Case("team lock on hops without a value: org answers",
-         setters("max_fallback_hops", ORG, BINDING, locks=locks_at(TEAM, "max_fallback_hops")),
-         "max_fallback_hops", 1, ORG),
+    Case(
+        "team lock without a value: the org answers",
+        setters(F, ORG, REPO_L, BINDING, locks=locks_at(TEAM, F)),
+        F,
+        (f"acct-{ORG}",),
+        ORG,
+    ),
+    Case(
+        "org lock without a value: the platform answers",
+        setters(F, PLATFORM, TEAM, locks=locks_at(ORG, F)),
+        F,
+        (f"acct-{PLATFORM}",),
+        PLATFORM,
+    ),
+    Case(
+        "platform lock without a value: the default stands",
+        setters(F, ORG, TEAM, locks=locks_at(PLATFORM, F)),
+        F,
+        None,
+        DEFAULT,
+    ),
+    Case(
+        "team lock without any setter at or below it: default",
+        setters(F, REPO_L, locks=locks_at(TEAM, F)),
+        F,
+        None,
+        DEFAULT,
+    ),
+    Case(
+        "least specific lock wins over a more specific one",
+        setters(F, PLATFORM, ORG, TEAM, locks={ORG: [F], TEAM: [F]}),
+        F,
+        (f"acct-{ORG}",),
+        ORG,
+    ),
+    Case(
+        "a lock on another field changes nothing",
+        setters(F, ORG, BINDING, locks=locks_at(ORG, "providers")),
+        F,
+        (f"acct-{BINDING}",),
+        BINDING,
+    ),
+    Case(
+        "platform lock on fallback_on",
+        setters("fallback_on", PLATFORM, ORG, REPO_L, locks=locks_at(PLATFORM, "fallback_on")),
+        "fallback_on",
+        frozenset({Condition.OVERLOADED}),
+        PLATFORM,
+    ),
+    Case(
+        "team lock on hops without a value: org answers",
+        setters("max_fallback_hops", ORG, BINDING, locks=locks_at(TEAM, "max_fallback_hops")),
+        "max_fallback_hops",
+        1,
+        ORG,
+    ),
     Case("no policy: no headroom floor", {}, "min_headroom_percent", 0, DEFAULT),
-    Case("team lock on the headroom floor vetoes the repo's",
-         setters("min_headroom_percent", TEAM, REPO_L, locks=locks_at(TEAM, "min_headroom_percent")),
-         "min_headroom_percent", 25, TEAM),
-    Case("a repo may switch the floor off with 0", {TEAM: {"min_headroom_percent": 20},
-                                                    REPO_L: {"min_headroom_percent": 0}},
-         "min_headroom_percent", 0, REPO_L),
+    Case(
+        "team lock on the headroom floor vetoes the repo's",
+        setters("min_headroom_percent", TEAM, REPO_L, locks=locks_at(TEAM, "min_headroom_percent")),
+        "min_headroom_percent",
+        25,
+        TEAM,
+    ),
+    Case(
+        "a repo may switch the floor off with 0",
+        {TEAM: {"min_headroom_percent": 20}, REPO_L: {"min_headroom_percent": 0}},
+        "min_headroom_percent",
+        0,
+        REPO_L,
+    ),
     # tenancy: team and org apply through the store's own listings only
     Case("a repo outside the team gets no team value", {TEAM: {F: ["x"]}, "repo:other/repo": {}}, F, None, DEFAULT),
 ]
@@ -167,17 +241,36 @@ class CeilingCase(NamedTuple):
 NARROW = Ceiling(fallback_on=frozenset({Condition.RATE_LIMITED, Condition.OVERLOADED}), max_fallback_hops=1)
 CEILING_CASES = [
     CeilingCase("nothing set: the ceiling itself", {}, NARROW, NARROW.fallback_on, 1, ()),
-    CeilingCase("a subset passes unchanged", {"fallback_on": ["rate-limited"]}, NARROW,
-                frozenset({Condition.RATE_LIMITED}), 1, ()),
-    CeilingCase("the ceiling prunes", {"fallback_on": ["rate-limited", "upstream-unavailable"]}, NARROW,
-                frozenset({Condition.RATE_LIMITED}), 1, ("fallback_on",)),
+    CeilingCase(
+        "a subset passes unchanged",
+        {"fallback_on": ["rate-limited"]},
+        NARROW,
+        frozenset({Condition.RATE_LIMITED}),
+        1,
+        (),
+    ),
+    CeilingCase(
+        "the ceiling prunes",
+        {"fallback_on": ["rate-limited", "upstream-unavailable"]},
+        NARROW,
+        frozenset({Condition.RATE_LIMITED}),
+        1,
+        ("fallback_on",),
+    ),
     CeilingCase("the ceiling never extends: empty stays empty", {"fallback_on": []}, NARROW, frozenset(), 1, ()),
-    CeilingCase("disjoint prunes to nothing", {"fallback_on": ["transport-error"]}, NARROW, frozenset(), 1,
-                ("fallback_on",)),
+    CeilingCase(
+        "disjoint prunes to nothing", {"fallback_on": ["transport-error"]}, NARROW, frozenset(), 1, ("fallback_on",)
+    ),
     CeilingCase("hops capped", {"max_fallback_hops": 5}, NARROW, NARROW.fallback_on, 1, ("max_fallback_hops",)),
     CeilingCase("hops lowered", {"max_fallback_hops": 0}, NARROW, NARROW.fallback_on, 0, ()),
-    CeilingCase("zero-hop ceiling caps everything", {"max_fallback_hops": 3},
-                Ceiling(fallback_on=ALL, max_fallback_hops=0), ALL, 0, ("max_fallback_hops",)),
+    CeilingCase(
+        "zero-hop ceiling caps everything",
+        {"max_fallback_hops": 3},
+        Ceiling(fallback_on=ALL, max_fallback_hops=0),
+        ALL,
+        0,
+        ("max_fallback_hops",),
+    ),
 ]
 
 
@@ -231,8 +324,10 @@ def test_tenancy_comes_from_the_documents() -> None:
 
 
 def test_a_later_record_replaces_the_level_whole() -> None:
-    records = [{"seq": 1, "name": TEAM, "document": {"repos": [REPO], F: ["a"], "providers": ["openai"]}},
-               {"seq": 2, "name": TEAM, "document": {"repos": [REPO], F: ["b"]}}]
+    records = [
+        {"seq": 1, "name": TEAM, "document": {"repos": [REPO], F: ["a"], "providers": ["openai"]}},
+        {"seq": 2, "name": TEAM, "document": {"repos": [REPO], F: ["b"]}},
+    ]
     state = fold_records(records)
     assert state.written_at == {TEAM: 2}
     resolved = resolve(state, REPO, None, CEIL, 2)
@@ -240,8 +335,12 @@ def test_a_later_record_replaces_the_level_whole() -> None:
 
 
 def test_an_undecodable_record_is_never_believed() -> None:
-    state = fold_records([{"seq": 1, "name": "platform", "document": {"account_order": "not-a-list"}},
-                          {"seq": 2, "name": "nowhere", "document": {}}])
+    state = fold_records(
+        [
+            {"seq": 1, "name": "platform", "document": {"account_order": "not-a-list"}},
+            {"seq": 2, "name": "nowhere", "document": {}},
+        ]
+    )
     assert state.unreadable == (1, 2)
 
 

@@ -1,4 +1,4 @@
-"""Ports, not a hub: outside `controlplane/main.py` (which wires) and `controlplane/service.py`
+"""Ports, not a hub: outside `controlplane/main.py` and `controlplane/wiring.py` (which wire) and `controlplane/service.py`
 (the service itself), no module of the control daemon reaches through the `ControlService`.
 
 Each part is handed the ports it uses (`controlplane/ports.py`): it never imports the service's
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WIRING = {"controlplane/main.py", "controlplane/service.py"}
+WIRING = {"controlplane/main.py", "controlplane/wiring.py", "controlplane/service.py"}
 SERVICE_MODULE = "controlplane.service"
 
 
@@ -40,20 +40,23 @@ def reaches(source: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize(("source", "count"), [
-    ("service.keys.all()", 1),
-    ("self.service.routes", 1),
-    ("request.app[SERVICE].link.connected", 1),
-    ("from controlplane.service import ControlService", 1),
-    ("import controlplane.service", 1),
-    ("def f(s: ControlService) -> None: ...", 1),
-    ("x = self.service.keys.count_by_account()", 1),
-    ("service.link.connected and service.ledger.ok", 2),
-    ("self.keys.all(); self.seam.end_keys([], reason)", 0),
-    ('attrs["service.name"] = name', 0),
-    ('"""reaches `service.row_sinks` in prose"""', 0),
-    ("service_name = config.service_name", 0),
-])
+@pytest.mark.parametrize(
+    ("source", "count"),
+    [
+        ("service.keys.all()", 1),
+        ("self.service.routes", 1),
+        ("request.app[SERVICE].link.connected", 1),
+        ("from controlplane.service import ControlService", 1),
+        ("import controlplane.service", 1),
+        ("def f(s: ControlService) -> None: ...", 1),
+        ("x = self.service.keys.count_by_account()", 1),
+        ("service.link.connected and service.ledger.ok", 2),
+        ("self.keys.all(); self.seam.end_keys([], reason)", 0),
+        ('attrs["service.name"] = name', 0),
+        ('"""reaches `service.row_sinks` in prose"""', 0),
+        ("service_name = config.service_name", 0),
+    ],
+)
 def test_the_detector(source: str, count: int) -> None:
     assert len(reaches(source)) == count, reaches(source)
 
@@ -69,10 +72,10 @@ def test_no_module_outside_the_wiring_reaches_through_the_service() -> None:
         hits = reaches(path.read_text())
         if hits:
             found[name] = hits
-    assert swept >= 100   # every module of the daemon, not a corner of it
+    assert swept >= 100  # every module of the daemon, not a corner of it
     assert found == {}, f"reaching through the service instead of a port (controlplane/ports.py): {found}"
 
 
 def test_the_wiring_still_reaches_it() -> None:
     """The sweep's exemption is not hiding everything: `wire` is where the service is built."""
-    assert reaches((REPO / "controlplane" / "main.py").read_text())
+    assert reaches((REPO / "controlplane" / "wiring.py").read_text())

@@ -14,9 +14,21 @@ TESTS = Path(__file__).resolve().parents[1]
 INSTALLERS = {"apt-get", "apt", "npm", "npx", "pip", "pip3"}
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (None, False), ("", False), ("0", False), ("false", False), ("False", False), ("no", False),
-    ("1", True), ("true", True), ("TRUE", True), ("yes", True)])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, False),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+    ],
+)
 def test_in_ci_reads_ci_as_ci_services_set_it(value: str | None, expected: bool) -> None:
     assert in_ci({} if value is None else {"CI": value}) is expected
 
@@ -40,7 +52,11 @@ def test_no_test_runs_an_installer() -> None:
     assert len(files) > 100
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.List) and node.elts and isinstance(node.elts[0], ast.Constant) \
-                    and node.elts[0].value in INSTALLERS:
+            if (
+                isinstance(node, ast.List)
+                and node.elts
+                and isinstance(node.elts[0], ast.Constant)
+                and node.elts[0].value in INSTALLERS
+            ):
                 offenders.append(f"{path.relative_to(TESTS)}:{node.lineno}")
     assert not offenders, f"tests that run an installer (prepare it in the Makefile instead): {offenders}"

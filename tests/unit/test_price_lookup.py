@@ -8,10 +8,12 @@ from controlplane.core.pricing import Price, PriceLookup, PriceTable, cost_of, p
 from shared.codes import CostReason
 from shared.wire import Usage
 
-PRICES = PriceTable(price=(
-    Price(models=("claude-sonnet-*",), input=3.0, output=15.0, cache_read=0.3, cache_creation=3.75),
-    Price(models=("gpt-4o", "gpt-4o-*"), input=2.5, output=10.0, cache_read=1.25, cache_creation=0.0),
-))
+PRICES = PriceTable(
+    price=(
+        Price(models=("claude-sonnet-*",), input=3.0, output=15.0, cache_read=0.3, cache_creation=3.75),
+        Price(models=("gpt-4o", "gpt-4o-*"), input=2.5, output=10.0, cache_read=1.25, cache_creation=0.0),
+    )
+)
 
 
 @pytest.mark.parametrize("model", ["claude-sonnet-4-5", "gpt-4o", "gpt-4o-mini", "unknown", "claude-opus-4"])
@@ -38,8 +40,8 @@ COST_CASES = [
     ("/v1/responses", 201, None, (None, CostReason.UNPRICED)),
     ("/v1/embeddings", 200, None, (None, CostReason.UNPRICED)),
     ("/v1/messages", 429, None, (None, CostReason.NO_USAGE)),
-    ("/v1/messages", 400, None, (None, CostReason.NO_USAGE)),       # a refusal
-    ("/v1/chat/completions", None, None, (None, CostReason.NO_USAGE)),   # no answer at all
+    ("/v1/messages", 400, None, (None, CostReason.NO_USAGE)),  # a refusal
+    ("/v1/chat/completions", None, None, (None, CostReason.NO_USAGE)),  # no answer at all
     ("/v1/messages/count_tokens", 200, None, (0.0, CostReason.NOT_BILLED)),
     ("/v1/messages/count_tokens", 200, Usage(input_tokens=1000), (0.0, CostReason.NOT_BILLED)),
     ("/v1/models", 200, None, (0.0, CostReason.NOT_BILLED)),

@@ -45,7 +45,7 @@ def test_create_private_replaces_what_was_there(tmp_path: Path) -> None:
         with create_private(str(path)) as handle:
             handle.write(b"new")
         assert mode(path) == 0o600 and not path.is_symlink() and path.read_bytes() == b"new"
-    assert target.read_bytes() == b"keep"          # a planted symlink is never written through
+    assert target.read_bytes() == b"keep"  # a planted symlink is never written through
 
 
 def test_open_append_creates_0600_and_appends(tmp_path: Path) -> None:

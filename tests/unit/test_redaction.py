@@ -23,8 +23,15 @@ def test_shapes_are_redacted(secret: str) -> None:
     assert secret.split(".")[-1] not in redact_text(f"x {secret}")
 
 
-@pytest.mark.parametrize("text", ["Authorization: Bearer abcdefgh12345678", "x-api-key: q1w2e3r4t5y6u7",
-                                  "https://h/p?api_key=zzzzzzzzzzzzzz", '{"token": "abcdefghijklmnop"}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Authorization: Bearer abcdefgh12345678",
+        "x-api-key: q1w2e3r4t5y6u7",
+        "https://h/p?api_key=zzzzzzzzzzzzzz",
+        '{"token": "abcdefghijklmnop"}',
+    ],
+)
 def test_labelled_values_are_redacted(text: str) -> None:
     assert "[redacted]" in redact_text(text)
 

@@ -13,14 +13,14 @@ from controlplane.registry import Registry, RegistryError, load_accounts_file
 from shared.settings import load_settings
 
 SETTINGS = load_settings({"GATEWAY_CONTROL_TOKEN": "x" * 16})
-GOOD = '''
+GOOD = """
 id = "{id}"
 provider_binding = "anthropic"
 base_url = "https://api.anthropic.com"
 auth_style = "x-api-key"
 credential_env = "GATEWAY_{env}_KEY"
 models = ["claude-*"]
-'''
+"""
 
 
 def write(tmp_path: Path, body: str) -> str:
@@ -58,7 +58,7 @@ REFUSALS = [
     ("unknown key", entry(colour='"blue"'), "colour"),
     ("reserved id", entry(id="legacy-openai"), "reserved"),
     ("bad id", entry(id="Team_B"), "`id`"),
-    ("credential env outside the pattern", entry(env="lower") .replace("GATEWAY_lower_KEY", "MY_KEY"), "credential_env"),
+    ("credential env outside the pattern", entry(env="lower").replace("GATEWAY_lower_KEY", "MY_KEY"), "credential_env"),
     ("non-http base url", entry(base_url='"ftp://example.com"'), "base_url"),
     ("empty models", entry(models="[]"), "models"),
     ("unknown binding", entry(provider_binding='"mistral"'), "provider_binding"),
@@ -91,11 +91,15 @@ def test_candidates_narrowed_and_ordered_by_policy(tmp_path: Path) -> None:
         return [c.account_id for c in build_candidates(registry.accounts, policy, **kw)]
 
     assert ids(ResolvedPolicy(), model="claude-x", model_class=None) == ["legacy-anthropic", "bb", "cc"]
-    assert ids(ResolvedPolicy(account_order=("cc", "legacy-anthropic", "nope")), model="claude-x",
-               model_class=None) == ["cc", "legacy-anthropic"]
+    assert ids(
+        ResolvedPolicy(account_order=("cc", "legacy-anthropic", "nope")), model="claude-x", model_class=None
+    ) == ["cc", "legacy-anthropic"]
     assert ids(ResolvedPolicy(providers=("openai",)), model="claude-x", model_class=None) == []
     classes = {"smart": {"anthropic": "claude-opus-4-7", "zai-harness": "glm-4.6"}}
     built = build_candidates(registry.accounts, ResolvedPolicy(model_classes=classes), None, "smart")
     assert [(c.account_id, c.effective_model, c.position) for c in built] == [
-        ("legacy-anthropic", "claude-opus-4-7", 0), ("legacy-zai-harness", "glm-4.6", 1),
-        ("bb", "claude-opus-4-7", 2), ("cc", "claude-opus-4-7", 3)]
+        ("legacy-anthropic", "claude-opus-4-7", 0),
+        ("legacy-zai-harness", "glm-4.6", 1),
+        ("bb", "claude-opus-4-7", 2),
+        ("cc", "claude-opus-4-7", 3),
+    ]

@@ -50,15 +50,46 @@ def test_bad_frames_are_frame_errors(name, buffer, reason) -> None:
     assert caught.value.reason == reason
 
 
-LEASE = Lease(key_id="01J0000000000000000000000A", digest=b"\x00" * 32, account_id="legacy-anthropic",
-              expires_at_ms=1_800_000_000_000, principal_kind="worker", principal_id="w", repo_slug="acme/app")
-ROW = AttemptRow(attempt_id="att_1", key_id=LEASE.key_id, account_id="legacy-anthropic", mint_decision_id=None,
-                 dispatch_id=None, repo_slug="acme/app", principal_id="w", wire="anthropic", path="/v1/messages",
-                 requested_model="m", served_model=None, stream=True, started_at="2026-01-01T00:00:00.000Z",
-                 finished_at=None, status=None, http_status=None, condition=None, refusal_reason=None,
-                 usage=None, cost_usd=None, cost_reason=None, overhead_ms=None)
-GOLDEN_MESSAGES = [HELLO, ACK, LeaseAdded(req_id=3, lease=LEASE), LeaseRemoved(req_id=4, key_ids=[LEASE.key_id]),
-                   AttemptStarted(row=ROW)]
+LEASE = Lease(
+    key_id="01J0000000000000000000000A",
+    digest=b"\x00" * 32,
+    account_id="legacy-anthropic",
+    expires_at_ms=1_800_000_000_000,
+    principal_kind="worker",
+    principal_id="w",
+    repo_slug="acme/app",
+)
+ROW = AttemptRow(
+    attempt_id="att_1",
+    key_id=LEASE.key_id,
+    account_id="legacy-anthropic",
+    mint_decision_id=None,
+    dispatch_id=None,
+    repo_slug="acme/app",
+    principal_id="w",
+    wire="anthropic",
+    path="/v1/messages",
+    requested_model="m",
+    served_model=None,
+    stream=True,
+    started_at="2026-01-01T00:00:00.000Z",
+    finished_at=None,
+    status=None,
+    http_status=None,
+    condition=None,
+    refusal_reason=None,
+    usage=None,
+    cost_usd=None,
+    cost_reason=None,
+    overhead_ms=None,
+)
+GOLDEN_MESSAGES = [
+    HELLO,
+    ACK,
+    LeaseAdded(req_id=3, lease=LEASE),
+    LeaseRemoved(req_id=4, key_ids=[LEASE.key_id]),
+    AttemptStarted(row=ROW),
+]
 
 
 def test_golden_frames_still_decode() -> None:
@@ -74,6 +105,7 @@ def test_no_message_carries_a_token_field() -> None:
     import re
 
     import shared.wire as wire
+
     credential_like = re.compile(r"(^|_)(token|secret|api_key)($|_)")
     checked = 0
     for name in dir(wire):
@@ -95,8 +127,15 @@ def test_an_account_route_carries_its_globs_and_an_older_one_decodes_without() -
 
     from shared.wire import AccountRoute, Snapshot
 
-    route = {"id": "acct-a", "provider_binding": "anthropic", "wire": "anthropic", "base_url": "http://x",
-             "auth_style": "x-api-key", "credential_env": "GATEWAY_A_KEY", "request_capacity": None}
+    route = {
+        "id": "acct-a",
+        "provider_binding": "anthropic",
+        "wire": "anthropic",
+        "base_url": "http://x",
+        "auth_style": "x-api-key",
+        "credential_env": "GATEWAY_A_KEY",
+        "request_capacity": None,
+    }
     older = decode_body(msgspec.msgpack.encode({"op": "snapshot", "req_id": 1, "leases": [], "accounts": [route]}))
     assert isinstance(older, Snapshot) and older.accounts[0].models is None
     current = Snapshot(req_id=2, leases=[], accounts=[AccountRoute(**route, models=("claude-haiku-*",))])
@@ -110,8 +149,9 @@ def test_a_row_carries_its_trace_context_and_a_row_without_decodes() -> None:
 
     from shared.wire import AttemptFinished
 
-    traced = msgspec.structs.replace(ROW, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-                                     tracestate="congo=t61rcWkgMzE")
+    traced = msgspec.structs.replace(
+        ROW, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", tracestate="congo=t61rcWkgMzE"
+    )
     message = AttemptFinished(req_id=9, row=traced)
     assert split_frames(encode_frame(message)) == ([message], b"")
     golden_row = split_frames(GOLDEN.read_bytes())[0][-1].row

@@ -10,8 +10,9 @@ from controlplane.core.selection import Candidate, LiveFacts, select_account
 from shared.codes import AdminState, Refusal, Skip
 
 IDS = ("a", "b", "c")
-CANDIDATES = tuple(Candidate(account_id=i, position=n, provider_binding="anthropic", effective_model="m")
-                   for n, i in enumerate(IDS))
+CANDIDATES = tuple(
+    Candidate(account_id=i, position=n, provider_binding="anthropic", effective_model="m") for n, i in enumerate(IDS)
+)
 OK = LiveFacts(configured=True)
 
 
@@ -27,33 +28,102 @@ class Case(NamedTuple):
 CASES = [
     Case("first-eligible", {"a": OK, "b": OK, "c": OK}, 0, "a", [], None),
     Case("start-position-skips-earlier", {"a": OK, "b": OK, "c": OK}, 1, "b", [], None),
-    Case("not-configured", {"a": LiveFacts(configured=False), "b": OK, "c": OK}, 0, "b",
-         [("a", Skip.NOT_CONFIGURED)], None),
-    Case("disabled", {"a": LiveFacts(configured=True, administrative_state=AdminState.DISABLED), "b": OK, "c": OK},
-         0, "b", [("a", Skip.ADMINISTRATIVE_DISABLED)], None),
-    Case("draining", {"a": LiveFacts(configured=True, administrative_state=AdminState.DRAINING), "b": OK, "c": OK},
-         0, "b", [("a", Skip.ADMINISTRATIVE_DRAINING)], None),
-    Case("circuit-open", {"a": LiveFacts(configured=True, circuit_admits=False), "b": OK, "c": OK}, 0, "b",
-         [("a", Skip.CIRCUIT_OPEN)], None),
-    Case("lease-capacity", {"a": LiveFacts(configured=True, lease_room=False), "b": OK, "c": OK}, 0, "b",
-         [("a", Skip.LEASE_CAPACITY_EXHAUSTED)], None),
-    Case("first-filter-wins: unconfigured and disabled and full",
-         {"a": LiveFacts(configured=False, administrative_state=AdminState.DISABLED, lease_room=False),
-          "b": OK, "c": OK}, 0, "b", [("a", Skip.NOT_CONFIGURED)], None),
-    Case("disabled beats circuit and capacity",
-         {"a": LiveFacts(configured=True, administrative_state=AdminState.DISABLED, circuit_admits=False,
-                         lease_room=False), "b": OK, "c": OK}, 0, "b", [("a", Skip.ADMINISTRATIVE_DISABLED)], None),
-    Case("circuit beats capacity", {"a": LiveFacts(configured=True, circuit_admits=False, lease_room=False),
-                                    "b": OK, "c": OK}, 0, "b", [("a", Skip.CIRCUIT_OPEN)], None),
-    Case("all ruled out is held with every skip",
-         {"a": LiveFacts(configured=False), "b": LiveFacts(configured=True, circuit_admits=False),
-          "c": LiveFacts(configured=True, lease_room=False)}, 0, None,
-         [("a", Skip.NOT_CONFIGURED), ("b", Skip.CIRCUIT_OPEN), ("c", Skip.LEASE_CAPACITY_EXHAUSTED)],
-         Refusal.NO_ELIGIBLE_ACCOUNT),
+    Case(
+        "not-configured",
+        {"a": LiveFacts(configured=False), "b": OK, "c": OK},
+        0,
+        "b",
+        [("a", Skip.NOT_CONFIGURED)],
+        None,
+    ),
+    Case(
+        "disabled",
+        {"a": LiveFacts(configured=True, administrative_state=AdminState.DISABLED), "b": OK, "c": OK},
+        0,
+        "b",
+        [("a", Skip.ADMINISTRATIVE_DISABLED)],
+        None,
+    ),
+    Case(
+        "draining",
+        {"a": LiveFacts(configured=True, administrative_state=AdminState.DRAINING), "b": OK, "c": OK},
+        0,
+        "b",
+        [("a", Skip.ADMINISTRATIVE_DRAINING)],
+        None,
+    ),
+    Case(
+        "circuit-open",
+        {"a": LiveFacts(configured=True, circuit_admits=False), "b": OK, "c": OK},
+        0,
+        "b",
+        [("a", Skip.CIRCUIT_OPEN)],
+        None,
+    ),
+    Case(
+        "lease-capacity",
+        {"a": LiveFacts(configured=True, lease_room=False), "b": OK, "c": OK},
+        0,
+        "b",
+        [("a", Skip.LEASE_CAPACITY_EXHAUSTED)],
+        None,
+    ),
+    Case(
+        "first-filter-wins: unconfigured and disabled and full",
+        {
+            "a": LiveFacts(configured=False, administrative_state=AdminState.DISABLED, lease_room=False),
+            "b": OK,
+            "c": OK,
+        },
+        0,
+        "b",
+        [("a", Skip.NOT_CONFIGURED)],
+        None,
+    ),
+    Case(
+        "disabled beats circuit and capacity",
+        {
+            "a": LiveFacts(
+                configured=True, administrative_state=AdminState.DISABLED, circuit_admits=False, lease_room=False
+            ),
+            "b": OK,
+            "c": OK,
+        },
+        0,
+        "b",
+        [("a", Skip.ADMINISTRATIVE_DISABLED)],
+        None,
+    ),
+    Case(
+        "circuit beats capacity",
+        {"a": LiveFacts(configured=True, circuit_admits=False, lease_room=False), "b": OK, "c": OK},
+        0,
+        "b",
+        [("a", Skip.CIRCUIT_OPEN)],
+        None,
+    ),
+    Case(
+        "all ruled out is held with every skip",
+        {
+            "a": LiveFacts(configured=False),
+            "b": LiveFacts(configured=True, circuit_admits=False),
+            "c": LiveFacts(configured=True, lease_room=False),
+        },
+        0,
+        None,
+        [("a", Skip.NOT_CONFIGURED), ("b", Skip.CIRCUIT_OPEN), ("c", Skip.LEASE_CAPACITY_EXHAUSTED)],
+        Refusal.NO_ELIGIBLE_ACCOUNT,
+    ),
     Case("unknown account reads unconfigured", {"b": OK}, 0, "b", [("a", Skip.NOT_CONFIGURED)], None),
     Case("past the end is pool exhausted", {"a": OK, "b": OK, "c": OK}, 3, None, [], Refusal.FALLBACK_POOL_EXHAUSTED),
-    Case("rest of the list ruled out from a hop", {"a": OK, "b": OK, "c": LiveFacts(configured=False)}, 2, None,
-         [("c", Skip.NOT_CONFIGURED)], Refusal.NO_ELIGIBLE_ACCOUNT),
+    Case(
+        "rest of the list ruled out from a hop",
+        {"a": OK, "b": OK, "c": LiveFacts(configured=False)},
+        2,
+        None,
+        [("c", Skip.NOT_CONFIGURED)],
+        Refusal.NO_ELIGIBLE_ACCOUNT,
+    ),
 ]
 
 
@@ -71,14 +141,27 @@ def test_select_account(case: Case) -> None:
 
 LOW = LiveFacts(configured=True, headroom_low=True)
 HEADROOM_CASES = [
-    Case("headroom low is skipped", {"a": LOW, "b": OK, "c": OK}, 0, "b",
-         [("a", Skip.RATE_LIMIT_HEADROOM_LOW)], None),
-    Case("every other filter comes first",
-         {"a": LiveFacts(configured=True, lease_room=False, headroom_low=True),
-          "b": LiveFacts(configured=True, circuit_admits=False, headroom_low=True), "c": OK}, 0, "c",
-         [("a", Skip.LEASE_CAPACITY_EXHAUSTED), ("b", Skip.CIRCUIT_OPEN)], None),
-    Case("all low is held, each skip named", {"a": LOW, "b": LOW, "c": LOW}, 0, None,
-         [(i, Skip.RATE_LIMIT_HEADROOM_LOW) for i in IDS], Refusal.NO_ELIGIBLE_ACCOUNT),
+    Case("headroom low is skipped", {"a": LOW, "b": OK, "c": OK}, 0, "b", [("a", Skip.RATE_LIMIT_HEADROOM_LOW)], None),
+    Case(
+        "every other filter comes first",
+        {
+            "a": LiveFacts(configured=True, lease_room=False, headroom_low=True),
+            "b": LiveFacts(configured=True, circuit_admits=False, headroom_low=True),
+            "c": OK,
+        },
+        0,
+        "c",
+        [("a", Skip.LEASE_CAPACITY_EXHAUSTED), ("b", Skip.CIRCUIT_OPEN)],
+        None,
+    ),
+    Case(
+        "all low is held, each skip named",
+        {"a": LOW, "b": LOW, "c": LOW},
+        0,
+        None,
+        [(i, Skip.RATE_LIMIT_HEADROOM_LOW) for i in IDS],
+        Refusal.NO_ELIGIBLE_ACCOUNT,
+    ),
     Case("a hop past the low one", {"a": OK, "b": LOW, "c": OK}, 1, "c", [("b", Skip.RATE_LIMIT_HEADROOM_LOW)], None),
 ]
 
@@ -90,6 +173,7 @@ def test_select_account_headroom(case: Case) -> None:
 
 def test_the_filter_table_ends_with_headroom_and_explain_reads_every_hit() -> None:
     from controlplane.core.selection import LIVE_FILTERS, live_filters
+
     assert [code for code, _ in LIVE_FILTERS] == list(Skip)
     both = LiveFacts(configured=True, lease_room=False, headroom_low=True)
     assert live_filters(both) == (Skip.LEASE_CAPACITY_EXHAUSTED, Skip.RATE_LIMIT_HEADROOM_LOW)

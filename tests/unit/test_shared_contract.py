@@ -80,8 +80,10 @@ def test_defaults_match_the_spec() -> None:
     assert (s.prices_file, s.ledger_retention_days) == (None, 90)
     bounded = [load_settings({**BASE, "GATEWAY_LEDGER_RETENTION_DAYS": v}).ledger_retention_days for v in ("1", "3650")]
     assert bounded == [1, 3650]
-    assert load_settings({**BASE, "GATEWAY_PRICES_FILE": "/etc/leasehold/prices.toml"}).prices_file == \
-        "/etc/leasehold/prices.toml"
+    assert (
+        load_settings({**BASE, "GATEWAY_PRICES_FILE": "/etc/leasehold/prices.toml"}).prices_file
+        == "/etc/leasehold/prices.toml"
+    )
 
 
 def test_fleet_defaults_are_embedded_with_the_host_name(tmp_path: Path) -> None:
@@ -90,20 +92,37 @@ def test_fleet_defaults_are_embedded_with_the_host_name(tmp_path: Path) -> None:
     secret.chmod(0o600)
     s = load_settings(BASE, hostname="worker-7")
     assert (s.fleet_redis_url, s.fleet_id, s.host_id, s.fleet_host_ttl_seconds) == (None, "leasehold", "worker-7", 10)
-    fleet = load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "rediss://:pw@redis.internal:6380/2",
-                           "GATEWAY_FLEET_ID": "team-b", "GATEWAY_HOST_ID": "gw-1.dc2",
-                           "GATEWAY_FLEET_HOST_TTL_SECONDS": "30", "GATEWAY_FLEET_SECRET_FILE": str(secret)},
-                          hostname="ignored")
+    fleet = load_settings(
+        {
+            **BASE,
+            "GATEWAY_FLEET_REDIS_URL": "rediss://:pw@redis.internal:6380/2",
+            "GATEWAY_FLEET_ID": "team-b",
+            "GATEWAY_HOST_ID": "gw-1.dc2",
+            "GATEWAY_FLEET_HOST_TTL_SECONDS": "30",
+            "GATEWAY_FLEET_SECRET_FILE": str(secret),
+        },
+        hostname="ignored",
+    )
     assert (fleet.fleet_redis_url, fleet.fleet_id, fleet.host_id, fleet.fleet_host_ttl_seconds) == (
-        "rediss://:pw@redis.internal:6380/2", "team-b", "gw-1.dc2", 30)
-    assert load_settings({**BASE, "GATEWAY_FLEET_REDIS_URL": "unix:///run/redis.sock?db=1",
-                          "GATEWAY_FLEET_SECRET_FILE": str(secret)}).fleet_redis_url
+        "rediss://:pw@redis.internal:6380/2",
+        "team-b",
+        "gw-1.dc2",
+        30,
+    )
+    assert load_settings(
+        {**BASE, "GATEWAY_FLEET_REDIS_URL": "unix:///run/redis.sock?db=1", "GATEWAY_FLEET_SECRET_FILE": str(secret)}
+    ).fleet_redis_url
 
 
-HOST_NAMES = [("plain", "worker-7", "worker-7"), ("upper case", "Web01.Example.COM", "web01.example.com"),
-              ("underscores", "build_box_3", "build-box-3"), ("leading junk", "--_x", "x"),
-              ("nothing usable", "___", "localhost"), ("too long", "h" * 80, "h" * 63),
-              ("unicode", "bücher", "b-cher")]
+HOST_NAMES = [
+    ("plain", "worker-7", "worker-7"),
+    ("upper case", "Web01.Example.COM", "web01.example.com"),
+    ("underscores", "build_box_3", "build-box-3"),
+    ("leading junk", "--_x", "x"),
+    ("nothing usable", "___", "localhost"),
+    ("too long", "h" * 80, "h" * 63),
+    ("unicode", "bücher", "b-cher"),
+]
 
 
 @pytest.mark.parametrize("name,hostname,expected", HOST_NAMES, ids=[c[0] for c in HOST_NAMES])
@@ -118,11 +137,17 @@ def test_a_bad_redis_url_is_named_but_never_echoed() -> None:
     assert caught.value.problems and all("hunter2" not in p for p in caught.value.problems)
 
 
-LOOSENING = ["redis://h:6379/0?socket_timeout=60", "rediss://:hunter2-secret@h:6380/0?ssl_cert_reqs=none",
-             "rediss://h:6380/0?ssl_check_hostname=false", "redis://h:6379/0?password=hunter2-secret",
-             "redis://h:6379/0?ssl_ca_certs=/ca.pem", "rediss://h/0?ssl_ca_certs=/a.pem&ssl_ca_certs=/b.pem",
-             "unix:///run/r.sock?db=0&socket_connect_timeout=9", "redis://h:6379/0?health_check_interval",
-             "rediss://h/0?ssl_ca_certs=/ca.pem&max_connections=1"]
+LOOSENING = [
+    "redis://h:6379/0?socket_timeout=60",
+    "rediss://:hunter2-secret@h:6380/0?ssl_cert_reqs=none",
+    "rediss://h:6380/0?ssl_check_hostname=false",
+    "redis://h:6379/0?password=hunter2-secret",
+    "redis://h:6379/0?ssl_ca_certs=/ca.pem",
+    "rediss://h/0?ssl_ca_certs=/a.pem&ssl_ca_certs=/b.pem",
+    "unix:///run/r.sock?db=0&socket_connect_timeout=9",
+    "redis://h:6379/0?health_check_interval",
+    "rediss://h/0?ssl_ca_certs=/ca.pem&max_connections=1",
+]
 
 
 @pytest.mark.parametrize("url", LOOSENING)
@@ -135,9 +160,13 @@ def test_a_redis_url_option_that_could_loosen_the_client_refuses_startup(url: st
     assert all("hunter2" not in p and "socket_timeout=60" not in p for p in caught.value.problems)
 
 
-def test_the_tls_files_pass() -> None:
+def test_the_tls_files_pass(tmp_path: Path) -> None:
     url = "rediss://leasehold:pw@redis.internal:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem"
-    assert load_settings({"GATEWAY_FLEET_REDIS_URL": url}, role="dataplane").fleet_redis_url == url
+    secret = tmp_path / "fleet-secret"
+    secret.write_bytes(b"s" * 32)
+    secret.chmod(0o600)
+    env = {"GATEWAY_FLEET_REDIS_URL": url, "GATEWAY_FLEET_SECRET_FILE": str(secret)}
+    assert load_settings(env, role="dataplane").fleet_redis_url == url
 
 
 def test_dataplane_does_not_need_the_control_token() -> None:

@@ -9,13 +9,30 @@ from shared.spans import DecisionNote, SpanEvent, account_of, error_type_of, ids
 from shared.wire import AttemptRow, Usage
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-ROW = AttemptRow(attempt_id="att_01J0", key_id="k1", account_id="legacy-anthropic", mint_decision_id=None,
-                 dispatch_id=None, repo_slug="acme/app", principal_id="w-1", wire="anthropic", path="/v1/messages",
-                 requested_model="claude-sonnet-4-6", served_model="claude-sonnet-4-6-20260101", stream=False,
-                 started_at="2026-12-01T10:00:00.000Z", finished_at="2026-12-01T10:00:01.250Z",
-                 status="completed", http_status=200, condition=None, refusal_reason=None,
-                 usage=Usage(input_tokens=12, output_tokens=3, cache_read_tokens=7, cache_creation_tokens=5),
-                 cost_usd=0.0012, cost_reason="priced", overhead_ms=0.4)
+ROW = AttemptRow(
+    attempt_id="att_01J0",
+    key_id="k1",
+    account_id="legacy-anthropic",
+    mint_decision_id=None,
+    dispatch_id=None,
+    repo_slug="acme/app",
+    principal_id="w-1",
+    wire="anthropic",
+    path="/v1/messages",
+    requested_model="claude-sonnet-4-6",
+    served_model="claude-sonnet-4-6-20260101",
+    stream=False,
+    started_at="2026-12-01T10:00:00.000Z",
+    finished_at="2026-12-01T10:00:01.250Z",
+    status="completed",
+    http_status=200,
+    condition=None,
+    refusal_reason=None,
+    usage=Usage(input_tokens=12, output_tokens=3, cache_read_tokens=7, cache_creation_tokens=5),
+    cost_usd=0.0012,
+    cost_reason="priced",
+    overhead_ms=0.4,
+)
 ANTHROPIC = account_of("anthropic", "https://api.anthropic.com")
 
 
@@ -29,15 +46,27 @@ def test_a_completed_row_is_a_client_span_in_the_genai_conventions() -> None:
     assert (plan.trace_id, plan.span_id) == ids_of("att_01J0")
     assert plan.start_ns == 1796119200000 * 1_000_000 and plan.end_ns - plan.start_ns == 1_250_000_000
     assert plan.attributes == {
-        "gen_ai.operation.name": "chat", "gen_ai.request.stream": False,
-        "gen_ai.request.model": "claude-sonnet-4-6", "gen_ai.response.model": "claude-sonnet-4-6-20260101",
-        "http.response.status_code": 200, "gen_ai.provider.name": "anthropic",
-        "server.address": "api.anthropic.com", "server.port": 443,
-        "gen_ai.usage.input_tokens": 24, "gen_ai.usage.output_tokens": 3,
-        "gen_ai.usage.cache_read.input_tokens": 7, "gen_ai.usage.cache_creation.input_tokens": 5,
-        "leasehold.attempt_id": "att_01J0", "leasehold.key_id": "k1", "leasehold.account_id": "legacy-anthropic",
-        "leasehold.repo": "acme/app", "leasehold.principal": "w-1", "leasehold.status": "completed",
-        "leasehold.transport": "http", "leasehold.cost_usd": 0.0012, "leasehold.overhead_ms": 0.4,
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.stream": False,
+        "gen_ai.request.model": "claude-sonnet-4-6",
+        "gen_ai.response.model": "claude-sonnet-4-6-20260101",
+        "http.response.status_code": 200,
+        "gen_ai.provider.name": "anthropic",
+        "server.address": "api.anthropic.com",
+        "server.port": 443,
+        "gen_ai.usage.input_tokens": 24,
+        "gen_ai.usage.output_tokens": 3,
+        "gen_ai.usage.cache_read.input_tokens": 7,
+        "gen_ai.usage.cache_creation.input_tokens": 5,
+        "leasehold.attempt_id": "att_01J0",
+        "leasehold.key_id": "k1",
+        "leasehold.account_id": "legacy-anthropic",
+        "leasehold.repo": "acme/app",
+        "leasehold.principal": "w-1",
+        "leasehold.status": "completed",
+        "leasehold.transport": "http",
+        "leasehold.cost_usd": 0.0012,
+        "leasehold.overhead_ms": 0.4,
         "leasehold.hop": 0,
     }
 
@@ -45,8 +74,10 @@ def test_a_completed_row_is_a_client_span_in_the_genai_conventions() -> None:
 def test_openai_usage_counts_the_cached_prompt_as_input() -> None:
     """The ledger's OpenAI row: prompt_tokens 12 of which 4 cached → input 8, cache_read 4."""
     usage = Usage(input_tokens=8, output_tokens=3, cache_read_tokens=4)
-    plan = span_of(row(wire="openai", path="/v1/chat/completions", requested_model="gpt-5", usage=usage),
-                   account_of("openai", "http://127.0.0.1:9000"))
+    plan = span_of(
+        row(wire="openai", path="/v1/chat/completions", requested_model="gpt-5", usage=usage),
+        account_of("openai", "http://127.0.0.1:9000"),
+    )
     a = plan.attributes
     assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.cache_read.input_tokens"]) == (12, 4)
     assert (a["gen_ai.provider.name"], a["server.address"], a["server.port"]) == ("openai", "127.0.0.1", 9000)
@@ -56,8 +87,11 @@ ERRORS = [
     ("completed", dict(status="completed"), None),
     ("upstream 429", dict(status="upstream-error", http_status=429, condition="rate-limited"), "rate-limited"),
     ("upstream 400", dict(status="upstream-error", http_status=400), "upstream-error"),
-    ("gateway refusal", dict(status="refused", http_status=400, refusal_reason="model-not-permitted"),
-     "model-not-permitted"),
+    (
+        "gateway refusal",
+        dict(status="refused", http_status=400, refusal_reason="model-not-permitted"),
+        "model-not-permitted",
+    ),
     ("cut stream", dict(status="transport-error", condition="transport-error"), "transport-error"),
     ("client went away", dict(status="client-aborted", http_status=200), "client-aborted"),
     ("unfinished", dict(status=None), "unfinished"),
@@ -75,7 +109,10 @@ def test_a_traceparent_makes_the_span_its_child() -> None:
     plan = span_of(row(traceparent=TP, tracestate="congo=t61"))
     assert plan.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736" and plan.span_id == ids_of("att_01J0")[1]
     assert plan.parent is not None and (plan.parent.span_id, plan.parent.flags, plan.parent.tracestate) == (
-        "00f067aa0ba902b7", 1, "congo=t61")
+        "00f067aa0ba902b7",
+        1,
+        "congo=t61",
+    )
     assert span_of(row(traceparent="garbage")).parent is None  # never trusted unparsed
 
 
@@ -97,7 +134,7 @@ def test_span_names(name: str, path: str, model: str | None, span_name: str) -> 
 def test_lineage_hop_and_events() -> None:
     event = SpanEvent(name="leasehold.mint", at_ns=5, attributes={"leasehold.outcome": "selected"})
     v2 = row(mint_decision_id="md_1", dispatch_id="d-1", hop=1)
-    assert span_of(v2).attributes["leasehold.hop"] == 1   # the row's, copied from its lease (SPEC §14)
+    assert span_of(v2).attributes["leasehold.hop"] == 1  # the row's, copied from its lease (SPEC §14)
     plan = span_of(v2, note=DecisionNote(events=(event,)))
     assert plan.attributes["leasehold.hop"] == 1 and plan.events == (event,)
     assert plan.attributes["leasehold.dispatch_id"] == "d-1" and plan.attributes["leasehold.mint_decision_id"] == "md_1"

@@ -41,30 +41,70 @@ class WindowCase(NamedTuple):
     name: str
     window: Window
     at: str
-    expect: tuple[str, str, str]   # key, window_start, resets_at
+    expect: tuple[str, str, str]  # key, window_start, resets_at
 
 
 WINDOWS = [
-    WindowCase("last ms of a UTC day", Window.DAY, "2026-11-30T23:59:59.999",
-               ("2026-11-30", "2026-11-30T00:00:00.000Z", "2026-12-01T00:00:00.000Z")),
-    WindowCase("first ms of the next UTC day", Window.DAY, "2026-12-01T00:00:00.000",
-               ("2026-12-01", "2026-12-01T00:00:00.000Z", "2026-12-02T00:00:00.000Z")),
-    WindowCase("last ms of a month", Window.MONTH, "2026-11-30T23:59:59.999",
-               ("2026-11", "2026-11-01T00:00:00.000Z", "2026-12-01T00:00:00.000Z")),
-    WindowCase("first ms of the next month", Window.MONTH, "2026-12-01T00:00:00.000",
-               ("2026-12", "2026-12-01T00:00:00.000Z", "2027-01-01T00:00:00.000Z")),
-    WindowCase("December resets into January", Window.MONTH, "2026-12-31T23:59:59.999",
-               ("2026-12", "2026-12-01T00:00:00.000Z", "2027-01-01T00:00:00.000Z")),
-    WindowCase("the leap day is a day", Window.DAY, "2028-02-29T12:00:00.000",
-               ("2028-02-29", "2028-02-29T00:00:00.000Z", "2028-03-01T00:00:00.000Z")),
-    WindowCase("February of a leap year has 29 days", Window.MONTH, "2028-02-29T23:59:59.999",
-               ("2028-02", "2028-02-01T00:00:00.000Z", "2028-03-01T00:00:00.000Z")),
-    WindowCase("February of a common year has 28", Window.DAY, "2027-02-28T08:00:00.000",
-               ("2027-02-28", "2027-02-28T00:00:00.000Z", "2027-03-01T00:00:00.000Z")),
-    WindowCase("the last hour of the leap day", Window.HOUR, "2028-02-29T23:30:00.000",
-               ("2028-02-29T23", "2028-02-29T23:00:00.000Z", "2028-03-01T00:00:00.000Z")),
-    WindowCase("an hour's last ms", Window.HOUR, "2026-11-30T12:59:59.999",
-               ("2026-11-30T12", "2026-11-30T12:00:00.000Z", "2026-11-30T13:00:00.000Z")),
+    WindowCase(
+        "last ms of a UTC day",
+        Window.DAY,
+        "2026-11-30T23:59:59.999",
+        ("2026-11-30", "2026-11-30T00:00:00.000Z", "2026-12-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "first ms of the next UTC day",
+        Window.DAY,
+        "2026-12-01T00:00:00.000",
+        ("2026-12-01", "2026-12-01T00:00:00.000Z", "2026-12-02T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "last ms of a month",
+        Window.MONTH,
+        "2026-11-30T23:59:59.999",
+        ("2026-11", "2026-11-01T00:00:00.000Z", "2026-12-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "first ms of the next month",
+        Window.MONTH,
+        "2026-12-01T00:00:00.000",
+        ("2026-12", "2026-12-01T00:00:00.000Z", "2027-01-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "December resets into January",
+        Window.MONTH,
+        "2026-12-31T23:59:59.999",
+        ("2026-12", "2026-12-01T00:00:00.000Z", "2027-01-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "the leap day is a day",
+        Window.DAY,
+        "2028-02-29T12:00:00.000",
+        ("2028-02-29", "2028-02-29T00:00:00.000Z", "2028-03-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "February of a leap year has 29 days",
+        Window.MONTH,
+        "2028-02-29T23:59:59.999",
+        ("2028-02", "2028-02-01T00:00:00.000Z", "2028-03-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "February of a common year has 28",
+        Window.DAY,
+        "2027-02-28T08:00:00.000",
+        ("2027-02-28", "2027-02-28T00:00:00.000Z", "2027-03-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "the last hour of the leap day",
+        Window.HOUR,
+        "2028-02-29T23:30:00.000",
+        ("2028-02-29T23", "2028-02-29T23:00:00.000Z", "2028-03-01T00:00:00.000Z"),
+    ),
+    WindowCase(
+        "an hour's last ms",
+        Window.HOUR,
+        "2026-11-30T12:59:59.999",
+        ("2026-11-30T12", "2026-11-30T12:00:00.000Z", "2026-11-30T13:00:00.000Z"),
+    ),
 ]
 
 

@@ -50,10 +50,13 @@ def test_any_chunking_gives_the_same_observation(kind: str, crlf: bool) -> None:
         for piece in chunked(data, rng):
             scanner.feed(piece)
         assert (scanner.seen.usage, scanner.seen.model, scanner.seen.terminal) == (
-            whole.seen.usage, whole.seen.model, whole.seen.terminal)
+            whole.seen.usage,
+            whole.seen.model,
+            whole.seen.terminal,
+        )
     byte_by_byte = make()
     for i in range(len(data)):
-        byte_by_byte.feed(data[i:i + 1])
+        byte_by_byte.feed(data[i : i + 1])
     assert byte_by_byte.seen.usage == whole.seen.usage and byte_by_byte.seen.terminal
 
 
@@ -80,14 +83,21 @@ def test_unwanted_events_are_not_decoded() -> None:
 
 def test_malformed_json_is_ignored_and_does_not_end_the_stream() -> None:
     scanner = openai.ChatScanner()
-    scanner.feed(b"data: {malformed\n\ndata: {\"model\":\"gpt-5\",\"choices\":[]}\n\n")
+    scanner.feed(b'data: {malformed\n\ndata: {"model":"gpt-5","choices":[]}\n\n')
     assert scanner.seen.model == "gpt-5" and not scanner.seen.terminal and not scanner.seen.upstream_error
 
 
-@pytest.mark.parametrize("encoding,plain,supported", [
-    ("", True, True), ("identity", True, True), ("gzip", False, True), ("deflate", False, True),
-    ("br", False, False), ("zstd", False, False),
-])
+@pytest.mark.parametrize(
+    "encoding,plain,supported",
+    [
+        ("", True, True),
+        ("identity", True, True),
+        ("gzip", False, True),
+        ("deflate", False, True),
+        ("br", False, False),
+        ("zstd", False, False),
+    ],
+)
 def test_decompressor_capabilities(encoding: str, plain: bool, supported: bool) -> None:
     d = Decompressor(encoding)
     assert (d.plain, d.supported) == (plain, supported)
@@ -102,7 +112,7 @@ def test_gzip_copy_is_decompressed_incrementally() -> None:
     d = Decompressor("gzip")
     scanner = anthropic.Scanner()
     for i in range(0, len(blob), 7):
-        scanner.feed(d(blob[i:i + 7]))
+        scanner.feed(d(blob[i : i + 7]))
     assert scanner.seen.terminal and scanner.seen.usage is not None
     broken = Decompressor("gzip")
     assert broken(b"not gzip at all") == b"" and not broken.supported

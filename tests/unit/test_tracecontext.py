@@ -18,8 +18,11 @@ GOOD = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACEPARENTS = [
     ("the spec's example", GOOD, TraceParent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1)),
     ("not sampled", GOOD[:-2] + "00", TraceParent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 0)),
-    ("a later version may add fields", "01" + GOOD[2:] + "-what-ever",
-     TraceParent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1)),
+    (
+        "a later version may add fields",
+        "01" + GOOD[2:] + "-what-ever",
+        TraceParent("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", 1),
+    ),
     ("version 00 with a fifth field", GOOD + "-x", None),
     ("version ff", "ff" + GOOD[2:], None),
     ("upper-case hex", GOOD.upper(), None),

@@ -33,8 +33,12 @@ def registry() -> Registry:
 
 
 def traces(exporter, **bounds: int) -> Traces:
-    config = TraceSettings(endpoint="http://127.0.0.1:9/v1/traces", bsp_schedule_delay_ms=bounds.get("delay", 20),
-                           bsp_max_queue_size=bounds.get("queue", 2048), bsp_max_export_batch_size=bounds.get("batch", 512))
+    config = TraceSettings(
+        endpoint="http://127.0.0.1:9/v1/traces",
+        bsp_schedule_delay_ms=bounds.get("delay", 20),
+        bsp_max_queue_size=bounds.get("queue", 2048),
+        bsp_max_export_batch_size=bounds.get("batch", 512),
+    )
     t = Traces(config, registry(), host_id="host-a")
     t.start(exporter)
     return t
@@ -67,8 +71,9 @@ def test_an_unsampled_caller_is_honoured_and_nothing_counts_as_lost() -> None:
 
 def test_a_sampler_keeps_its_share_and_counts_nothing_dropped() -> None:
     memory = InMemorySpanExporter()
-    config = TraceSettings(endpoint="http://127.0.0.1:9/v1/traces", bsp_schedule_delay_ms=20,
-                           sampler="traceidratio", sampler_ratio=0.0)
+    config = TraceSettings(
+        endpoint="http://127.0.0.1:9/v1/traces", bsp_schedule_delay_ms=20, sampler="traceidratio", sampler_ratio=0.0
+    )
     t = Traces(config, registry(), host_id=None)
     t.start(memory)
     for i in range(10):
@@ -89,8 +94,15 @@ def test_an_error_row_has_error_status() -> None:
 def test_the_mint_event_rides_on_the_first_attempt_only() -> None:
     memory = InMemorySpanExporter()
     t = traces(memory)
-    decision = Decision(mint_decision_id="md_1", outcome=Outcome.SELECTED, key_id="k1", account_id="legacy-anthropic",
-                        lineage=Lineage("d", "acme/app", "claude-sonnet-4-6"), at_ms=1_796_119_199_000, hop=0)
+    decision = Decision(
+        mint_decision_id="md_1",
+        outcome=Outcome.SELECTED,
+        key_id="k1",
+        account_id="legacy-anthropic",
+        lineage=Lineage("d", "acme/app", "claude-sonnet-4-6"),
+        at_ms=1_796_119_199_000,
+        hop=0,
+    )
     t.on_decision(decision)
     t.on_decision(msgspec.structs.replace(decision, mint_decision_id="md_held", key_id=None))  # no lease: nothing
     for attempt in ("att_1", "att_2"):
@@ -171,12 +183,16 @@ def test_the_trace_sdk_is_not_imported_without_an_endpoint() -> None:
     embedded mode pays that until it stops importing redis, which issue 27 tracks.)"""
     control = imported("controlplane.main")
     assert "controlplane.traces" in control  # non-vacuity: the module that would import it is loaded
-    assert not {m for m in control if m.startswith(("opentelemetry.sdk.trace", "opentelemetry.exporter",
-                                                    "controlplane.tracesdk"))}
+    assert not {
+        m
+        for m in control
+        if m.startswith(("opentelemetry.sdk.trace", "opentelemetry.exporter", "controlplane.tracesdk"))
+    }
     assert not {m for m in imported("dataplane.main") if m.startswith("opentelemetry")}
 
 
 # ---- settings (SPEC §21: the standard OTEL_* variables) -------------------------------------
+
 
 def test_no_endpoint_no_export() -> None:
     assert load_settings(BASE).traces is None
@@ -188,23 +204,46 @@ def test_no_endpoint_no_export() -> None:
 
 
 def test_every_variable_is_read() -> None:
-    t = load_settings({**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318/",
-                       "OTEL_EXPORTER_OTLP_HEADERS": "x-honeycomb-team=a%3Db, k = v",
-                       "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2500", "OTEL_EXPORTER_OTLP_TIMEOUT": "9",
-                       "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/ca.pem",
-                       "OTEL_SERVICE_NAME": "gw-eu", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,team=ai",
-                       "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_BSP_MAX_QUEUE_SIZE": "64",
-                       "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8", "OTEL_BSP_EXPORT_TIMEOUT": "1000"}).traces
-    assert t == TraceSettings(endpoint="https://c:4318/v1/traces", headers=(("x-honeycomb-team", "a=b"), ("k", "v")),
-                              timeout_s=2.5, compression="gzip", certificate_file="/ca.pem", service_name="gw-eu",
-                              resource=(("deployment.environment", "prod"), ("team", "ai")),
-                              bsp_schedule_delay_ms=100, bsp_max_queue_size=64, bsp_max_export_batch_size=8,
-                              bsp_export_timeout_ms=1000)
+    t = load_settings(
+        {
+            **BASE,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4318/",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-honeycomb-team=a%3Db, k = v",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2500",
+            "OTEL_EXPORTER_OTLP_TIMEOUT": "9",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE": "/ca.pem",
+            "OTEL_SERVICE_NAME": "gw-eu",
+            "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,team=ai",
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "8",
+            "OTEL_BSP_EXPORT_TIMEOUT": "1000",
+        }
+    ).traces
+    assert t == TraceSettings(
+        endpoint="https://c:4318/v1/traces",
+        headers=(("x-honeycomb-team", "a=b"), ("k", "v")),
+        timeout_s=2.5,
+        compression="gzip",
+        certificate_file="/ca.pem",
+        service_name="gw-eu",
+        resource=(("deployment.environment", "prod"), ("team", "ai")),
+        bsp_schedule_delay_ms=100,
+        bsp_max_queue_size=64,
+        bsp_max_export_batch_size=8,
+        bsp_export_timeout_ms=1000,
+    )
 
 
 def test_the_traces_endpoint_is_used_as_given() -> None:
-    t = load_settings({**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318",
-                       "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://b:4318/custom"}).traces
+    t = load_settings(
+        {
+            **BASE,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://a:4318",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://b:4318/custom",
+        }
+    ).traces
     assert t is not None and t.endpoint == "http://b:4318/custom"
 
 
@@ -233,10 +272,38 @@ def test_a_bad_otel_variable_is_named(name: str, value: str) -> None:
 
 def test_a_bad_header_is_named_but_never_echoed() -> None:
     with pytest.raises(SettingsError) as caught:
-        load_settings({**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
-                       "OTEL_EXPORTER_OTLP_HEADERS": "sk-secret-value"})
+        load_settings(
+            {**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_HEADERS": "sk-secret-value"}
+        )
     assert "sk-secret-value" not in str(caught.value) and "OTEL_EXPORTER_OTLP_HEADERS" in str(caught.value)
     assert traces_of({}, []) is None
+
+
+def test_a_bad_signal_specific_variable_is_named_as_written() -> None:
+    on = {**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    for name, value in (("HEADERS", "sk-secret-value"), ("COMPRESSION", "zstd"), ("TIMEOUT", "10s")):
+        with pytest.raises(SettingsError) as caught:
+            load_settings({**on, f"OTEL_EXPORTER_OTLP_TRACES_{name}": value})
+        assert f"OTEL_EXPORTER_OTLP_TRACES_{name}" in str(caught.value) and "sk-secret" not in str(caught.value)
+
+
+SERVICE_NAMES = [
+    ({}, "leasehold"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-resource,team=ai"}, "from-resource"),
+    ({"OTEL_SERVICE_NAME": "from-env", "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-resource"}, "from-env"),
+    ({"OTEL_SERVICE_NAME": "from-env"}, "from-env"),
+    ({"OTEL_SERVICE_NAME": " ", "OTEL_RESOURCE_ATTRIBUTES": "service.name=r"}, "r"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "service.name="}, "leasehold"),
+]
+
+
+@pytest.mark.parametrize("env,expected", SERVICE_NAMES, ids=[e for _, e in SERVICE_NAMES])
+def test_service_name_precedence(env: dict[str, str], expected: str) -> None:
+    """OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' service.name, else the default, in the
+    settings and on the resource the spans carry."""
+    config = load_settings({**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", **env}).traces
+    assert config is not None and config.service_name == expected
+    assert Traces(config, registry(), None).resource()["service.name"] == expected
 
 
 def test_the_logged_endpoint_never_shows_a_password() -> None:

@@ -36,8 +36,12 @@ SPECS = list(WIRES.values())
 
 
 def _is_member(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            and node.value.id == "Wire" and node.attr in Wire.__members__)
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Wire"
+        and node.attr in Wire.__members__
+    )
 
 
 def _is_wire_value(node: ast.AST) -> bool:
@@ -51,8 +55,8 @@ def wire_branches(source: str) -> list[int]:
         if isinstance(node, ast.Compare) and any(map(_is_wire_value, [node.left, *node.comparators])):
             lines.append(node.lineno)
         elif isinstance(node, ast.match_case) and any(
-                isinstance(sub, ast.MatchValue) and _is_wire_value(sub.value)
-                for sub in ast.walk(node.pattern)):
+            isinstance(sub, ast.MatchValue) and _is_wire_value(sub.value) for sub in ast.walk(node.pattern)
+        ):
             lines.append(node.pattern.lineno)
         elif isinstance(node, ast.Dict) and any(k is not None and _is_member(k) for k in node.keys):
             lines.append(node.lineno)
@@ -78,22 +82,30 @@ def test_no_wire_branch_outside_the_table() -> None:
     assert branches_under(REPO) == {}
 
 
-@pytest.mark.parametrize("source", [
-    "if wire == Wire.ANTHROPIC: pass",
-    "x = a if account.wire != 'openai' else b",
-    "ok = spec is Wire.OPENAI",
-    "match wire:\n    case Wire.OPENAI: pass",
-    "match wire:\n    case 'anthropic': pass",
-    "ENV = {Wire.ANTHROPIC: 1}",
-    "def f():\n    return Wire.OPENAI",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "if wire == Wire.ANTHROPIC: pass",
+        "x = a if account.wire != 'openai' else b",
+        "ok = spec is Wire.OPENAI",
+        "match wire:\n    case Wire.OPENAI: pass",
+        "match wire:\n    case 'anthropic': pass",
+        "ENV = {Wire.ANTHROPIC: 1}",
+        "def f():\n    return Wire.OPENAI",
+    ],
+)
 def test_the_scan_sees_each_kind_of_branch(source: str) -> None:
     assert wire_branches(source) != []
 
 
 def test_the_scan_passes_table_reads() -> None:
-    assert wire_branches("spec = WIRES[account.wire]\nbody = spec.error_body(400, 'c', 'm', 'r')\n"
-                         "if spec.websocket_path is None: pass\nk = FACTS[wire].worker_env") == []
+    assert (
+        wire_branches(
+            "spec = WIRES[account.wire]\nbody = spec.error_body(400, 'c', 'm', 'r')\n"
+            "if spec.websocket_path is None: pass\nk = FACTS[wire].worker_env"
+        )
+        == []
+    )
 
 
 def test_only_the_table_imports_a_wire_module() -> None:
@@ -229,8 +241,15 @@ def test_the_connection_limit_answer_is_in_the_default_wires_shape() -> None:
     fields = dict(line.split(": ", 1) for line in lines[1:])
     request_id = fields[DEFAULT.request_id_header]
     assert DEFAULT.request_id_header == "x-request-id" and request_id.startswith("req_")
-    assert list(fields) == ["content-type", "retry-after", "connection", "x-should-retry",
-                            "x-request-id", "content-length"]
+    assert list(fields) == [
+        "content-type",
+        "retry-after",
+        "connection",
+        "x-should-retry",
+        "x-request-id",
+        "content-length",
+    ]
     assert int(fields["content-length"]) == len(body)
-    assert body == DEFAULT.error_body(503, "connection-limit", "the gateway has too many open "
-                                      "connections; retry in a second", request_id)
+    assert body == DEFAULT.error_body(
+        503, "connection-limit", "the gateway has too many open connections; retry in a second", request_id
+    )

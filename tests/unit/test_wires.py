@@ -35,8 +35,7 @@ VERDICT_CASES = [
     Case("upstream read failure", (Ending.UPSTREAM_FAILED, False), (AttemptStatus.TRANSPORT_ERROR, None, True)),
     Case("idle timeout", (Ending.IDLE_TIMEOUT, False), (AttemptStatus.TRANSPORT_ERROR, None, True)),
     Case("worker went away", (Ending.CLIENT_GONE, False), (AttemptStatus.CLIENT_ABORTED, None, False)),
-    Case("drain window over", (Ending.SHUTDOWN, False),
-         (AttemptStatus.REFUSED, Refusal.GATEWAY_SHUTDOWN, True)),
+    Case("drain window over", (Ending.SHUTDOWN, False), (AttemptStatus.REFUSED, Refusal.GATEWAY_SHUTDOWN, True)),
 ]
 
 
@@ -72,10 +71,12 @@ def test_is_complete(case: Case) -> None:
 
 def test_endings_is_a_pure_core() -> None:
     tree = ast.parse((REPO / "dataplane" / "endings.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {
+        node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
     assert not imported & {"asyncio", "aiohttp", "os", "socket", "time", "structlog", "secrets"}
 
 
@@ -89,8 +90,23 @@ def sse(name: str | None, data: dict) -> bytes:
 
 def test_anthropic_stream_usage_merges_start_and_delta() -> None:
     s = anthropic.Scanner()
-    s.feed(sse("message_start", {"type": "message_start", "message": {"model": "claude-x", "usage": {
-        "input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 3, "cache_creation_input_tokens": 2}}}))
+    s.feed(
+        sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "model": "claude-x",
+                    "usage": {
+                        "input_tokens": 10,
+                        "output_tokens": 1,
+                        "cache_read_input_tokens": 3,
+                        "cache_creation_input_tokens": 2,
+                    },
+                },
+            },
+        )
+    )
     assert s.seen.usage == Usage(input_tokens=10, output_tokens=1, cache_read_tokens=3, cache_creation_tokens=2)
     s.feed(sse("message_delta", {"type": "message_delta", "usage": {"output_tokens": 42}}))
     assert s.seen.usage == Usage(input_tokens=10, output_tokens=42, cache_read_tokens=3, cache_creation_tokens=2)
@@ -107,12 +123,21 @@ def test_anthropic_in_stream_error_is_noted() -> None:
 
 def test_chat_stream_usage_from_the_final_chunk_and_done() -> None:
     s = openai.ChatScanner()
-    s.feed(sse(None, {"model": "gpt-5", "choices": [{"delta": {"content": "a"}, "finish_reason": None}],
-                      "usage": None}))
+    s.feed(
+        sse(None, {"model": "gpt-5", "choices": [{"delta": {"content": "a"}, "finish_reason": None}], "usage": None})
+    )
     assert s.seen.usage is None and not s.seen.finish_seen
     s.feed(sse(None, {"model": "gpt-5", "choices": [{"delta": {}, "finish_reason": "stop"}]}))
-    s.feed(sse(None, {"model": "gpt-5", "choices": [], "usage": {
-        "prompt_tokens": 20, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 8}}}))
+    s.feed(
+        sse(
+            None,
+            {
+                "model": "gpt-5",
+                "choices": [],
+                "usage": {"prompt_tokens": 20, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 8}},
+            },
+        )
+    )
     assert s.seen.usage == Usage(input_tokens=12, output_tokens=5, cache_read_tokens=8)
     assert s.seen.finish_seen and not s.seen.terminal
     s.feed(b"data: [DONE]\n\n")
@@ -131,24 +156,53 @@ def test_responses_terminal_events_carry_usage(terminal: str) -> None:
     s.feed(sse("response.created", {"type": "response.created", "response": {"model": "gpt-5", "usage": None}}))
     s.feed(sse("response.output_text.delta", {"type": "response.output_text.delta", "delta": "x"}))
     assert s.seen.model == "gpt-5" and s.seen.usage is None and not s.seen.terminal
-    s.feed(sse(terminal, {"type": terminal, "response": {"model": "gpt-5-2026", "usage": {
-        "input_tokens": 30, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 10}}}}))
+    s.feed(
+        sse(
+            terminal,
+            {
+                "type": terminal,
+                "response": {
+                    "model": "gpt-5-2026",
+                    "usage": {"input_tokens": 30, "output_tokens": 7, "input_tokens_details": {"cached_tokens": 10}},
+                },
+            },
+        )
+    )
     assert s.seen.terminal and s.seen.model == "gpt-5-2026"
     assert s.seen.usage == Usage(input_tokens=20, output_tokens=7, cache_read_tokens=10)
 
 
 BODY_CASES = [
-    Case("anthropic message", (anthropic.usage_from_body, {"model": "claude-x", "usage": {
-        "input_tokens": 5, "output_tokens": 6, "cache_read_input_tokens": 1}}),
-        ("claude-x", Usage(input_tokens=5, output_tokens=6, cache_read_tokens=1))),
+    Case(
+        "anthropic message",
+        (
+            anthropic.usage_from_body,
+            {"model": "claude-x", "usage": {"input_tokens": 5, "output_tokens": 6, "cache_read_input_tokens": 1}},
+        ),
+        ("claude-x", Usage(input_tokens=5, output_tokens=6, cache_read_tokens=1)),
+    ),
     Case("anthropic count_tokens has no usage", (anthropic.usage_from_body, {"input_tokens": 5}), (None, None)),
-    Case("chat completion", (openai.usage_from_body, {"model": "gpt-5", "usage": {
-        "prompt_tokens": 9, "completion_tokens": 2}}), ("gpt-5", Usage(input_tokens=9, output_tokens=2))),
-    Case("response object", (openai.usage_from_body, {"model": "gpt-5", "usage": {
-        "input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 4}}}),
-        ("gpt-5", Usage(input_tokens=5, output_tokens=2, cache_read_tokens=4))),
-    Case("embeddings", (openai.usage_from_body, {"model": "emb", "usage": {"prompt_tokens": 3, "total_tokens": 3}}),
-         ("emb", Usage(input_tokens=3))),
+    Case(
+        "chat completion",
+        (openai.usage_from_body, {"model": "gpt-5", "usage": {"prompt_tokens": 9, "completion_tokens": 2}}),
+        ("gpt-5", Usage(input_tokens=9, output_tokens=2)),
+    ),
+    Case(
+        "response object",
+        (
+            openai.usage_from_body,
+            {
+                "model": "gpt-5",
+                "usage": {"input_tokens": 9, "output_tokens": 2, "input_tokens_details": {"cached_tokens": 4}},
+            },
+        ),
+        ("gpt-5", Usage(input_tokens=5, output_tokens=2, cache_read_tokens=4)),
+    ),
+    Case(
+        "embeddings",
+        (openai.usage_from_body, {"model": "emb", "usage": {"prompt_tokens": 3, "total_tokens": 3}}),
+        ("emb", Usage(input_tokens=3)),
+    ),
     Case("not json", (openai.usage_from_body, None), (None, None)),
 ]
 
@@ -165,8 +219,11 @@ def test_usage_from_body(case: Case) -> None:
 
 def test_anthropic_error_body_shape() -> None:
     body = msgspec.json.decode(anthropic.error_body(429, "request-capacity-exhausted", "full", "att_1"))
-    assert body == {"type": "error", "error": {"type": "rate_limit_error", "message": "full",
-                                               "code": "request-capacity-exhausted"}, "request_id": "att_1"}
+    assert body == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": "full", "code": "request-capacity-exhausted"},
+        "request_id": "att_1",
+    }
 
 
 def test_openai_error_body_shape() -> None:
@@ -176,8 +233,11 @@ def test_openai_error_body_shape() -> None:
 
 @pytest.mark.parametrize("kind", ["anthropic", "chat", "responses"])
 def test_cut_events_are_one_well_formed_sse_event(kind: str) -> None:
-    event = (anthropic.cut_event("/v1/messages", "m") if kind == "anthropic"
-             else openai.cut_event("/v1/responses" if kind == "responses" else "/v1/chat/completions", "m"))
+    event = (
+        anthropic.cut_event("/v1/messages", "m")
+        if kind == "anthropic"
+        else openai.cut_event("/v1/responses" if kind == "responses" else "/v1/chat/completions", "m")
+    )
     assert event.endswith(b"\n\n") and event.count(b"\n\n") == 1
     data = json.loads(event.split(b"data: ", 1)[1])
     if kind == "anthropic":
@@ -186,20 +246,26 @@ def test_cut_events_are_one_well_formed_sse_event(kind: str) -> None:
         assert event.startswith(b"event: error\n") and data["type"] == "error" and data["code"]
     else:
         assert event.startswith(b"data: ") and data["error"]["message"] == "m"
-    scanner = (anthropic.Scanner() if kind == "anthropic"
-               else openai.scanner_for("/v1/responses" if kind == "responses" else "/v1/chat/completions"))
+    scanner = (
+        anthropic.Scanner()
+        if kind == "anthropic"
+        else openai.scanner_for("/v1/responses" if kind == "responses" else "/v1/chat/completions")
+    )
     scanner.feed(event)
     assert scanner.seen.upstream_error  # a client reading it sees an error, never a completion
 
 
-@pytest.mark.parametrize("path,headers,wire", [
-    ("/v1/messages", {}, Wire.ANTHROPIC),
-    ("/v1/messages/count_tokens", {}, Wire.ANTHROPIC),
-    ("/v1/chat/completions", {}, Wire.OPENAI),
-    ("/v1/models", {"anthropic-version": "2023-06-01"}, Wire.ANTHROPIC),
-    ("/v1/models", {"x-api-key": "k"}, Wire.ANTHROPIC),
-    ("/v1/models", {"authorization": "Bearer k"}, Wire.OPENAI),
-])
+@pytest.mark.parametrize(
+    "path,headers,wire",
+    [
+        ("/v1/messages", {}, Wire.ANTHROPIC),
+        ("/v1/messages/count_tokens", {}, Wire.ANTHROPIC),
+        ("/v1/chat/completions", {}, Wire.OPENAI),
+        ("/v1/models", {"anthropic-version": "2023-06-01"}, Wire.ANTHROPIC),
+        ("/v1/models", {"x-api-key": "k"}, Wire.ANTHROPIC),
+        ("/v1/models", {"authorization": "Bearer k"}, Wire.OPENAI),
+    ],
+)
 def test_guess_wire_before_a_lease(path: str, headers: dict, wire: Wire) -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
 

@@ -24,24 +24,44 @@ def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy[str]:
 
 
 INCOMING = headers(
-    ("Host", "127.0.0.1:8788"), ("x-api-key", "lhgw_a.b"), ("Authorization", "Bearer lhgw_c.d"),
-    ("anthropic-version", "2023-06-01"), ("anthropic-beta", "x-1,y-2"), ("x-stainless-timeout", "NOT_GIVEN"),
-    ("openai-organization", "org-w"), ("OpenAI-Project", "proj-w"), ("Content-Length", "10"),
-    ("Connection", "keep-alive, X-Private"), ("x-private", "1"), ("TE", "trailers"),
-    ("Transfer-Encoding", "chunked"), ("Accept-Encoding", "zstd,gzip"), ("Content-Encoding", "gzip"),
-    ("x-custom", "a"), ("x-custom", "b"),
+    ("Host", "127.0.0.1:8788"),
+    ("x-api-key", "lhgw_a.b"),
+    ("Authorization", "Bearer lhgw_c.d"),
+    ("anthropic-version", "2023-06-01"),
+    ("anthropic-beta", "x-1,y-2"),
+    ("x-stainless-timeout", "NOT_GIVEN"),
+    ("openai-organization", "org-w"),
+    ("OpenAI-Project", "proj-w"),
+    ("Content-Length", "10"),
+    ("Connection", "keep-alive, X-Private"),
+    ("x-private", "1"),
+    ("TE", "trailers"),
+    ("Transfer-Encoding", "chunked"),
+    ("Accept-Encoding", "zstd,gzip"),
+    ("Content-Encoding", "gzip"),
+    ("x-custom", "a"),
+    ("x-custom", "b"),
 )
 
 
-@pytest.mark.parametrize("style,header,value", [("x-api-key", "x-api-key", "CRED"),
-                                                ("bearer", "Authorization", "Bearer CRED")])
+@pytest.mark.parametrize(
+    "style,header,value", [("x-api-key", "x-api-key", "CRED"), ("bearer", "Authorization", "Bearer CRED")]
+)
 def test_upstream_headers_swap_the_credential_and_keep_end_to_end_headers(style: str, header: str, value: str) -> None:
     out = upstream_headers(INCOMING, style, "CRED")
     assert out.getall(header) == [value]
     other = "Authorization" if header == "x-api-key" else "x-api-key"
     assert other not in out
-    for gone in ("Host", "openai-organization", "openai-project", "content-length", "connection",
-                 "x-private", "te", "transfer-encoding"):
+    for gone in (
+        "Host",
+        "openai-organization",
+        "openai-project",
+        "content-length",
+        "connection",
+        "x-private",
+        "te",
+        "transfer-encoding",
+    ):
         assert gone not in out, gone
     assert out["anthropic-beta"] == "x-1,y-2" and out["x-stainless-timeout"] == "NOT_GIVEN"
     assert out["Accept-Encoding"] == "zstd,gzip" and out["Content-Encoding"] == "gzip"
@@ -50,35 +70,66 @@ def test_upstream_headers_swap_the_credential_and_keep_end_to_end_headers(style:
 
 
 def test_downstream_headers_keep_encoding_and_rate_limits() -> None:
-    out = downstream_headers(headers(
-        ("Content-Encoding", "gzip"), ("Content-Length", "99"), ("Transfer-Encoding", "chunked"),
-        ("Connection", "close"), ("retry-after", "3"), ("retry-after-ms", "2500"), ("x-should-retry", "true"),
-        ("request-id", "req_1"), ("anthropic-ratelimit-requests-remaining", "0"), ("Keep-Alive", "timeout=5")))
-    assert dict(out) == {"Content-Encoding": "gzip", "retry-after": "3", "retry-after-ms": "2500",
-                         "x-should-retry": "true", "request-id": "req_1",
-                         "anthropic-ratelimit-requests-remaining": "0"}
+    out = downstream_headers(
+        headers(
+            ("Content-Encoding", "gzip"),
+            ("Content-Length", "99"),
+            ("Transfer-Encoding", "chunked"),
+            ("Connection", "close"),
+            ("retry-after", "3"),
+            ("retry-after-ms", "2500"),
+            ("x-should-retry", "true"),
+            ("request-id", "req_1"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("Keep-Alive", "timeout=5"),
+        )
+    )
+    assert dict(out) == {
+        "Content-Encoding": "gzip",
+        "retry-after": "3",
+        "retry-after-ms": "2500",
+        "x-should-retry": "true",
+        "request-id": "req_1",
+        "anthropic-ratelimit-requests-remaining": "0",
+    }
 
 
 def route(base_url: str) -> AccountRoute:
-    return AccountRoute(id="a", provider_binding="openai", wire="openai", base_url=base_url,
-                        auth_style="bearer", credential_env="GATEWAY_X")
+    return AccountRoute(
+        id="a",
+        provider_binding="openai",
+        wire="openai",
+        base_url=base_url,
+        auth_style="bearer",
+        credential_env="GATEWAY_X",
+    )
 
 
-@pytest.mark.parametrize("base,path,expect", [
-    ("https://api.openai.com", "/v1/responses", "https://api.openai.com/v1/responses"),
-    ("https://api.openai.com/v1", "/v1/responses", "https://api.openai.com/v1/responses"),
-    ("https://api.z.ai/api/anthropic", "/v1/messages?beta=true", "https://api.z.ai/api/anthropic/v1/messages?beta=true"),
-])
+@pytest.mark.parametrize(
+    "base,path,expect",
+    [
+        ("https://api.openai.com", "/v1/responses", "https://api.openai.com/v1/responses"),
+        ("https://api.openai.com/v1", "/v1/responses", "https://api.openai.com/v1/responses"),
+        (
+            "https://api.z.ai/api/anthropic",
+            "/v1/messages?beta=true",
+            "https://api.z.ai/api/anthropic/v1/messages?beta=true",
+        ),
+    ],
+)
 def test_upstream_url_keeps_the_base_prefix_and_query(base: str, path: str, expect: str) -> None:
     assert upstream_url(route(base), path) == expect
 
 
-@pytest.mark.parametrize("url,expect", [
-    ("/v1/messages?beta=true", "/v1/messages?beta=true"),
-    ("/v1/messages?beta=true&key=lhgw_K.S", "/v1/messages?beta=true"),
-    ("/v1/messages?k=lhgw_K.S", "/v1/messages"),
-    ("/v1/messages", "/v1/messages"),
-])
+@pytest.mark.parametrize(
+    "url,expect",
+    [
+        ("/v1/messages?beta=true", "/v1/messages?beta=true"),
+        ("/v1/messages?beta=true&key=lhgw_K.S", "/v1/messages?beta=true"),
+        ("/v1/messages?k=lhgw_K.S", "/v1/messages"),
+        ("/v1/messages", "/v1/messages"),
+    ],
+)
 def test_upstream_path_drops_a_query_parameter_carrying_the_key(url: str, expect: str) -> None:
     assert upstream_path_qs(URL(url, encoded=True), "lhgw_K.S") == expect
 
@@ -126,8 +177,8 @@ async def test_gate_cancelled_waiter_leaks_nothing_even_when_just_handed_a_slot(
     await gate.acquire(0.1)
     waiting = asyncio.create_task(gate.acquire(5))
     await asyncio.sleep(0)
-    gate.release()          # the slot is handed to the waiter...
-    waiting.cancel()        # ...which is cancelled before it runs
+    gate.release()  # the slot is handed to the waiter...
+    waiting.cancel()  # ...which is cancelled before it runs
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert gate.in_use == 0 and not gate._waiters
