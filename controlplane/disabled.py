@@ -43,7 +43,9 @@ class DisabledAccounts:
         self.link = link
         self.account_ids = tuple(account_ids)
         self.known: tuple[str, ...] = ()  # the set as the chain last said it
-        self._tasks: set[asyncio.Task[bool]] = set()
+        self.told: tuple[str, ...] = ()  # the set last handed to the link (as it starts: none)
+        self._last: asyncio.Task[bool] | None = None  # the push of `told`
+        self._pushes: set[asyncio.Task[bool]] = set()  # every push under way, held till it ends
 
     def read(self) -> tuple[str, ...]:
         """The disabled accounts as the chain says now; the last set read while it cannot say."""
@@ -56,25 +58,28 @@ class DisabledAccounts:
         return self.known
 
     async def sync(self) -> bool:
-        """Tell the data plane the set if it changed since it was last told; True once it has it
-        (or had it already)."""
-        now = self.read()
-        if now == self.link.disabled:
-            return True
-        log.info("accounts_disabled_pushed", accounts=list(now))
-        return await self.link.accounts_disabled(now)
+        """The data plane has the set as the chain says it now: pushed if it changed, and the
+        push under way awaited either way (an event's push may have started it); True once the
+        data plane acknowledged, False when none is linked (its next snapshot carries it)."""
+        self.kick()
+        last = self._last
+        return True if last is None else await asyncio.shield(last)
 
     def kick(self) -> None:
-        """A sync off the caller's path (an event listener, the tick), when the set changed."""
-        if self.read() == self.link.disabled:
+        """Hand the set to the link when it changed since it was last handed (an event listener,
+        the tick, `sync`); pushes run in order, each carrying the whole set."""
+        now = self.read()
+        if now == self.told:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop runs (a publish outside the daemon): the tick will see it
             return
-        task = loop.create_task(self.sync())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.told = now
+        log.info("accounts_disabled_pushed", accounts=list(now))
+        self._last = task = loop.create_task(self.link.accounts_disabled(now))
+        self._pushes.add(task)
+        task.add_done_callback(self._pushes.discard)
 
     def on_event(self, event: Event) -> None:
         """An `EventHub` listener: an `account.state` event (this host's commit or, in fleet

@@ -5,6 +5,7 @@ pushes without waiting for the tick."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from controlplane.core.overlay import Overlay, fold_overlay
@@ -15,13 +16,18 @@ from tests.support.waits import until
 
 
 class FakeLink:
+    """`DataPlaneLink.accounts_disabled`; `acked` set: the data plane acknowledges at once."""
+
     def __init__(self) -> None:
         self.disabled: tuple[str, ...] = ()
         self.pushed: list[tuple[str, ...]] = []
+        self.acked = asyncio.Event()
+        self.acked.set()
 
     async def accounts_disabled(self, account_ids: tuple[str, ...]) -> bool:
         self.disabled = account_ids
         self.pushed.append(account_ids)
+        await self.acked.wait()
         return True
 
 
@@ -65,3 +71,21 @@ async def test_an_account_state_event_pushes_at_once() -> None:
     chain.set("a", "disabled")
     hub.publish(EventKind.ACCOUNT_STATE, {"account_id": "a", "action": "set-state", "state": "disabled"})
     await until(lambda: link.pushed == [("a",)], 5, "the push after the event")
+
+
+async def test_a_sync_waits_for_the_push_an_event_started() -> None:
+    """The commit's event starts the push; the PATCH's `sync` must still wait for its ack (else
+    the PATCH could answer before the data plane has the disable)."""
+    chain, link, hub = Chain(), FakeLink(), EventHub()
+    told = DisabledAccounts(chain.overlay, link, ["a", "b"])  # type: ignore[arg-type]
+    hub.listen(told.on_event)
+    link.acked.clear()  # the data plane has not acknowledged yet
+    chain.set("a", "disabled")
+    hub.publish(EventKind.ACCOUNT_STATE, {"account_id": "a", "action": "set-state", "state": "disabled"})
+    synced = asyncio.ensure_future(told.sync())
+    await until(lambda: link.pushed == [("a",)], 5, "the event's push under way")
+    for _ in range(20):  # loop turns, not time: with the ack withheld, sync never ends
+        await asyncio.sleep(0)
+    assert not synced.done()
+    link.acked.set()
+    assert await asyncio.wait_for(synced, 5) and link.pushed == [("a",)]  # one push, not two
