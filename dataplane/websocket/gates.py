@@ -3,11 +3,12 @@
 The same rules, in the same order, as an HTTP request on the lease (`Proxy._serve`, SPEC §12,
 §16–§18): a dispatch key being moved (503 `fallback-pending`), the budget gate (429
 `budget-exhausted` / 403 `model-unpriced`), a ceiling this host cannot honour now (503
-`fleet-state-unavailable`: its fleet place lapsed or a fleet loop keeps failing, the one rule
-`fleethold.fleet_held` the HTTP proxy applies), then a request slot (429 `request-capacity-exhausted`, local or
-fleet-wide). `standing` says whether an open socket still has its lease's rights (revoke,
-expiry, its account disabled, a hop, a spent budget, the drain), and with which close code it
-ends when it has not (SPEC §20); `disabled` also refuses a handshake on a disabled account.
+`fleet-state-unavailable`: its fleet place lapsed or a fleet loop keeps failing; the one rule
+the HTTP proxy applies, `fleethold.fleet_held`), then a request slot (429
+`request-capacity-exhausted`, local or fleet-wide). `standing` says whether an open socket still
+has its lease's rights (revoke, expiry, a hop, its account disabled, a spent budget, the drain),
+and with which close code it ends when it has not (SPEC §20); `disabled` also refuses a
+handshake on a disabled account.
 """
 
 from __future__ import annotations
@@ -120,10 +121,7 @@ def standing(replica: LeaseReplica, lease: Lease, now_ms: int, draining: bool) -
     current = replica.lookup_by_key(lease.key_id)
     if current is None or current.expires_at_ms <= now_ms:
         return Standing(POLICY_VIOLATION, refused(Refusal.UNKNOWN_KEY, "the virtual key was revoked or expired"))
-    off = disabled(replica, lease.account_id)
-    if off is not None:
-        return Standing(POLICY_VIOLATION, off)
-    if lease.hop_on and replica.is_moving(lease):
+    if lease.hop_on and replica.is_moving(lease):  # before a disable: the key's new account serves it
         return Standing(
             SERVICE_RESTART,
             refused(
@@ -132,6 +130,9 @@ def standing(replica: LeaseReplica, lease: Lease, now_ms: int, draining: bool) -
                 retry_after_s=1,
             ),
         )
+    off = disabled(replica, lease.account_id)
+    if off is not None:
+        return Standing(POLICY_VIOLATION, off)
     if current.budget_retry_at_ms is not None and now_ms < current.budget_retry_at_ms:
         found = budget_hold(current, None, now_ms, replica.priced)
         if found is not None:

@@ -85,3 +85,15 @@ def test_a_disabled_account_ends_the_socket_1008(disabled: tuple[str, ...], clos
     if ending is not None:
         assert ending.refusal.code is Refusal.ADMINISTRATIVE_DISABLED and ending.refusal.status == 409
         assert gates.disabled(replica, "acct") == ending.refusal  # the handshake's refusal too
+
+
+def test_a_hop_closes_1012_before_a_disable_closes_1008() -> None:
+    """A dispatch key moving off a disabled account: the reconnect reaches its new account."""
+    replica = LeaseReplica(env={})
+    lease = Lease(
+        key_id="k", digest=b"\x00" * 32, account_id="acct", expires_at_ms=NOW + 60_000, hop_on=("rate-limited",)
+    )
+    replica.load([lease], [route()], True, disabled=["acct"])
+    replica.hop_pending(lease, "rate-limited", None)
+    ending = gates.standing(replica, lease, NOW, draining=False)
+    assert ending is not None and ending.close_code == gates.SERVICE_RESTART
