@@ -38,7 +38,7 @@ from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
 from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
-from dataplane.usage_ask import asks_usage, with_usage
+from dataplane.usage_ask import asks_usage, with_usage, with_usage_off_loop
 from dataplane.websocket.sockets import Sockets
 from dataplane.wires.table import WIRES, guess_wire
 from shared.capacity import CapacityTable, StateUnavailable
@@ -290,7 +290,7 @@ class Proxy:
         if not asks_usage(attempt.path, peek):
             return body
         if peek.stream_options and len(decoded) >= OFF_LOOP_BYTES:  # a scan of the top level
-            asked = await asyncio.to_thread(with_usage, decoded, peek)
+            asked = await with_usage_off_loop(decoded, peek)  # its scan holds the GIL
         else:
             asked = with_usage(decoded, peek)
         if asked is None:
