@@ -31,6 +31,7 @@ from dataplane.bodies import (
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import refusal_response, refuse
+from dataplane.fleethold import fleet_held
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
@@ -236,11 +237,7 @@ class Proxy:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
         account has a ceiling); the refusal when the slot cannot be taken, else None."""
         fleet = self.fleet
-        held = (
-            fleet.hold()
-            if fleet is not None and (account.request_capacity is not None or account.lease_capacity is not None)
-            else None
-        )
+        held = fleet_held(fleet, account)
         if held is not None:  # SPEC §16, §19: a lapsed place or a failing loop: never stale state
             return refuse(
                 attempt,

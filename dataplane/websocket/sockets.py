@@ -7,8 +7,8 @@ before the upgrade), then the upstream socket (a refused handshake answers as HT
 405 and 426 answer 426 so the client falls back to HTTP at once). Only then is the worker's
 socket accepted, and a `SocketSession` relays it.
 
-A sweep checks every open socket's rights every `SWEEP_S` (revoke, expiry, hop, budget,
-drain), so a socket with nothing in flight closes within it; each `response.create` checks
+A sweep checks every open socket's rights every `SWEEP_S` (revoke, expiry, disable, hop,
+budget, drain), so a socket with nothing in flight closes within it; each `response.create` checks
 them again at once. `sockets_open` counts open sockets per account.
 """
 
@@ -155,6 +155,9 @@ class Sockets:
             return gates.refused(
                 Refusal.OBSERVATION_STORAGE_UNAVAILABLE, "the gateway cannot record attempts right now", retry_after_s=5
             )
+        off = gates.disabled(self.replica, attempt.lease.account_id)  # SPEC §20: no socket to lose
+        if off is not None:
+            return off
         if attempt.lease.account_id not in self.replica.credentials:
             return gates.refused(
                 Refusal.ACCOUNT_NOT_CONFIGURED,
