@@ -8,6 +8,12 @@ round by round (each round's columns ran back to back, so the machine's drift ca
 median and range. Same servers, request and generator as
 `make bench`'s saturation phase (`bench.phases`).
 
+`--rate N` adds a fixed-rate phase after the saturation rounds (issue 27: "the added p50 at
+50 req/s"): every column, direct-to-stub included, is driven open-loop at N req/s for
+`--rate-seconds` per round, interleaved the same way, and each column's p50 / p99 is printed with
+Leasehold's p50 minus every other column's p50 round by round (ms; ≤ +0.1 over the minimal proxy
+is the aim).
+
 `--alone` changes the layout: the proxy under test (the minimal proxy, or Leasehold's data
 plane) gets CPU 1 to itself and everything else — generator, stub, control — shares CPU 0. It
 answers "what does the proxy itself cost per request", without the cache and scheduling effects
@@ -39,12 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=2.5, help="measured window per round")
     parser.add_argument("--alone", action="store_true", help="give the proxy under test a core of its own")
+    parser.add_argument("--rate", type=int, default=0, help="then a fixed-rate latency phase at this req/s")
+    parser.add_argument("--rate-seconds", type=float, default=5.0, help="measured window per fixed-rate round")
+    parser.add_argument("--no-saturation", action="store_true", help="only the fixed-rate phase")
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         parser.error("needs two CPUs (generator and servers are pinned apart)")
     layout = Layout(generator_cpus=(cpus[0],), server_cpus=(cpus[1],))
     results: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    latency: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as workdir:
         pin_self((cpus[0],) if args.alone else layout.server_cpus)  # the servers inherit it
         try:
@@ -52,36 +62,80 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             os.sched_setaffinity(0, set(cpus))
         try:
-            targets = servers.targets("/v1/messages", HEADERS)[1:]  # not direct-to-stub
+            every = servers.targets("/v1/messages", HEADERS)
+            targets = every[1:]  # not direct-to-stub
             if args.alone:
                 for target in targets:
                     os.sched_setaffinity(_proxy_pid(target), {cpus[1]})
             ctx = Context(plan=PLANS["default"], layout=layout, servers=servers, targets=targets)
-            for index in range(args.rounds):
-                # odd rounds run the columns in reverse, so no column always follows the same one
-                for target in targets if index % 2 == 0 else targets[::-1]:
-                    run = run_loadgen(
-                        _job(
-                            ctx,
-                            target,
-                            "saturate",
-                            stream=False,
-                            step=None,
-                            connections=64,
-                            warmup_s=0.5,
-                            duration_s=args.seconds,
-                        )
-                    )
-                    if run["errors"] or not run["rps"]:
-                        print(f"{target.name}: errors {run['errors']}")
-                        return 1
-                    cpu = {name: share * 1e6 / run["rps"] for name, share in run["cpu"].items() if share is not None}
-                    results.setdefault(target.name, []).append((run["rps"], cpu))
+            if not args.no_saturation and not _saturation(ctx, args.rounds, args.seconds, results):
+                return 1
+            if args.rate > 0:
+                _fixed_rate(ctx, every, args.rounds, args.rate, args.rate_seconds, latency)
         finally:
             servers.close()
+    if results:
+        _print_saturation(results, args.rounds, args.seconds, args.alone)
+    if latency:
+        _print_latency(latency, args.rounds, args.rate, args.rate_seconds)
+    return 0
+
+
+def _interleaved(targets: list[Target], index: int) -> list[Target]:
+    """Odd rounds run the columns in reverse, so no column always follows the same one."""
+    return targets if index % 2 == 0 else targets[::-1]
+
+
+def _saturation(
+    ctx: Context, rounds: int, seconds: float, results: dict[str, list[tuple[float, dict[str, float]]]]
+) -> bool:
+    for index in range(rounds):
+        for target in _interleaved(ctx.targets, index):
+            run = run_loadgen(
+                _job(
+                    ctx,
+                    target,
+                    "saturate",
+                    stream=False,
+                    step=None,
+                    connections=64,
+                    warmup_s=0.5,
+                    duration_s=seconds,
+                )
+            )
+            if run["errors"] or not run["rps"]:
+                print(f"{target.name}: errors {run['errors']}")
+                return False
+            cpu = {name: share * 1e6 / run["rps"] for name, share in run["cpu"].items() if share is not None}
+            results.setdefault(target.name, []).append((run["rps"], cpu))
+    return True
+
+
+def _fixed_rate(
+    ctx: Context,
+    targets: list[Target],
+    rounds: int,
+    rate: int,
+    seconds: float,
+    latency: dict[str, list[dict[str, float]]],
+) -> None:
+    """Open loop at `rate` req/s, every column (direct included) in interleaved rounds."""
+    for index in range(rounds):
+        for target in _interleaved(targets, index):
+            run = run_loadgen(
+                _job(ctx, target, "rate", stream=False, step=None, rate=rate, warmup_s=0.5, duration_s=seconds)
+            )
+            summary = dict(run["latency_ms"])
+            summary["errors"] = float(sum(run["errors"].values()))
+            latency.setdefault(target.name, []).append(summary)
+
+
+def _print_saturation(
+    results: dict[str, list[tuple[float, dict[str, float]]]], rounds: int, seconds: float, alone: bool
+) -> None:
     print(
-        f"saturation, {args.rounds} interleaved rounds of {args.seconds} s, "
-        f"{'proxy alone on its core' if args.alone else 'servers sharing one core'}"
+        f"saturation, {rounds} interleaved rounds of {seconds} s, "
+        f"{'proxy alone on its core' if alone else 'servers sharing one core'}"
     )
     for name, runs in results.items():
         rps = [r for r, _ in runs]
@@ -93,7 +147,30 @@ def main(argv: list[str] | None = None) -> int:
     rps_of = {name: [r for r, _ in runs] for name, runs in results.items()}
     for other in [n for n in rps_of if n != "leasehold"]:
         print(ratio_line(f"leasehold / {other}", round_ratios(rps_of["leasehold"], rps_of[other])))
-    return 0
+
+
+def _print_latency(latency: dict[str, list[dict[str, float]]], rounds: int, rate: int, seconds: float) -> None:
+    print(f"latency at {rate} req/s, {rounds} interleaved rounds of {seconds} s (ms)")
+    for name, runs in latency.items():
+        p50 = [r.get("p50", float("nan")) for r in runs]
+        p99 = [r.get("p99", float("nan")) for r in runs]
+        errors = sum(r["errors"] for r in runs)
+        print(
+            f"  {name:28s} p50 {statistics.median(p50):.3f} (rounds {' '.join(f'{x:.3f}' for x in p50)})  "
+            f"p99 median {statistics.median(p99):.3f}  errors {errors:.0f}"
+        )
+    mine = [r.get("p50", float("nan")) for r in latency["leasehold"]]
+    for other in [n for n in latency if n != "leasehold"]:
+        theirs = [r.get("p50", float("nan")) for r in latency[other]]
+        print(diff_line(f"leasehold p50 - {other} p50", [a - b for a, b in zip(mine, theirs, strict=True)]))
+
+
+def diff_line(label: str, diffs: list[float]) -> str:
+    """`label: +median (min–max) ms over N rounds; rounds d1 d2 ...`."""
+    return (
+        f"  {label:40s} {statistics.median(diffs):+.3f} ms ({min(diffs):+.3f}–{max(diffs):+.3f}) "
+        f"over {len(diffs)} rounds; rounds {' '.join(f'{d:+.3f}' for d in diffs)}"
+    )
 
 
 def round_ratios(a: list[float], b: list[float]) -> list[float]:

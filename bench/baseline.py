@@ -1,8 +1,9 @@
 """`make bench-ab`: this checkout against the commit `bench/BASELINE` names, interleaved A/B.
 
-`python -m bench.baseline [--rounds 6] [--seconds 2.5] [--alone] [--commit REV]` checks the
-baseline commit out into a temporary git worktree, gives it a venv of its own (its own
-`setup.cfg`'s dependencies, installed through pip's cache, so the second build is quick), runs
+`python -m bench.baseline [--rounds 6] [--seconds 2.5] [--alone] [--commit REV] [--rate 50 ...]`
+(every other option goes to `bench.ab`) checks the baseline commit out into a temporary git
+worktree, gives it a venv of its own (its own `setup.cfg`'s dependencies, installed through
+pip's cache, so the second build is quick), runs
 `bench.ab` with that tree as a column (its daemons started with its own venv's python: see
 `bench.procs.module_argv`) and prints every round's ratio, current / baseline and current /
 minimal proxy, before the median and range. The worktree and its venv are removed at the end.
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=2.5, help="measured window per round")
     parser.add_argument("--alone", action="store_true", help="the proxy under test alone on a core")
-    args = parser.parse_args(argv)
+    args, passed = parser.parse_known_args(argv)  # the rest (--rate ...) goes to bench.ab
     commit = _git("rev-parse", "--short", args.commit or baseline_commit())
     with tempfile.TemporaryDirectory(prefix="leasehold-baseline-") as tmp:
         tree = Path(tmp) / f"baseline-{commit}"
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             build(commit, tree)
             ab_args = ["--rounds", str(args.rounds), "--seconds", str(args.seconds), str(tree)]
-            return ab.main(ab_args + (["--alone"] if args.alone else []))
+            return ab.main(ab_args + (["--alone"] if args.alone else []) + passed)
         finally:
             remove(tree)
 

@@ -2,6 +2,9 @@
 
 - `/healthz` latency (p50/p99/max over ~`seconds`) alone, then while 8 workers send gzip bombs
   back to back (64 KiB of gzip that inflates to 64 MiB);
+- the same while 8 workers send near-limit bombs (Stop 30): ~32 KiB of gzip that inflates to
+  just under `GATEWAY_MAX_BODY_BYTES` (32 MiB) of the costliest shape to parse, a model and
+  `[0,0,0,...]`. Not refused 413, so each is read strictly (and forwarded);
 - RSS per idle connection: the data plane's RSS before and after `idle` connections are opened
   (each sent nothing), and the cap 24 GiB would hold at that price;
 - the connection cap held: `cap + 20` connections opened against a data plane started with
@@ -33,6 +36,7 @@ from bench.procs import rss_kib, start_gateway, start_stub
 from tests.support.harness import Gateway, Stub, http
 
 BOMB = gzip.compress(b'{"model":"claude-sonnet-4-6","x":"' + b"a" * (64 << 20) + b'"}', 9)
+NEAR_LIMIT_BYTES = 32 * 1024 * 1024 - 1024  # under the default GATEWAY_MAX_BODY_BYTES
 A_HEADERS = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
 GIB24_KIB = 24 * 1024 * 1024
 ACCOUNTS = """
@@ -47,6 +51,13 @@ request_capacity = 1
 """
 
 
+def near_limit_bomb(size: int = NEAR_LIMIT_BYTES) -> bytes:
+    """gzip of `{"model":...,"max_tokens":8,"messages":[],"a":[0,0,...]}`, `size` bytes inflated."""
+    head = b'{"model":"claude-sonnet-4-6","max_tokens":8,"messages":[],"a":['
+    zeros = (size - len(head) - 3) // 2
+    return gzip.compress(head + b"0," * zeros + b"0]}", 6)
+
+
 def _quantiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
@@ -58,10 +69,13 @@ def _quantiles(samples: list[float]) -> dict[str, float]:
     }
 
 
-async def _healthz_latency(url: str, token: str, seconds: float, bombers: int) -> dict[str, Any]:
+async def _healthz_latency(
+    url: str, token: str, seconds: float, bombers: int, bomb_body: bytes = BOMB
+) -> dict[str, Any]:
     stop = time.monotonic() + seconds
     samples: list[float] = []
     bombs = 0
+    statuses: dict[int, int] = {}
 
     async def bomb(session: aiohttp.ClientSession) -> None:
         nonlocal bombs
@@ -69,11 +83,12 @@ async def _healthz_latency(url: str, token: str, seconds: float, bombers: int) -
             try:
                 async with session.post(
                     url + "/v1/messages",
-                    data=BOMB,
+                    data=bomb_body,
                     headers={**A_HEADERS, "x-api-key": token, "content-encoding": "gzip"},
                 ) as response:
                     await response.read()
                 bombs += 1
+                statuses[response.status] = statuses.get(response.status, 0) + 1
             except aiohttp.ClientError:
                 pass
 
@@ -91,7 +106,7 @@ async def _healthz_latency(url: str, token: str, seconds: float, bombers: int) -
         aiohttp.ClientSession(timeout=timeout) as probing,
     ):
         await asyncio.gather(probe(probing), *(bomb(bombing) for _ in range(bombers)))
-    return {**_quantiles(samples), "bombers": bombers, "bombs_answered": bombs}
+    return {**_quantiles(samples), "bombers": bombers, "bombs_answered": bombs, "statuses": statuses}
 
 
 def _idle_rss(gw: Gateway, count: int) -> dict[str, Any]:
@@ -179,6 +194,7 @@ def measure(
     cap: int = 64,
     slot_wait_s: float = 10.0,
     say=print,
+    bombs_only: bool = False,
 ) -> dict[str, Any]:
     accounts = workdir / "accounts.toml"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -208,11 +224,18 @@ def measure(
             "healthz_alone": asyncio.run(_healthz_latency(gw.dataplane_url, token, seconds / 2, 0)),
             "healthz_under_bombs": asyncio.run(_healthz_latency(gw.dataplane_url, token, seconds, 8)),
         }
-        say("hostile: the connection cap, the stalled client's slot ...")
-        results["cap"] = _cap_held(gw, cap)
-        results["stalled_slot"] = _stalled_slot(gw, stub, slot_wait_s)
+        say("hostile: /healthz under 8 near-limit bombs (Stop 30) ...")
+        results["healthz_under_near_limit_bombs"] = asyncio.run(
+            _healthz_latency(gw.dataplane_url, token, seconds, 8, near_limit_bomb())
+        )
+        if not bombs_only:
+            say("hostile: the connection cap, the stalled client's slot ...")
+            results["cap"] = _cap_held(gw, cap)
+            results["stalled_slot"] = _stalled_slot(gw, stub, slot_wait_s)
     finally:
         gw.stop()
+    if bombs_only:
+        return results
     say(f"hostile: RSS of {idle} idle connections ...")
     gw = start_gateway(workdir / "idle", stub, {"GATEWAY_MAX_CONNECTIONS": str(idle + 100)}, tree)
     try:
@@ -226,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__.split("\n")[0])
     parser.add_argument("--tree", type=Path, default=None, help="run another checkout's daemons")
     parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--bombs-only", action="store_true", help="only /healthz alone and under the bombs")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="leasehold-hostile-") as tmp:
         stub = start_stub(Path(tmp) / "stub")
         try:
-            results = measure(stub, Path(tmp) / "run", args.tree, args.seconds)
+            results = measure(stub, Path(tmp) / "run", args.tree, args.seconds, bombs_only=args.bombs_only)
         finally:
             stub.stop()
     print(json.dumps(results, indent=2))

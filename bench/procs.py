@@ -141,7 +141,9 @@ class Target(msgspec.Struct, kw_only=True):
 
 
 def start_stub(workdir: Path) -> Stub:
-    return Stub(workdir, anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
+    """The stub as the benchmark's provider: every answer carries a real provider's full
+    rate-limit header set, so the data plane parses them as it does in production (SPEC §22)."""
+    return Stub(workdir, anthropic_key=credential_like("sk-ant-api03-"), openai_key=None, rate_limit_headers=True)
 
 
 def start_minimal_proxy(workdir: Path, upstream: str) -> tuple[Proc, int]:

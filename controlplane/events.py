@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from controlplane.circuits import CircuitView
-from controlplane.routebook import RouteView, view_of
+from controlplane.routebook import RouteView, as_started, view_of
 from shared.logging import get_logger
 from shared.wire import AttemptRow
 
@@ -142,12 +142,21 @@ def _route_view(data: Any) -> msgspec.Struct:
     return RouteView(**view_of(data))
 
 
+def _started_view(data: Any) -> msgspec.Struct:
+    """A `route.started` event shows the attempt as its start was. An attempt the data plane
+    reported once, by its finished row (its start withdrawn, issue 27), publishes that row: the
+    start is derived here, on first read, not per attempt at publish time."""
+    if isinstance(data, AttemptRow) and data.status is not None:
+        data = as_started(data)
+    return _route_view(data)
+
+
 def _model(kind: type[msgspec.Struct]) -> Callable[[Any], msgspec.Struct]:
     return lambda data: msgspec.convert(data, kind, from_attributes=True)
 
 
 PROJECTIONS: dict[EventKind, Callable[[Any], msgspec.Struct]] = {
-    EventKind.ROUTE_STARTED: _route_view,
+    EventKind.ROUTE_STARTED: _started_view,
     EventKind.ROUTE_FINISHED: _route_view,
     EventKind.CIRCUIT: _model(CircuitView),
     EventKind.ACCOUNT_STATE: _model(AccountStateEvent),

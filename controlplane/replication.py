@@ -3,7 +3,8 @@
 On connect: peer uid check → `Hello`/`Welcome` version handshake → `Snapshot` of every live
 lease and account route (and the price table's globs), acknowledged. Afterwards every added or
 removed lease is pushed and acknowledged, which is how a mint or revoke returns only once the
-data plane has it (SPEC §3); so is every change of the leases' budget gates (SPEC §18).
+data plane has it (SPEC §3); so is every change of the leases' budget gates (SPEC §18) and of
+the accounts an operator disabled (SPEC §20: their sockets close).
 Attempt reports flow the other way and are handed to `on_message`.
 """
 
@@ -18,6 +19,7 @@ from shared.rpc import Connection, FrameError, peer_uid
 from shared.wire import (
     PROTOCOL_VERSION,
     AccountRoute,
+    AccountsDisabled,
     Hello,
     Lease,
     LeaseAdded,
@@ -48,6 +50,9 @@ class DataPlaneLink:
         self.peer_pid: int | None = None
         self.ready = asyncio.Event()
         self.priced: list[str] | None = None  # the price table's globs, sent with each snapshot
+        # SPEC §9, §20: the accounts an operator disabled, as the data plane was (or will be,
+        # by the next snapshot) told; `accounts_disabled` changes it.
+        self.disabled: tuple[str, ...] = ()
 
     def bind(
         self,
@@ -94,7 +99,12 @@ class DataPlaneLink:
             leases, routes, storage_ok = self._snapshot()
             await conn.request(
                 lambda rid: Snapshot(
-                    req_id=rid, leases=leases, accounts=routes, storage_ok=storage_ok, priced=self.priced
+                    req_id=rid,
+                    leases=leases,
+                    accounts=routes,
+                    storage_ok=storage_ok,
+                    priced=self.priced,
+                    disabled=list(self.disabled) or None,
                 ),
                 ACK_TIMEOUT_S,
             )
@@ -145,6 +155,13 @@ class DataPlaneLink:
 
     async def gates_changed(self, gates: list[LeaseGate]) -> bool:
         return await self._push(lambda rid: LeaseGates(req_id=rid, gates=gates))
+
+    async def accounts_disabled(self, account_ids: tuple[str, ...]) -> bool:
+        """The disabled accounts changed (SPEC §20): pushed and acknowledged, and sent with every
+        later snapshot; True once the data plane has them, False when none is linked (its next
+        snapshot carries them)."""
+        self.disabled = account_ids
+        return await self._push(lambda rid: AccountsDisabled(req_id=rid, account_ids=list(account_ids)))
 
     def storage_state(self, ok: bool) -> None:
         conn = self.conn

@@ -24,7 +24,7 @@ from controlplane.grants import Grants, Minted
 from controlplane.ports import BudgetPort, Configured, RowSink, SettleHook
 from controlplane.registry import Registry
 from controlplane.replication import DataPlaneLink
-from controlplane.routebook import RouteBook, as_started
+from controlplane.routebook import RouteBook
 from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.capacity import CapacityStore
@@ -301,8 +301,9 @@ class ControlService:
         self._unacked.append((conn, message.req_id))
         row = message.row
         if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
-            # reported once (the data plane withdrew its start, issue 27): the feed still has both
-            self.events.publish(EventKind.ROUTE_STARTED, as_started(row))
+            # reported once (the data plane withdrew its start, issue 27): the feed still has both;
+            # the event shows the row as its start was (projected on first read, `events.py`)
+            self.events.publish(EventKind.ROUTE_STARTED, row)
         self.record(row)
 
     async def retry_storage(self) -> None:

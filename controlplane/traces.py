@@ -192,7 +192,8 @@ class Traces:
 
     def resource(self) -> dict[str, str]:
         """SPEC §21's resource: `OTEL_RESOURCE_ATTRIBUTES`, then `service.name` (from
-        `OTEL_SERVICE_NAME`, else `leasehold`), `host.name`, and the fleet's host id."""
+        `OTEL_SERVICE_NAME`, else the resource attributes' own, else `leasehold`: settled by
+        `shared/otelsettings.py`), `host.name`, and the fleet's host id."""
         attrs = dict(self.config.resource)
         attrs["service.name"] = self.config.service_name
         attrs.setdefault("host.name", socket.gethostname())

@@ -19,6 +19,7 @@ from controlplane.budgetguard import BudgetGuard
 from controlplane.circuits import CircuitRegistry
 from controlplane.core.policy import Ceiling
 from controlplane.core.pricing import PriceTable
+from controlplane.disabled import DisabledAccounts
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
 from controlplane.fleet import backends
@@ -98,6 +99,7 @@ class _Parts(msgspec.Struct, frozen=True, kw_only=True):
     evidence: EvidenceBook
     books: Books
     account_ids: list[str]
+    disabled: DisabledAccounts  # what the data plane hears of the disables (SPEC §20)
 
 
 def wire(
@@ -150,7 +152,7 @@ def wire(
         budgets=books.budgets,
         fleet_view=fleet_view,
         headroom=books.headroom,
-        upkeep=(books.budgets.background, books.headroom.background),
+        upkeep=(books.budgets.background, books.headroom.background, parts.disabled.background),
         fleet=fleet,
         fleet_spend=books.fleet_spend,
         fleet_headroom=books.fleet_headroom,
@@ -167,6 +169,9 @@ def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledge
     account_ids = [a.id for a in registry.accounts]
     admin, policy = _chains(settings, shared, events, account_ids)
     link = DataPlaneLink()
+    disabled = DisabledAccounts(admin.overlay, link, account_ids)
+    admin.settle = disabled.sync  # a PATCH answers once the data plane has the disable
+    events.listen(disabled.on_event)
     books = build_books(settings, shared, ledger, policy, keys, link, events, prices, account_ids)
     return _Parts(
         shared=shared,
@@ -179,6 +184,7 @@ def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledge
         evidence=EvidenceBook(now_ms()),
         books=books,
         account_ids=account_ids,
+        disabled=disabled,
     )
 
 

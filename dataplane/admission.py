@@ -45,6 +45,7 @@ from shared.fleet.entries import FleetEntries
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
+from shared.fleet.scriptline import ScriptLine
 from shared.logging import get_logger
 from shared.supervisor import Supervisor
 
@@ -88,7 +89,9 @@ class FleetAdmission:
         self.lapsed = False  # this host's control lost its place: ceilinged accounts refused
         self.supervisor = Supervisor()  # this data plane's Redis loops (SPEC §19)
         self.incarnation = Incarnation()
-        self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation)
+        # the hot scripts (reserve, the window's release) on a connection of their own (issue 27)
+        self.line = ScriptLine.of(client)
+        self.capacity = RedisCapacity(client, self.keys, Ceiling.REQUEST, host_id, self.incarnation, self.line)
         self.held: dict[str, tuple[str, int]] = {}  # attempt id → (account, ceiling), in flight here
         self.pending_release: set[str] = set()  # releases that could not reach Redis yet
         self.owed: list[str] = []  # answered; released by the next reserve or flush
@@ -125,10 +128,11 @@ class FleetAdmission:
                 releasing = []
                 await self._reregister()
                 taken = await self.capacity.reserve(account_id, holder, ceiling)
-        except StateUnavailable:
+        except (StateUnavailable, asyncio.CancelledError):
             # A timeout's outcome is unknown: a hung Redis runs the reserve once it resumes. The
             # request is refused, so the holder is released like a failed release (harmless if
-            # it never landed), never leaked; so are the releases it carried.
+            # it never landed), never leaked; so are the releases it carried. A worker that went
+            # away while the reserve was out leaves the same unknown: released alike.
             self.pending_release.add(holder)
             self.pending_release.update(releasing)
             raise
@@ -205,4 +209,5 @@ class FleetAdmission:
         self._flush_owed()
         for task in list(self._releases):
             await task
+        self.line.close()
         await self.client.aclose()

@@ -25,6 +25,7 @@ NOT_RETRIED = frozenset(
         Refusal.BUDGET_EXHAUSTED,
         Refusal.INVALID_REQUEST_BODY,
         Refusal.UNSUPPORTED_CONTENT_ENCODING,
+        Refusal.ADMINISTRATIVE_DISABLED,  # a socket's handshake on a disabled account (SPEC §20)
     }
 )
 

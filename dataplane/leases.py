@@ -4,7 +4,8 @@ It answers authentication with no RPC, and holds each lease's budget gate as con
 pushed it (`regate`; SPEC §18) and the price table's globs (`priced`). A dispatch key (SPEC §17)
 whose attempt just ended on a condition its lease hops on is `pending`: it admits no new attempt
 until control re-binds the token (a pushed lease for the same key replaces the old one and clears
-the mark). While control is unreachable it is empty and not `ready`: the data plane fails closed
+the mark). It holds which accounts an operator disabled (`disabled`, SPEC §9): their sockets
+lose their rights (SPEC §20). While control is unreachable it is empty and not `ready`: the data plane fails closed
 (503 `control-unavailable`) until the next snapshot.
 Credential values are read from this process's environment by the account's variable name.
 """
@@ -32,9 +33,15 @@ class LeaseReplica:
         self.ready = False
         self.storage_ok = True
         self.priced = PricedModels()
+        self.disabled: frozenset[str] = frozenset()  # accounts administratively disabled (§9, §20)
 
     def load(
-        self, leases: list[Lease], accounts: list[AccountRoute], storage_ok: bool, priced: list[str] | None = None
+        self,
+        leases: list[Lease],
+        accounts: list[AccountRoute],
+        storage_ok: bool,
+        priced: list[str] | None = None,
+        disabled: list[str] | None = None,
     ) -> None:
         self._by_digest = {lease.digest: lease for lease in leases}
         self._digest_of = {lease.key_id: lease.digest for lease in leases}
@@ -48,6 +55,7 @@ class LeaseReplica:
                 self.credentials[account.id] = value
         self.storage_ok = storage_ok
         self.priced = PricedModels(priced)
+        self.disabled = frozenset(disabled or ())
         self.ready = True
 
     def add(self, lease: Lease) -> None:

@@ -19,6 +19,7 @@ import uvloop
 from aiohttp import HttpVersion11, hdrs, web
 
 from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
+from dataplane.bodies import close_readers
 from dataplane.errors import refusal_response
 from dataplane.leases import LeaseReplica
 from dataplane.proxy import Proxy
@@ -239,6 +240,7 @@ async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: 
         await proxy.drained(STOP_GRACE_S)
     await sockets
     await runner.cleanup()
+    await close_readers()  # the body reader processes, if a large body started any
 
 
 async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
@@ -250,11 +252,8 @@ async def _fleet_admission(settings: Settings) -> FleetAdmission | None:
     from shared.fleet.redis_client import connect, describe
     from shared.fleet.secret import Keyring
 
-    entries = (
-        None
-        if settings.fleet_secret is None
-        else FleetEntries(Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
-    )
+    assert settings.fleet_secret is not None  # settings require it (SPEC §19): beats always checked
+    entries = FleetEntries(Keyring(settings.fleet_secret, settings.fleet_id, settings.fleet_verify_secret))
     fleet = FleetAdmission(
         connect(settings.fleet_redis_url), settings.fleet_id, settings.host_id, settings.fleet_host_ttl_seconds, entries
     )  # SPEC §19: sealed heartbeats

@@ -31,13 +31,14 @@ from dataplane.bodies import (
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import refusal_response, refuse
+from dataplane.fleethold import fleet_held
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
 from dataplane.scope import reach
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
-from dataplane.usage_ask import asks_usage, with_usage
+from dataplane.usage_ask import asks_usage, with_usage, with_usage_off_loop
 from dataplane.websocket.sockets import Sockets
 from dataplane.wires.table import WIRES, guess_wire
 from shared.capacity import CapacityTable, StateUnavailable
@@ -236,11 +237,7 @@ class Proxy:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
         account has a ceiling); the refusal when the slot cannot be taken, else None."""
         fleet = self.fleet
-        held = (
-            fleet.hold()
-            if fleet is not None and (account.request_capacity is not None or account.lease_capacity is not None)
-            else None
-        )
+        held = fleet_held(fleet, account)
         if held is not None:  # SPEC §16, §19: a lapsed place or a failing loop: never stale state
             return refuse(
                 attempt,
@@ -293,7 +290,7 @@ class Proxy:
         if not asks_usage(attempt.path, peek):
             return body
         if peek.stream_options and len(decoded) >= OFF_LOOP_BYTES:  # a scan of the top level
-            asked = await asyncio.to_thread(with_usage, decoded, peek)
+            asked = await with_usage_off_loop(decoded, peek)  # its scan holds the GIL
         else:
             asked = with_usage(decoded, peek)
         if asked is None:

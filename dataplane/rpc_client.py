@@ -21,6 +21,7 @@ from shared.logging import get_logger
 from shared.rpc import Connection, FrameError
 from shared.wire import (
     PROTOCOL_VERSION,
+    AccountsDisabled,
     Ack,
     AttemptFinished,
     AttemptRow,
@@ -121,7 +122,7 @@ class ControlLink:
 
     async def _on_message(self, conn: Connection, message: Message) -> None:
         if isinstance(message, Snapshot):
-            self.replica.load(message.leases, message.accounts, message.storage_ok, message.priced)
+            self.replica.load(message.leases, message.accounts, message.storage_ok, message.priced, message.disabled)
             conn.send_nowait(Ack(req_id=message.req_id))
             self.synced.set()
             self._resend(conn)
@@ -137,6 +138,10 @@ class ControlLink:
         elif isinstance(message, LeaseGates):  # SPEC §18: requests from now on see them
             self.replica.regate(message.gates)
             conn.send_nowait(Ack(req_id=message.req_id))
+        elif isinstance(message, AccountsDisabled):  # SPEC §20: their sockets close (the sweep)
+            self.replica.disabled = frozenset(message.account_ids)
+            conn.send_nowait(Ack(req_id=message.req_id))
+            log.info("accounts_disabled", accounts=sorted(message.account_ids))
         elif isinstance(message, StorageState):
             self.replica.storage_ok = message.ok
             log.warning("observation_storage_state", ok=message.ok)

@@ -25,7 +25,7 @@ SAMPLERS = (
 
 class TraceSettings(msgspec.Struct, frozen=True, kw_only=True):
     """SPEC §21's export, from the standard `OTEL_*` variables, handed to the SDK explicitly
-    (controlplane/tracing/export.py never lets the SDK read the environment itself)."""
+    (`controlplane/traces.py` never lets the SDK read the environment itself)."""
 
     endpoint: str  # the full OTLP/HTTP traces URL (…/v1/traces)
     headers: tuple[tuple[str, str], ...] = ()  # may hold a collector's API key: never logged
@@ -34,7 +34,7 @@ class TraceSettings(msgspec.Struct, frozen=True, kw_only=True):
     certificate_file: str | None = None
     client_key_file: str | None = None
     client_certificate_file: str | None = None
-    service_name: str = "leasehold"
+    service_name: str = "leasehold"  # OTEL_SERVICE_NAME, else the resource's, else leasehold
     resource: tuple[tuple[str, str], ...] = ()  # OTEL_RESOURCE_ATTRIBUTES
     bsp_schedule_delay_ms: int = 5000
     bsp_max_queue_size: int = 2048
@@ -52,6 +52,23 @@ def _otel(env: Mapping[str, str], name: str) -> str | None:
         if value:
             return value
     return None
+
+
+def _otel_variable(env: Mapping[str, str], name: str) -> str:
+    """The variable `_otel(env, name)` reads: the signal-specific one when it is set (so a
+    problem names the variable the operator actually wrote)."""
+    signal = f"OTEL_EXPORTER_OTLP_TRACES_{name}"
+    return signal if env.get(signal, "").strip() else f"OTEL_EXPORTER_OTLP_{name}"
+
+
+def _service_name(env: Mapping[str, str], resource: tuple[tuple[str, str], ...]) -> str:
+    """`OTEL_SERVICE_NAME`, else a `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else
+    `leasehold`: the OpenTelemetry specification's precedence."""
+    named = env.get("OTEL_SERVICE_NAME", "").strip()
+    if named:
+        return named
+    given = [value for key, value in resource if key == "service.name" and value]
+    return given[-1] if given else "leasehold"
 
 
 def _otel_pairs(raw: str | None, variable: str, problems: list[str], *, secret: bool) -> tuple[tuple[str, str], ...]:
@@ -103,13 +120,13 @@ def traces_of(env: Mapping[str, str], problems: list[str]) -> TraceSettings | No
         problems.append(f"{variable} must be an http(s) URL")
     protocol = _otel(env, "PROTOCOL") or "http/protobuf"
     if protocol != "http/protobuf":
-        problems.append(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: only http/protobuf is supported")
+        problems.append(f"{_otel_variable(env, 'PROTOCOL')}={protocol!r}: only http/protobuf is supported")
     compression = (_otel(env, "COMPRESSION") or "none").lower()
     if compression not in ("none", "gzip"):
-        problems.append(f"OTEL_EXPORTER_OTLP_COMPRESSION={compression!r} must be none or gzip")
+        problems.append(f"{_otel_variable(env, 'COMPRESSION')}={compression!r} must be none or gzip")
     timeout_ms = _otel(env, "TIMEOUT") or "10000"
     if not timeout_ms.isdigit() or not 1 <= int(timeout_ms) <= 600_000:
-        problems.append(f"OTEL_EXPORTER_OTLP_TIMEOUT={timeout_ms!r} must be milliseconds in 1..600000")
+        problems.append(f"{_otel_variable(env, 'TIMEOUT')}={timeout_ms!r} must be milliseconds in 1..600000")
         timeout_ms = "10000"
     sampler = env.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
     if sampler not in SAMPLERS:
@@ -123,18 +140,19 @@ def traces_of(env: Mapping[str, str], problems: list[str]) -> TraceSettings | No
     if not 0.0 <= ratio <= 1.0:
         problems.append(f"OTEL_TRACES_SAMPLER_ARG={ratio_raw!r} must be a ratio in 0..1")
         ratio = 1.0
+    resource = _otel_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"), "OTEL_RESOURCE_ATTRIBUTES", problems, secret=False)
     return TraceSettings(
         endpoint=endpoint,
         sampler=sampler,
         sampler_ratio=ratio,
-        headers=_otel_pairs(_otel(env, "HEADERS"), "OTEL_EXPORTER_OTLP_HEADERS", problems, secret=True),
+        headers=_otel_pairs(_otel(env, "HEADERS"), _otel_variable(env, "HEADERS"), problems, secret=True),
         timeout_s=int(timeout_ms) / 1000,
         compression=compression,
         certificate_file=_otel(env, "CERTIFICATE"),
         client_key_file=_otel(env, "CLIENT_KEY"),
         client_certificate_file=_otel(env, "CLIENT_CERTIFICATE"),
-        service_name=env.get("OTEL_SERVICE_NAME", "").strip() or "leasehold",
-        resource=_otel_pairs(env.get("OTEL_RESOURCE_ATTRIBUTES"), "OTEL_RESOURCE_ATTRIBUTES", problems, secret=False),
+        service_name=_service_name(env, resource),
+        resource=resource,
         bsp_schedule_delay_ms=_otel_int(env, "OTEL_BSP_SCHEDULE_DELAY", 5000, 1, problems),
         bsp_max_queue_size=_otel_int(env, "OTEL_BSP_MAX_QUEUE_SIZE", 2048, 1, problems),
         bsp_max_export_batch_size=_otel_int(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512, 1, problems),

@@ -303,11 +303,12 @@ def load_settings(
 
 
 def _with_fleet_secret(settings: Settings, r: _Reader, role: str) -> Settings:
-    """SPEC §19: in fleet mode the fleet secret file (required by control; the data plane checks
-    it when it is set; leaseholdctl never reads it)."""
+    """SPEC §19: in fleet mode the fleet secret file, required by both daemons (control seals
+    what it publishes; the data plane believes only sealed heartbeats, so a Redis writer cannot
+    lift its lapse); leaseholdctl never reads it."""
     if settings.fleet_redis_url is None or role == "ctl":
         return settings
-    secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=role == "control")
+    secret_file, secret = r.secret_file("FLEET_SECRET_FILE", required=True)
     verify_file, verify_secret = r.secret_file("FLEET_VERIFY_SECRET_FILE", required=False)
     if verify_file is not None and secret_file is None:
         r.problems.append(

@@ -14,7 +14,9 @@ import msgspec
 # 2: `LeaseGates` (budgets, SPEC §18), which a version-1 data plane could not decode.
 # 3: `SocketsOpen`, `ConnectionCounts`, `FleetLoops`, `Acks`, and a finished attempt whose start
 #    was withdrawn (never sent): a version-2 peer could not decode or would misread them.
-PROTOCOL_VERSION = 3
+# 4: `AccountsDisabled`, and `Snapshot.disabled` (SPEC §20: a disable closes the account's
+#    sockets), which a version-3 data plane could not decode or would ignore.
+PROTOCOL_VERSION = 4
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", omit_defaults=True):
@@ -175,6 +177,8 @@ class Snapshot(_Msg, tag="snapshot", frozen=True):
     # The price table's model globs (SPEC §18: a budgeted lease never spends on an unpriced
     # model); None from a control older than this field: not checked.
     priced: list[str] | None = None
+    # The accounts an operator disabled (SPEC §9, §20): their sockets refuse new creates and close.
+    disabled: list[str] | None = None
 
 
 class LeaseAdded(_Msg, tag="lease_added", frozen=True):
@@ -193,6 +197,16 @@ class LeaseGates(_Msg, tag="lease_gates", frozen=True):
 
     req_id: int
     gates: list[LeaseGate]
+
+
+class AccountsDisabled(_Msg, tag="accounts_disabled", frozen=True):
+    """Every account administratively disabled now (SPEC §9), the whole set, pushed when it
+    changes: a socket on one refuses each new `response.create` (`administrative-disabled`) and,
+    once its responses in flight finished, closes 1008 (SPEC §20). HTTP requests on its live
+    leases are not refused (SPEC stops only its mints and renewals)."""
+
+    req_id: int
+    account_ids: list[str]
 
 
 class StorageState(_Msg, tag="storage_state", frozen=True):
@@ -273,4 +287,5 @@ Message = (
     | SocketsOpen
     | ConnectionCounts
     | FleetLoops
+    | AccountsDisabled
 )

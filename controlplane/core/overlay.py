@@ -55,3 +55,9 @@ def fold_overlay(records: Sequence[Mapping[str, Any]]) -> Overlay:
         if isinstance(account_id, str) and sets_state(record):
             states[account_id] = read_state(record.get("state"))
     return Overlay(revision=len(records), states=states)
+
+
+def disabled_accounts(overlay: Overlay, account_ids: Sequence[str]) -> tuple[str, ...]:
+    """The accounts of `account_ids` the overlay holds `disabled` (an unknown state included, by
+    `read_state`), in registry order: what the data plane needs to close their sockets (§20)."""
+    return tuple(a for a in account_ids if overlay.state_of(a) is AdminState.DISABLED)

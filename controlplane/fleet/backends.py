@@ -42,12 +42,13 @@ class Backends(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def embedded(settings: Settings, keys: KeyTable) -> Backends:
-    """The in-process tables: one host, nothing shared. The decision table keeps its live leases'
-    decisions in the same journal as fleet mode (SPEC §5), replayed here for the leases the key
-    table restored (it is loaded before `wire`)."""
+    """The in-process tables: one host, nothing shared. The decision table keeps the decisions of
+    its live leases and of its leases ended within the hour in the same journal as fleet mode
+    (SPEC §5), replayed here for the leases the key table restored, and for those it found
+    expired (it is loaded before `wire`)."""
     journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
     decisions = JournalledDecisions(LeaseDecisions(journal, keys.get))
-    decisions.restore(keys.all())
+    decisions.restore(keys.all(), keys.expired_at_load)
     return Backends(
         lease_capacity=LocalCapacity(),
         decisions=decisions,

@@ -114,6 +114,14 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
+# KEYS: decision, key -> decision id; ARGV: the signed decision, its id, ttl ms. Both or neither
+# (one script, not MULTI: it rides in the batch of the mint's other commands, `BatchingRedis`).
+RECORD = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+
 
 class RedisDecisions:
     """The `DecisionStore` for a fleet."""
@@ -137,6 +145,7 @@ class RedisDecisions:
         self._claim_live = client.register_script(CLAIM_LIVE)
         self._end_key = client.register_script(END_KEY)
         self._reregister_live = client.register_script(REREGISTER_LIVE)
+        self._record = client.register_script(RECORD)
 
     async def record(self, decision: Decision) -> None:
         k = self.keys
@@ -151,10 +160,10 @@ class RedisDecisions:
             key_id = decision.key_id
             if decision.skipped:  # answered and logged with the decision; not needed again
                 decision = msgspec.structs.replace(decision, skipped=())
-            async with self.client.pipeline(transaction=True) as pipe:
-                pipe.set(k.decision(decision.mint_decision_id), self._sign.signed(decision), px=self.ttl_ms)
-                pipe.set(k.decision_of_key(key_id), decision.mint_decision_id, px=self.ttl_ms)
-                await pipe.execute()
+            await self._record(
+                keys=[k.decision(decision.mint_decision_id), k.decision_of_key(key_id)],
+                args=[self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms],
+            )
 
     async def get(self, mint_decision_id: str) -> Decision | None:
         with guard("decision get"):

@@ -33,6 +33,7 @@ from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisi
 from shared.chain import ChainAuth
 from shared.chainstorage import ChainStorage, FileChainStorage
 from shared.clock import iso_ms, now_ms
+from shared.fleet.batching import BatchingRedis
 from shared.fleet.capacity import Incarnation
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.entries import FleetEntries
@@ -69,14 +70,16 @@ class FleetBackends:
         self.host_id = settings.host_id
         self.entries = FleetEntries(self.keyring)  # SPEC §19: what is published, MAC'd; what is read, checked
         self.client = connect(url)
+        # The mint's and the revoke's backends: their concurrent commands go as one pipeline (issue 27)
+        self.batching = BatchingRedis(self.client)
         self.sync = connect_sync(url)
         self.fence = Incarnation(UNJOINED)
         self.supervisor = Supervisor()  # every loop that reads Redis (SPEC §19)
         self.owed = OwedWrites(is_live=lambda key_id: keys.get(key_id) is not None)
-        self.lease_capacity = OwedCapacity(self.client, self.keys, settings.host_id, self.fence, self.owed)
+        self.lease_capacity = OwedCapacity(self.batching, self.keys, settings.host_id, self.fence, self.owed)
         journal = None if keys.path is None else os.path.join(settings.state_dir, LEASE_DECISIONS_FILE)
         self.lease_decisions = LeaseDecisions(journal, keys.get)  # beside the key table's journal
-        self.decisions = OwedDecisions(self.client, self.keys, self.owed, self.lease_decisions, entries=self.entries)
+        self.decisions = OwedDecisions(self.batching, self.keys, self.owed, self.lease_decisions, entries=self.entries)
         self.hosts = HostRegistry(self.client, self.keys, settings.fleet_host_ttl_seconds, entries=self.entries)
         self.events = FleetEvents(self.client, self.keys, settings.host_id, entries=self.entries)
         self.revocations = FleetRevocations(self.client, self.keys, settings.host_id, entries=self.entries)
@@ -84,7 +87,7 @@ class FleetBackends:
         self.sockets = SocketsBoard(self.client, self.keys, self.entries, settings.fleet_host_ttl_seconds)
 
     def circuits(self, cooldown_s: int, on_transition: OnTransition) -> CircuitRegistry:
-        store = RedisCircuits(self.client, self.keys, entries=self.entries, unverified_open_ms=cooldown_s * 1000)
+        store = RedisCircuits(self.batching, self.keys, entries=self.entries, unverified_open_ms=cooldown_s * 1000)
         return OwedCircuits(store, cooldown_s, self.owed, on_transition)
 
     def chain(self, name: str, state_dir: str, chain_file: str, anchor_file: str) -> ChainStorage:
@@ -92,7 +95,7 @@ class FleetBackends:
         auth = ChainAuth(
             self.keyring.key("chain/" + name), self._seal_fields, verify_also=self.keyring.keys("chain/" + name)[1:]
         )
-        remote = RedisChainStorage(self.sync, self.keys, name, aclient=self.client)  # a mint's refresh: async
+        remote = RedisChainStorage(self.sync, self.keys, name, aclient=self.batching)  # a mint's refresh: async
         return MirroredChainStorage(remote, mirror, auth)
 
     def _seal_fields(self) -> dict[str, Any]:
@@ -105,6 +108,7 @@ class FleetBackends:
         }
 
     async def close(self) -> None:
+        await self.batching.aclose()
         await self.client.aclose()
         self.sync.close()
         self.lease_decisions.close()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -94,6 +94,9 @@ class AccountAdminStore:
         self._known = frozenset(self.account_ids)
         self._clock = clock
         self._on_commit = on_commit
+        # Awaited after a committed set-state, before it answers (SPEC §20: the data plane hears
+        # a disable before the PATCH returns, `controlplane/disabled.py`); wired after the link.
+        self.settle: Callable[[], Awaitable[object]] | None = None
         self.chain: HashChain[Overlay] = HashChain(
             os.path.join(state_dir, CHAIN_FILE),
             os.path.join(state_dir, ANCHOR_FILE),
@@ -164,7 +167,13 @@ class AccountAdminStore:
             actor=actor,
             authenticated_by=authenticated_by,
         )
-        return self._done(committed, expected_revision)
+        done = self._done(committed, expected_revision)
+        if self.settle is not None:
+            try:
+                await self.settle()
+            except Exception:  # the commit stands; the next tick or snapshot tells the data plane
+                log.exception("admin_commit_settle_failed")
+        return done
 
     async def revoke_leases(
         self,

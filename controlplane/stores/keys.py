@@ -35,6 +35,9 @@ class KeyTable:
         self.path = path
         self._leases: dict[str, Lease] = {}
         self._fd: int | None = None
+        # the leases `load` found expired (key id -> expiry): they ended while control was down,
+        # and the decision journal keeps their decisions an hour from then (SPEC §5)
+        self.expired_at_load: dict[str, int] = {}
 
     def load(self, now_ms: int) -> None:
         """Replay the journal, drop expired leases, rewrite it compacted."""
@@ -45,6 +48,7 @@ class KeyTable:
                 self._leases[entry.lease.key_id] = entry.lease
             elif entry.op == "remove" and entry.key_id:
                 self._leases.pop(entry.key_id, None)
+        self.expired_at_load = {k: v.expires_at_ms for k, v in self._leases.items() if v.expires_at_ms <= now_ms}
         self._leases = {k: v for k, v in self._leases.items() if v.expires_at_ms > now_ms}
         tmp = self.path + ".tmp"
         with create_private(tmp) as handle:  # 0600 from its creation (SPEC §19)

@@ -2,10 +2,13 @@
 
 The same rules, in the same order, as an HTTP request on the lease (`Proxy._serve`, SPEC §12,
 §16–§18): a dispatch key being moved (503 `fallback-pending`), the budget gate (429
-`budget-exhausted` / 403 `model-unpriced`), this host's lapsed fleet place (503
-`fleet-state-unavailable`), then a request slot (429 `request-capacity-exhausted`, local or
-fleet-wide). `standing` says whether an open socket still has its lease's rights, and with
-which close code it ends when it has not (SPEC §20).
+`budget-exhausted` / 403 `model-unpriced`), a ceiling this host cannot honour now (503
+`fleet-state-unavailable`: its fleet place lapsed or a fleet loop keeps failing; the one rule
+the HTTP proxy applies, `fleethold.fleet_held`), then a request slot (429
+`request-capacity-exhausted`, local or fleet-wide). `standing` says whether an open socket still
+has its lease's rights (revoke, expiry, a hop, its account disabled, a spent budget, the drain),
+and with which close code it ends when it has not (SPEC §20); `disabled` also refuses a
+handshake on a disabled account.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from dataplane.budget import budget_hold
+from dataplane.fleethold import fleet_held
 from dataplane.leases import LeaseReplica
 from dataplane.scope import reach
 from shared.capacity import CapacityTable, StateUnavailable
@@ -65,16 +69,11 @@ def hold(
         found = budget_hold(lease, model, now_ms, replica.priced)
         if found is not None:
             return Refused(found.code, found.status, found.message, found.retry_after_s)
-    if (
-        fleet is not None
-        and fleet.lapsed
-        and (account.request_capacity is not None or account.lease_capacity is not None)
-    ):
+    held = fleet_held(fleet, account)  # the HTTP proxy's own rule (`Proxy._admit`)
+    if held is not None:
         return refused(
             Refusal.FLEET_STATE_UNAVAILABLE,
-            f"this gateway host's place in the fleet "
-            f"has lapsed: account {account.id}'s fleet-wide ceiling cannot be honoured "
-            f"here",
+            f"{held}: account {account.id}'s fleet-wide ceiling cannot be honoured here",
             retry_after_s=1,
         )
     return None
@@ -122,7 +121,7 @@ def standing(replica: LeaseReplica, lease: Lease, now_ms: int, draining: bool) -
     current = replica.lookup_by_key(lease.key_id)
     if current is None or current.expires_at_ms <= now_ms:
         return Standing(POLICY_VIOLATION, refused(Refusal.UNKNOWN_KEY, "the virtual key was revoked or expired"))
-    if lease.hop_on and replica.is_moving(lease):
+    if lease.hop_on and replica.is_moving(lease):  # before a disable: the key's new account serves it
         return Standing(
             SERVICE_RESTART,
             refused(
@@ -131,8 +130,24 @@ def standing(replica: LeaseReplica, lease: Lease, now_ms: int, draining: bool) -
                 retry_after_s=1,
             ),
         )
+    off = disabled(replica, lease.account_id)
+    if off is not None:
+        return Standing(POLICY_VIOLATION, off)
     if current.budget_retry_at_ms is not None and now_ms < current.budget_retry_at_ms:
         found = budget_hold(current, None, now_ms, replica.priced)
         if found is not None:
             return Standing(POLICY_VIOLATION, Refused(found.code, found.status, found.message, found.retry_after_s))
     return None
+
+
+def disabled(replica: LeaseReplica, account_id: str) -> Refused | None:
+    """An operator disabled the socket's account (SPEC §9): a loss of the lease's rights on a
+    socket (SPEC §20), refused `administrative-disabled` (its status as a renewal's, 409). A
+    drain is not one: it stops new mints only. HTTP requests on the account's live leases are
+    not refused (SPEC stops the account's mints and renewals, not its leases)."""
+    if account_id not in replica.disabled:
+        return None
+    return refused(
+        Refusal.ADMINISTRATIVE_DISABLED,
+        f"account {account_id} was disabled by an operator: this socket takes no new response; mint a new key",
+    )

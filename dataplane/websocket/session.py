@@ -31,7 +31,7 @@ from dataplane.wires.table import WIRES
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.logging import get_logger
-from shared.wire import AccountRoute, AttemptRow, Lease
+from shared.wire import AccountRoute, AttemptRow, Lease, RateLimits
 
 log = get_logger("dataplane")
 PATH = "/v1/responses"
@@ -81,6 +81,7 @@ class SocketSession:
         self.upstream_at = time.monotonic()
         self.writing_since: float | None = None
         self.trace: tuple[str | None, str | None] = (None, None)  # the handshake's (SPEC §21)
+        self.rate_limits: RateLimits | None = None  # the 101's, until the first attempt takes it (§22)
 
     # ---- lifetime -----------------------------------------------------------------------
 
@@ -215,6 +216,7 @@ class SocketSession:
         attempt.requested_model = model
         attempt.stream = True
         attempt.holds_slot = False
+        attempt.rate_limits, self.rate_limits = self.rate_limits, None
         return attempt
 
     async def _admit(self, attempt: SocketAttempt) -> gates.Refused | None:

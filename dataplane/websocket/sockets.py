@@ -7,8 +7,8 @@ before the upgrade), then the upstream socket (a refused handshake answers as HT
 405 and 426 answer 426 so the client falls back to HTTP at once). Only then is the worker's
 socket accepted, and a `SocketSession` relays it.
 
-A sweep checks every open socket's rights every `SWEEP_S` (revoke, expiry, hop, budget,
-drain), so a socket with nothing in flight closes within it; each `response.create` checks
+A sweep checks every open socket's rights every `SWEEP_S` (revoke, expiry, disable, hop,
+budget, drain), so a socket with nothing in flight closes within it; each `response.create` checks
 them again at once. `sockets_open` counts open sockets per account.
 """
 
@@ -21,9 +21,11 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from dataplane.errors import refusal_response, refuse
 from dataplane.leases import LeaseReplica
+from dataplane.ratelimits import rate_limits_of
 from dataplane.relay import await_ack
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import downstream_headers, upstream_path_qs
@@ -38,7 +40,7 @@ from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
 from shared.tracecontext import trace_headers
-from shared.wire import Lease
+from shared.wire import Lease, RateLimits
 
 log = get_logger("dataplane")
 
@@ -126,6 +128,7 @@ class Sockets:
         if refusal is not None:
             return refuse(attempt, refusal.code, refusal.message, refusal.retry_after_s, refusal.status)
         credential = self.replica.credentials[account.id]
+        accepted: list[CIMultiDictProxy[str]] = []  # the 101's headers (SPEC §22)
         try:
             upstream = await self.upstreams.connect(
                 account,
@@ -133,13 +136,15 @@ class Sockets:
                 request.headers,
                 credential,
                 self.settings.max_body_bytes * 2 + (1 << 20),
+                accepted,
             )
         except HandshakeRefused as exc:
             return await self._handshake_refused(attempt, exc)
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             log.warning("upstream_socket_unreachable", account_id=account.id, error=type(exc).__name__)
             return await _failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream socket could not be opened")
-        return await self._serve(request, lease, account, upstream)
+        limits = rate_limits_of(accepted[0], attempt.spec.rate_limits, now_ms) if accepted else None
+        return await self._serve(request, lease, account, upstream, limits)
 
     async def _gates(self, attempt: SocketAttempt, account: object) -> gates.Refused | None:
         """The handshake's gates, as an HTTP request on the lease would pass them (§20)."""
@@ -150,6 +155,9 @@ class Sockets:
             return gates.refused(
                 Refusal.OBSERVATION_STORAGE_UNAVAILABLE, "the gateway cannot record attempts right now", retry_after_s=5
             )
+        off = gates.disabled(self.replica, attempt.lease.account_id)  # SPEC §20: no socket to lose
+        if off is not None:
+            return off
         if attempt.lease.account_id not in self.replica.credentials:
             return gates.refused(
                 Refusal.ACCOUNT_NOT_CONFIGURED,
@@ -174,6 +182,7 @@ class Sockets:
     async def _handshake_refused(self, attempt: SocketAttempt, exc: HandshakeRefused) -> web.StreamResponse:
         """Evidence as that status (§20); 404/405/426 answer 426, any other passes through."""
         attempt.mark_overhead(0.0)
+        attempt.rate_limits = rate_limits_of(exc.headers, attempt.spec.rate_limits, now_ms)  # SPEC §22
         await await_ack(attempt.finish(AttemptStatus.UPSTREAM_ERROR, exc.status, wait=True))
         if exc.status in NO_WEBSOCKET:
             return refuse_426(attempt)
@@ -181,7 +190,12 @@ class Sockets:
         return web.Response(status=exc.status, headers=headers, body=exc.body)
 
     async def _serve(
-        self, request: web.Request, lease: object, account: object, upstream: aiohttp.ClientWebSocketResponse
+        self,
+        request: web.Request,
+        lease: object,
+        account: object,
+        upstream: aiohttp.ClientWebSocketResponse,
+        limits: RateLimits | None,
     ) -> web.StreamResponse:
         protocols = (upstream.protocol,) if upstream.protocol else ()
         client = web.WebSocketResponse(
@@ -199,6 +213,7 @@ class Sockets:
             raise
         session = SocketSession(self, lease, account, client, upstream)  # type: ignore[arg-type]
         session.trace = trace_headers(request.headers)
+        session.rate_limits = limits  # the handshake's, for the socket's first attempt (SPEC §22)
         self._opened(session)
         try:
             await session.run()

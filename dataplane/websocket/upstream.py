@@ -6,7 +6,9 @@ its own parameters (so a worker that wants no compression costs no inflate per m
 
 An upstream that refuses the handshake with a status is answered with that status, its
 headers and body, as HTTP (`HandshakeRefused`); aiohttp drops a refused handshake's body, so a
-response class keeps it (bounded) for the task that asked (`_refusal`).
+response class keeps it (bounded) for the task that asked (`_refusal`). The same class hands an
+accepted handshake's headers (the 101's) to the task that asked (`_accepted`), for the
+provider's rate limits they carry (SPEC §22).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from shared.wire import AccountRoute
 REFUSAL_BODY_CAP = 64 * 1024
 CLOSE_TIMEOUT_S = 5.0
 _refusal: contextvars.ContextVar[list[bytes] | None] = contextvars.ContextVar("ws_refusal", default=None)
+_accepted: contextvars.ContextVar[list[CIMultiDictProxy[str]] | None] = contextvars.ContextVar(
+    "ws_accepted", default=None
+)
 
 
 class HandshakeRefused(Exception):
@@ -40,6 +45,10 @@ class HandshakeRefused(Exception):
 class _KeepRefusal(aiohttp.ClientResponse):
     async def start(self, connection: Any) -> aiohttp.ClientResponse:
         await super().start(connection)
+        if self.status == 101:
+            seen = _accepted.get()
+            if seen is not None:
+                seen.append(self.headers)
         box = _refusal.get()
         if self.status != 101 and box is not None:
             try:
@@ -101,12 +110,20 @@ class UpstreamSockets:
         return self._session
 
     async def connect(
-        self, account: AccountRoute, path_qs: str, incoming: CIMultiDictProxy[str], credential: str, max_msg_size: int
+        self,
+        account: AccountRoute,
+        path_qs: str,
+        incoming: CIMultiDictProxy[str],
+        credential: str,
+        max_msg_size: int,
+        accepted: list[CIMultiDictProxy[str]] | None = None,
     ) -> aiohttp.ClientWebSocketResponse:
-        """The upstream socket, or `HandshakeRefused` / aiohttp's errors."""
+        """The upstream socket, or `HandshakeRefused` / aiohttp's errors; the 101's headers are
+        appended to `accepted` when given."""
         headers, protocols = handshake_headers(incoming, account.auth_style, credential)
         box: list[bytes] = []
         token = _refusal.set(box)
+        seen = _accepted.set(accepted)
         try:
             return await self.session().ws_connect(
                 ws_url(account, path_qs),
@@ -126,6 +143,7 @@ class UpstreamSockets:
             ) from None
         finally:
             _refusal.reset(token)
+            _accepted.reset(seen)
 
     async def close(self) -> None:
         if self._session is not None:

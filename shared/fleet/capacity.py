@@ -18,8 +18,10 @@ from collections.abc import Sequence
 
 import redis.asyncio as aredis
 
+from shared.capacity import StateUnavailable
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
+from shared.fleet.scriptline import ScriptLine
 
 # A Lua function releasing every holder of one host in one table (also used by the reaper).
 # Returns holder, account, holder, account, ...
@@ -184,7 +186,8 @@ class Incarnation:
 
 class RedisCapacity:
     """A `CapacityStore` in Redis for one ceiling (`Ceiling.LEASE` at the mint, `Ceiling.REQUEST`
-    at the proxy), each holder tagged with `host_id`."""
+    at the proxy), each holder tagged with `host_id`. With a `line` (the data plane's), reserve
+    and `release_all` go over that dedicated connection instead of the pool (issue 27)."""
 
     def __init__(
         self,
@@ -193,8 +196,10 @@ class RedisCapacity:
         table: Ceiling,
         host_id: str,
         incarnation: Incarnation | None = None,
+        line: ScriptLine | None = None,
     ) -> None:
         self.client = client
+        self.line = line
         self.keys = keys
         self.table = table
         self.host_id = host_id
@@ -214,11 +219,14 @@ class RedisCapacity:
         """Take a slot; `releasing`: holders to release first, in the same script (one round
         trip; nothing is released when the reserve is fenced, `StateLost`)."""
         args = [self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()]
-        with guard(f"{self.table} capacity reserve"):
-            if releasing:
-                taken = await self._reserve_releasing(keys=[self.keys.incarnation], args=[*args, *releasing])
-            else:
-                taken = await self._reserve(keys=[self.keys.incarnation], args=args)
+        script = self._reserve_releasing if releasing else self._reserve
+        if releasing:
+            args += releasing
+        if self.line is not None:
+            taken = _integer(await self.line.run(script, [self.keys.incarnation], args), "reserve")
+        else:
+            with guard(f"{self.table} capacity reserve"):
+                taken = await script(keys=[self.keys.incarnation], args=args)
         if taken == -1:
             raise StateLost(f"{self.table} capacity: the fleet state was lost; re-register first")
         return bool(taken == 1)
@@ -231,6 +239,8 @@ class RedisCapacity:
         """Release every one of `holders` in one script; answers how many were held."""
         if not holders:
             return 0
+        if self.line is not None:
+            return _integer(await self.line.run(self._release_all, [], [self._cap, *holders]), "release")
         with guard(f"{self.table} capacity release"):
             return int(await self._release_all(args=[self._cap, *holders]))
 
@@ -296,6 +306,13 @@ class RedisCapacity:
         if refused == -1:
             raise StateLost(f"{self.table} capacity: the fleet state changed during re-registration")
         return [h.decode() for h in refused]
+
+
+def _integer(reply: object, what: str) -> int:
+    """A hot script's integer reply; anything else is `StateUnavailable` (never a guess)."""
+    if type(reply) is not int:
+        raise StateUnavailable(f"request capacity {what}: an unexpected reply {type(reply).__name__}")
+    return reply
 
 
 def _pairs(flat: Sequence[bytes]) -> dict[str, str]:

@@ -5,6 +5,7 @@ the in-flight holders are re-registered before anything new is admitted."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,33 @@ async def test_a_reserve_redis_ran_after_its_timeout_is_released(tmp_path: Path)
         await until(_retried(admission), 10, "the timed-out reserve's holder released")
         assert await admission.capacity.count(ACCOUNT) == 0
         assert await admission.reserve(ACCOUNT, "att-next", 1)  # the slot was never lost
+    finally:
+        server.resume()
+        await admission.close()
+        await fleet.close()
+        server.stop()
+
+
+async def test_a_reserve_cancelled_in_flight_is_released_never_leaked(tmp_path: Path) -> None:
+    """The worker goes away while its reserve is out (the handler is cancelled): whether or not
+    Redis ran it, the holder is released like a timed-out reserve's, and so are the releases it
+    carried."""
+    server = RedisServer(tmp_path / "redis").start()
+    fleet = Fleet(server)
+    admission = plane(fleet, "host-a", server.url)
+    try:
+        assert await admission.reserve(ACCOUNT, "att-1", 2)
+        admission.release_soon("att-1")  # owed: rides with the next reserve
+        server.pause()
+        out = asyncio.ensure_future(admission.reserve(ACCOUNT, "att-gone", 2))
+        await until(lambda: not admission.owed, 10, "the reserve sent, carrying the release")
+        out.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await out
+        assert {"att-gone", "att-1"} <= admission.pending_release
+        server.resume()
+        await until(_retried(admission), 10, "both released")
+        assert await admission.capacity.count(ACCOUNT) == 0
     finally:
         server.resume()
         await admission.close()

@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from shared.fleet.capacity import Incarnation, RedisCapacity
 from shared.fleet.hosts import HostRegistry, new_instance_id
@@ -18,6 +19,7 @@ from shared.fleet.keys import Ceiling
 from shared.fleet.redis_client import StateLost, connect
 from tests.support.fleet import Fleet
 from tests.support.redis_server import RedisServer
+from tests.support.waits import until
 
 
 def _table(
@@ -100,9 +102,13 @@ async def test_a_reserve_releases_what_it_carries_first_and_nothing_when_fenced(
 
 
 async def test_hosts_reserving_at_once_never_exceed_the_ceiling(fleet: Fleet, redis_server: RedisServer) -> None:
-    """Three hosts, each with its own connection pool, racing for five slots."""
+    """Three hosts, each with its own connection pool, racing for five slots. Each pool opens its
+    15 connections first: a connect missing its 0.5 s bound on a loaded machine is not the race
+    under test (it failed the gather once), and the race then runs on open connections."""
     clients = [connect(redis_server.url) for _ in range(3)]
     try:
+        for client in clients:
+            await until(lambda c=client: _opened(c, 15), 60, "15 connections open to the test's Redis")
         tables = [RedisCapacity(c, fleet.keys, Ceiling.REQUEST, f"host-{i}") for i, c in enumerate(clients)]
         attempts = [t.reserve("acct", f"att-{i}-{n}", 5) for i, t in enumerate(tables) for n in range(15)]
         random.Random(7).shuffle(attempts)
@@ -112,6 +118,12 @@ async def test_hosts_reserving_at_once_never_exceed_the_ceiling(fleet: Fleet, re
     finally:
         for client in clients:
             await client.aclose()
+
+
+async def _opened(client: Redis, n: int) -> bool:
+    """`n` connections of `client`'s pool open at once (each kept in the pool afterwards)."""
+    await asyncio.gather(*(client.ping() for _ in range(n)))
+    return True
 
 
 async def test_after_data_loss_reserve_is_fenced_until_the_host_re_registers(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from controlplane.core.hop import FallbackDriver
 from controlplane.decisions import Decision, LiveGroup
 from controlplane.fleet.decisions import LEASE_DECISIONS_FILE, LeaseDecisions, RedisDecisions
 from controlplane.stores import leasedecisions as fleet_decisions
+from controlplane.stores.decisionlines import ENDED_KEPT_MS
 from shared.capacity import StateUnavailable
 from shared.codes import Outcome, Refusal
 from shared.fleet.capacity import RedisCapacity
@@ -73,20 +74,21 @@ def test_the_journal_keeps_each_live_leases_current_decision_across_a_restart(tm
         record.add(_decision(n, key))
     leases["K1"] = _lease("K1", "md_4")
     record.forget("K1")  # a hop lets go of the lease, not of the key
-    assert record.of_key("K1") == _decision(4, "K1") and record.get("md_1") is None
+    assert record.of_key("K1") == _decision(4, "K1") and record.get("md_1") == _decision(1, "K1")
     record.close()
     with open(path, "ab") as handle:
         handle.write(b'{"torn": ')  # a crash mid-line
     again = LeaseDecisions(path, leases.get)
     assert again.load(list(leases.values()) + [_lease("K9", "md_9")]) == ["K9"]
-    assert again.by_id() == {"md_4": _decision(4, "K1"), "md_2": _decision(2, "K2")}
+    assert again.current() == {"K1": _decision(4, "K1"), "K2": _decision(2, "K2")}
+    assert again.by_id() == {"md_1": _decision(1, "K1"), "md_4": _decision(4, "K1"), "md_2": _decision(2, "K2")}
     assert os.stat(path).st_mode & 0o777 == 0o600
     del leases["K2"]
-    again.forget("K2")  # the key ended
-    assert again.of_key("K2") is None and again.get("md_2") is None
+    again.forget("K2")  # the key ended: its decision is kept an hour (SPEC §5), no longer current
+    assert again.of_key("K2") is None and again.get("md_2") == _decision(2, "K2")
     again.close()
-    with open(path, "rb") as handle:  # rewritten at load: only what was live then
-        assert len(handle.readlines()) == 2
+    with open(path, "rb") as handle:  # rewritten at load: the live keys' 3 decisions; then K2's end
+        assert len(handle.readlines()) == 3 + 1
 
 
 def test_a_record_before_its_grant_leaves_the_previous_decision_for_a_crash(
@@ -97,16 +99,20 @@ def test_a_record_before_its_grant_leaves_the_previous_decision_for_a_crash(
     monkeypatch.setattr(fleet_decisions, "COMPACT_MIN_LINES", 4)
     path = str(tmp_path / LEASE_DECISIONS_FILE)
     leases = {"K1": _lease("K1", "md_1")}
-    record = LeaseDecisions(path, leases.get)
+    clock = [0]
+    record = LeaseDecisions(path, leases.get, lambda: clock[0])
     record.load([])
     record.add(_decision(1, "K1"))
-    for n in range(2, 5):  # three mints that were never granted: 4 lines
+    for n in range(2, 5):  # three mints that were never granted: 7 lines with their ends
         record.add(_decision(n, f"K{n}"))
         record.forget(f"K{n}")
-    record.add(_decision(5, "K1"))  # compacts, then records; the key table still names md_1
+    clock[0] += ENDED_KEPT_MS  # their hour is over
+    record.add(_decision(5, "K5"))
+    record.forget("K5")  # lets go of K2-K4: 9 lines, past twice the 3 kept; compacted
+    record.add(_decision(6, "K1"))  # records; the key table still names md_1
     record.close()
     with open(path, "rb") as handle:
-        assert len(handle.readlines()) == 2  # md_1 (compacted), md_5
+        assert len(handle.readlines()) == 4  # md_1, md_5, K5's end (compacted), md_6
     restored = LeaseDecisions(path, leases.get)
     assert restored.load(list(leases.values())) == []
     assert restored.of_key("K1") == _decision(1, "K1")
@@ -117,9 +123,11 @@ def test_the_journal_is_compacted_past_its_bound(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(fleet_decisions, "COMPACT_MIN_LINES", 8)
     path = str(tmp_path / LEASE_DECISIONS_FILE)
     live: dict[str, Lease] = {}
-    record = LeaseDecisions(path, live.get)
+    clock = [0]
+    record = LeaseDecisions(path, live.get, lambda: clock[0])
     record.load([])
-    for n in range(40):  # a lease minted and ended, forty times
+    for n in range(40):  # a lease minted and ended, forty times, half an hour apart
+        clock[0] += 30 * 60_000
         live[f"K{n}"] = _lease(f"K{n}", f"md_{n}")
         record.add(_decision(n, f"K{n}"))
         del live[f"K{n}"]

@@ -17,7 +17,8 @@ from shared.capacity import StateUnavailable
 from shared.chainstorage import ChainBytes
 from shared.fleet.chains import RedisChainStorage
 from shared.fleet.keys import FleetKeys
-from shared.fleet.redis_client import connect_sync, describe
+from shared.fleet.redis_client import connect, connect_sync, describe
+from shared.fleet.scriptline import ScriptLine
 from shared.settings import load_settings
 from tests.support.fleet import fleet_secret_file
 from tests.support.harness import Gateway, Stub, credential_like
@@ -108,9 +109,10 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     server.stop()
 
 
-def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis) -> None:
+def test_rediss_with_an_acl_user_and_the_three_tls_files(tls_redis: TlsRedis, tmp_path: Path) -> None:
     url = tls_redis.url()
-    settings = load_settings({"GATEWAY_FLEET_REDIS_URL": url}, role="dataplane")  # accepted as it is
+    env = {"GATEWAY_FLEET_REDIS_URL": url, "GATEWAY_FLEET_SECRET_FILE": str(fleet_secret_file(tmp_path))}
+    settings = load_settings(env, role="dataplane")  # accepted as it is
     client = connect_sync(settings.fleet_redis_url or "")
     try:
         assert client.acl_whoami() in ("leasehold", b"leasehold")  # over TLS, as the ACL user
@@ -137,6 +139,29 @@ def test_what_the_server_refuses_is_unavailable_never_a_silent_downgrade(tls_red
         assert PASSWORD not in str(caught.value)
     finally:
         client.close()
+
+
+async def test_the_data_planes_script_line_connects_as_the_pool_does(tls_redis: TlsRedis) -> None:
+    """Issue 27: the hot scripts' own connection, over TLS with the three files, as the ACL user;
+    a wrong password is unavailable and never quoted."""
+    for url, works in (
+        (tls_redis.url(), True),
+        (tls_redis.url(password="not-it"), False),
+        (tls_redis.url(client=False), False),
+    ):
+        client = connect(url)
+        line = ScriptLine.of(client)
+        try:
+            echo = client.register_script("return tonumber(ARGV[1])")
+            if works:
+                assert await line.run(echo, [], [27]) == 27
+            else:
+                with pytest.raises(StateUnavailable) as caught:
+                    await line.run(echo, [], [27])
+                assert PASSWORD not in str(caught.value) and "not-it" not in str(caught.value)
+        finally:
+            line.close()
+            await client.aclose()
 
 
 def test_a_pair_over_tls_with_an_acl_user_joins_and_mints(tls_redis: TlsRedis, tmp_path: Path, stub: Stub) -> None:

@@ -116,10 +116,18 @@ CASES = [
     ("GET", "/v1/models", [("Authorization", "Bearer CRED"), ("Accept", "application/json")], None),
     ("POST", "/v1/chat/completions", [("Content-Encoding", "gzip")], b"\x1f\x8b" + b"z" * 70_000),
     ("POST", "/v1/responses", [("x-dup", "1"), ("x-dup", "2"), ("X-Dup", "3"), ("x-dup", "4")], b"{}"),
+    ("POST", "/v1/responses", [("x-dup", "1"), ("x-dup", "2")], b"{}"),  # same spelling: both kept
+    ("GET", "/v1/models", [("host", "example.test"), ("Accept", "*/*")], None),  # replaces the URL's
+    ("GET", "/v1/models", [("Host", "example.test")], None),  # the same spelling as the URL's
+    ("POST", "/v1/messages", [("x-title", "caf\u00e9 \u2603 \U0001f600"), ("x-tab", "a\tb")], b"{}"),
 ]
 
 
-@pytest.mark.parametrize("method,path,headers,body", CASES, ids=["post", "post-empty", "get", "big-body", "repeated"])
+@pytest.mark.parametrize(
+    "method,path,headers,body",
+    CASES,
+    ids=["post", "post-empty", "get", "big-body", "repeated", "repeated-same", "host", "host-same", "utf8"],
+)
 async def test_request_bytes_are_aiohttps(method: str, path: str, headers: list, body: bytes | None) -> None:
     upstream = await Upstream().start()
     lean, session = client(), aiohttp_session()

@@ -2,7 +2,8 @@
 
 State lives in `./var/fleet` (each pair's own state and runtime dirs, the redis-server's
 directory, every log); both pairs share the control token (`./var/fleet/control-token`), the
-fleet secret (`./var/fleet/fleet-secret`), the accounts file (`team-a` with `lease_capacity = 2`,
+fleet secret (`./var/fleet/fleet-secret`: every control and every data plane reads it, SPEC §19),
+the accounts file (`team-a` with `lease_capacity = 2`,
 `team-b`, both on the built-in stub upstream) and the fleet's Redis. It prints what to call,
 then waits; Ctrl-C (or SIGTERM) stops every process it started: both data planes, both
 controls (each leaves the fleet), Redis, the stub.
@@ -80,7 +81,8 @@ A Leasehold fleet is running on loopback (fleet id demo, stub upstream, logs und
   gw-a      control {a.control_url}   dataplane {a.dataplane_url}
   gw-b      control {b.control_url}   dataplane {b.dataplane_url}
   accounts  team-a (lease_capacity 2), team-b; both pairs share the token in var/fleet/control-token
-  secret    var/fleet/fleet-secret (GATEWAY_FLEET_SECRET_FILE: 32 random bytes, mode 0600, one per fleet)
+  secret    var/fleet/fleet-secret (GATEWAY_FLEET_SECRET_FILE of both daemons of each pair: 32 random bytes,
+            mode 0600, one per fleet)
 
 1. The fleet as each host sees it:
   curl -s {a.control_url}/control/v2/fleet {auth}

@@ -163,10 +163,14 @@ def credential_like(prefix: str) -> str:
 class Stub:
     """The stub upstream as a process; `steps()` / `requests()` drive and observe it."""
 
-    def __init__(self, workdir: Path, anthropic_key: str | None, openai_key: str | None) -> None:
+    def __init__(
+        self, workdir: Path, anthropic_key: str | None, openai_key: str | None, *, rate_limit_headers: bool = False
+    ) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         port_file = workdir / f"stub-{secrets.token_hex(3)}.port"
         argv = [sys.executable, "-m", "tests.support.stub_upstream", "--port", "0", "--port-file", str(port_file)]
+        if rate_limit_headers:  # a provider's rate-limit headers on every answer (stub_ratelimits)
+            argv.append("--rate-limit-headers")
         if anthropic_key:
             argv += ["--anthropic-key", anthropic_key]
         if openai_key:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -31,7 +32,7 @@ CREDENTIAL_ENV = "GATEWAY_INPROCESS_KEY"
 
 class Plane:
     def __init__(self, url: str, token: str, link: ControlLink, proxy: Proxy) -> None:
-        self.url = url  # the data plane's /v1/messages
+        self.url = url  # the data plane's /v1/messages (Anthropic) or /v1/responses (OpenAI)
         self.token = token  # a virtual key naming the one lease
         self.link = link
         self.proxy = proxy
@@ -42,35 +43,59 @@ async def anthropic_plane(
     stub: Stub, tmp_path: Path, account_id: str, request_capacity: int | None = None
 ) -> AsyncIterator[Plane]:
     """One Anthropic-wire account on the stub, one live lease on it; stopped on exit."""
+    route = AccountRoute(
+        id=account_id,
+        provider_binding="anthropic",
+        wire="anthropic",
+        base_url=stub.url,
+        auth_style="x-api-key",
+        credential_env=CREDENTIAL_ENV,
+        request_capacity=request_capacity,
+    )
+    async with _plane(stub.anthropic_key or "", tmp_path, route, "/v1/messages") as plane:
+        yield plane
+
+
+@asynccontextmanager
+async def openai_plane(
+    stub: Stub, tmp_path: Path, account_id: str, *, lease_capacity: int | None = None, fleet: Any = None
+) -> AsyncIterator[Plane]:
+    """One OpenAI-wire account on the stub (its `url` is `/v1/responses`, for HTTP and the
+    socket), one live lease on it, and `fleet` as the data plane's `FleetAdmission`."""
+    route = AccountRoute(
+        id=account_id,
+        provider_binding="openai",
+        wire="openai",
+        base_url=stub.url,
+        auth_style="bearer",
+        credential_env=CREDENTIAL_ENV,
+        lease_capacity=lease_capacity,
+    )
+    async with _plane(stub.openai_key or "", tmp_path, route, "/v1/responses", fleet) as plane:
+        yield plane
+
+
+@asynccontextmanager
+async def _plane(
+    credential: str, tmp_path: Path, route: AccountRoute, path: str, fleet: Any = None
+) -> AsyncIterator[Plane]:
     port = free_port()
     settings = load_settings(
         {"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}", "GATEWAY_RUNTIME_DIR": str(tmp_path)}, role="dataplane"
     )
-    replica = LeaseReplica(env={CREDENTIAL_ENV: stub.anthropic_key or ""})
+    replica = LeaseReplica(env={CREDENTIAL_ENV: credential})
     token, key_id, digest = new_token()
     replica.load(
-        [Lease(key_id=key_id, digest=digest, account_id=account_id, expires_at_ms=now_ms() + 600_000)],
-        [
-            AccountRoute(
-                id=account_id,
-                provider_binding="anthropic",
-                wire="anthropic",
-                base_url=stub.url,
-                auth_style="x-api-key",
-                credential_env=CREDENTIAL_ENV,
-                request_capacity=request_capacity,
-            )
-        ],
-        True,
+        [Lease(key_id=key_id, digest=digest, account_id=route.id, expires_at_ms=now_ms() + 600_000)], [route], True
     )
     link = ControlLink(str(tmp_path / "no-control.sock"), replica)
     pools = UpstreamPools(settings)
-    proxy = Proxy(settings, replica, link, pools)
+    proxy = Proxy(settings, replica, link, pools, fleet)
     runner = web.AppRunner(build_app(settings, proxy), handler_cancellation=True)
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        yield Plane(f"http://127.0.0.1:{port}/v1/messages", token, link, proxy)
+        yield Plane(f"http://127.0.0.1:{port}{path}", token, link, proxy)
     finally:
         await runner.cleanup()
         await pools.close()

@@ -60,7 +60,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from tests.support import stub_ws
+from tests.support import stub_ratelimits, stub_ws
 
 STUB_INPUT_TOKENS = 12
 STUB_CACHE_CREATION_INPUT_TOKENS = 5
@@ -490,8 +490,11 @@ async def _send_stream(
 class StubState:
     """Per-app state: keys, the FIFO of script steps and the recorded requests."""
 
-    def __init__(self, anthropic_key: str | None, openai_key: str | None, record_limit: int) -> None:
+    def __init__(
+        self, anthropic_key: str | None, openai_key: str | None, record_limit: int, rate_limit_headers: bool = False
+    ) -> None:
         self.keys = {ANTHROPIC: anthropic_key, OPENAI: openai_key}
+        self.rate_limits = stub_ratelimits.RateLimitHeaders() if rate_limit_headers else None
         self.script: collections.deque[dict[str, Any]] = collections.deque()
         self.requests: collections.deque[dict[str, Any]] = collections.deque(maxlen=record_limit)
         self.holds: dict[str, asyncio.Event] = {}
@@ -542,6 +545,7 @@ def _route(wire: str | None, kind: str):
                 "path": request.path_qs,
                 "headers": headers_in,
                 "body_len": len(raw),
+                "body_crc32": zlib.crc32(raw),  # a large body, compared without recording it
                 "model": model,
                 "stream": stream,
                 "wire": w,
@@ -563,9 +567,11 @@ def _route(wire: str | None, kind: str):
         if _auth_refusal(request, state.keys[w]):
             entry["status"] = 401
             return web.Response(status=401, body=error_body(w, 401, _AUTH_MSG[w], rid), headers=headers)
+        limits = {} if state.rate_limits is None else state.rate_limits.headers(w)  # past the key check
+        headers.update(limits)
         if kind == "ws" and request.headers.get("upgrade", "").lower() == "websocket":  # SPEC §20
             refused = await stub_ws.handshake(request, state, entry, rid, error_body)
-            return refused or await stub_ws.serve(request, state, entry, response_events)
+            return refused or await stub_ws.serve(request, state, entry, response_events, limits)
         step_header = request.headers.get("x-stub-step")
         if step_header is not None:
             try:
@@ -658,10 +664,17 @@ async def _requests(request: web.Request) -> web.Response:
     return web.Response(body=_enc(list(state.requests)), content_type="application/json")
 
 
-def make_app(*, anthropic_key: str | None, openai_key: str | None, record_limit: int = RECORD_LIMIT) -> web.Application:
-    """The stub as an aiohttp application (keys set to None are not checked)."""
+def make_app(
+    *,
+    anthropic_key: str | None,
+    openai_key: str | None,
+    record_limit: int = RECORD_LIMIT,
+    rate_limit_headers: bool = False,
+) -> web.Application:
+    """The stub as an aiohttp application (keys set to None are not checked); with
+    `rate_limit_headers`, every answer carries a provider's rate-limit headers (stub_ratelimits)."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app[STATE] = StubState(anthropic_key, openai_key, record_limit)
+    app[STATE] = StubState(anthropic_key, openai_key, record_limit, rate_limit_headers)
     for method, path, wire, kind in (
         ("POST", "/v1/messages", ANTHROPIC, "messages"),
         ("POST", "/v1/messages/count_tokens", ANTHROPIC, "count_tokens"),
@@ -709,7 +722,11 @@ async def start_stub(
 
 async def _serve(args: argparse.Namespace) -> None:
     runner, base_url = await start_stub(
-        args.host, args.port, anthropic_key=args.anthropic_key, openai_key=args.openai_key
+        args.host,
+        args.port,
+        anthropic_key=args.anthropic_key,
+        openai_key=args.openai_key,
+        rate_limit_headers=args.rate_limit_headers,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -734,6 +751,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--anthropic-key", default=None)
     parser.add_argument("--openai-key", default=None)
     parser.add_argument("--port-file", default=None, help="write the bound port number here")
+    parser.add_argument(
+        "--rate-limit-headers", action="store_true", help="send a provider's rate-limit headers on every answer"
+    )
     args = parser.parse_args(argv)
     try:
         import uvloop

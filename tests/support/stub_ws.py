@@ -70,8 +70,11 @@ async def handshake(
     return web.Response(status=int(status), body=error_body("openai", int(status), None, rid), headers=headers)
 
 
-async def serve(request: web.Request, state: Any, entry: dict[str, Any], make: Any) -> web.StreamResponse:
+async def serve(
+    request: web.Request, state: Any, entry: dict[str, Any], make: Any, headers: dict[str, str] | None = None
+) -> web.StreamResponse:
     ws = web.WebSocketResponse(compress=True, max_msg_size=64 * 1024 * 1024)
+    ws.headers.update(headers or {})  # the 101's own headers (a provider's rate limits)
     await ws.prepare(request)
     entry["status"] = 101
     entry["outcome"] = "open"

@@ -3,7 +3,10 @@ daemons, two stub upstreams (`legacy-anthropic`, then `anthropic-team-b`) and th
 mode keeps (`lease-decisions.jsonl`). After control restarts, a caller-driven lease renews on its
 account and position, a dispatch key extends, and a 429 on the dispatch key still hops it to the
 sibling: the worker's own retry is served there. Before, each answered 404 `decision-unknown`
-(or never hopped)."""
+(or never hopped). And a retry or a supersede citing a lease released before the restart (its
+decision and evidence kept an hour after its key ended) is answered exactly as its twin was
+before the restart, also when junk was appended to the journal meanwhile; before, each was
+`fallback-lineage-unknown`."""
 
 from __future__ import annotations
 
@@ -72,3 +75,63 @@ def test_renew_extend_and_a_hop_after_a_control_restart(make_gateway, tmp_path, 
     restart_control(gw)  # the hop's decision is the one kept
     status, _, again = gw.api("POST", f"/control/v2/keys/{keyed['key_id']}/extend", {"ttl_seconds": 7200})
     assert (status, again.get("account_id")) == (200, B), again
+
+
+# ---- a retry citing a lease released before the restart (SPEC §5: "within that hour") --------
+
+
+def cite(gw: Gateway, dispatch: str, **citation: str) -> tuple:
+    """A citation's answer, as a worker sees it: status, outcome, refusal, account, position, hop."""
+    body = {"dispatch_id": dispatch, "repo_slug": "acme/app", "principal_kind": "worker", "principal_id": "w-1"}
+    status, _, answer = gw.api("POST", "/control/v2/mint", {**body, "model": MODEL, **citation})
+    fields = ("outcome", "refusal_reason", "account_id", "fallback_position", "hop")
+    return (status, *(answer.get(name) for name in fields))
+
+
+def released(gw: Gateway, dispatch: str, step: str | None) -> str:
+    """A caller-driven lease served once (429 with `step`, else 200), then revoked: its decision."""
+    minted = mint(gw, dispatch, "caller")
+    assert call(gw, minted["token"], step) == (429 if step else 200)
+    assert gw.revoke(minted["key_id"])  # the release seam settles the row first: evidence is in
+    return minted["mint_decision_id"]
+
+
+def restart_control_on_a_hostile_journal(gw: Gateway) -> None:
+    """Control restarts; meanwhile a torn line and junk were appended to the journal."""
+    assert gw.control is not None
+    gw.control.stop()
+    with open(gw.state_dir / "lease-decisions.jsonl", "ab") as journal:
+        journal.write(b'{"mark": "ended", "key_id": "K"}\n\xff\xfe junk\n{"mint_decision_id": "md_torn", "outc')
+    gw.start_control()
+    gw.wait_synchronised()
+
+
+def test_a_retry_citing_a_lease_released_before_a_restart_is_answered_as_before(
+    make_gateway, tmp_path, clean_stub, second_stub
+) -> None:
+    """Two twin dispatches each: one cited before the restart, its twin after. A 429 then a
+    revoke authorises a retry one position down (to B, hop 1); a 200 then a revoke does not
+    (`fallback-not-authorised`), and a supersede of it is refused (its response was not lost).
+    Before the journal kept ended leases, every answer after the restart was
+    `fallback-lineage-unknown`."""
+    gw = pool_gateway(make_gateway, tmp_path, second_stub)
+    limited = {when: released(gw, f"d-429-{when}", RATE_LIMITED) for when in ("before", "after")}
+    served = {when: released(gw, f"d-200-{when}", None) for when in ("before", "after")}
+
+    def answers(when: str) -> list[tuple]:
+        return [
+            cite(gw, f"d-200-{when}", retry_of_mint_decision_id=served[when]),
+            cite(gw, f"d-200-{when}", supersedes_mint_decision_id=served[when]),
+            cite(gw, f"d-429-{when}", retry_of_mint_decision_id=limited[when]),
+        ]
+
+    before = answers("before")
+    assert before == [
+        (503, "held", "fallback-not-authorised", None, None, None),
+        (409, "rejected", "fallback-response-was-not-lost", None, None, None),
+        (201, "selected", None, B, 1, 1),
+    ], before
+    restart_control_on_a_hostile_journal(gw)
+    assert answers("after") == before
+    assert cite(gw, "d-x", retry_of_mint_decision_id="md_torn")[2] == "fallback-lineage-unknown"
+    assert (gw.state_dir / "lease-decisions.jsonl").stat().st_mode & 0o777 == 0o600

@@ -3,8 +3,8 @@
 A gateway built with credential-shaped values serves a lease, an in-flight stream and finished
 routes; then every read payload, every state-dir file, both daemons' logs and the OTLP trace
 payloads as a collector receives them (SPEC §21) are searched for the provider key, the control
-token, the minted token and its secret half (the OTLP payloads also for the token's digest, the
-collector's own key, and the prompt's text). A schema guard and
+token, the minted tokens (v1 and v2) and their secret halves (the OTLP payloads also for both
+tokens' digests, the collector's own key, the prompt's text and the completion's). A schema guard and
 an AST sweep hold future read models and projection modules to the same rule; the presence of
 `key_id` keeps the sweep from being vacuous.
 """
@@ -12,8 +12,8 @@ an AST sweep hold future read models and projection modules to the same rule; th
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
+import json
 import pkgutil
 import re
 import secrets
@@ -23,8 +23,10 @@ import msgspec
 import pytest
 
 import controlplane.http
+from shared.tokens import digest
 from tests.support.harness import REPO, Gateway, Stub, credential_like, http
 from tests.support.otlp_receiver import OtlpReceiver
+from tests.support.stub_upstream import anthropic_message
 from tests.support.waits import wait_until
 
 FORBIDDEN_FIELD = re.compile(r"token|secret|api_key|digest|fingerprint")
@@ -53,6 +55,7 @@ READ_ROUTES = [
     "/control/v2/policy/explain?repo_slug=acme/app&model=claude-sonnet-4-6",
     "/metrics",
     "/control/v2/fleet",
+    "/control/v2/traces/{attempt_id}",  # the span of the first attempt, as `leaseholdctl trace` reads it
 ]
 
 
@@ -66,6 +69,9 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
     collector = OtlpReceiver().start()
     collector_key = credential_like("hc_")
     prompt = "prompt-" + secrets.token_hex(16)
+    completion = "completion-" + secrets.token_hex(16)
+    answer = json.loads(anthropic_message("claude-sonnet-4-6", 3))
+    answer["content"][0]["text"] = completion  # the provider's answer, with a text to look for
     gw = Gateway(
         workdir / "gw",
         stub,
@@ -82,7 +88,9 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
         minted = gw.mint()
         token = minted["token"]
         body = {"model": "claude-sonnet-4-6", "max_tokens": 5, "messages": [{"role": "user", "content": prompt}]}
-        assert http("POST", gw.dataplane_url + "/v1/messages", body, {"x-api-key": token})[0] == 200
+        answered = {"x-api-key": token, "x-stub-step": json.dumps({"body": json.dumps(answer)})}
+        status, _, got = http("POST", gw.dataplane_url + "/v1/messages", body, answered)
+        assert status == 200 and got["content"][0]["text"] == completion  # non-vacuity: it was relayed
         assert (
             http(
                 "POST",
@@ -104,10 +112,17 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
         )
         live.start()
         wait_until(lambda: gw.active()["count"] == 1, 10, "an in-flight stream")
+        first = gw.ledger()[0]["attempt_id"]
+        wait_until(lambda: collector.span_of(first), 15, "the first attempt's span")
         payloads = {
-            route: http("GET", gw.control_url + route, headers={"Authorization": f"Bearer {control_token}"})
+            route: http(
+                "GET",
+                gw.control_url + route.format(attempt_id=first),
+                headers={"Authorization": f"Bearer {control_token}"},
+            )
             for route in READ_ROUTES
         }
+        assert payloads["/control/v2/traces/{attempt_id}"][0] == 200
         live.join(15)
         payloads["recent-after"] = http(
             "GET", gw.control_url + "/control/v2/routes/recent", headers={"Authorization": f"Bearer {control_token}"}
@@ -123,6 +138,7 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
                 "model": "claude-sonnet-4-6",
             },
         )[2]
+        assert http("POST", gw.dataplane_url + "/v1/messages", body, {"x-api-key": v2["token"]})[0] == 200
         assert gw.revoke(v2["key_id"])
         rows = gw.ledger()
         wait_until(lambda: all(collector.span_of(r["attempt_id"]) for r in rows), 15, "every row's span")
@@ -150,9 +166,11 @@ def exposed(tmp_path_factory: pytest.TempPathFactory):
             "spans_count": len(collector.spans),
         },
         "otlp_only": {
-            "token digest": hashlib.sha256(token.encode()).hexdigest(),
+            "token digest": digest(token).hex(),
+            "v2 token digest": digest(v2["token"]).hex(),
             "collector key": collector_key,
             "prompt": prompt,
+            "completion": completion,
         },
     }
 
@@ -179,12 +197,12 @@ def test_no_log_line_carries_a_secret(exposed) -> None:
 def test_no_otlp_payload_carries_a_secret_or_a_prompt(exposed) -> None:
     """SPEC §21: the spans as the collector received them (raw protobuf and decoded)."""
     otlp = exposed["otlp"]
-    assert otlp["spans_count"] >= 3 and exposed["key_id"] in otlp["spans"]  # non-vacuity
+    assert otlp["spans_count"] >= 4 and exposed["key_id"] in otlp["spans"]  # non-vacuity
     forbidden = {**exposed["secrets"], **exposed["otlp_only"]}
     for name, value in forbidden.items():
         assert value not in otlp["bodies"] and value not in otlp["spans"], f"{name} in the OTLP payloads"
     for name, value in exposed["otlp_only"].items():
-        if name != "token digest":  # the key journal holds digests by design (SPEC §13)
+        if "digest" not in name:  # the key journal holds digests by design (SPEC §13)
             assert value not in exposed["logs"], f"{name} in the daemons' logs"
 
 

@@ -98,3 +98,32 @@ def test_a_bad_prices_file_names_file_entry_and_field(tmp_path: Path) -> None:
 def test_a_missing_prices_file_is_refused(tmp_path: Path) -> None:
     result = run_control(tmp_path, GATEWAY_PRICES_FILE=str(tmp_path / "absent.toml"))
     assert result.returncode == 2 and "GATEWAY_PRICES_FILE" in result.stderr
+
+
+FLEET_SECRET = "GATEWAY_FLEET_SECRET_FILE"
+SECRET_CONTENT = b"sk-fleet-" + b"Zq8w" * 12  # credential-shaped: stderr may never quote it
+
+
+@pytest.mark.parametrize("daemon", ["leasehold-dataplane", "leasehold-control"])
+@pytest.mark.parametrize("secret", ["unset", "world-readable", "short"])
+def test_a_fleet_daemon_without_a_good_fleet_secret_exits_2_naming_it(tmp_path: Path, daemon: str, secret: str) -> None:
+    """SPEC §19: fleet mode requires the secret of both daemons. A data plane without it would
+    believe unsealed heartbeats, so a Redis writer could lift its host's lapse. Refused at
+    settings, before any connection: the Redis URL names a closed loopback port."""
+    env = {
+        **base_env(),
+        "GATEWAY_CONTROL_TOKEN": "control-token-for-startup-tests",
+        "GATEWAY_STATE_DIR": str(tmp_path / "state"),
+        "GATEWAY_RUNTIME_DIR": str(tmp_path / "run"),
+        "GATEWAY_CONTROL_LISTEN": f"127.0.0.1:{free_port()}",
+        "GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{free_port()}",
+        "GATEWAY_FLEET_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+    }
+    if secret != "unset":
+        path = tmp_path / "fleet-secret"
+        path.write_bytes(SECRET_CONTENT if secret == "world-readable" else SECRET_CONTENT[:31])
+        path.chmod(0o644 if secret == "world-readable" else 0o600)
+        env[FLEET_SECRET] = str(path)
+    result = subprocess.run([str(BIN / daemon)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, (result.returncode, result.stderr[-2000:])
+    assert FLEET_SECRET in result.stderr and "Zq8w" not in result.stderr + result.stdout

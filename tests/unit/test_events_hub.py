@@ -141,6 +141,29 @@ def test_route_events_carry_the_route_view_not_the_row() -> None:
     assert (started.id, finished.id) == (f"{EPOCH}-1", f"{EPOCH}-2")
 
 
+def test_a_start_published_with_its_finished_row_shows_the_start() -> None:
+    """An attempt reported once (its start withdrawn by the data plane) publishes route.started
+    with its finished row; the event shows the row as its start was, derived on first read."""
+    done = row(
+        status="completed",
+        finished_at="2026-01-01T00:00:01.000Z",
+        http_status=200,
+        served_model="m-2026",
+        usage=Usage(input_tokens=3, output_tokens=2),
+        cost_usd=0.5,
+        cost_reason="priced",
+        overhead_ms=1.5,
+        first_byte_ms=2.5,
+    )
+    hub = EventHub(epoch=EPOCH)
+    started = hub.publish("route.started", done)
+    assert started is not None
+    assert started.data == hub.publish("route.started", row()).data  # type: ignore[union-attr]
+    assert msgspec.json.decode(started.payload)["status"] is None
+    finished = hub.publish("route.finished", done)
+    assert finished is not None and finished.data.status == "completed"  # type: ignore[attr-defined]
+
+
 def test_models_drop_keys_they_do_not_declare() -> None:
     hub = EventHub(epoch=EPOCH)
     event = hub.publish(

@@ -86,8 +86,17 @@ def test_a_symlinked_file_is_followed(tmp_path: Path) -> None:  # secret manager
     assert problem is None and secret == FleetSecret(CONTENT)
 
 
-def test_the_data_plane_does_not_need_it_and_embedded_mode_ignores_it(tmp_path: Path) -> None:
-    assert load_settings({k: v for k, v in FLEET.items() if "TOKEN" not in k}, role="dataplane").fleet_secret is None
+def test_the_data_plane_requires_it_too_and_embedded_mode_ignores_it(tmp_path: Path) -> None:
+    """Without the secret a fleet data plane would believe unsealed heartbeats, so a Redis writer
+    could lift its lapse: it is refused like control, by name, and a bad file is refused alike."""
+    dataplane = {k: v for k, v in FLEET.items() if "TOKEN" not in k}
+    found = problems(dataplane, role="dataplane")
+    assert any(NAME in p and "required" in p for p in found), found
+    found = problems({**dataplane, NAME: str(secret_file(tmp_path, mode=0o644))}, role="dataplane")
+    assert any(NAME in p for p in found) and all("Q7x9" not in p for p in found), found
+    good = secret_file(tmp_path)
+    assert load_settings({**dataplane, NAME: str(good)}, role="dataplane").fleet_secret == FleetSecret(CONTENT)
+    assert load_settings(dataplane, role="ctl").fleet_secret is None  # leaseholdctl never reads it
     bad = str(secret_file(tmp_path, mode=0o644))
     assert load_settings({"GATEWAY_CONTROL_TOKEN": "t" * 20, NAME: bad}).fleet_secret is None
 

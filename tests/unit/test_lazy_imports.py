@@ -299,3 +299,12 @@ print(json.dumps(seen))
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == [0, True, True, 1, 0, False]
+
+
+def test_the_data_plane_starts_no_process_pool() -> None:
+    """Large bodies are read in reader processes started at the first one (dataplane/readers.py,
+    no multiprocessing); no start loads a process pool (tests/hostile/test_large_bodies.py checks
+    that a started data plane has no child process)."""
+    loaded = loaded_after("dataplane.main")
+    assert "dataplane.readers" in loaded  # the check can fail: it sees what is loaded
+    assert [m for m in ("multiprocessing", "concurrent.futures.process") if m in loaded] == []

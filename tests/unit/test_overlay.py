@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from controlplane.core.overlay import AdminAction, Overlay, fold_overlay, read_state
+from controlplane.core.overlay import AdminAction, Overlay, disabled_accounts, fold_overlay, read_state
 from shared.codes import AdminState
 
 
@@ -68,3 +68,18 @@ def test_vocabulary_spelling() -> None:
     assert [a.value for a in AdminAction] == ["set-state", "revoke-leases"]
     assert [s.value for s in AdminState] == ["enabled", "draining", "disabled"]
     assert isinstance(fold_overlay([]), Overlay)
+
+
+@pytest.mark.parametrize(
+    "records,expect",
+    [
+        ([], ()),
+        ([rec("b"), rec("a")], ("a", "b")),  # registry order, not record order
+        ([rec("a", state="draining")], ()),  # a drain is no disable (SPEC §20 closes on a disable)
+        ([rec("a", state="quarantined")], ("a",)),  # an unknown state reads disabled
+        ([rec("a"), rec("a", state="enabled")], ()),
+        ([rec("ghost")], ()),  # an id the registry does not hold is not told
+    ],
+)
+def test_disabled_accounts(records: list[dict[str, Any]], expect: tuple[str, ...]) -> None:
+    assert disabled_accounts(fold_overlay(records), ["a", "b"]) == expect

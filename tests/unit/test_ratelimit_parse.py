@@ -17,7 +17,7 @@ from dataplane.ratelimits import (
     reset_at_ms,
 )
 from dataplane.wires.table import WIRES
-from shared.clock import iso_ms
+from shared.clock import iso_ms, now_ms
 from shared.wire import RateLimit, RateLimits
 
 ARRIVAL = 1_800_000_000_000  # 2027-01-15T08:00:00Z
@@ -82,6 +82,12 @@ DURATIONS = [
     ("NaNs", None),
     ("infs", None),
     (".5s", None),
+    ("٣s", None),  # a non-ASCII digit (a regex's \\d took it)
+    ("1.s", None),
+    ("1h.5s", None),
+    ("1m-1s", None),
+    ("1sms", None),
+    ("µs", None),
 ]
 
 
@@ -116,6 +122,8 @@ RESETS = [
     ("anthropic", "9999-12-31T23:59:59Z", None),  # beyond a week: garbage
     ("anthropic", "1970-01-01T00:00:00Z", None),
     ("anthropic", "6m0s", None),  # the other wire's form
+    ("anthropic", "0001-01-01T00:00:00+01:00", None),  # parses, but no datetime holds it as UTC
+    ("anthropic", "9999-12-31T23:59:59-01:00", None),
     ("openai", "6m0s", ARRIVAL + 360_000),
     ("openai", "120ms", ARRIVAL + 120),
     ("openai", "0.5s", ARRIVAL + 500),
@@ -260,3 +268,43 @@ def test_kinds_sharing_a_reset_text_and_kinds_with_their_own() -> None:
     pairs["x-ratelimit-reset-tokens"] = "2s"
     parsed = rate_limits_of(headers(pairs), WIRES["openai"].rate_limits, lambda: ARRIVAL + 5)
     assert parsed is not None and (parsed.requests.reset_at, parsed.tokens.reset_at) == (at(1005), at(2005))
+
+
+def test_the_memos_stay_bounded_and_agree_with_a_fresh_parse() -> None:
+    from dataplane import ratelimits
+
+    for n in range(3 * ratelimits.MEMO_MAX):
+        offset = n * 1000
+        assert reset_at_ms(f"{n}ms", False, ARRIVAL) == ARRIVAL + n
+        assert reset_at_ms(at(offset).replace(".000Z", "Z"), True, ARRIVAL) == ARRIVAL + offset
+        assert ratelimits.iso_ms(ARRIVAL + offset) == at(offset)
+        assert ratelimits._limit(str(n)) == n
+    for memo in (ratelimits._absolute, ratelimits._relative, ratelimits._seconds, ratelimits._limits):
+        assert 0 < len(memo) <= ratelimits.MEMO_MAX
+    assert ratelimits._limit("-1") is None and ratelimits._limit("-1") is None
+
+
+@pytest.mark.parametrize("wire", ["anthropic", "openai"])
+def test_the_benchmark_stubs_sets_parse_whole(wire: str) -> None:
+    """`make bench`'s stub (`--rate-limit-headers`) sends sets the parser reads in full, so the
+    benchmark pays the whole parse on every answer, as production does."""
+    from tests.support.stub_ratelimits import RateLimitHeaders, go_duration
+
+    assert [go_duration(ms) for ms in (6, 999, 1000, 6500, 60_000, 61_500)] == [
+        "6ms",
+        "999ms",
+        "1s",
+        "6.5s",
+        "1m0s",
+        "1m1.5s",
+    ]
+    stub = RateLimitHeaders()
+    for _ in range(3):
+        parsed = rate_limits_of(headers(stub.headers(wire)), WIRES[wire].rate_limits, now_ms)  # its resets: now's
+        assert parsed is not None
+        kinds = [k for k in ("requests", "tokens", "input_tokens", "output_tokens") if getattr(parsed, k)]
+        assert len(kinds) == (4 if wire == "anthropic" else 2)
+        for kind in kinds:
+            limit = getattr(parsed, kind)
+            assert limit.limit and limit.remaining is not None and limit.remaining >= limit.limit * 3 // 4
+            assert limit.reset_at is not None

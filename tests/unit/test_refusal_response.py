@@ -73,6 +73,8 @@ CASES = [
     ),
     Case("account-not-configured", (Refusal.ACCOUNT_NOT_CONFIGURED, None, None), Expect(422, None, None, INVALID)),
     Case("model-not-permitted", (Refusal.MODEL_NOT_PERMITTED, None, None), Expect(400, "false", None, INVALID)),
+    # a socket's handshake on a disabled account (SPEC §20): SPEC's status for the code, not retried
+    Case("administrative-disabled", (Refusal.ADMINISTRATIVE_DISABLED, None, None), Expect(409, "false", None, SERVER)),
     # hostile input (SPEC §19)
     Case("invalid-request-body", (Refusal.INVALID_REQUEST_BODY, None, None), Expect(400, "false", None, INVALID)),
     Case(

@@ -160,9 +160,13 @@ def test_a_redis_url_option_that_could_loosen_the_client_refuses_startup(url: st
     assert all("hunter2" not in p and "socket_timeout=60" not in p for p in caught.value.problems)
 
 
-def test_the_tls_files_pass() -> None:
+def test_the_tls_files_pass(tmp_path: Path) -> None:
     url = "rediss://leasehold:pw@redis.internal:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem"
-    assert load_settings({"GATEWAY_FLEET_REDIS_URL": url}, role="dataplane").fleet_redis_url == url
+    secret = tmp_path / "fleet-secret"
+    secret.write_bytes(b"s" * 32)
+    secret.chmod(0o600)
+    env = {"GATEWAY_FLEET_REDIS_URL": url, "GATEWAY_FLEET_SECRET_FILE": str(secret)}
+    assert load_settings(env, role="dataplane").fleet_redis_url == url
 
 
 def test_dataplane_does_not_need_the_control_token() -> None:

@@ -279,6 +279,33 @@ def test_a_bad_header_is_named_but_never_echoed() -> None:
     assert traces_of({}, []) is None
 
 
+def test_a_bad_signal_specific_variable_is_named_as_written() -> None:
+    on = {**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+    for name, value in (("HEADERS", "sk-secret-value"), ("COMPRESSION", "zstd"), ("TIMEOUT", "10s")):
+        with pytest.raises(SettingsError) as caught:
+            load_settings({**on, f"OTEL_EXPORTER_OTLP_TRACES_{name}": value})
+        assert f"OTEL_EXPORTER_OTLP_TRACES_{name}" in str(caught.value) and "sk-secret" not in str(caught.value)
+
+
+SERVICE_NAMES = [
+    ({}, "leasehold"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-resource,team=ai"}, "from-resource"),
+    ({"OTEL_SERVICE_NAME": "from-env", "OTEL_RESOURCE_ATTRIBUTES": "service.name=from-resource"}, "from-env"),
+    ({"OTEL_SERVICE_NAME": "from-env"}, "from-env"),
+    ({"OTEL_SERVICE_NAME": " ", "OTEL_RESOURCE_ATTRIBUTES": "service.name=r"}, "r"),
+    ({"OTEL_RESOURCE_ATTRIBUTES": "service.name="}, "leasehold"),
+]
+
+
+@pytest.mark.parametrize("env,expected", SERVICE_NAMES, ids=[e for _, e in SERVICE_NAMES])
+def test_service_name_precedence(env: dict[str, str], expected: str) -> None:
+    """OTEL_SERVICE_NAME, else OTEL_RESOURCE_ATTRIBUTES' service.name, else the default, in the
+    settings and on the resource the spans carry."""
+    config = load_settings({**BASE, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", **env}).traces
+    assert config is not None and config.service_name == expected
+    assert Traces(config, registry(), None).resource()["service.name"] == expected
+
+
 def test_the_logged_endpoint_never_shows_a_password() -> None:
     t = Traces(TraceSettings(endpoint="https://user:s3cret-pass@collector.internal:4318/v1/traces"), registry(), None)
     assert t.shown_endpoint == "https://collector.internal:4318/v1/traces"

@@ -172,7 +172,10 @@ def test_an_exhausted_budget_ends_a_socket_1008() -> None:
 
 
 class _Fleet:
-    lapsed = True
+    """A `FleetAdmission` whose place lapsed: `hold()` says why (the rule `fleet_held` asks)."""
+
+    def hold(self) -> str:
+        return "this gateway host's place in the fleet has lapsed"
 
 
 def test_the_handshake_and_create_gates_in_order() -> None:

@@ -67,6 +67,11 @@ def test_upstream_headers_swap_the_credential_and_keep_end_to_end_headers(style:
     assert out["Accept-Encoding"] == "zstd,gzip" and out["Content-Encoding"] == "gzip"
     assert out.getall("x-custom") == ["a", "b"]
     assert not any("lhgw_" in v for v in out.values())
+    # every kept line in the worker's order and spelling, the credential last
+    dropped = {"host", "x-api-key", "authorization", "openai-organization", "openai-project", "content-length"}
+    dropped |= {"connection", "x-private", "te", "transfer-encoding", "keep-alive"}
+    kept = [(n, v) for n, v in INCOMING.items() if n.lower() not in dropped]
+    assert list(out.items()) == [*kept, (header, value)]
 
 
 def test_downstream_headers_keep_encoding_and_rate_limits() -> None:

@@ -1,0 +1,361 @@
+"""`ScriptLine`: one dedicated, pipelined Redis connection for the data plane's hot scripts
+(issue 27): a ceilinged request's reserve (its owed releases riding along) and the window's
+release. Every other Redis call keeps going through redis-py's pooled client.
+
+Why: through redis-py's pool a script's round trip cost ~2-3x the bare socket's on loopback (the
+pool's lock and checkout, its per-command observability, the retry wrapper, a pure-Python
+parser), ~0.25 ms more per request at rest and ~0.8 ms more after an idle gap on a busy host
+(bench/README, "Stop 30"). Here a call is one `write` of the packed command and one future,
+resolved in order by the connection's own reader; concurrent calls share the connection
+(Redis answers in order), so no call waits for another's round trip.
+
+The same bounds and the same failure vocabulary as `shared/fleet/redis_client.py`:
+- a reply waits at most `timeout_s`: a timeout fails every call still waiting on the connection
+  (`StateUnavailable`; their outcome is unknown, as a timed-out redis-py call's) and drops the
+  connection (a late reply would answer the wrong call); never retried;
+- a connection opens within `connect_timeout_s` (an open that timed out sent nothing: it is
+  tried once more), with the client's own settings (TLS with its three files, the ACL user and
+  password, the database): `LineTarget.of` reads them from the redis-py pool the rest of the
+  process uses, so both connect alike;
+- a call that finds its connection broken (a restarted server) is sent once more on a fresh one,
+  as redis-py's one retry on a connection error; every hot script is idempotent (holder-keyed);
+- a script Redis does not know (`NOSCRIPT`: a restart, `SCRIPT FLUSH`) is sent once as `EVAL`;
+- an error reply, or a reply that breaks the protocol (strictly parsed, bounded), is
+  `StateUnavailable`; the latter also drops the connection.
+A cancelled caller's reply is read and dropped, so the connection stays in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from shared.capacity import StateUnavailable
+
+MAX_BULK = 1 << 20  # the longest bulk reply accepted (the hot scripts answer integers)
+MAX_ITEMS = 1 << 16  # the longest array reply accepted
+MAX_DEPTH = 4  # nested arrays
+MAX_LINE = 4096  # the longest header or status line
+
+
+class ProtocolError(Exception):
+    """A reply that is not RESP2 within the bounds above."""
+
+
+class ErrorReply(msgspec.Struct, frozen=True):
+    """An error reply (`-ERR ...`); `message` is its first line."""
+
+    message: str
+
+
+Reply = int | bytes | None | list[Any] | ErrorReply
+
+
+def pack(args: Sequence[str | bytes | int]) -> bytes:
+    """One command as a RESP2 array of bulk strings."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def parse(buf: bytes | bytearray, pos: int = 0, depth: int = 0) -> tuple[Reply, int] | None:
+    """The reply starting at `pos` and where the next one starts; None when it is incomplete.
+    `ProtocolError` on anything that is not a bounded RESP2 reply."""
+    end = buf.find(b"\r\n", pos, pos + MAX_LINE + 2)
+    if end < 0:
+        if len(buf) - pos > MAX_LINE + 1:
+            raise ProtocolError("a reply line is too long")
+        return None
+    kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
+    after = end + 2
+    if kind == b"+":
+        return line, after
+    if kind == b"-":
+        return ErrorReply(line.decode(errors="replace")), after
+    if kind == b":":
+        return _integer(line), after
+    if kind == b"$":
+        size = _integer(line)
+        if size == -1:
+            return None, after
+        if not 0 <= size <= MAX_BULK:
+            raise ProtocolError(f"a bulk reply of {size} bytes")
+        if len(buf) < after + size + 2:
+            return None
+        if buf[after + size : after + size + 2] != b"\r\n":
+            raise ProtocolError("a bulk reply not ended by CRLF")
+        return bytes(buf[after : after + size]), after + size + 2
+    if kind == b"*":
+        return _array(buf, _integer(line), after, depth)
+    raise ProtocolError(f"an unknown reply type {kind!r}")
+
+
+def _array(buf: bytes | bytearray, count: int, pos: int, depth: int) -> tuple[Reply, int] | None:
+    if count == -1:
+        return None, pos
+    if not 0 <= count <= MAX_ITEMS or depth >= MAX_DEPTH:
+        raise ProtocolError(f"an array reply of {count} items at depth {depth}")
+    items: list[Any] = []
+    for _ in range(count):
+        got = parse(buf, pos, depth + 1)
+        if got is None:
+            return None
+        item, pos = got
+        items.append(item)
+    return items, pos
+
+
+def _integer(line: bytes) -> int:
+    digits = line[1:] if line[:1] == b"-" else line
+    if not digits.isdigit() or len(digits) > 19:
+        raise ProtocolError("a malformed integer")
+    return int(line)
+
+
+class LineTarget(msgspec.Struct, frozen=True):
+    """Where and how to connect: the settings of the pooled client's connections."""
+
+    host: str = ""
+    port: int = 6379
+    path: str = ""  # a Unix socket (then no host)
+    tls: bool = False
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    username: str | None = None
+    password: str | None = None  # never logged (registered with the redactor by `connect`)
+    db: int = 0
+    timeout_s: float = 1.0
+    connect_timeout_s: float = 0.5
+
+    @classmethod
+    def of(cls, kind: str, kwargs: dict[str, Any]) -> LineTarget:
+        """From a redis-py pool's `connection_class.__name__` and `connection_kwargs`."""
+        if kind not in ("Connection", "SSLConnection", "UnixDomainSocketConnection"):
+            raise ValueError(f"no script line over a {kind}")
+        return cls(
+            host=kwargs.get("host") or "",
+            port=int(kwargs.get("port") or 6379),
+            path=kwargs.get("path") or "",
+            tls=kind == "SSLConnection",
+            ca_certs=kwargs.get("ssl_ca_certs"),
+            certfile=kwargs.get("ssl_certfile"),
+            keyfile=kwargs.get("ssl_keyfile"),
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+            db=int(kwargs.get("db") or 0),
+            timeout_s=float(kwargs.get("socket_timeout") or 1.0),
+            connect_timeout_s=float(kwargs.get("socket_connect_timeout") or 0.5),
+        )
+
+    def handshake(self) -> list[bytes]:
+        """The commands a fresh connection sends before any script."""
+        out = []
+        if self.password is not None:
+            out.append(pack(["AUTH", *([self.username] if self.username else []), self.password]))
+        if self.db:
+            out.append(pack(["SELECT", self.db]))
+        return out
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """redis-py's defaults for `rediss://`: the certificate and the host name verified."""
+        if not self.tls:
+            return None
+        context = ssl.create_default_context(cafile=self.ca_certs)
+        if self.certfile:
+            context.load_cert_chain(self.certfile, self.keyfile)
+        return context
+
+
+class Script(Protocol):
+    """What a registered redis-py script gives: its SHA1 and its text."""
+
+    sha: str
+    script: str | bytes
+
+
+class _Broken(Exception):
+    """The connection closed before the reply: the call may be sent again."""
+
+
+class _Wire(asyncio.Protocol):
+    """One connection: each reply resolves the oldest waiting call; one timer watches the oldest."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.timeout_s = timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.waiting: deque[tuple[float, asyncio.Future[Reply]]] = deque()
+        self.buffer = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, command: bytes) -> asyncio.Future[Reply]:
+        if self.closed or self.transport is None:
+            raise _Broken()
+        future: asyncio.Future[Reply] = self.loop.create_future()
+        self.waiting.append((self.loop.time() + self.timeout_s, future))
+        self.transport.write(command)
+        if self.timer is None:
+            self.timer = self.loop.call_at(self.waiting[0][0], self._check)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        pos = 0
+        try:
+            while buffer:
+                got = parse(buffer, pos)
+                if got is None:
+                    break
+                if not self.waiting:
+                    raise ProtocolError("a reply no call waits for")
+                reply, pos = got
+                future = self.waiting.popleft()[1]
+                if not future.done():  # a cancelled caller's reply is dropped, in step
+                    future.set_result(reply)
+                if pos == len(buffer):
+                    break
+        except ProtocolError as exc:
+            self.fail(StateUnavailable(f"script line: ProtocolError {exc}"))
+            return
+        del buffer[:pos]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(_Broken())
+
+    def _check(self) -> None:
+        self.timer = None
+        if not self.waiting:
+            return
+        deadline = self.waiting[0][0]
+        if self.loop.time() < deadline:
+            self.timer = self.loop.call_at(deadline, self._check)
+            return
+        self.fail(StateUnavailable(f"script line: TimeoutError no reply within {self.timeout_s} s"))
+
+    def fail(self, exc: Exception) -> None:
+        """Drop the connection; every call still waiting on it fails with `exc`."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.transport is not None:
+            self.transport.abort()
+        waiting, self.waiting = self.waiting, deque()
+        for _deadline, future in waiting:
+            if not future.done():
+                future.set_exception(exc)
+
+
+class ScriptLine:
+    """The dedicated connection (opened on first use, reopened after a failure)."""
+
+    def __init__(self, target: LineTarget) -> None:
+        self.target = target
+        self.closed = False
+        self._wire: _Wire | None = None
+        self._opening: asyncio.Task[_Wire] | None = None
+
+    @classmethod
+    def of(cls, client: Any) -> ScriptLine:
+        """A line connecting as `client` (a redis-py asyncio client) does."""
+        pool = client.connection_pool
+        return cls(LineTarget.of(pool.connection_class.__name__, dict(pool.connection_kwargs)))
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Reply:
+        """`EVALSHA` (`EVAL` once when Redis lost the script); an error reply is `StateUnavailable`."""
+        tail = [len(keys), *keys, *args]
+        reply = await self._call(pack(["EVALSHA", script.sha, *tail]))
+        if isinstance(reply, ErrorReply) and reply.message.startswith("NOSCRIPT"):
+            reply = await self._call(pack(["EVAL", script.script, *tail]))
+        if isinstance(reply, ErrorReply):
+            raise StateUnavailable(f"script line: ResponseError {reply.message[:200]}")
+        return reply
+
+    async def _call(self, command: bytes) -> Reply:
+        for attempt in (1, 2):
+            wire = self._wire
+            if wire is None or wire.closed:
+                wire = await self._open()
+            try:
+                return await wire.send(command)
+            except _Broken:
+                if attempt == 2:
+                    break
+        raise StateUnavailable("script line: ConnectionError the connection closed before the reply")
+
+    async def _open(self) -> _Wire:
+        if self.closed:
+            raise StateUnavailable("script line: closed")
+        if self._opening is None:
+            self._opening = asyncio.get_running_loop().create_task(self._connect())
+            self._opening.add_done_callback(self._opened)
+        return await asyncio.shield(self._opening)
+
+    def _opened(self, task: asyncio.Task[_Wire]) -> None:
+        self._opening = None
+        if not task.cancelled() and task.exception() is None:  # (an exception is its callers')
+            self._wire = task.result()
+            if self.closed:  # closed while it opened
+                self._wire.fail(StateUnavailable("script line: closed"))
+
+    async def _connect(self) -> _Wire:
+        target = self.target
+        wire = _Wire(target.timeout_s)
+        try:
+            try:
+                await self._establish(wire)
+            except TimeoutError:  # an open that timed out sent nothing: tried once more
+                wire.fail(_Broken())
+                wire = _Wire(target.timeout_s)
+                await self._establish(wire)
+            for command in target.handshake():
+                reply = await wire.send(command)
+                if isinstance(reply, ErrorReply):
+                    raise StateUnavailable(f"script line: handshake refused: {reply.message[:200]}")
+        except (OSError, TimeoutError, _Broken) as exc:  # ssl.SSLError is an OSError
+            wire.fail(_Broken())
+            raise StateUnavailable(f"script line: connect {type(exc).__name__}") from exc
+        except BaseException:
+            wire.fail(_Broken())
+            raise
+        return wire
+
+    async def _establish(self, wire: _Wire) -> None:
+        """Open the socket (and TLS) within `connect_timeout_s`."""
+        target = self.target
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(target.connect_timeout_s):
+            if target.path:
+                await loop.create_unix_connection(lambda: wire, target.path)
+            else:
+                context = target.ssl_context()
+                await loop.create_connection(
+                    lambda: wire,
+                    target.host,
+                    target.port,
+                    ssl=context,
+                    server_hostname=target.host if context else None,
+                )
+
+    def close(self) -> None:
+        """Close the connection (calls still waiting fail `StateUnavailable`); no reopening."""
+        self.closed = True
+        if self._opening is not None:
+            self._opening.cancel()
+        if self._wire is not None:
+            self._wire.fail(StateUnavailable("script line: closed"))
