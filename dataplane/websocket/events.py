@@ -1,7 +1,11 @@
-"""What the socket relay reads from a frame, and what a socket error event stands for. Pure.
+"""What the socket relay reads from a frame, and what a socket error event stands for. Pure,
+but for `read_message`, which has a reader process read a large message.
 
 Client → upstream: every text message is held to SPEC §19's body rules (`strict_model`) and to
-`GATEWAY_MAX_BODY_BYTES`; a `response.create` is one attempt (SPEC §20).
+`GATEWAY_MAX_BODY_BYTES`; a `response.create` is one attempt (SPEC §20). A message of
+`OFF_LOOP_BYTES` or more is read in a reader process (`read_message`, as `bodies.peek_body` reads
+an HTTP body), with the same refusals; a reader lost is refused `internal-error` (500) on the
+socket, as an HTTP body's is answered: the message was not read, so it never goes upstream.
 Upstream → client: each event is decoded for its `type` only, and further where it ends a
 response (`response.completed` / `response.incomplete` / `response.failed`, or `error`): the
 usage and served model, and the HTTP status the event stands for (`evidence_status`, SPEC §20's
@@ -14,7 +18,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from dataplane.bodies import BodyRefused, strict_model
+from dataplane.bodies import BodyRefused, ask_reader, strict_model
+from dataplane.websocket.matching import Echo, create_echo
 from dataplane.wires import openai
 from shared.codes import Refusal
 from shared.wire import Usage
@@ -35,10 +40,16 @@ CODE_STATUS: dict[str, int] = {
 }
 
 
+# A reader process's request kind (`dataplane.bodyreader`): `message_answer` on a client message.
+READ_MESSAGE = 2
+ANSWER_MOST = 64 * 1024  # a reader's answer at most (an echo's metadata past it is dropped)
+
+
 class ClientMessage(NamedTuple):
     type: str | None
     model: str | None
     generate: bool  # False for Codex's warmup (`generate: false`)
+    echo: Echo | None = None  # a create's echo, when read off the loop (else `create_echo`)
 
 
 class _ClientHead(msgspec.Struct):
@@ -79,6 +90,58 @@ def client_message(data: bytes, max_bytes: int) -> ClientMessage:
     head = _head(data)
     kind = head.type if isinstance(head.type, str) else None
     return ClientMessage(kind, model, head.generate is not False)
+
+
+class _MessageAnswer(msgspec.Struct, array_like=True):
+    """A reader process's answer on a client message: the refusal and its message, or what
+    `client_message` and `create_echo` read."""
+
+    refusal: Refusal | None
+    message: str
+    type: str | None = None
+    model: str | None = None
+    generate: bool = True
+    echo: Echo | None = None
+
+
+_encode_answer = msgspec.msgpack.Encoder().encode
+_decode_answer = msgspec.msgpack.Decoder(_MessageAnswer).decode
+
+
+def message_answer(data: bytes) -> bytes:
+    """What a reader process answers for a client message (below `max_bytes`: checked before):
+    `client_message`'s reading, and a create's `create_echo`, encoded; or its refusal."""
+    try:
+        read = client_message(data, len(data))
+    except BodyRefused as refused:
+        return _encode_answer(_MessageAnswer(refused.code, refused.message))
+    echo = create_echo(data) if read.type == CREATE else None
+    out = _encode_answer(_MessageAnswer(None, "", read.type, read.model, read.generate, echo))
+    if echo is not None and len(out) > ANSWER_MOST:  # a huge metadata: matched without it
+        echo = echo._replace(metadata=None)
+        out = _encode_answer(_MessageAnswer(None, "", read.type, read.model, read.generate, echo))
+    return out
+
+
+async def read_message(data: bytes, max_bytes: int) -> ClientMessage:
+    """`client_message` for a message of `OFF_LOOP_BYTES` or more, read in a reader process
+    (SPEC §19: the loop is never held by a large message's parse); a reader lost on the way is
+    BodyRefused(internal-error), as for an HTTP body."""
+    if len(data) > max_bytes:
+        raise BodyRefused(Refusal.BODY_TOO_LARGE, f"the message exceeds {max_bytes} bytes")
+    return message_of(await ask_reader(data, READ_MESSAGE, len(data) + ANSWER_MOST))
+
+
+def message_of(answer: bytes | bytearray) -> ClientMessage:
+    """The ClientMessage a reader answered; BodyRefused for its refusal, or internal-error for
+    an answer out of protocol (the message was not read: never waved through)."""
+    try:
+        got = _decode_answer(answer)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise BodyRefused(Refusal.INTERNAL_ERROR, "the gateway could not read the message") from None
+    if got.refusal is not None:
+        raise BodyRefused(got.refusal, got.message)
+    return ClientMessage(got.type, got.model, got.generate, got.echo)
 
 
 def event_type(data: bytes | str) -> str | None:

@@ -24,7 +24,7 @@ import msgspec
 from aiohttp import WSMsgType, web
 
 from dataplane.attempt import Attempt
-from dataplane.bodies import BodyRefused
+from dataplane.bodies import OFF_LOOP_BYTES, BodyRefused
 from dataplane.relay import await_ack
 from dataplane.websocket import events, gates, matching
 from dataplane.wires.table import WIRES
@@ -191,8 +191,12 @@ class SocketSession:
 
     async def _message(self, text: str) -> None:
         data = text.encode()
+        most = self.sockets.settings.max_body_bytes
         try:
-            message = events.client_message(data, self.sockets.settings.max_body_bytes)
+            if len(data) < OFF_LOOP_BYTES:  # read in place: no await before it is judged
+                message = events.client_message(data, most)
+            else:  # read in a reader process; this socket's next message waits (in order)
+                message = await events.read_message(data, most)
         except BodyRefused as exc:
             await self._refuse(self._attempt(None), gates.refused(exc.code, str(exc)))
             return
@@ -206,7 +210,8 @@ class SocketSession:
             return
         if not self.attempts:
             self.upstream_at = time.monotonic()  # the idle bound counts from the send
-        self.attempts.add(attempt, matching.create_echo(data))
+        echo = message.echo if message.echo is not None else matching.create_echo(data)
+        self.attempts.add(attempt, echo)
         attempt.mark_overhead(0.0)
         attempt.sent_at = time.perf_counter()
         await self.upstream.send_str(text)
