@@ -35,6 +35,7 @@ pay nothing per request, in fleet mode as embedded.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import redis.asyncio as aredis
@@ -53,6 +54,8 @@ log = get_logger("dataplane")
 
 # How long a release waits for a reserve to carry it (the RPC's lazy reports wait as long).
 RELEASE_WINDOW_S = 0.002
+# A held request reads the heartbeat again when the last read is at least this old (`hold_now`).
+RECHECK_S = 0.05
 
 
 def lapse_ms(ttl_ms: int) -> int:
@@ -87,6 +90,7 @@ class FleetAdmission:
         self.check_interval_s = ttl_s / 12
         self.hosts = HostRegistry(client, self.keys, ttl_s, tables=(), entries=entries)  # sealed beats only
         self.lapsed = False  # this host's control lost its place: ceilinged accounts refused
+        self.checked_at = 0.0  # monotonic time of the last heartbeat read (`check_standing`)
         self.supervisor = Supervisor()  # this data plane's Redis loops (SPEC §19)
         self.incarnation = Incarnation()
         # the hot scripts (reserve, the window's release) on a connection of their own (issue 27)
@@ -114,6 +118,18 @@ class FleetAdmission:
     def hold(self) -> str | None:
         """Why ceilinged accounts are refused here now (`hold_reason`); None: they are served."""
         return hold_reason(self.lapsed, self.supervisor.failing())
+
+    async def hold_now(self) -> str | None:
+        """`hold`, after reading the heartbeat again when this host's place lapsed and the last
+        read is older than `RECHECK_S`: a lapse read before this host's control first heartbeated
+        (both daemons start at once) ends at the first request after that beat, not a standing
+        pass later. Only a held request pays the read; `StateUnavailable` keeps the last answer."""
+        if self.lapsed and time.monotonic() - self.checked_at >= RECHECK_S:
+            try:
+                await self.check_standing()
+            except StateUnavailable:
+                pass
+        return self.hold()
 
     async def reserve(self, account_id: str, holder: str, ceiling: int) -> bool:
         """Take a request slot fleet-wide; `StateUnavailable` when Redis cannot say."""
@@ -172,6 +188,7 @@ class FleetAdmission:
     async def check_standing(self) -> bool:
         """Read this host's heartbeat age; answers (and keeps in `lapsed`) whether it lapsed.
         `StateUnavailable` leaves the last answer standing."""
+        self.checked_at = time.monotonic()
         age = await self.hosts.heartbeat_age_ms(self.capacity.host_id)
         lapsed = has_lapsed(age, self.ttl_ms)
         if lapsed != self.lapsed:

@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # fleet mode only (it brings redis-py)
 
 # How often fleet mode retries a failed start and the releases Redis could not take.
 FLEET_UPKEEP_S = 1.0
+# How soon the standing loop reads the heartbeat again while this host's place is lapsed.
+LAPSED_RECHECK_S = 0.1
 
 
 async def upkeep(fleet: FleetAdmission, interval_s: float = FLEET_UPKEEP_S) -> None:
@@ -56,7 +58,9 @@ async def standing(fleet: FleetAdmission, after: Callable[[], None] = lambda: No
         except StateUnavailable:
             pass
         after()
-        await asyncio.sleep(fleet.check_interval_s)
+        # while lapsed, read again soon: a place that lapsed only because this host's control had
+        # not heartbeated yet (both daemons start at once) is restored within LAPSED_RECHECK_S
+        await asyncio.sleep(LAPSED_RECHECK_S if fleet.lapsed else fleet.check_interval_s)
 
 
 class LoopReporter:

@@ -238,6 +238,8 @@ class Proxy:
         account has a ceiling); the refusal when the slot cannot be taken, else None."""
         fleet = self.fleet
         held = fleet_held(fleet, account)
+        if held is not None and fleet is not None:  # a lapse read before control's first beat ends here
+            held = await fleet.hold_now()
         if held is not None:  # SPEC §16, §19: a lapsed place or a failing loop: never stale state
             return refuse(
                 attempt,
