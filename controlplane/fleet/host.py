@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from controlplane.events import EventHub
 from controlplane.fleet.heartbeat import HostHeartbeat
 from controlplane.fleet.hostevents import HostEvents
+from controlplane.fleet.incarnationfile import read_known, returned_after_loss
 from controlplane.fleet.recovery import HostRecovery
 from controlplane.fleet.revocation import HostRevocation
 from controlplane.fleet.view import RedisFleet
@@ -125,7 +126,9 @@ class FleetHost:
         recovery.live_seen = frozenset(await self.b.hosts.live_hosts())
         after = await self.b.revocations.last_id()  # served from here on: nothing between is missed
         await recovery.end_missed_revocations()
-        await recovery.reregister(claim.incarnation, after_loss=False)
+        # back after Redis lost its data while this host was away: hold as a host that saw it
+        after_loss = returned_after_loss(read_known(self.settings.state_dir), claim.incarnation)
+        await recovery.reregister(claim.incarnation, after_loss=after_loss)
         self.membership.registered(claim)
         log.info(
             "fleet_host_registered",

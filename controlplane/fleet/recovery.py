@@ -43,6 +43,7 @@ from controlplane.core.fleet import (
     reregistration_order,
 )
 from controlplane.decisions import lease_decisions, live_groups
+from controlplane.fleet.incarnationfile import write_known
 from controlplane.fleet.registered import Registrations
 from controlplane.fleet.wiring import SUPERSEDED
 from controlplane.ports import AccountReads, KeyEnder, LeaseReads
@@ -164,6 +165,7 @@ class HostRecovery:
         released = await self.b.lease_capacity.retain_only([k for k in order if k not in refused])
         await self._reregister_decisions()
         self.incarnation = incarnation
+        write_known(self.settings.state_dir, incarnation)  # a return after a loss holds (SPEC §16)
         await self.registrations.add(incarnation, self.host_id)  # MAC'd (SPEC §19): it lifts a hold
         if after_loss:
             now, beat_ms = _monotonic_ms(), int(self.membership.interval_s * 1000)
