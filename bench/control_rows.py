@@ -42,7 +42,7 @@ from shared.codes import Condition
 from shared.rpc import _HEADER, decode_body, encode_frame
 from shared.settings import load_settings
 from shared.tokens import new_ulid
-from shared.wire import Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
+from shared.wire import Acks, AttemptFinished, AttemptRow, AttemptStarted, RateLimit, RateLimits, Usage
 from tests.support.waits import wait_until
 
 
@@ -73,9 +73,21 @@ async def _write_budgets(state: str) -> None:
         )
 
 
-def _frames(count: int) -> list[bytes]:
+def _rate_limits(stamp: str, reset: str) -> RateLimits:
+    """A provider's full set, as the data plane reports Anthropic's headers (SPEC §22)."""
+    return RateLimits(
+        observed_at=stamp,
+        requests=RateLimit(limit=4000, remaining=3999, reset_at=reset),
+        tokens=RateLimit(limit=2_000_000, remaining=1_999_000, reset_at=reset),
+        input_tokens=RateLimit(limit=1_600_000, remaining=1_599_000, reset_at=reset),
+        output_tokens=RateLimit(limit=400_000, remaining=399_000, reset_at=reset),
+    )
+
+
+def _frames(count: int, rate_limits: bool = False) -> list[bytes]:
     frames = []
     stamp = iso_ms(now_ms())
+    limits = _rate_limits(stamp, iso_ms(now_ms() + 60_000)) if rate_limits else None
     for _ in range(count):
         attempt_id = "att_" + new_ulid()
         row = AttemptRow(
@@ -114,6 +126,7 @@ def _frames(count: int) -> list[bytes]:
                 "overhead_ms": 0.21,
                 "duration_ms": 3.9,
                 "bytes_out": 512,
+                "rate_limits": limits,
             }
         )
         frames.append(encode_frame(AttemptStarted(row=row)))
@@ -142,7 +155,12 @@ def _receiver(state: str) -> tuple[subprocess.Popen[bytes], str]:
 
 
 async def measure(
-    rows: int, rounds: int = 3, per_read: int = 16, budgets: bool = False, traces: bool = False
+    rows: int,
+    rounds: int = 3,
+    per_read: int = 16,
+    budgets: bool = False,
+    traces: bool = False,
+    rate_limits: bool = False,
 ) -> tuple[float, float]:
     """µs per attempt on the event loop (best round) and the process's CPU µs per attempt (best
     round; with `traces`, the exporter thread's included: each round ends with a flush)."""
@@ -176,7 +194,7 @@ async def measure(
         best, best_cpu = float("inf"), float("inf")
         try:
             for _ in range(rounds):
-                frames = _frames(rows)
+                frames = _frames(rows, rate_limits)
                 cpu = time.process_time()
                 best = min(best, await _round(control.service, frames, per_read))
                 if control.traces is not None:
@@ -200,9 +218,18 @@ def main() -> None:
     parser.add_argument("--per-read", type=int, default=16, help="frames per RPC read (a batch)")
     parser.add_argument("--budgets", action="store_true", help="budgets on every level of the rows' chain")
     parser.add_argument("--traces", action="store_true", help="span export on, to an OTLP receiver (SPEC §21)")
+    parser.add_argument("--rate-limits", action="store_true", help="each row carries a provider's full set (SPEC §22)")
     args = parser.parse_args()
-    per_attempt, cpu = asyncio.run(measure(args.rows, per_read=args.per_read, budgets=args.budgets, traces=args.traces))
-    extras = (", budgets on the chain" if args.budgets else "") + (", span export on" if args.traces else "")
+    per_attempt, cpu = asyncio.run(
+        measure(
+            args.rows, per_read=args.per_read, budgets=args.budgets, traces=args.traces, rate_limits=args.rate_limits
+        )
+    )
+    extras = (
+        (", budgets on the chain" if args.budgets else "")
+        + (", span export on" if args.traces else "")
+        + (", rate limits on every row" if args.rate_limits else "")
+    )
     print(
         f"control: {per_attempt:.1f} µs per attempt (started + finished report, {args.per_read} frames "
         f"per read, best of 3 rounds of {args.rows:,}{extras})"
