@@ -150,10 +150,16 @@ class OwedDecisions(RedisDecisions):
         self.owed = owed
         self.local = local
 
-    async def record(self, decision: Decision) -> None:
-        await RedisDecisions.record(self, decision)
+    async def record(self, decision: Decision, *, staged: bool = False) -> None:
+        await RedisDecisions.record(self, decision, staged=staged)
         if decision.key_id is not None:  # no await from here to the grant: the key table agrees
             self.local.add(decision)
+
+    async def unstage(self, decision: Decision) -> None:
+        """Owed when Redis cannot take it now, delivered when it answers again (a stage that
+        timed out may land when a hung Redis resumes). Never kept locally: only `record` adds
+        to `local`, after the claims."""
+        await self.owed.write(Owed("unstage", lambda: RedisDecisions.unstage(self, decision)))
 
     async def get(self, mint_decision_id: str) -> Decision | None:
         return self.local.get(mint_decision_id) or await RedisDecisions.get(self, mint_decision_id)
