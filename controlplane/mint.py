@@ -201,7 +201,9 @@ class MintDesk(DispatchKeys, FactDesk):
             key_id=key_id,
             effective_model=chosen.effective_model,
         )
-        refusal = await self._claim(account, decision, ceiling, predecessor, probe=not holding)
+        refusal = await self._claim(
+            account, key_id, ceiling, base.lineage, predecessor, probe=not holding, staged=decision
+        )
         if refusal is not None:
             code, skip = refusal
             skipped = (
@@ -214,7 +216,7 @@ class MintDesk(DispatchKeys, FactDesk):
         try:
             await self.decisions.record(decision, staged=True)  # fleet: written with the claims
         except StateUnavailable:
-            await self._unclaim(account.id, decision)
+            await self._unclaim(account.id, key_id, decision)
             raise
         self._log(decision)
         minted = await self.granter.grant(lease, account, token)
@@ -254,11 +256,13 @@ class MintDesk(DispatchKeys, FactDesk):
     async def _claim(
         self,
         account: AccountSpec,
-        decision: Decision,
+        key_id: str,
         ceiling: int | None,
+        lineage: Lineage,
         predecessor: str | None,
         *,
         probe: bool = True,
+        staged: Decision | None = None,
     ) -> tuple[Refusal, Skip | None] | None:
         """Take what the decision only read: the lease slot, the dispatch's one live lease and
         (half-open) the circuit's one probe, each atomically (no probe for the successor of a key
@@ -272,22 +276,22 @@ class MintDesk(DispatchKeys, FactDesk):
         order they were once taken: the slot, the dispatch, the probe. A key that already holds
         its slot (`probe=False`: a renewal, SPEC §19) takes no circuit probe.
 
-        The selected decision is staged with them (fleet: written in the same exchange, one
-        round trip less) and unstaged with the undo: its id and key are answered only after
-        every claim held, so a refused claim leaves no decision anyone can cite (SPEC §5)."""
-        key_id, lineage = decision.key_id, decision.lineage
-        assert key_id is not None
+        A mint's selected decision (`staged`, for the new key `key_id`) is staged with them
+        (fleet: written in the same exchange, one round trip less) and unstaged with the undo:
+        its id and key are answered only after every claim held, so a refused claim leaves no
+        decision anyone can cite (SPEC §5). A hop stages nothing: its key's index names the
+        decision the key holds now, until the hop's is recorded."""
         taken = await asyncio.gather(
             self.lease_capacity.reserve(account.id, key_id, ceiling),
             self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id, allowing=predecessor),
             self.circuits.claim_probe(account.id, key_id, now_ms()) if probe else _true(),
-            self.decisions.stage(decision),
+            _none() if staged is None else self.decisions.stage(staged),
             return_exceptions=True,
         )
         failed = next((t for t in taken if isinstance(t, BaseException)), None)
         if failed is not None:
             if isinstance(failed, StateUnavailable):
-                await self._unclaim(account.id, decision)
+                await self._unclaim(account.id, key_id, staged)
             raise failed
         reserved, live, probed, _ = taken
         if reserved and live and probed:
@@ -296,7 +300,7 @@ class MintDesk(DispatchKeys, FactDesk):
             self.lease_capacity.release(key_id) if reserved else _none(),
             self.decisions.end_key(key_id) if live else _none(),
             self.circuits.on_lease_ended(account.id, key_id, now_ms()) if probe and probed else _none(),
-            self.decisions.unstage(decision),
+            _none() if staged is None else self.decisions.unstage(staged),
         )
         if not reserved:
             return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
@@ -304,14 +308,14 @@ class MintDesk(DispatchKeys, FactDesk):
             return Refusal.FALLBACK_LEASE_STILL_HELD, None
         return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
 
-    async def _unclaim(self, account_id: str, decision: Decision) -> None:
-        """Undo a claim (and the staged decision) the shared state failed under (fleet: each
-        undo that cannot land now is kept and retried, `controlplane/fleet/owed.py`)."""
-        assert decision.key_id is not None
-        await self.lease_capacity.release(decision.key_id)
-        await self.decisions.end_key(decision.key_id)
-        await self.circuits.on_lease_ended(account_id, decision.key_id, now_ms())
-        await self.decisions.unstage(decision)
+    async def _unclaim(self, account_id: str, key_id: str, staged: Decision | None = None) -> None:
+        """Undo a claim (and the decision staged with it) the shared state failed under (fleet:
+        each undo that cannot land now is kept and retried, `controlplane/fleet/owed.py`)."""
+        await self.lease_capacity.release(key_id)
+        await self.decisions.end_key(key_id)
+        await self.circuits.on_lease_ended(account_id, key_id, now_ms())
+        if staged is not None:
+            await self.decisions.unstage(staged)
 
     async def _refuse(
         self,

@@ -255,7 +255,9 @@ async def test_a_lease_claim_redis_ran_after_its_timeout_is_undone(world) -> Non
     server.pause()
     try:
         with pytest.raises(StateUnavailable):
-            await h1.desk._claim(account, _selected("key-hung", "d-hung"), 2, None)
+            await h1.desk._claim(
+                account, "key-hung", 2, _lineage("d-hung"), None, staged=_selected("key-hung", "d-hung")
+            )
     finally:
         server.resume()
 
@@ -281,7 +283,7 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
     assert held.body["account_id"] == A
 
     # the dispatch already holds a live key: the slot taken alongside is released
-    refused = await h1.desk._claim(account, _selected("key-1", "d-live"), 2, None)
+    refused = await h1.desk._claim(account, "key-1", 2, _lineage("d-live"), None, staged=_selected("key-1", "d-live"))
     assert refused == (Refusal.FALLBACK_LEASE_STILL_HELD, None)
     assert await capacity.count(A) == 1 and not await capacity.holds("key-1")
     await _none_staged(h1, "key-1")
@@ -296,7 +298,7 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
         probe_key="key-probe",
     )
     assert await circuits.store.swap(A, rules.CLOSED, probing)
-    refused = await h1.desk._claim(account, _selected("key-2", "d-2"), 2, None)
+    refused = await h1.desk._claim(account, "key-2", 2, _lineage("d-2"), None, staged=_selected("key-2", "d-2"))
     assert refused == (Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN)
     assert await capacity.count(A) == 1 and not await capacity.holds("key-2")
     assert await decisions.live_keys("acme/app", "d-2") == set()
@@ -310,7 +312,7 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
         rules.Circuit(phase=CircuitPhase.OPEN, opened_at_ms=now - 60_000, retry_at_ms=now - 1, open_ms=30_000),
     )
     assert await capacity.reserve(A, "key-filler", 2)
-    refused = await h1.desk._claim(account, _selected("key-3", "d-3"), 2, None)
+    refused = await h1.desk._claim(account, "key-3", 2, _lineage("d-3"), None, staged=_selected("key-3", "d-3"))
     assert refused == (Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED)
     assert await decisions.live_keys("acme/app", "d-3") == set()
     assert rules.current(await circuits.store.load(A), now_ms()).probe_key is None
@@ -318,12 +320,16 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
     await _none_staged(h1, "key-3")
 
 
+def _lineage(dispatch_id: str) -> Lineage:
+    return Lineage(dispatch_id, "acme/app", "m-1")
+
+
 def _selected(key_id: str, dispatch_id: str) -> Decision:
     """The selected decision a mint stages with its claims (its id derived from its key)."""
     return Decision(
         mint_decision_id="md_" + key_id,
         outcome=Outcome.SELECTED,
-        lineage=Lineage(dispatch_id, "acme/app", "m-1"),
+        lineage=_lineage(dispatch_id),
         at_ms=now_ms(),
         account_id=A,
         fallback_position=0,
