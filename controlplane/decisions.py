@@ -76,15 +76,16 @@ class DecisionStore(Protocol):
       `live_keys` reads the set.
     - `stage(d)` may write a lease-bearing decision ahead of its claims, where a write costs a
       round trip (fleet: it rides in the claims' exchange); `record(d, staged=True)` then
-      completes it, answering as `record(d)` does; `unstage(d)` (a claim refused or failed)
-      forgets it: `get`, `for_key` and `evidence` answer nothing of it. Its id and key were
-      never answered before then, so nothing can have cited a staged decision (SPEC §5).
+      completes it, answering as `record(d)` does; `unstage(d)` (a claim refused, or failed:
+      `failed=True`, the shared state just did not answer) forgets it: `get`, `for_key` and
+      `evidence` answer nothing of it. Its id and key were never answered before then, so
+      nothing can have cited a staged decision (SPEC §5).
     - A method that cannot reach the table raises `StateUnavailable`.
     """
 
     async def record(self, decision: Decision, *, staged: bool = False) -> None: ...
     async def stage(self, decision: Decision) -> None: ...
-    async def unstage(self, decision: Decision) -> None: ...
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None: ...
     async def get(self, mint_decision_id: str) -> Decision | None: ...
     async def refused_outcome(self, mint_decision_id: str) -> Outcome | None: ...
     async def for_key(self, key_id: str) -> Decision | None: ...
@@ -164,7 +165,7 @@ class LocalDecisions:
     async def stage(self, decision: Decision) -> None:
         """Nothing ahead of the claims: a record here costs no round trip."""
 
-    async def unstage(self, decision: Decision) -> None:
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None:
         """Nothing was staged."""
 
     def keep(self, decision: Decision) -> None:

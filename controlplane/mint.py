@@ -315,7 +315,7 @@ class MintDesk(DispatchKeys, FactDesk):
         await self.decisions.end_key(key_id)
         await self.circuits.on_lease_ended(account_id, key_id, now_ms())
         if staged is not None:
-            await self.decisions.unstage(staged)
+            await self.decisions.unstage(staged, failed=True)
 
     async def _refuse(
         self,

@@ -176,7 +176,7 @@ class RedisDecisions:
                 args=[self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms],
             )
 
-    async def unstage(self, decision: Decision) -> None:
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None:
         """A staged decision whose claim was refused or failed: its keys (and any evidence)
         deleted, in one command."""
         assert decision.key_id is not None

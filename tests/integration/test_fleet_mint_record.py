@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from controlplane.decisions import Decision
+from controlplane.fleet.owed import Owed
+from shared.capacity import StateUnavailable
 from shared.codes import Outcome, Refusal
 from tests.support.fleethosts import FleetHosts, fleet_world, mint
 from tests.support.redis_server import RedisServer
@@ -140,3 +142,40 @@ async def test_a_revokes_redis_ends_and_data_plane_round_overlap_and_the_probe_w
     assert await service.revoke(minted.body["key_id"])
     assert order.index("probe") > order.index("removed") and order.index("probe") > order.index("released")
     assert not await h1.fleet.b.lease_capacity.holds(minted.body["key_id"])
+
+
+async def test_a_refused_claims_decision_is_deleted_at_once_while_older_writes_are_owed(world) -> None:
+    """Writes still owed from an outage (here: one that keeps failing) queue every newer owed
+    write behind them, but not the staged decision's delete: the held answer (which names the
+    decision's id) goes out with that decision already gone from Redis."""
+    _server, hosts = world
+    h1 = await hosts.add("h1")
+    assert (await mint(h1, "warm")).status == 201
+
+    async def failing() -> None:
+        raise StateUnavailable("still away")
+
+    owed = h1.fleet.b.owed
+    await owed.write(Owed("stuck", failing))  # queued: Redis "failed" it
+    assert len(owed) == 1
+    staged: list[Decision] = []
+    decisions = h1.desk.decisions
+    claim_live, stage = decisions.claim_live, decisions.stage
+    keys, raw = h1.fleet.b.keys, h1.fleet.b.sync
+
+    async def racing_claim(key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
+        raw.sadd(keys.live(repo_slug, dispatch_id), "key-elsewhere")  # another host's, after the reads
+        return await claim_live(key_id, repo_slug, dispatch_id, allowing=allowing)
+
+    async def noting_stage(decision: Decision) -> None:
+        staged.append(decision)
+        await stage(decision)
+
+    decisions.claim_live = racing_claim  # type: ignore[method-assign]
+    decisions.stage = noting_stage  # type: ignore[method-assign]
+    answer = await mint(h1, "d-race-owed")
+    assert answer.status == 503 and answer.body["refusal_reason"] == str(Refusal.FALLBACK_LEASE_STILL_HELD)
+    (decision,) = staged
+    assert decision.key_id is not None and answer.body["mint_decision_id"] == decision.mint_decision_id
+    assert raw.exists(keys.decision(decision.mint_decision_id), keys.decision_of_key(decision.key_id)) == 0
+    assert len(owed) >= 2  # the stuck write, and the slot's release queued behind it
