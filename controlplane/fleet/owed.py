@@ -33,6 +33,7 @@ import redis.asyncio as aredis
 from controlplane.circuits import CircuitRegistry, CircuitStore, CircuitView
 from controlplane.decisions import Decision
 from controlplane.fleet.decisions import LeaseDecisions, RedisDecisions
+from controlplane.fleet.sentevidence import SentEvidence
 from shared.capacity import StateUnavailable
 from shared.codes import Condition
 from shared.fleet.capacity import Incarnation, RedisCapacity
@@ -149,6 +150,7 @@ class OwedDecisions(RedisDecisions):
         super().__init__(client, keys, entries=entries)
         self.owed = owed
         self.local = local
+        self.sent = SentEvidence()  # what this host appended to each decision's evidence lately
 
     async def record(self, decision: Decision) -> None:
         await RedisDecisions.record(self, decision)
@@ -162,13 +164,27 @@ class OwedDecisions(RedisDecisions):
         return self.local.of_key(key_id) or await RedisDecisions.for_key(self, key_id)
 
     async def end_key(self, key_id: str) -> None:
+        decision = self.local.of_key(key_id)
+        if decision is not None:
+            self.sent.forget(decision.mint_decision_id)
         self.local.forget(key_id)
         await self.owed.write(Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id))
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
-        await self.owed.write(
-            Owed("evidence", lambda: RedisDecisions.add_evidence(self, mint_decision_id, condition), evidence=True)
-        )
+        """Owed when Redis is away; nothing sent when the decision holds that condition already
+        (`SentEvidence`: evidence is read as a set)."""
+        if self.sent.fresh(mint_decision_id, condition):
+            return
+        await self.owed.write(Owed("evidence", lambda: self._append(mint_decision_id, condition), evidence=True))
+
+    async def _append(self, mint_decision_id: str, condition: Condition | None) -> None:
+        if await RedisDecisions.append_evidence(self, mint_decision_id, condition):
+            self.sent.note(mint_decision_id, condition)
+
+    async def reregister(self, decisions: Sequence[Decision]) -> None:
+        """Redis lost its data, or this host starts: what arrives from now on is appended again."""
+        self.sent.forget_all()
+        await RedisDecisions.reregister(self, decisions)
 
 
 class OwedCircuits(CircuitRegistry):
