@@ -24,7 +24,6 @@ from pathlib import Path
 
 from bench import fleet_requests
 from bench.fleet import CAPPED, CAPPED_MODEL
-
 from tests.support.fleetpairs import FleetPairs, accounts_toml, mint
 from tests.support.harness import Gateway, Stub, credential_like
 from tests.support.redis_server import RedisServer
