@@ -281,15 +281,19 @@ class ControlService:
 
     async def _fold(self, rows: list[AttemptRow], now: int) -> None:
         """A settle's rows into the circuits (one read-modify-write per account) and the decisions'
-        evidence; with `fold_together` (fleet mode) all at once, so their Redis commands go as one
-        exchange (`BatchingRedis`; issue 27 §4), else in turn (in-process: nothing suspends)."""
+        evidence; with `fold_together` (fleet mode) all at once when a row is evidence the circuit
+        folds now, so their Redis commands go as one exchange (`BatchingRedis`; issue 27 §4), else
+        in turn (in-process nothing suspends; a quiet row's fold waits, `CircuitRegistry.is_quiet`)."""
         evidence = [(row.attempt_id, *found) for row in rows if (found := evidence_of(row)) is not None]
-        if self.fold_together and evidence:
+        if self.fold_together and evidence and any(map(self._folds_now, rows)):
             await asyncio.gather(self._fold_circuits(rows, now), *(self._fold_evidence(*e) for e in evidence))
             return
         await self._fold_circuits(rows, now)
         for each in evidence:
             await self._fold_evidence(*each)
+
+    def _folds_now(self, row: AttemptRow) -> bool:
+        return row.refusal_reason is None and not self.circuits.is_quiet(row)
 
     async def _fold_circuits(self, rows: list[AttemptRow], now: int) -> None:
         try:
