@@ -190,6 +190,9 @@ class CircuitRegistry:
                 now_ms,
             )
 
+    async def fold_held(self) -> None:
+        """Fold what this registry holds back (nothing here; fleet mode's quiet rows: `OwedCircuits`)."""
+
     def _fold(
         self, state: rules.Circuit, rows: list[AttemptRow], now_ms: int, quiet_first: bool | None = None
     ) -> rules.Circuit:

@@ -245,12 +245,15 @@ class OwedCircuits(CircuitRegistry):
 
     def _quiet_due(self) -> None:
         self._quiet_timer = None
-        task = asyncio.get_running_loop().create_task(self.fold_quiet_now())
+        task = asyncio.get_running_loop().create_task(self.fold_held())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
-    async def fold_quiet_now(self) -> None:
-        """Fold the quiet rows held back (owed when Redis is away, as any row)."""
+    async def fold_held(self) -> None:
+        """Fold the quiet rows held back now (owed when Redis is away, as any row)."""
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
         async with self._folding:
             quiet, self._quiet = self._quiet, {}
             if quiet:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import redis
 
 from controlplane.core import circuit as rules
 from controlplane.core.fallback import Lineage
@@ -114,7 +115,7 @@ async def test_aborts_alone_leave_the_count(circuits: Any) -> None:
     registry, store = circuits
     assert await store.swap(A, rules.CLOSED, rules.Circuit(consecutive=2))
     await registry.on_rows([_row(0, "k9", status="client-aborted")], now_ms())  # any lease's abort is quiet
-    await registry.fold_quiet_now()
+    await registry.fold_held()
     assert await store.load(A) == rules.Circuit(consecutive=2)
 
 
@@ -204,3 +205,23 @@ async def test_a_settles_circuit_fold_and_evidence_go_as_one_exchange(world: Any
     assert batching.batches == before + 1
     assert await h1.service.decisions.evidence(row.mint_decision_id or "") == (Condition.OVERLOADED,)
     assert (await h1.service.circuits.store.load(A)).consecutive == 1
+
+
+async def test_a_clean_stop_folds_the_quiet_rows_held_back(world: Any) -> None:
+    server, hosts = world
+    h1 = await hosts.add("h1")
+    minted = await mint(h1, "d1")
+    assert minted.status == 201, minted.body
+    circuits = h1.service.circuits
+    circuits.quiet_delay_s = 600.0  # only the stop can fold them
+    key = minted.body["key_id"]
+    h1.service.record(_fail(0, key))
+    await h1.service.settle()
+    h1.service.record(_row(1, key))  # quiet: held back
+    await h1.service.settle()
+    admin = redis.Redis(port=server.port)
+    circuit_key = circuits.store.keys.circuit(A)
+    assert admin.exists(circuit_key)  # the failure's count, not reset yet
+    await hosts.stop("h1")
+    assert not admin.exists(circuit_key)  # reset: closed, stored as absent
+    admin.close()
