@@ -247,7 +247,12 @@ class OwedCircuits(CircuitRegistry):
         self._quiet_timer = None
         task = asyncio.get_running_loop().create_task(self.fold_held())
         self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
+        task.add_done_callback(self._folded)
+
+    def _folded(self, task: asyncio.Task[None]) -> None:
+        self._flushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a bug: the next rows go on
+            log.error("row_fold_failed", into="circuits", quiet=True, error=repr(task.exception()))
 
     async def fold_held(self) -> None:
         """Fold the quiet rows held back now (owed when Redis is away, as any row)."""
