@@ -119,9 +119,8 @@ class HeadroomBook:
             for account, stated in pending.items():
                 self._fold_one(account, stated)
             return
-        stated = self._pending.pop(account_id, None)
-        if stated is not None:
-            self._fold_one(account_id, stated)
+        if account_id in self._pending:
+            self._fold_one(account_id, self._pending.pop(account_id))
 
     def _fold_one(self, account_id: str, stated: RateLimits) -> None:
         for kind, observation in observations_of(stated).items():
