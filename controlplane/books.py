@@ -70,6 +70,7 @@ def build_books(
             shared.fleet.client, shared.fleet.keys, settings.host_id, headroom, entries=shared.fleet.entries
         )
         headroom.observed_listeners.append(fleet_headroom.note)
+        headroom.on_pending = fleet_headroom.wake  # its publish folds the pending rows in
     return Books(spend, budgets, headroom, fleet_spend, fleet_headroom)
 
 
