@@ -78,6 +78,6 @@ def _fleet_spend(shared: Any, settings: Settings, spend: SpendBook) -> FleetSpen
     """Fleet mode (imported only here): the fleet's spend that views and budgets read (SPEC §18)."""
     from controlplane.fleet.spend import FleetSpend
 
-    return FleetSpend(
-        shared.client, shared.keys, settings.host_id, spend, entries=shared.entries, supervisor=shared.supervisor
+    return FleetSpend(  # its publish and pulls batched like the mint's reads (issue 27 §4)
+        shared.batching, shared.keys, settings.host_id, spend, entries=shared.entries, supervisor=shared.supervisor
     )

@@ -35,8 +35,9 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
-# Commands a backend awaits on the mint's and the revoke's path (none of them blocks on the server).
-BATCHED = frozenset({"EVALSHA", "GET", "SET", "SMEMBERS", "HLEN", "HEXISTS", "MGET", "LRANGE"})
+# Commands a backend awaits on the mint's and the revoke's path, and the spend's publish and pulls
+# (none of them blocks on the server).
+BATCHED = frozenset({"EVALSHA", "GET", "SET", "SMEMBERS", "HLEN", "HEXISTS", "MGET", "LRANGE", "HGETALL", "HMGET"})
 HOPS = 2  # loop turns a batch waits for the rest of its moment (a mint's nested reads need 2)
 MAX_BATCH = 64  # commands per exchange; more go in the next one, at once
 DEFAULT_TIMEOUT_S = 1.0  # the exchange's deadline when the pool's connections have no reply bound
