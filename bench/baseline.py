@@ -1,12 +1,15 @@
 """`make bench-ab`: this checkout against the commit `bench/BASELINE` names, interleaved A/B.
 
-`python -m bench.baseline [--rounds 6] [--seconds 2.5] [--alone] [--commit REV] [--rate 50 ...]`
+`python -m bench.baseline [--rounds 6] [--seconds 2.5] [--alone] [--commit REV] [--instructions] [--rate 50 ...]`
 (every other option goes to `bench.ab`) checks the baseline commit out into a temporary git
 worktree, gives it a venv of its own (its own `setup.cfg`'s dependencies, installed through
 pip's cache, so the second build is quick), runs
 `bench.ab` with that tree as a column (its daemons started with its own venv's python: see
 `bench.procs.module_argv`) and prints every round's ratio, current / baseline and current /
-minimal proxy, before the median and range. The worktree and its venv are removed at the end.
+minimal proxy, before the median and range. `--instructions` then counts each daemon's
+instructions per request in both trees (`bench.instructions --control`, callgrind) and prints
+their ratio per process: the one figure the shared machine's load does not move. The worktree
+and its venv are removed at the end.
 
 Rule (issue 27): the baseline moves only when the ratio is ≥ 1.0 over its whole range; every
 closing note quotes this ratio, not the ratio to the commit before.
@@ -20,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import ab
+from bench import ab, instructions
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE_FILE = Path(__file__).resolve().parent / "BASELINE"
@@ -61,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=2.5, help="measured window per round")
     parser.add_argument("--alone", action="store_true", help="the proxy under test alone on a core")
+    parser.add_argument(
+        "--instructions", action="store_true", help="then each daemon's instructions per request (needs valgrind)"
+    )
     args, passed = parser.parse_known_args(argv)  # the rest (--rate ...) goes to bench.ab
     commit = _git("rev-parse", "--short", args.commit or baseline_commit())
     with tempfile.TemporaryDirectory(prefix="leasehold-baseline-") as tmp:
@@ -69,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             build(commit, tree)
             ab_args = ["--rounds", str(args.rounds), "--seconds", str(args.seconds), str(tree)]
-            return ab.main(ab_args + (["--alone"] if args.alone else []) + passed)
+            done = ab.main(ab_args + (["--alone"] if args.alone else []) + passed)
+            if args.instructions and done == 0:
+                print("instructions per request (callgrind; the machine's load does not move them)", flush=True)
+                done = instructions.main(["--control", str(tree)])
+            return done
         finally:
             remove(tree)
 

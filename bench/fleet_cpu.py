@@ -1,8 +1,12 @@
-"""CPU per v2 mint + revoke, per process: `python -m bench.fleet_cpu [--mode fleet|embedded] [-n N]`.
+"""CPU per v2 mint + revoke, or per request to a ceilinged account, per process:
+`python -m bench.fleet_cpu [--mode fleet|embedded] [--op mint|request] [-n N]`.
 
 One pair (fleet mode: with its own redis-server on loopback; embedded: none), sequential mint +
-revoke through an HTTP client from outside, N times. Prints the p50 of one mint + revoke and the
-CPU each process (control, data plane, redis-server) spent per operation, read from
+revoke through an HTTP client from outside, N times; or (`--op request`) N sequential requests on
+one keep-alive connection to an account with a request ceiling (`request_capacity`, so in fleet
+mode the data plane asks Redis for each slot, and control folds each row into the fleet's circuit
+and decision evidence). Prints the p50 of one operation and the CPU each process (control, data
+plane, redis-server, the stub) spent per operation, read from
 `/proc/<pid>/stat`, less what it spends idle (its background loops, measured over one second
 before). CPU is the figure a loaded machine moves least: a wall-clock latency there is mostly
 waiting for a time slice (issue 27 §4, bench/README "Stop 30").
@@ -11,11 +15,15 @@ waiting for a time slice (issue 27 §4, bench/README "Stop 30").
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from bench import fleet_requests
+from bench.fleet import CAPPED, CAPPED_MODEL
 from tests.support.fleetpairs import FleetPairs, accounts_toml, mint
 from tests.support.harness import Gateway, Stub, credential_like
 from tests.support.redis_server import RedisServer
@@ -29,9 +37,25 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(gw: Gateway, pids: dict[str, int], n: int) -> dict[str, float]:
+def mint_op(gw: Gateway) -> Callable[[int], None]:
+    def op(i: int) -> None:
+        status, _, body = mint(gw, f"cpu-{i}", repo_slug="bench/cpu")
+        assert status == 201, body
+        assert gw.revoke(body["key_id"])
+
+    return op
+
+
+def request_op(gw: Gateway) -> Callable[[int], None]:
+    host, port = gw.dataplane_url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port))
+    token = fleet_requests._mint(gw, CAPPED_MODEL)
+    return lambda _i: None if fleet_requests._timed(conn, token, CAPPED_MODEL) else None
+
+
+def measure(op: Callable[[int], None], pids: dict[str, int], n: int) -> dict[str, float]:
     for i in range(WARM):
-        gw.revoke(mint(gw, f"warm-{i}", repo_slug="bench/cpu")[2]["key_id"])
+        op(-1 - i)
     start = {name: cpu_s(pid) for name, pid in pids.items()}
     time.sleep(1.0)
     idle = {name: cpu_s(pid) - start[name] for name, pid in pids.items()}  # per second
@@ -40,9 +64,7 @@ def measure(gw: Gateway, pids: dict[str, int], n: int) -> dict[str, float]:
     latencies = []
     for i in range(n):
         sent = time.perf_counter()
-        status, _, body = mint(gw, f"cpu-{i}", repo_slug="bench/cpu")
-        assert status == 201, body
-        assert gw.revoke(body["key_id"])
+        op(i)
         latencies.append(time.perf_counter() - sent)
     wall = time.perf_counter() - began
     out = {"p50_ms": sorted(latencies)[n // 2] * 1000}
@@ -51,19 +73,20 @@ def measure(gw: Gateway, pids: dict[str, int], n: int) -> dict[str, float]:
     return out
 
 
-def run(mode: str, n: int, work: Path) -> dict[str, float]:
+def run(mode: str, n: int, work: Path, what: str = "mint") -> dict[str, float]:
     stub = Stub(work / "stub", anthropic_key=credential_like("sk-ant-api03-"), openai_key=None)
     redis = RedisServer(work / "redis").start()
     pairs = gw = None
+    capped = CAPPED.format(url=stub.url)
     try:
         if mode == "fleet":
             pairs = FleetPairs(
-                work / "fleet", stub, redis, 1, accounts=accounts_toml(stub, lease_capacity=None)
+                work / "fleet", stub, redis, 1, accounts=accounts_toml(stub, lease_capacity=None, extra=capped)
             ).start()
             gw = pairs[0]
         else:
             accounts = work / "accounts.toml"
-            accounts.write_text(accounts_toml(stub, lease_capacity=None))
+            accounts.write_text(accounts_toml(stub, lease_capacity=None, extra=capped))
             gw = Gateway(
                 work / "embedded",
                 stub,
@@ -77,7 +100,8 @@ def run(mode: str, n: int, work: Path) -> dict[str, float]:
         pids = {"control": gw.control.popen.pid, "dataplane": gw.dataplane.popen.pid}
         if mode == "fleet":
             pids["redis"] = redis.popen.pid
-        return measure(gw, pids, n)
+        pids["stub"] = stub.proc.popen.pid
+        return measure(mint_op(gw) if what == "mint" else request_op(gw), pids, n)
     finally:
         if pairs is not None:
             pairs.stop()
@@ -90,11 +114,12 @@ def run(mode: str, n: int, work: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("fleet", "embedded"), default="fleet")
+    parser.add_argument("--op", choices=("mint", "request"), default="mint")
     parser.add_argument("-n", type=int, default=300)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-cpu-") as tmp:
-        result = run(args.mode, args.n, Path(tmp))
-    print(args.mode, " ".join(f"{k} {v:.2f}" for k, v in result.items()))
+        result = run(args.mode, args.n, Path(tmp), args.op)
+    print(args.mode, args.op, " ".join(f"{k} {v:.2f}" for k, v in result.items()))
 
 
 if __name__ == "__main__":

@@ -144,12 +144,29 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     columns: list[tuple[str, Path | None]] = [("this checkout", None)]
     columns += [(str(tree), tree.resolve()) for tree in args.trees]
+    counts: dict[str, list[dict[str, float]]] = {}
     for _ in range(args.repeat):
         for name, tree in columns:
             with tempfile.TemporaryDirectory(prefix="leasehold-ir-") as tmp:
                 per = measure(tree, Path(tmp), args)
+            counts.setdefault(name, []).append(per)
             print(f"  {name:40s} " + "  ".join(f"{k} {v / 1e3:,.1f} k instr/req" for k, v in per.items()), flush=True)
+    for name, _ in columns[1:]:
+        print(ratio_text(f"this checkout / {name}", counts["this checkout"], counts[name]), flush=True)
     return 0
+
+
+def ratio_text(label: str, mine: list[dict[str, float]], theirs: list[dict[str, float]]) -> str:
+    """Instructions per request, this checkout's over another's, per process and for the pair
+    (the mean of the repeats): above 1.0 this checkout executes more per request."""
+
+    def mean(runs: list[dict[str, float]], process: str) -> float:
+        return sum(run[process] for run in runs) / len(runs)
+
+    processes = list(mine[0])
+    ratios = [f"{p} {mean(mine, p) / mean(theirs, p):.3f}x" for p in processes]
+    both = sum(mean(mine, p) for p in processes) / sum(mean(theirs, p) for p in processes)
+    return f"  {label:40s} " + "  ".join(ratios) + (f"  together {both:.3f}x" if len(processes) > 1 else "")
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def build_books(
             shared.fleet.client, shared.fleet.keys, settings.host_id, headroom, entries=shared.fleet.entries
         )
         headroom.observed_listeners.append(fleet_headroom.note)
+        headroom.on_pending = fleet_headroom.wake  # its publish folds the pending rows in
     return Books(spend, budgets, headroom, fleet_spend, fleet_headroom)
 
 
@@ -77,6 +78,6 @@ def _fleet_spend(shared: Any, settings: Settings, spend: SpendBook) -> FleetSpen
     """Fleet mode (imported only here): the fleet's spend that views and budgets read (SPEC §18)."""
     from controlplane.fleet.spend import FleetSpend
 
-    return FleetSpend(
-        shared.client, shared.keys, settings.host_id, spend, entries=shared.entries, supervisor=shared.supervisor
+    return FleetSpend(  # its publish and pulls batched like the mint's reads (issue 27 §4)
+        shared.batching, shared.keys, settings.host_id, spend, entries=shared.entries, supervisor=shared.supervisor
     )

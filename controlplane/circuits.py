@@ -9,7 +9,7 @@ same way whichever store holds the state. Every transition is logged and handed 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import msgspec
@@ -154,21 +154,50 @@ class CircuitRegistry:
         """Fold one terminal row; gateway-authored rows are not evidence and change nothing."""
         await self.on_rows([row], now_ms)
 
-    async def on_rows(self, rows: list[AttemptRow], now_ms: int) -> None:
+    async def on_rows(self, rows: list[AttemptRow], now_ms: int, quiet_first: Mapping[str, bool] | None = None) -> None:
         """Fold a settle's rows, in order: one read-modify-write per account, not per row (the
-        rules fold each account's rows in the order they came)."""
+        rules fold each account's rows in the order they came). `quiet_first`: accounts whose
+        quiet terminals were held back (`is_quiet`; value: one was an answer), folded before
+        their rows here."""
         by_account: dict[str, list[AttemptRow]] = {}
         for row in rows:
             if row.refusal_reason is None:  # gateway-authored rows are not evidence
                 by_account.setdefault(row.account_id, []).append(row)
         for account_id, evidence in by_account.items():
+            quiet = None if quiet_first is None else quiet_first.get(account_id)
             await self._update(
                 account_id,
-                lambda s, e=evidence: self._fold(s, e, now_ms),  # type: ignore[misc]
+                lambda s, e=evidence, q=quiet: self._fold(s, e, now_ms, q),  # type: ignore[misc]
                 now_ms,
             )
 
-    def _fold(self, state: rules.Circuit, rows: list[AttemptRow], now_ms: int) -> rules.Circuit:
+    def is_quiet(self, row: AttemptRow) -> bool:
+        """Whether folding `row` can only reset a closed circuit's count (`rules.on_quiet_terminals`):
+        an abort, or no evidence from a lease this registry admitted as no probe (so it cannot
+        close a half-open circuit). Fleet mode folds such rows late and together."""
+        if row.refusal_reason is not None:
+            return False
+        if row.status == AttemptStatus.CLIENT_ABORTED:
+            return True
+        return row.condition is None and (row.account_id, row.key_id) in self._not_probes
+
+    async def fold_quiet(self, quiet: Mapping[str, bool], now_ms: int) -> None:
+        """Quiet terminals held back, per account (value: one was an answer, not an abort)."""
+        for account_id, answered in quiet.items():
+            await self._update(
+                account_id,
+                lambda s, a=answered: rules.on_quiet_terminals(s, now_ms, a),  # type: ignore[misc]
+                now_ms,
+            )
+
+    async def fold_held(self) -> None:
+        """Fold what this registry holds back (nothing here; fleet mode's quiet rows: `OwedCircuits`)."""
+
+    def _fold(
+        self, state: rules.Circuit, rows: list[AttemptRow], now_ms: int, quiet_first: bool | None = None
+    ) -> rules.Circuit:
+        if quiet_first is not None:
+            state = rules.on_quiet_terminals(state, now_ms, quiet_first)
         for row in rows:
             state = rules.on_terminal(
                 state,

@@ -29,7 +29,7 @@ from controlplane.stores.keys import KeyTable
 from controlplane.stores.ledger import Ledger
 from shared.capacity import CapacityStore
 from shared.clock import iso_ms, now_ms
-from shared.codes import AttemptStatus, Binding, EndReason, Refusal
+from shared.codes import AttemptStatus, Binding, Condition, EndReason, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
 from shared.rpc import Connection, acks_by_connection
@@ -81,6 +81,7 @@ class ControlService:
         configured: Configured,
         row_sinks: tuple[RowSink, ...] = (),
         settle_hooks: tuple[SettleHook, ...] = (),
+        fold_together: bool = False,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -104,6 +105,7 @@ class ControlService:
         # Run by each settle after its rows are folded and before they are acknowledged (the
         # dispatch keys' hops: a worker's retry after the failed answer finds the new account).
         self.settle_hooks = settle_hooks
+        self.fold_together = fold_together  # fleet mode: a settle's Redis work in one exchange (`_fold`)
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
         self._unfolded: list[AttemptRow] = []  # rows recorded, not yet folded into circuits/decisions
         self._settling: asyncio.Task[None] | None = None
@@ -265,18 +267,7 @@ class ControlService:
             ok = self.write_staged()
             rows, self._unfolded = self._unfolded, []
             unacked, self._unacked = self._unacked, []
-            now = now_ms()
-            try:
-                await self.circuits.on_rows(rows, now)  # one read-modify-write per account
-            except Exception:
-                log.exception("row_fold_failed", into="circuits", rows=len(rows))
-            for row in rows:
-                evidence = evidence_of(row)
-                if evidence is not None:
-                    try:
-                        await self.decisions.add_evidence(*evidence)
-                    except Exception:
-                        log.exception("row_fold_failed", into="decisions", attempt_id=row.attempt_id)
+            await self._fold(rows, now_ms())
             for hook in self.settle_hooks:
                 try:
                     await hook(rows)
@@ -293,6 +284,34 @@ class ControlService:
             self._settling = None
             if self._unfolded or self._unacked:  # recorded while this settle awaited
                 self._settling = asyncio.get_running_loop().create_task(self._settle())
+
+    async def _fold(self, rows: list[AttemptRow], now: int) -> None:
+        """A settle's rows into the circuits (one read-modify-write per account) and the decisions'
+        evidence; with `fold_together` (fleet mode) all at once when a row is evidence the circuit
+        folds now, so their Redis commands go as one exchange (`BatchingRedis`; issue 27 §4), else
+        in turn (in-process nothing suspends; a quiet row's fold waits, `CircuitRegistry.is_quiet`)."""
+        evidence = [(row.attempt_id, *found) for row in rows if (found := evidence_of(row)) is not None]
+        if self.fold_together and evidence and any(map(self._folds_now, rows)):
+            await asyncio.gather(self._fold_circuits(rows, now), *(self._fold_evidence(*e) for e in evidence))
+            return
+        await self._fold_circuits(rows, now)
+        for each in evidence:
+            await self._fold_evidence(*each)
+
+    def _folds_now(self, row: AttemptRow) -> bool:
+        return row.refusal_reason is None and not self.circuits.is_quiet(row)
+
+    async def _fold_circuits(self, rows: list[AttemptRow], now: int) -> None:
+        try:
+            await self.circuits.on_rows(rows, now)
+        except Exception:
+            log.exception("row_fold_failed", into="circuits", rows=len(rows))
+
+    async def _fold_evidence(self, attempt_id: str, mint_decision_id: str, condition: Condition | None) -> None:
+        try:
+            await self.decisions.add_evidence(mint_decision_id, condition)
+        except Exception:
+            log.exception("row_fold_failed", into="decisions", attempt_id=attempt_id)
 
     def write_staged(self) -> bool:
         """Write every staged row; tell the data plane when storage starts or stops failing."""

@@ -285,6 +285,7 @@ def _service(
         configured=configured,
         row_sinks=row_sinks,
         settle_hooks=(hopper.after_rows,),
+        fold_together=parts.shared.fleet is not None,
     )
 
 

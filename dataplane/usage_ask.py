@@ -84,25 +84,44 @@ def _value_span(body: bytes, member: bytes) -> tuple[int, int] | None:
 
 def with_usage(body: bytes, peek: BodyPeek) -> bytes | None:
     """`body` with `stream_options.include_usage` true; None if it cannot be set (a
-    `stream_options` that is neither an object nor null: the upstream refuses the body)."""
+    `stream_options` that is neither an object nor null: the upstream refuses the body).
+
+    Spliced, never re-encoded: every byte but the one member's stays as the worker sent it
+    (a number such as `1e999` or `1E2`, an escape such as `\\u00e9`, the whitespace)."""
     if not peek.stream_options:
         opening = body.index(b"{")
         return body[:opening] + b"{" + _ASKED + body[opening + 1 :]
     span = _value_span(body, b'"stream_options"')
     if span is None:
         return None
-    start, end = span
-    value_bytes = body[start:end]
-    start += len(value_bytes) - len(value_bytes.lstrip())  # the whitespace around it stays
-    end -= len(value_bytes) - len(value_bytes.rstrip())
-    value = json.loads(body[start:end], object_pairs_hook=dict)
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
+    start, end = _stripped(body, *span)
+    value = body[start:end]
+    if value == b"null":
+        written = b'{"include_usage":true}'
+    elif value.startswith(b"{") and value.endswith(b"}"):
+        written = _usage_set(value)
+    else:
         return None
-    value["include_usage"] = True
-    written = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
     return body[:start] + written + body[end:]
+
+
+def _stripped(body: bytes, start: int, end: int) -> tuple[int, int]:
+    """The span without the whitespace around the value (that whitespace stays)."""
+    value = body[start:end]
+    return start + len(value) - len(value.lstrip()), end - (len(value) - len(value.rstrip()))
+
+
+def _usage_set(options: bytes) -> bytes:
+    """A `stream_options` object with `include_usage` true: its value replaced where the member
+    is (the strict parse refused it twice), else the member added last."""
+    span = _value_span(options, b'"include_usage"')
+    if span is not None:
+        start, end = _stripped(options, *span)
+        return options[:start] + b"true" + options[end:]
+    inner = options[1:-1]
+    if not inner.strip():
+        return b"{" + inner + b'"include_usage":true}'
+    return options[:-1] + b',"include_usage":true}'
 
 
 class _Chunk(msgspec.Struct):

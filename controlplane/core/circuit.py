@@ -113,3 +113,12 @@ def on_terminal(
     if consecutive >= OPEN_THRESHOLD or condition == Condition.CREDIT_EXHAUSTED:
         return _open(msgspec.structs.replace(state, consecutive=consecutive), now_ms, condition, wanted_ms)
     return msgspec.structs.replace(state, consecutive=consecutive)
+
+
+def on_quiet_terminals(state: Circuit, now_ms: int, answered: bool) -> Circuit:
+    """Terminals that are no evidence (2xx, another 4xx, an abort) of leases that are not the
+    probe, folded at once (fleet mode folds them late and together, issue 27 §4): what
+    `on_terminal` makes of any sequence of them — an answer (`answered`: one was not an abort)
+    resets a closed circuit's count, and nothing else changes (the state taken as of `now_ms`)."""
+    state = current(state, now_ms)
+    return CLOSED if answered and state.phase == CircuitPhase.CLOSED else state

@@ -215,14 +215,19 @@ class RedisDecisions:
         return decision if decision is None or decision.key_id == key_id else None
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
+        await self.append_evidence(mint_decision_id, condition)
+
+    async def append_evidence(self, mint_decision_id: str, condition: Condition | None) -> bool:
+        """`add_evidence`, answering whether it was appended (False: the decision is not kept)."""
         with guard("decision evidence"):
-            await self._add_evidence(
+            appended = await self._add_evidence(
                 keys=[self.keys.decision(mint_decision_id), self.keys.evidence(mint_decision_id)],
                 args=[
                     self._sign.tagged(mint_decision_id, NO_CONDITION if condition is None else str(condition)),
                     EVIDENCE_CAP,
                 ],
             )
+        return bool(appended == 1)
 
     async def evidence(self, mint_decision_id: str) -> tuple[Condition | None, ...]:
         with guard("decision evidence read"):

@@ -166,6 +166,10 @@ class FleetHeadroom:
         self._owed[(account_id, kind)] = observation
         self._wake.set()
 
+    def wake(self) -> None:
+        """`HeadroomBook.on_pending`: a row's observations wait in the book; publish them."""
+        self._wake.set()
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._publisher()), loop.create_task(self._puller())]
@@ -176,6 +180,7 @@ class FleetHeadroom:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def publish(self) -> None:
+        self.book.fold()  # the rows' observations wait in the book until read (`HeadroomBook.on_row`)
         owed, self._owed = self._owed, {}
         if not owed:
             return

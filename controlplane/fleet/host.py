@@ -65,6 +65,7 @@ class FleetHost:
         self.keys = keys
         self.routes = routes
         self.registry = registry
+        self.circuits = circuits
         self._tasks: list[asyncio.Task[Any]] = []
         self.events = HostEvents(backends, events, admin, policy)
         self.recovery = HostRecovery(
@@ -162,7 +163,8 @@ class FleetHost:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        try:
+        try:  # the quiet rows held back, then every owed write
+            await asyncio.wait_for(self.circuits.fold_held(), 2.0)
             await asyncio.wait_for(self.b.owed.deliver(), 2.0)
         except Exception:  # Redis away at shutdown: a restart's re-registration lets go of them
             pass

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -33,8 +33,10 @@ import redis.asyncio as aredis
 from controlplane.circuits import CircuitRegistry, CircuitStore, CircuitView
 from controlplane.decisions import Decision
 from controlplane.fleet.decisions import LeaseDecisions, RedisDecisions
+from controlplane.fleet.sentevidence import SentEvidence
 from shared.capacity import StateUnavailable
-from shared.codes import Condition
+from shared.clock import now_ms
+from shared.codes import AttemptStatus, Condition
 from shared.fleet.capacity import Incarnation, RedisCapacity
 from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import Ceiling, FleetKeys
@@ -45,6 +47,7 @@ log = get_logger("fleet")
 
 EVIDENCE_MAX = 65_536
 DELIVER_INTERVAL_S = 0.25
+QUIET_DELAY_S = 0.05  # quiet rows (`OwedCircuits`) are folded at most this late
 
 
 class Owed(msgspec.Struct, frozen=True):
@@ -159,6 +162,7 @@ class OwedDecisions(RedisDecisions):
         super().__init__(client, keys, entries=entries)
         self.owed = owed
         self.local = local
+        self.sent = SentEvidence()  # what this host appended to each decision's evidence lately
 
     async def record(self, decision: Decision, *, staged: bool = False) -> None:
         await RedisDecisions.record(self, decision, staged=staged)
@@ -182,18 +186,42 @@ class OwedDecisions(RedisDecisions):
         return self.local.of_key(key_id) or await RedisDecisions.for_key(self, key_id)
 
     async def end_key(self, key_id: str) -> None:
+        decision = self.local.of_key(key_id)
+        if decision is not None:
+            self.sent.forget(decision.mint_decision_id)
         self.local.forget(key_id)
         await self.owed.write(Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id))
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
-        await self.owed.write(
-            Owed("evidence", lambda: RedisDecisions.add_evidence(self, mint_decision_id, condition), evidence=True)
-        )
+        """Owed when Redis is away; nothing sent when the decision holds that condition already
+        (`SentEvidence`: evidence is read as a set)."""
+        if self.sent.fresh(mint_decision_id, condition):
+            return
+        await self.owed.write(Owed("evidence", lambda: self._append(mint_decision_id, condition), evidence=True))
+
+    async def _append(self, mint_decision_id: str, condition: Condition | None) -> None:
+        if await RedisDecisions.append_evidence(self, mint_decision_id, condition):
+            self.sent.note(mint_decision_id, condition)
+
+    async def reregister(self, decisions: Sequence[Decision]) -> None:
+        """Redis lost its data, or this host starts: what arrives from now on is appended again."""
+        self.sent.forget_all()
+        await RedisDecisions.reregister(self, decisions)
 
 
 class OwedCircuits(CircuitRegistry):
     """The circuits: a row's fold and a probe's end are owed when they cannot land. A row owed
-    is folded at the time it was recorded (the circuit opens when the failures happened)."""
+    is folded at the time it was recorded (the circuit opens when the failures happened).
+
+    Quiet rows (`is_quiet`: a 2xx of a lease that is not the probe, an abort) can only reset a
+    closed circuit's count, so they are not folded one settle at a time — each fold a Redis
+    round trip on the shared cores as the worker's next request arrives (issue 27 §4) — but held
+    back per account, `QUIET_DELAY_S` at most, and folded together (`rules.on_quiet_terminals`):
+    at the delay's end, or at once before the account's next row that is evidence, so this host's
+    rows are still folded in the order they came. Every fold runs under one lock (a late quiet
+    fold never overtakes a newer row). What a quiet row changes is a count no reader sees (a
+    phase, the probe, a retry time never move by it): only another host's failures landing within
+    the delay are counted without this host's answers between them."""
 
     def __init__(
         self,
@@ -201,17 +229,63 @@ class OwedCircuits(CircuitRegistry):
         cooldown_s: int,
         owed: OwedWrites,
         on_transition: Callable[[CircuitView], object] | None = None,
+        quiet_delay_s: float = QUIET_DELAY_S,
     ) -> None:
         super().__init__(store, cooldown_s, on_transition)
         self.owed = owed
+        self.quiet_delay_s = quiet_delay_s
+        self._quiet: dict[str, bool] = {}  # account -> quiet rows held back (True: one was an answer)
+        self._quiet_timer: asyncio.TimerHandle | None = None
+        self._folding = asyncio.Lock()
+        self._flushes: set[asyncio.Task[None]] = set()
 
-    async def on_rows(self, rows: list[AttemptRow], now_ms: int) -> None:
-        evidence = [row for row in rows if row.refusal_reason is None]
-        if not evidence:
-            return  # never evidence: nothing to owe
-        await self.owed.write(
-            Owed("circuit rows", lambda: CircuitRegistry.on_rows(self, evidence, now_ms), evidence=True)
-        )
+    async def on_rows(self, rows: list[AttemptRow], now_ms: int, quiet_first: Mapping[str, bool] | None = None) -> None:
+        by_account: dict[str, list[AttemptRow]] = {}
+        for row in rows:
+            if row.refusal_reason is None:  # never evidence: nothing to owe
+                by_account.setdefault(row.account_id, []).append(row)
+        loud: list[AttemptRow] = []
+        for account_id, its in by_account.items():
+            if all(map(self.is_quiet, its)):
+                answered = any(row.status != AttemptStatus.CLIENT_ABORTED for row in its)
+                self._quiet[account_id] = self._quiet.get(account_id, False) or answered
+            else:
+                loud += its
+        if self._quiet and self._quiet_timer is None:
+            self._quiet_timer = asyncio.get_running_loop().call_later(self.quiet_delay_s, self._quiet_due)
+        if not loud:
+            return
+        async with self._folding:
+            first = dict(quiet_first or {})
+            for account_id in {row.account_id for row in loud} & self._quiet.keys():
+                first[account_id] = first.get(account_id, False) or self._quiet.pop(account_id)
+            await self.owed.write(
+                Owed("circuit rows", lambda: CircuitRegistry.on_rows(self, loud, now_ms, first), evidence=True)
+            )
+
+    def _quiet_due(self) -> None:
+        self._quiet_timer = None
+        task = asyncio.get_running_loop().create_task(self.fold_held())
+        self._flushes.add(task)
+        task.add_done_callback(self._folded)
+
+    def _folded(self, task: asyncio.Task[None]) -> None:
+        self._flushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # a bug: the next rows go on
+            log.error("row_fold_failed", into="circuits", quiet=True, error=repr(task.exception()))
+
+    async def fold_held(self) -> None:
+        """Fold the quiet rows held back now (owed when Redis is away, as any row)."""
+        if self._quiet_timer is not None:
+            self._quiet_timer.cancel()
+            self._quiet_timer = None
+        async with self._folding:
+            quiet, self._quiet = self._quiet, {}
+            if quiet:
+                now = now_ms()
+                await self.owed.write(
+                    Owed("circuit quiet rows", lambda: CircuitRegistry.fold_quiet(self, quiet, now), evidence=True)
+                )
 
     async def on_lease_ended(self, account_id: str, key_id: str, now_ms: int) -> None:
         await self.owed.write(

@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import redis
 import redis.asyncio as aredis
 
 from controlplane.core.fleetcells import FleetCells, window_of, window_triples
@@ -242,11 +243,10 @@ class FleetSpend:
 
     async def pull(self, quiet: bool = False) -> bool:
         """Read the hosts whose published spend moved; True when the fleet's spend changed."""
-        with guard("spend pull"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hexists(self._mine, MARK)
-            pipe.hgetall(self.keys.spend_versions)
-            mine, versions = await pipe.execute()
+        with guard("spend pull"):  # one exchange each (`BatchingRedis`; issue 27 §4)
+            mine, versions = await asyncio.gather(
+                self.client.hexists(self._mine, MARK), self.client.hgetall(self.keys.spend_versions)
+            )
         if not mine and self.publishes and not self._whole:
             self._whole = True  # Redis lost this host's hash: the publisher writes it whole
             self._wake.set()
@@ -262,13 +262,18 @@ class FleetSpend:
             return False
         fields = moving_keys(self.book.clock())
         with guard("spend pull"):
-            pipe = self.client.pipeline(transaction=False)
-            for host in moved:
-                if host in self.cells.hosts:
-                    pipe.hmget(self.keys.spend_host(host), fields)
-                else:
-                    pipe.hgetall(self.keys.spend_host(host))
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await asyncio.gather(
+                *(
+                    self.client.hmget(self.keys.spend_host(host), fields)
+                    if host in self.cells.hosts
+                    else self.client.hgetall(self.keys.spend_host(host))
+                    for host in moved
+                ),
+                return_exceptions=True,
+            )
+            for reply in replies:  # an error reply is that host's alone; any other failure, the pull's
+                if isinstance(reply, BaseException) and not isinstance(reply, redis.ResponseError):
+                    raise reply
         changed = False
         for (host, version), reply in zip(moved.items(), replies):
             if isinstance(reply, dict):

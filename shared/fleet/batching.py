@@ -41,8 +41,11 @@ from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 
 from shared.fleet import resp
 
-# Commands a backend awaits on the mint's and the revoke's path (none of them blocks on the server).
-BATCHED = frozenset({"EVALSHA", "GET", "SET", "DEL", "SMEMBERS", "HLEN", "HEXISTS", "MGET", "LRANGE"})
+# Commands a backend awaits on the mint's and the revoke's path, and the spend's publish and pulls
+# (none of them blocks on the server).
+BATCHED = frozenset(
+    {"EVALSHA", "GET", "SET", "DEL", "SMEMBERS", "HLEN", "HEXISTS", "MGET", "LRANGE", "HGETALL", "HMGET"}
+)
 HOPS = 2  # loop turns a batch waits for the rest of its moment (a mint's nested reads need 2)
 MAX_BATCH = 64  # commands per exchange; more go in the next one, at once
 READ_SIZE = 65_536  # bytes per read of an exchange's replies

@@ -83,9 +83,9 @@ def test_stream_options_without_include_usage_are_rewritten_in_place(hgw: Gatewa
     status, _, received = _chat(hgw, minted["token"], body.encode(), {})
     assert status == 200 and received.decode() == WITHOUT_USAGE_CHUNK
     assert clean_stub.requests()[0]["body"] == (
-        '{"model":"gpt-5-mini","stream":true,"stream_options": {"include_usage":true,'
-        '"include_obfuscation":true},"messages":[{"role":"user","content":"x,}"}]}'
-    )
+        '{"model":"gpt-5-mini","stream":true,"stream_options": {"include_usage": true, '
+        '"include_obfuscation": true},"messages":[{"role":"user","content":"x,}"}]}'
+    )  # only the member's value: every other byte as the worker sent it
     _row(hgw, minted["key_id"])
 
 

@@ -31,6 +31,29 @@ from tests.hostile.test_usage_asked import EVENTS, UPSTREAM, WITHOUT_USAGE_CHUNK
             '{"x":"\\"stream_options\\":{}","stream_opti\\u006fns":{},"stream":true}',
             '{"x":"\\"stream_options\\":{}","stream_opti\\u006fns":{"include_usage":true},"stream":true}',
         ),
+        # every other byte of stream_options as sent: no re-encoding (1e999 once became Infinity)
+        (
+            '{"stream":true,"stream_options":{"include_usage":false,"x":1e999}}',
+            '{"stream":true,"stream_options":{"include_usage":true,"x":1e999}}',
+        ),
+        (
+            '{"stream":true,"stream_options":{"note":"caf\\u00e9","n":1E2}}',
+            '{"stream":true,"stream_options":{"note":"caf\\u00e9","n":1E2,"include_usage":true}}',
+        ),
+        (
+            '{"stream":true,"stream_options":{ "include_usage" : null , "n" : 2 }}',
+            '{"stream":true,"stream_options":{ "include_usage" : true , "n" : 2 }}',
+        ),
+        (
+            '{"stream":true,"stream_options":{"n":{"include_usage":false},"include_usage":false}}',
+            '{"stream":true,"stream_options":{"n":{"include_usage":false},"include_usage":true}}',
+        ),
+        (
+            '{"stream":true,"stream_options":{"include\\u005fusage":false}}',
+            '{"stream":true,"stream_options":{"include\\u005fusage":true}}',
+        ),
+        ('{"stream":true,"stream_options":{ }}', '{"stream":true,"stream_options":{ "include_usage":true}}'),
+        ('{"stream":true,"stream_options":{"a":1 }}', '{"stream":true,"stream_options":{"a":1 ,"include_usage":true}}'),
     ],
 )
 def test_with_usage(body: str, expect: str) -> None:

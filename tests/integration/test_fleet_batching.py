@@ -196,6 +196,9 @@ async def test_every_batched_command_answers_what_the_plain_client_answers(fleet
             r.lrange(key + ":l", 0, -1),
             r.evalsha(script.sha, 1, key, "7"),
             r.delete(key + ":gone", key + ":new"),
+            r.hgetall(key + ":h"),
+            r.hgetall(key + ":none"),
+            r.hmget(key + ":h", ["a", "b"]),
         ]
 
     batches = client.batches

@@ -12,6 +12,7 @@ from controlplane.core.spend import COST, Dim
 from controlplane.fleet.spend import FleetSpend
 from controlplane.spend import SpendBook
 from controlplane.stores.ledger import Ledger
+from shared.fleet.batching import BatchingRedis
 from tests.support.fleet import Fleet
 from tests.support.ledgerfiles import FakeClock, stamp_of
 from tests.support.rows import row
@@ -29,7 +30,8 @@ class Host:
         self.ledger = Ledger(str(root / name / "ledger.jsonl"), clock=clock)
         self.ledger.open()
         self.book = SpendBook.rebuild(self.ledger)
-        self.spend = FleetSpend(fleet.client, fleet.keys, name, self.book, entries=fleet.entries)
+        self.client = BatchingRedis(fleet.client)  # as the daemon's (`controlplane/books.py`)
+        self.spend = FleetSpend(self.client, fleet.keys, name, self.book, entries=fleet.entries)
         self.heard: list[bool] = []
         self.spend.listeners.append(self.heard.append)
 
@@ -42,12 +44,13 @@ class Host:
     def spent(self, dim: Dim = Dim.PLATFORM, key: str | None = "") -> float:
         return self.book.cells.cell(DAY, dim, key)[COST]
 
-    def close(self) -> None:
+    async def close(self) -> None:
         self.ledger.close()
+        await self.client.aclose()
 
 
 @pytest.fixture
-def hosts(tmp_path: Path, fleet: Fleet):
+async def hosts(tmp_path: Path, fleet: Fleet):
     clock = FakeClock("2026-12-01T10:00:00")
     made: list[Host] = []
 
@@ -57,7 +60,7 @@ def hosts(tmp_path: Path, fleet: Fleet):
 
     yield make
     for host in made:
-        host.close()
+        await host.close()
 
 
 async def test_a_host_reads_what_the_others_spent(hosts) -> None:
@@ -66,7 +69,9 @@ async def test_a_host_reads_what_the_others_spent(hosts) -> None:
     b.serve(0.25, account="team-b")
     for host in (a, b, c):
         await host.spend.publish()
+    exchanges = c.client.batches
     assert await c.spend.pull() is True and c.heard == [False]
+    assert c.client.batches == exchanges + 2  # the mark and versions together, then both hosts' windows
     assert c.spent() == pytest.approx(0.75)
     assert {k: v[COST] for k, v in c.book.cells.cells(DAY, Dim.ACCOUNT).items()} == {"team-a": 0.5, "team-b": 0.25}
     assert await a.spend.pull() is True and a.spent() == pytest.approx(0.75)  # its own and b's

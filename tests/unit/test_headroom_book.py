@@ -5,9 +5,10 @@ the reset passes (the tick) — once per crossing."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from controlplane.events import EventHub, EventKind
-from controlplane.headroom import HeadroomBook
+from controlplane.headroom import HeadroomBook, supersedes
 from shared.clock import iso_ms
 from shared.wire import RateLimit, RateLimits
 from tests.support.rows import row
@@ -93,3 +94,53 @@ def test_the_gauges_drop_a_kind_whose_reset_passed() -> None:
     ]
     clock.now = T0 + 10_000
     assert all(not f.samples for f in book.gauges().collect())
+
+
+# ---- lazy folding (no floor set: a row waits until the book is read) ----------------------------
+
+
+def stated_at(at: int, **kinds: int) -> RateLimits:
+    return RateLimits(
+        observed_at=iso_ms(at),
+        **{kind: RateLimit(limit=100, remaining=left, reset_at=iso_ms(at + 10_000)) for kind, left in kinds.items()},
+    )
+
+
+def test_with_no_floor_a_row_waits_unread_until_the_book_is_read() -> None:
+    book, _, _ = book_with(())
+    book.on_row(msgspec.structs.replace(row(iso_ms(T0)), account_id="a", rate_limits=stated_at(T0, tokens=7)))
+    assert book._pending and not book._held  # nothing folded on the row's path
+    assert book.held["a"]["tokens"].remaining == 7 and not book._pending
+
+
+def test_a_row_that_leaves_out_a_kind_keeps_the_older_rows_observation_of_it() -> None:
+    book, _, _ = book_with(())
+    for stated in (stated_at(T0, tokens=7, requests=3), stated_at(T0 + 1, tokens=6)):
+        book.on_row(msgspec.structs.replace(row(iso_ms(T0)), account_id="a", rate_limits=stated))
+    assert {kind: o.remaining for kind, o in book.held["a"].items()} == {"tokens": 6, "requests": 3}
+
+
+def test_an_older_row_arriving_last_does_not_replace_the_newer_one_unread() -> None:
+    book, _, _ = book_with(())
+    for stated in (stated_at(T0 + 10, tokens=90), stated_at(T0 + 5, tokens=1)):
+        book.on_row(msgspec.structs.replace(row(iso_ms(T0)), account_id="a", rate_limits=stated))
+    assert book.held["a"]["tokens"].remaining == 90
+
+
+NOT_ISO_MS = msgspec.structs.replace(stated_at(T0 + 20, tokens=1), observed_at="2027-01-15T08:00:00+00:00")
+
+
+@pytest.mark.parametrize(
+    ("new", "old", "moot"),
+    [
+        (stated_at(T0 + 1, tokens=1), stated_at(T0, tokens=2), True),  # newer, same kinds
+        (stated_at(T0, tokens=1), stated_at(T0, tokens=2), True),  # a tie: the later row wins
+        (stated_at(T0, tokens=1), stated_at(T0 + 1, tokens=2), False),  # older
+        (stated_at(T0 + 1, tokens=1, requests=1), stated_at(T0, tokens=2), True),  # more kinds
+        (stated_at(T0 + 1, tokens=1), stated_at(T0, tokens=2, requests=2), False),  # a kind left out
+        (NOT_ISO_MS, stated_at(T0, tokens=2), False),  # another form: folded, not compared as text
+        (stated_at(T0, tokens=2), NOT_ISO_MS, False),
+    ],
+)
+def test_supersedes(new: RateLimits, old: RateLimits, moot: bool) -> None:
+    assert supersedes(new, old) is moot
