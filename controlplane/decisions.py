@@ -74,10 +74,18 @@ class DecisionStore(Protocol):
       per dispatch holds under any interleaving of callers. `note_live` adds unconditionally
       (a restart restoring the key journal). `end_key` forgets a key (idempotent);
       `live_keys` reads the set.
+    - `stage(d)` may write a lease-bearing decision ahead of its claims, where a write costs a
+      round trip (fleet: it rides in the claims' exchange); `record(d, staged=True)` then
+      completes it, answering as `record(d)` does; `unstage(d)` (a claim refused, or failed:
+      `failed=True`, the shared state just did not answer) forgets it: `get`, `for_key` and
+      `evidence` answer nothing of it. Its id and key were never answered before then, so
+      nothing can have cited a staged decision (SPEC §5).
     - A method that cannot reach the table raises `StateUnavailable`.
     """
 
-    async def record(self, decision: Decision) -> None: ...
+    async def record(self, decision: Decision, *, staged: bool = False) -> None: ...
+    async def stage(self, decision: Decision) -> None: ...
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None: ...
     async def get(self, mint_decision_id: str) -> Decision | None: ...
     async def refused_outcome(self, mint_decision_id: str) -> Outcome | None: ...
     async def for_key(self, key_id: str) -> Decision | None: ...
@@ -151,8 +159,14 @@ class LocalDecisions:
         self._live_by_dispatch: dict[tuple[str, str], set[str]] = {}
         self._dispatch_of_key: dict[str, tuple[str, str]] = {}
 
-    async def record(self, decision: Decision) -> None:
+    async def record(self, decision: Decision, *, staged: bool = False) -> None:
         self.keep(decision)
+
+    async def stage(self, decision: Decision) -> None:
+        """Nothing ahead of the claims: a record here costs no round trip."""
+
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None:
+        """Nothing was staged."""
 
     def keep(self, decision: Decision) -> None:
         """Keep what a later citation, renewal or evidence row needs. The skip list was

@@ -192,16 +192,6 @@ class MintDesk(DispatchKeys, FactDesk):
         if ceiling is not None and predecessor is not None and await self.lease_capacity.holds(predecessor):
             ceiling += 1
         token, key_id, digest = new_token()
-        refusal = await self._claim(account, key_id, ceiling, base.lineage, predecessor, probe=not holding)
-        if refusal is not None:
-            code, skip = refusal
-            skipped = (
-                base.skipped
-                if skip is None
-                else base.skipped + (Skipped(account_id=account.id, position=chosen.position, code=skip),)
-            )
-            return await self._refuse(msgspec.structs.replace(base, skipped=skipped), Outcome.HELD, code)
-        lease = self._lease(body, base, verdict, account.id, key_id, digest, hop_on, facts)
         decision = msgspec.structs.replace(
             base,
             outcome=Outcome.SELECTED,
@@ -211,10 +201,22 @@ class MintDesk(DispatchKeys, FactDesk):
             key_id=key_id,
             effective_model=chosen.effective_model,
         )
+        refusal = await self._claim(
+            account, key_id, ceiling, base.lineage, predecessor, probe=not holding, staged=decision
+        )
+        if refusal is not None:
+            code, skip = refusal
+            skipped = (
+                base.skipped
+                if skip is None
+                else base.skipped + (Skipped(account_id=account.id, position=chosen.position, code=skip),)
+            )
+            return await self._refuse(msgspec.structs.replace(base, skipped=skipped), Outcome.HELD, code)
+        lease = self._lease(body, base, verdict, account.id, key_id, digest, hop_on, facts)
         try:
-            await self.decisions.record(decision)
+            await self.decisions.record(decision, staged=True)  # fleet: written with the claims
         except StateUnavailable:
-            await self._unclaim(account.id, key_id)
+            await self._unclaim(account.id, key_id, decision)
             raise
         self._log(decision)
         minted = await self.granter.grant(lease, account, token)
@@ -260,6 +262,7 @@ class MintDesk(DispatchKeys, FactDesk):
         predecessor: str | None,
         *,
         probe: bool = True,
+        staged: Decision | None = None,
     ) -> tuple[Refusal, Skip | None] | None:
         """Take what the decision only read: the lease slot, the dispatch's one live lease and
         (half-open) the circuit's one probe, each atomically (no probe for the successor of a key
@@ -271,25 +274,33 @@ class MintDesk(DispatchKeys, FactDesk):
         commands instead of three in turn; issue 27) and every one waited for before any undo,
         so an undo never overtakes the claim it undoes. The refusal named is the first in the
         order they were once taken: the slot, the dispatch, the probe. A key that already holds
-        its slot (`probe=False`: a renewal, SPEC §19) takes no circuit probe."""
+        its slot (`probe=False`: a renewal, SPEC §19) takes no circuit probe.
+
+        A mint's selected decision (`staged`, for the new key `key_id`) is staged with them
+        (fleet: written in the same exchange, one round trip less) and unstaged with the undo:
+        its id and key are answered only after every claim held, so a refused claim leaves no
+        decision anyone can cite (SPEC §5). A hop stages nothing: its key's index names the
+        decision the key holds now, until the hop's is recorded."""
         taken = await asyncio.gather(
             self.lease_capacity.reserve(account.id, key_id, ceiling),
             self.decisions.claim_live(key_id, lineage.repo_slug, lineage.dispatch_id, allowing=predecessor),
             self.circuits.claim_probe(account.id, key_id, now_ms()) if probe else _true(),
+            _none() if staged is None else self.decisions.stage(staged),
             return_exceptions=True,
         )
         failed = next((t for t in taken if isinstance(t, BaseException)), None)
         if failed is not None:
             if isinstance(failed, StateUnavailable):
-                await self._unclaim(account.id, key_id)
+                await self._unclaim(account.id, key_id, staged)
             raise failed
-        reserved, live, probed = taken
+        reserved, live, probed, _ = taken
         if reserved and live and probed:
             return None
         await asyncio.gather(
             self.lease_capacity.release(key_id) if reserved else _none(),
             self.decisions.end_key(key_id) if live else _none(),
             self.circuits.on_lease_ended(account.id, key_id, now_ms()) if probe and probed else _none(),
+            _none() if staged is None else self.decisions.unstage(staged),
         )
         if not reserved:
             return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED
@@ -297,12 +308,14 @@ class MintDesk(DispatchKeys, FactDesk):
             return Refusal.FALLBACK_LEASE_STILL_HELD, None
         return Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN
 
-    async def _unclaim(self, account_id: str, key_id: str) -> None:
-        """Undo a claim the shared state failed under (fleet: each undo that cannot land now
-        is kept and retried, `controlplane/fleet/owed.py`)."""
+    async def _unclaim(self, account_id: str, key_id: str, staged: Decision | None = None) -> None:
+        """Undo a claim (and the decision staged with it) the shared state failed under (fleet:
+        each undo that cannot land now is kept and retried, `controlplane/fleet/owed.py`)."""
         await self.lease_capacity.release(key_id)
         await self.decisions.end_key(key_id)
         await self.circuits.on_lease_ended(account_id, key_id, now_ms())
+        if staged is not None:
+            await self.decisions.unstage(staged, failed=True)
 
     async def _refuse(
         self,

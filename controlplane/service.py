@@ -167,26 +167,32 @@ class ControlService:
     async def end_keys(self, key_ids: list[str], reason: EndReason) -> list[str]:
         """The release seam: forget each key, return its lease slot, tell the data plane.
 
-        A circuit lets its probe go only once the data plane acknowledged the removal: it sends
-        the rows of every attempt it finished on those keys ahead of that Ack (SPEC §3), and
-        they are settled (folded into the circuits) before the probe is let go, so a probe's
-        success is folded before the probe could be taken for one that never answered.
+        The shared state's releases (fleet: the slot and the live key, one Redis exchange per
+        key) and the data plane's removal run at once, not in turn (issue 27): neither waits on
+        the other's answer, and the revoke still returns only after both. A circuit lets its
+        probe go only once the data plane acknowledged the removal: it sends the rows of every
+        attempt it finished on those keys ahead of that Ack (SPEC §3), and they are settled
+        (folded into the circuits) before the probe is let go, so a probe's success is folded
+        before the probe could be taken for one that never answered.
         """
-        ended: list[Lease] = []
-        for key_id in key_ids:
-            lease = self.keys.remove(key_id)
-            # one round, not two (fleet: both are Redis writes; issue 27)
-            await asyncio.gather(self.lease_capacity.release(key_id), self.decisions.end_key(key_id))
-            if lease is not None:
-                ended.append(lease)
+        ended = [lease for lease in map(self.keys.remove, key_ids) if lease is not None]
         if ended:
-            await self.link.leases_removed([lease.key_id for lease in ended])
+            await asyncio.gather(self._release(key_ids), self.link.leases_removed([lease.key_id for lease in ended]))
             await self.settle()
             now = now_ms()
             for lease in ended:
                 await self.circuits.on_lease_ended(lease.account_id, lease.key_id, now)
                 log.info("lease_ended", key_id=lease.key_id, reason=str(reason))
+        else:
+            await self._release(key_ids)
         return [lease.key_id for lease in ended]
+
+    async def _release(self, key_ids: list[str]) -> None:
+        """Each key's lease slot and live dispatch key, key after key (an account-wide
+        revocation's thousands of keys never open a connection each), the two of one key at
+        once (fleet: one round, not two)."""
+        for key_id in key_ids:
+            await asyncio.gather(self.lease_capacity.release(key_id), self.decisions.end_key(key_id))
 
     async def revoke(self, key_id: str) -> bool:
         return bool(await self.end_keys([key_id], EndReason.REVOKED))

@@ -147,22 +147,45 @@ class RedisDecisions:
         self._reregister_live = client.register_script(REREGISTER_LIVE)
         self._record = client.register_script(RECORD)
 
-    async def record(self, decision: Decision) -> None:
-        k = self.keys
-        with guard("decision record"):
-            if decision.key_id is None:
+    async def record(self, decision: Decision, *, staged: bool = False) -> None:
+        if staged:  # written by `stage`, in the claims' exchange
+            return
+        if decision.key_id is None:
+            with guard("decision record"):
                 await self.client.set(
-                    k.refused(decision.mint_decision_id),
+                    self.keys.refused(decision.mint_decision_id),
                     self._sign.tagged(decision.mint_decision_id, str(decision.outcome)),
                     px=self.refused_ttl_ms,
                 )
-                return
-            key_id = decision.key_id
-            if decision.skipped:  # answered and logged with the decision; not needed again
-                decision = msgspec.structs.replace(decision, skipped=())
+            return
+        await self.stage(decision)
+
+    async def stage(self, decision: Decision) -> None:
+        """A lease-bearing decision, written whole (both keys, one script) ahead of its claims,
+        so it rides in their exchange (`BatchingRedis`; issue 27): a mint's record costs no
+        round trip of its own. Nobody can cite it before the mint answers (its id and key are
+        new), and a refused or failed claim deletes it (`unstage`) before that answer."""
+        k = self.keys
+        assert decision.key_id is not None
+        key_id = decision.key_id
+        if decision.skipped:  # answered and logged with the decision; not needed again
+            decision = msgspec.structs.replace(decision, skipped=())
+        with guard("decision record"):
             await self._record(
                 keys=[k.decision(decision.mint_decision_id), k.decision_of_key(key_id)],
                 args=[self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms],
+            )
+
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None:
+        """A staged decision whose claim was refused or failed: its keys (and any evidence)
+        deleted, in one command."""
+        assert decision.key_id is not None
+        k = self.keys
+        with guard("decision unstage"):
+            await self.client.delete(
+                k.decision(decision.mint_decision_id),
+                k.decision_of_key(decision.key_id),
+                k.evidence(decision.mint_decision_id),
             )
 
     async def get(self, mint_decision_id: str) -> Decision | None:

@@ -79,6 +79,16 @@ class OwedWrites:
         self._append(owed)
         return None
 
+    async def write_now(self, owed: Owed) -> Any:
+        """Run the write now even while older writes are owed (for a write none of them can
+        change: a staged decision's delete); owed, at the end of the queue, when it fails."""
+        try:
+            return await owed.write()
+        except StateUnavailable as exc:
+            log.warning("fleet_writes_owed", first=owed.what, error=str(exc))
+        self._append(owed)
+        return None
+
     def _append(self, owed: Owed) -> None:
         if owed.evidence:
             if self._evidence >= self.evidence_max:
@@ -154,10 +164,20 @@ class OwedDecisions(RedisDecisions):
         self.local = local
         self.sent = SentEvidence()  # what this host appended to each decision's evidence lately
 
-    async def record(self, decision: Decision) -> None:
-        await RedisDecisions.record(self, decision)
+    async def record(self, decision: Decision, *, staged: bool = False) -> None:
+        await RedisDecisions.record(self, decision, staged=staged)
         if decision.key_id is not None:  # no await from here to the grant: the key table agrees
             self.local.add(decision)
+
+    async def unstage(self, decision: Decision, *, failed: bool = False) -> None:
+        """A refused claim's: run at once, ahead of older owed writes (none of them writes this
+        decision), so the held answer goes out with its staged decision already gone. A failed
+        claim's (`failed`: Redis just did not answer): owed as any undo, tried now only when
+        nothing is owed, so an outage's held answer waits no longer than before. Owed when Redis
+        cannot take it, delivered when it answers again (a stage that timed out may land when a
+        hung Redis resumes). Never kept locally: only `record` adds to `local`, after the claims."""
+        owed = Owed("unstage", lambda: RedisDecisions.unstage(self, decision))
+        await (self.owed.write(owed) if failed else self.owed.write_now(owed))
 
     async def get(self, mint_decision_id: str) -> Decision | None:
         return self.local.get(mint_decision_id) or await RedisDecisions.get(self, mint_decision_id)

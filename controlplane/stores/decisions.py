@@ -44,7 +44,7 @@ class JournalledDecisions(LocalDecisions):
                 self._evidence[decision_id] = list(conditions)
         return missing
 
-    async def record(self, decision: Decision) -> None:
+    async def record(self, decision: Decision, *, staged: bool = False) -> None:
         self.keep(decision)
         if decision.key_id is not None:  # no await before the grant: the key table agrees
             self.journal.add(decision)

@@ -51,6 +51,8 @@ CHAIN_FILE = "policy.jsonl"
 ANCHOR_FILE = "policy-head.json"
 # One record must stay far below the chain's 64 KiB tail read.
 MAX_DOCUMENT_BYTES = 32 * 1024
+# Resolved policies kept per chain view (a (repo, role) each; all forgotten when the view changes)
+RESOLVED_CAP = 4_096
 
 _encode = msgspec.json.Encoder().encode
 
@@ -120,6 +122,7 @@ class PolicyStore:
             recent_s=recent_s,
         )
         self.write_listeners: list[Callable[[PolicyWrite], None]] = []  # after each append (budgets)
+        self._resolved: tuple[ChainView[PolicyState] | None, dict[tuple[str, str | None], ResolvedPolicy]] = (None, {})
 
     # ---- reads (the mint's `PolicySource`) --------------------------------------------------
 
@@ -143,7 +146,21 @@ class PolicyStore:
         return not self.believable(self.read())
 
     def resolve(self, repo_slug: str, worker_role: str | None) -> ResolvedPolicy:
-        return self.resolution(repo_slug, worker_role).policy
+        """The fold for (repo, role), kept while the chain's view is the same object (an
+        unchanged chain keeps its view: `HashChain.refresh`), so a mint folds once per chain
+        change instead of once or twice per mint (fleet: before and after the refresh; issue 27).
+        The fold is pure over the view's state and revision, and the ceiling, fixed at start."""
+        view = self.read()
+        seen, resolved = self._resolved
+        if seen is not view:
+            resolved = {}
+            self._resolved = (view, resolved)
+        policy = resolved.get((repo_slug, worker_role))
+        if policy is None:
+            policy = self.resolution(repo_slug, worker_role, view).policy
+            if len(resolved) < RESOLVED_CAP:
+                resolved[(repo_slug, worker_role)] = policy
+        return policy
 
     def resolution(
         self, repo_slug: str, worker_role: str | None, view: ChainView[PolicyState] | None = None

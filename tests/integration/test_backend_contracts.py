@@ -383,3 +383,17 @@ def test_chain_storage_writer_is_exclusive(chain: ChainStorage, monkeypatch: pyt
         holder.join(10)
     with chain.writer():  # free again once the holder left
         pass
+
+
+async def test_decisions_a_staged_decision_is_recorded_or_forgotten(decisions: DecisionStore) -> None:
+    """A mint stages its decision with its claims: `record(staged=True)` keeps it as `record`
+    does; `unstage` (a claim refused or failed) leaves nothing of it anywhere."""
+    kept, dropped = _decision(21, key="K21"), _decision(22, key="K22")
+    for decision in (kept, dropped):
+        await decisions.stage(decision)
+    await decisions.record(kept, staged=True)
+    await decisions.unstage(dropped)
+    assert await decisions.get("md_21") == kept and await decisions.for_key("K21") == kept
+    assert await decisions.get("md_22") is None and await decisions.for_key("K22") is None
+    await decisions.add_evidence("md_22", Condition.RATE_LIMITED)
+    assert await decisions.evidence("md_22") == ()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -160,3 +161,51 @@ async def test_closing_cancels_the_callers_still_waiting(tmp_path: Path) -> None
         server.resume()
         await plain.aclose()
         server.stop()
+
+
+async def test_every_batched_command_answers_what_the_plain_client_answers(fleet: Fleet) -> None:
+    """The exchange's replies are parsed in one pass (`shared/fleet/resp.py`), not by redis-py's
+    reader: each command of `BATCHED` answers, type for type, what the plain client answers
+    (its response callback applied), a reply larger than one read included."""
+    client = BatchingRedis(fleet.client)
+    key = fleet.keys.prefix + "same"
+    admin = fleet.admin()
+    big = bytes(range(256)) * 1_000  # 256 kB: several reads
+    admin.set(key, big)
+    admin.sadd(key + ":s", "x", "y")
+    admin.sadd(key + ":empty-later", "z")
+    admin.srem(key + ":empty-later", "z")
+    admin.hset(key + ":h", mapping={"a": "1"})
+    admin.rpush(key + ":l", "1", "2", "3")
+    script = client.register_script("return {KEYS[1], tonumber(ARGV[1]), false, {1, 'two'}}")
+    await script(keys=[key], args=["7"])  # loaded once
+
+    def calls(c: object) -> list[object]:
+        r: Any = c
+        return [
+            r.get(key),
+            r.get(key + ":none"),
+            r.set(key + ":new", "n", px=60_000),
+            r.set(key + ":new", "m", nx=True),
+            r.smembers(key + ":s"),
+            r.smembers(key + ":empty-later"),
+            r.hlen(key + ":h"),
+            r.hexists(key + ":h", "a"),
+            r.hexists(key + ":h", "b"),
+            r.mget([key + ":new", key + ":none"]),
+            r.lrange(key + ":l", 0, -1),
+            r.evalsha(script.sha, 1, key, "7"),
+            r.delete(key + ":gone", key + ":new"),
+            r.hgetall(key + ":h"),
+            r.hgetall(key + ":none"),
+            r.hmget(key + ":h", ["a", "b"]),
+        ]
+
+    batches = client.batches
+    ours = await asyncio.gather(*calls(client))
+    assert client.batches == batches + 1
+    admin.set(key + ":new", "n", px=60_000)  # as before the batch
+    theirs = [await call for call in calls(fleet.client)]
+    assert [type(v) for v in ours] == [type(v) for v in theirs]
+    assert ours == theirs
+    assert ours[0] == big

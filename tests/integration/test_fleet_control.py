@@ -16,9 +16,11 @@ import pytest
 
 from controlplane.core import circuit as rules
 from controlplane.core.fallback import Lineage
+from controlplane.decisions import Decision
+from controlplane.wiring import Control
 from shared.capacity import StateUnavailable
 from shared.clock import now_ms
-from shared.codes import AdminState, CircuitPhase, FleetState, Refusal, Skip, Standing
+from shared.codes import AdminState, CircuitPhase, FleetState, Outcome, Refusal, Skip, Standing
 from shared.wire import AttemptRow
 from tests.support.fleethosts import FleetHosts, accounts, mint
 from tests.support.redis_server import RedisServer
@@ -253,7 +255,9 @@ async def test_a_lease_claim_redis_ran_after_its_timeout_is_undone(world) -> Non
     server.pause()
     try:
         with pytest.raises(StateUnavailable):
-            await h1.desk._claim(account, "key-hung", 2, Lineage("d-hung", "acme/app", "m-1"), None)
+            await h1.desk._claim(
+                account, "key-hung", 2, _lineage("d-hung"), None, staged=_selected("key-hung", "d-hung")
+            )
     finally:
         server.resume()
 
@@ -262,6 +266,7 @@ async def test_a_lease_claim_redis_ran_after_its_timeout_is_undone(world) -> Non
         return not len(h1.fleet.b.owed) and await capacity.count(A) == 0 and not await capacity.holds("key-hung")
 
     await until(undone, 15, "the timed-out claim undone once Redis answers")
+    await _none_staged(h1, "key-hung")  # the decision staged with the claims: deleted (owed) too
     assert (await mint(h1, "after")).body["account_id"] == A
 
 
@@ -278,9 +283,10 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
     assert held.body["account_id"] == A
 
     # the dispatch already holds a live key: the slot taken alongside is released
-    refused = await h1.desk._claim(account, "key-1", 2, Lineage("d-live", "acme/app", "m-1"), None)
+    refused = await h1.desk._claim(account, "key-1", 2, _lineage("d-live"), None, staged=_selected("key-1", "d-live"))
     assert refused == (Refusal.FALLBACK_LEASE_STILL_HELD, None)
     assert await capacity.count(A) == 1 and not await capacity.holds("key-1")
+    await _none_staged(h1, "key-1")
 
     # a half-open circuit whose probe is out: the slot and the live key taken alongside go back
     now = now_ms()
@@ -292,11 +298,12 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
         probe_key="key-probe",
     )
     assert await circuits.store.swap(A, rules.CLOSED, probing)
-    refused = await h1.desk._claim(account, "key-2", 2, Lineage("d-2", "acme/app", "m-1"), None)
+    refused = await h1.desk._claim(account, "key-2", 2, _lineage("d-2"), None, staged=_selected("key-2", "d-2"))
     assert refused == (Refusal.NO_ELIGIBLE_ACCOUNT, Skip.CIRCUIT_OPEN)
     assert await capacity.count(A) == 1 and not await capacity.holds("key-2")
     assert await decisions.live_keys("acme/app", "d-2") == set()
     assert (await circuits.store.load(A)).probe_key == "key-probe"
+    await _none_staged(h1, "key-2")
 
     # the slots are full: the live key and the probe taken alongside are given back
     assert await circuits.store.swap(
@@ -305,11 +312,39 @@ async def test_a_claim_refused_on_one_count_leaves_none_of_the_three_taken(world
         rules.Circuit(phase=CircuitPhase.OPEN, opened_at_ms=now - 60_000, retry_at_ms=now - 1, open_ms=30_000),
     )
     assert await capacity.reserve(A, "key-filler", 2)
-    refused = await h1.desk._claim(account, "key-3", 2, Lineage("d-3", "acme/app", "m-1"), None)
+    refused = await h1.desk._claim(account, "key-3", 2, _lineage("d-3"), None, staged=_selected("key-3", "d-3"))
     assert refused == (Refusal.NO_ELIGIBLE_ACCOUNT, Skip.LEASE_CAPACITY_EXHAUSTED)
     assert await decisions.live_keys("acme/app", "d-3") == set()
     assert rules.current(await circuits.store.load(A), now_ms()).probe_key is None
     assert await capacity.count(A) == 2
+    await _none_staged(h1, "key-3")
+
+
+def _lineage(dispatch_id: str) -> Lineage:
+    return Lineage(dispatch_id, "acme/app", "m-1")
+
+
+def _selected(key_id: str, dispatch_id: str) -> Decision:
+    """The selected decision a mint stages with its claims (its id derived from its key)."""
+    return Decision(
+        mint_decision_id="md_" + key_id,
+        outcome=Outcome.SELECTED,
+        lineage=_lineage(dispatch_id),
+        at_ms=now_ms(),
+        account_id=A,
+        fallback_position=0,
+        key_id=key_id,
+        effective_model="m-1",
+    )
+
+
+async def _none_staged(host: Control, key_id: str) -> None:
+    """Nothing of the staged decision is left, in Redis or on the host: a refused or failed
+    claim leaves no decision anyone could cite (SPEC §5)."""
+    keys, raw = host.fleet.b.keys, host.fleet.b.sync
+    assert raw.exists(keys.decision("md_" + key_id), keys.decision_of_key(key_id)) == 0
+    assert await host.service.decisions.get("md_" + key_id) is None
+    assert await host.service.decisions.for_key(key_id) is None
 
 
 async def test_extend_keeps_a_dispatch_keys_decision_and_live_set_in_redis_as_long_as_the_key(world) -> None:

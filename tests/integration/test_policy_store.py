@@ -141,3 +141,19 @@ async def test_a_truncated_chain_is_caught_by_its_anchor(tmp_path: Path) -> None
     path = tmp_path / CHAIN_FILE
     path.write_bytes(b"".join(lines(tmp_path)[:1]))  # drop the newest record: it links perfectly
     assert store.is_unavailable()
+
+
+async def test_a_resolution_is_folded_once_per_chain_view_and_again_after_a_write(tmp_path: Path) -> None:
+    """Issue 27: a mint resolves its (repo, role) without folding again while the chain is
+    unchanged; a write (here, or by another process on the same files) is obeyed at once."""
+    store = make_store(tmp_path)
+    await put(store, "team:payments", {"repos": ["acme/pay"], "account_order": ["anthropic-team-b"]}, 0)
+    first = store.resolve("acme/pay", None)
+    assert store.resolve("acme/pay", None) is first  # the same view: not folded again
+    assert store.resolve("acme/pay", "reviewer") is not first  # another role: its own fold
+    await put(store, "team:payments", {"repos": ["acme/pay"], "account_order": ["legacy-anthropic"]}, 1)
+    assert store.resolve("acme/pay", None).account_order == ("legacy-anthropic",)
+    other = make_store(tmp_path)  # another writer of the same chain
+    await put(other, "team:payments", {"repos": ["acme/pay"], "account_order": ["legacy-openai"]}, 2)
+    assert store.resolve("acme/pay", None).account_order == ("legacy-openai",)
+    assert store.resolve("acme/pay", None).revision == 3
