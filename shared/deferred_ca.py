@@ -69,7 +69,11 @@ def read_default_paths(context: ssl.SSLContext) -> None:
 
 def read_in_background(context: ssl.SSLContext) -> None:
     """`read_default_paths` on a thread of its own that ends with it. A failed read is left to
-    the first handshake, which retries it and fails there with the reason."""
+    the first handshake, which retries it and fails there with the reason.
+
+    Not a daemon thread: the interpreter joins it before it finalizes. A daemon thread still in
+    OpenSSL's read while the interpreter tore itself down crashed a data plane stopped right
+    after its start (SIGSEGV in libcrypto or malloc: 3 of 8 quick stops exited -11)."""
 
     def read() -> None:
         try:
@@ -77,7 +81,7 @@ def read_in_background(context: ssl.SSLContext) -> None:
         except (OSError, ssl.SSLError):
             pass
 
-    threading.Thread(target=read, name="ca-read", daemon=True).start()
+    threading.Thread(target=read, name="ca-read", daemon=False).start()
 
 
 @contextmanager
