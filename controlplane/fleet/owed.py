@@ -72,10 +72,7 @@ class OwedWrites:
     async def write(self, owed: Owed) -> Any:
         """Run the write now when nothing is owed (its answer, or None once queued)."""
         if not self._queue:
-            try:
-                return await owed.write()
-            except StateUnavailable as exc:
-                log.warning("fleet_writes_owed", first=owed.what, error=str(exc))
+            return await self.write_now(owed)
         self._append(owed)
         return None
 

@@ -30,6 +30,7 @@ from shared.wire import AttemptRow
 from tests.support.fleet import Fleet
 from tests.support.fleethosts import FleetHosts, fleet_world, mint
 from tests.support.redis_server import RedisServer
+from tests.support.rows import row
 from tests.support.waits import until
 
 A = "acct-a"
@@ -37,29 +38,10 @@ QUIET_DELAY_S = 0.3
 
 
 def _row(n: int, key_id: str, status: str = "completed", condition: str | None = None) -> AttemptRow:
-    return AttemptRow(
-        attempt_id=f"att_{n:04d}",
-        key_id=key_id,
-        account_id=A,
-        mint_decision_id=None,
-        dispatch_id="d",
-        repo_slug="acme/app",
-        principal_id="p",
-        wire="anthropic",
-        path="/v1/messages",
-        requested_model="m-1",
-        served_model=None,
-        stream=False,
-        started_at="2026-11-30T12:00:00.000Z",
-        finished_at="2026-11-30T12:00:00.010Z",
-        status=status,
-        http_status=200 if condition is None else 529,
-        condition=condition,
-        refusal_reason=None,
-        usage=None,
-        cost_usd=None,
-        cost_reason=None,
-        overhead_ms=0.1,
+    """A terminal row of account A (`tests.support.rows.row`), a 529 when it names a condition."""
+    done = row("2026-11-30T12:00:00.010Z", account=A, attempt_id=f"att_{n:04d}", status=status)
+    return msgspec.structs.replace(
+        done, key_id=key_id, dispatch_id="d", http_status=200 if condition is None else 529, condition=condition
     )
 
 
