@@ -13,7 +13,7 @@ daemon is (`tests/support/fleethosts.py`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,26 @@ async def test_the_decision_record_goes_in_the_claims_exchange(world) -> None:
     assert len(naming_the_key) >= 3, commands  # the slot's reserve, the live claim, the record
 
 
+def _race_the_live_claim(host: Any, meanwhile: Callable[[str, str], Awaitable[None]]) -> list[Decision]:
+    """`meanwhile(repo_slug, dispatch_id)` runs on `host`'s mints after the reads and just before
+    the live claim (another host making a key live); the answer lists every decision staged."""
+    staged: list[Decision] = []
+    decisions = host.desk.decisions
+    claim_live, stage = decisions.claim_live, decisions.stage
+
+    async def racing_claim(key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
+        await meanwhile(repo_slug, dispatch_id)
+        return await claim_live(key_id, repo_slug, dispatch_id, allowing=allowing)
+
+    async def noting_stage(decision: Decision) -> None:
+        staged.append(decision)
+        await stage(decision)
+
+    decisions.claim_live = racing_claim
+    decisions.stage = noting_stage
+    return staged
+
+
 async def test_a_claim_refused_by_another_host_leaves_no_decision(world) -> None:
     """Host h2 makes another key live for the dispatch after h1's mint read the live keys and
     before its claims ran: h1's live claim is refused, and the decision it staged beside the
@@ -72,20 +92,11 @@ async def test_a_claim_refused_by_another_host_leaves_no_decision(world) -> None
     _server, hosts = world
     h1, h2 = await hosts.add("h1"), await hosts.add("h2")
     assert (await mint(h1, "warm")).status == 201
-    staged: list[Decision] = []
-    decisions = h1.desk.decisions
-    claim_live, stage = decisions.claim_live, decisions.stage
 
-    async def racing_claim(key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
+    async def h2_claims(repo_slug: str, dispatch_id: str) -> None:
         await h2.desk.decisions.note_live("key-of-h2", repo_slug, dispatch_id)
-        return await claim_live(key_id, repo_slug, dispatch_id, allowing=allowing)
 
-    async def noting_stage(decision: Decision) -> None:
-        staged.append(decision)
-        await stage(decision)
-
-    decisions.claim_live = racing_claim  # type: ignore[method-assign]
-    decisions.stage = noting_stage  # type: ignore[method-assign]
+    staged = _race_the_live_claim(h1, h2_claims)
     answer = await mint(h1, "d-race")
     assert answer.status == 503, answer.body
     assert answer.body["refusal_reason"] == str(Refusal.FALLBACK_LEASE_STILL_HELD)
@@ -158,21 +169,12 @@ async def test_a_refused_claims_decision_is_deleted_at_once_while_older_writes_a
     owed = h1.fleet.b.owed
     await owed.write(Owed("stuck", failing))  # queued: Redis "failed" it
     assert len(owed) == 1
-    staged: list[Decision] = []
-    decisions = h1.desk.decisions
-    claim_live, stage = decisions.claim_live, decisions.stage
     keys, raw = h1.fleet.b.keys, h1.fleet.b.sync
 
-    async def racing_claim(key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
+    async def another_host_claims(repo_slug: str, dispatch_id: str) -> None:
         raw.sadd(keys.live(repo_slug, dispatch_id), "key-elsewhere")  # another host's, after the reads
-        return await claim_live(key_id, repo_slug, dispatch_id, allowing=allowing)
 
-    async def noting_stage(decision: Decision) -> None:
-        staged.append(decision)
-        await stage(decision)
-
-    decisions.claim_live = racing_claim  # type: ignore[method-assign]
-    decisions.stage = noting_stage  # type: ignore[method-assign]
+    staged = _race_the_live_claim(h1, another_host_claims)
     answer = await mint(h1, "d-race-owed")
     assert answer.status == 503 and answer.body["refusal_reason"] == str(Refusal.FALLBACK_LEASE_STILL_HELD)
     (decision,) = staged
