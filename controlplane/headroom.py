@@ -103,8 +103,7 @@ class HeadroomBook:
         if self.on_pending is not None:
             self.on_pending()
         if self._floors:
-            self.fold(account_id)
-            self.check(account_id, self.clock(), self._floors)
+            self.check(account_id, self.clock(), self._floors)  # folds the account first
 
     @property
     def held(self) -> dict[str, dict[str, Observation]]:
