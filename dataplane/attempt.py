@@ -25,6 +25,7 @@ from shared.logging import get_logger
 from shared.wire import AttemptRow, Lease, RateLimits, Usage
 
 log = get_logger("dataplane")
+_COMPLETED = AttemptStatus.COMPLETED  # bound once: an enum member is a slow class attribute
 
 
 class Attempt:
@@ -139,7 +140,8 @@ class Attempt:
         if seen is not None:
             usage = usage if usage is not None else seen.usage
             served_model = served_model if served_model is not None else seen.model
-        condition = condition_for_terminal(status, http_status, refusal)
+        # a completed attempt never qualifies (`condition_for_terminal`): skip its enum tests
+        condition = None if status is _COMPLETED else condition_for_terminal(status, http_status, refusal)
         duration_ms = round((time.perf_counter() - self.t0) * 1000, 3)
         row = msgspec.structs.replace(
             self.row or self._started_row(),

@@ -44,6 +44,7 @@ DROP_UPSTREAM = HOP_BY_HOP | {
     "content-length",
 }
 DROP_DOWNSTREAM = HOP_BY_HOP | {"content-length"}
+_X_API_KEY = AuthStyle.X_API_KEY  # bound once: an enum member is a slow class attribute
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 # Distinct upstream URLs kept parsed (paths with query strings vary; the cache is then reset).
 URL_CACHE_CAP = 1024
@@ -95,7 +96,7 @@ def upstream_headers(incoming: CIMultiDictProxy[str], auth_style: str, credentia
         out: CIMultiDict[str] = CIMultiDict([pair for pair in incoming.items() if keep[pair[0]]])
     else:
         out = CIMultiDict([(n, v) for n, v in incoming.items() if n.lower() not in drop])
-    if auth_style == AuthStyle.X_API_KEY:
+    if auth_style == _X_API_KEY:
         out["x-api-key"] = credential
     else:
         out["Authorization"] = "Bearer " + credential
