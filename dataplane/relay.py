@@ -238,7 +238,7 @@ class Relay:
     ) -> Ending:
         """Relay chunks as they arrive, no buffering, no per-chunk logging or timer (a `strip`
         holds back only a partial SSE event)."""
-        loop = asyncio.get_running_loop()
+        loop = watch.loop  # the running loop, as the watch took it (no second look-up)
         read = upstream.content.readany
         write = response.write if strip is None else _stripping(response.write, strip)
         observe = observer.feed
