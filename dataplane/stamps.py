@@ -20,10 +20,6 @@ _random = random.Random(os.urandom(16))
 _bits = _random.getrandbits
 
 
-def _pairs(value: int, count: int) -> str:
-    return "".join([_PAIRS[(value >> shift) & 1023] for shift in range(10 * (count - 1), -1, -10)])
-
-
 def ulid_at(ms: int, randomness: int) -> str:
     """The 26-character Crockford ULID of a millisecond time and 80 random bits."""
     p, r = _PAIRS, randomness
@@ -45,7 +41,7 @@ _last_time_part = ""
 
 
 def _time_part(ms: int) -> str:
-    """The ULID's ten time characters (`_pairs(ms, 5)`), from two small ints: the top 18 bits
+    """The ULID's ten time characters (five 10-bit pairs), from two small ints: the top 18 bits
     and the low 30 (no 48-bit arithmetic per pair)."""
     global _last_ms, _last_time_part
     if ms != _last_ms:
@@ -57,25 +53,16 @@ def _time_part(ms: int) -> str:
 
 
 def new_ulid() -> str:
-    """`ulid_at` of now and 80 random bits, drawn as four 20-bit numbers (small ints: no
-    80-bit arithmetic per pair) and joined once (not eight concatenations)."""
-    p = _PAIRS
-    a, b, c, d = _bits(20), _bits(20), _bits(20), _bits(20)
-    return _join(
-        (
-            _time_part(time.time_ns() // 1_000_000),
-            p[a >> 10],
-            p[a & 1023],
-            p[b >> 10],
-            p[b & 1023],
-            p[c >> 10],
-            p[c & 1023],
-            p[d >> 10],
-            p[d & 1023],
-        )
+    """A ULID of now: its ten time characters (`_time_part`) and sixteen random ones, each from
+    the low five bits of a random byte (`_RANDOM_CHARS`: one `translate` for all sixteen, no
+    arithmetic per character); 80 random bits, as `ulid_at` of them would spell them."""
+    return _time_part(time.time_ns() // 1_000_000) + _bits(128).to_bytes(16, "little").translate(_RANDOM_CHARS).decode(
+        "ascii"
     )
 
 
+# byte → the Crockford character of its low five bits (each of the 32 from 8 of the 256 bytes)
+_RANDOM_CHARS = bytes.maketrans(bytes(range(256)), bytes(ord(_CROCKFORD[b & 31]) for b in range(256)))
 _join = "".join
 
 
