@@ -35,7 +35,7 @@ from dataplane.upstreams import (
     upstream_headers,
 )
 from dataplane.usage_ask import UsageStrip
-from dataplane.watch import ExchangeWatch, IdleTimeout
+from dataplane.watch import ExchangeWatch, IdleTimeout, WatchClock
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal
 from shared.logging import get_logger
@@ -68,6 +68,7 @@ class Relay:
     def __init__(self, settings: Settings, pools: UpstreamPools) -> None:
         self.settings = settings
         self.pools = pools
+        self.clock: WatchClock | None = None  # every exchange's first timeout check (watch.py)
 
     async def exchange(
         self, request: web.Request, attempt: Attempt, account: AccountRoute, credential: str, body: bytes, path_qs: str
@@ -97,11 +98,16 @@ class Relay:
             headers["Accept-Encoding"] = "identity"
         client = self.pools.client_for(account.id)
         sent_at = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        clock = self.clock
+        if clock is None or clock.loop is not loop:  # one clock per loop the relay serves on
+            clock = self.clock = WatchClock(loop)
         watch = ExchangeWatch(
-            asyncio.get_running_loop(),
+            loop,
             self.settings.upstream_headers_timeout,
             self.settings.upstream_idle_timeout,
             self.settings.client_stall_seconds,
+            clock,
         )
         try:
             return await self._exchange(request, attempt, account, client, url, headers, body, sent_at, watch)
