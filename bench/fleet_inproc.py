@@ -9,6 +9,7 @@ the p50 wall time and the process's CPU per mint + revoke (ms). No HTTP, no data
 pair: what fleet mode adds to control's own path, the figure a shared machine moves least
 (bench/README "Stop 31: fleet mint + revoke cost", "Stop 32"). `--profile FILE` writes a
 cProfile of each mode's sets (`FILE.fleet`, `FILE.embedded`; `python -m pstats FILE.fleet`).
+`--exchange` times `BatchingRedis` alone instead: N gathers of 5 commands (one exchange each).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 
 from controlplane.registry import Registry
 from controlplane.wiring import Control
+from shared.fleet.batching import BatchingRedis
+from shared.fleet.redis_client import connect
 from shared.logging import configure_logging
 from tests.support.control import close_control, make_control
 from tests.support.fleethosts import FleetHosts, accounts, mint
@@ -44,6 +47,30 @@ async def ops(control: Control, n: int, tag: str) -> tuple[float, float]:
         assert await control.service.revoke(answer.body["key_id"])
         walls.append(time.perf_counter() - began)
     return statistics.median(walls) * 1000, (time.process_time() - cpu) / n * 1000
+
+
+async def exchanges(args: argparse.Namespace, work: Path) -> None:
+    """p50 wall and CPU per 5-command exchange (`BatchingRedis`, a real redis-server)."""
+    server = RedisServer(work / "redis").start()
+    plain = connect(server.url)
+    client = BatchingRedis(plain)
+    try:
+        await client.set("k", "v")
+        for s in range(args.sets):
+            walls = []
+            cpu = time.process_time()
+            for _ in range(args.n):
+                began = time.perf_counter()
+                await asyncio.gather(
+                    client.get("k"), client.get("k"), client.hlen("h"), client.smembers("s"), client.get("k")
+                )
+                walls.append(time.perf_counter() - began)
+            per = (time.process_time() - cpu) / args.n * 1e6
+            print(f"set {s}: exchange p50 {statistics.median(walls) * 1e6:.0f} us cpu {per:.0f} us", flush=True)
+    finally:
+        await client.aclose()
+        await plain.aclose()
+        server.stop()
 
 
 async def run(args: argparse.Namespace, work: Path) -> None:
@@ -84,10 +111,11 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=300)
     parser.add_argument("--sets", type=int, default=3)
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--exchange", action="store_true")
     args = parser.parse_args()
     configure_logging("control", stream=open(os.devnull, "w"))  # the daemon's JSON lines, unread
     with tempfile.TemporaryDirectory(prefix="bench-fleet-inproc-") as tmp:
-        asyncio.run(run(args, Path(tmp)))
+        asyncio.run((exchanges if args.exchange else run)(args, Path(tmp)))
 
 
 if __name__ == "__main__":
