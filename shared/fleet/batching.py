@@ -46,6 +46,8 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 from redis.client import EMPTY_RESPONSE, NEVER_DECODE
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from shared.fleet import resp, scriptline
 from shared.fleet.batchwire import BatchWire, Exchange
@@ -99,6 +101,9 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         if len(self._queue) == 1:
             loop.call_soon(self._turn, self.hops)
         return await future
+
+    def register_script(self, script: Any) -> BatchedScript:
+        return BatchedScript(self, script)
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
         return self.plain.pipeline(transaction=transaction, shard_hint=shard_hint)
@@ -258,6 +263,28 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         await self._own.disconnect()
 
 
+class BatchedScript(AsyncScript):  # type: ignore[misc,unused-ignore]
+    """A script registered with a `BatchingRedis`: redis-py's `AsyncScript`, called on its
+    client without the pipeline check redis-py makes on every call (an `isinstance` against a
+    `typing` protocol: ~4 µs a call here, seven calls per mint + revoke). `EVALSHA`; on
+    `NOSCRIPT` loaded and run once more, as redis-py's. Called with `client=` (a pipeline):
+    redis-py's own call."""
+
+    sha: str
+
+    async def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        if client is not None:
+            return await super().__call__(keys, args, client)
+        keys = keys or ()
+        args = args or ()
+        target = self.registered_client
+        try:
+            return await target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.sha = await target.script_load(self.script)
+            return await target.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
 async def _read(reader: asyncio.StreamReader, count: int) -> list[Any]:
     """`count` replies read off `reader` (one read when they arrived together, as they do),
     parsed in one pass (`resp.parse`). A closed connection is redis-py's `ConnectionError`."""
@@ -284,11 +311,20 @@ def pack(commands: Sequence[Sequence[object]]) -> bytes:
     single-word commands (those of `BATCHED`), in one pass (tested against it): bytes as they
     are, str as UTF-8, int and float by `repr`; anything else (a bool, None) is refused as
     redis-py refuses it, `DataError`, and nothing of the batch is sent."""
-    out = []
-    for args in commands:
-        out.append(b"*%d\r\n" % len(args))
+    out: list[bytes] = []
+    append = out.append
+    for command in commands:
+        args: Sequence[Any] = command
+        append(b"*%d\r\n" % len(args))
         for arg in args:
-            if isinstance(arg, bytes):
+            kind = type(arg)  # the common types first, by identity (no isinstance chain)
+            if kind is str:
+                data = arg.encode()
+            elif kind is bytes:
+                data = arg
+            elif kind is int:
+                data = b"%d" % arg
+            elif isinstance(arg, bytes):
                 data = arg
             elif isinstance(arg, str):
                 data = arg.encode()
@@ -300,7 +336,7 @@ def pack(commands: Sequence[Sequence[object]]) -> bytes:
                 raise redis.DataError(
                     f"Invalid input of type: '{type(arg).__name__}'. Convert to a bytes, string, int or float first."
                 )
-            out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+            append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 
 
