@@ -252,3 +252,31 @@ async def test_a_decoding_client_keeps_redis_pys_connection(fleet: Fleet) -> Non
     finally:
         await client.aclose()
         await plain.aclose()
+
+
+@pytest.mark.parametrize("how", ["unix socket, RESP3, db 3", "TCP, RESP2, db 2"])
+async def test_line_handshake(tmp_path: Path, how: str) -> None:
+    """The line connects as the pool's connections do: over a Unix socket or TCP, in the RESP
+    version redis-py speaks for that URL (`HELLO 3`, or none), into the URL's database."""
+    socket_path = tmp_path / "r.sock"
+    server = RedisServer(tmp_path / "redis", extra_args=["--unixsocket", str(socket_path), "--unixsocketperm", "700"])
+    server.start()
+    db = 3 if how.startswith("unix") else 2
+    url = f"unix://{socket_path}?db={db}" if how.startswith("unix") else f"{server.url[:-2]}/{db}?protocol=2"
+    plain = connect(url)
+    client = BatchingRedis(plain)
+    try:
+        key = "line:" + how
+        assert await asyncio.gather(client.set(key, "v"), client.get(key), client.hgetall(key + ":none")) == [
+            True,
+            b"v",
+            {},
+        ]
+        assert client._wire is not None  # spoken over the line, not redis-py's connection
+        admin = redis.Redis(port=server.port, db=db)
+        assert admin.get(key) == b"v" and redis.Redis(port=server.port, db=0).get(key) is None
+        admin.close()
+    finally:
+        await client.aclose()
+        await plain.aclose()
+        server.stop()
