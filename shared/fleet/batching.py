@@ -85,11 +85,12 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         self._target = _line_target(pool)  # None: redis-py's connection (`_send`) for every exchange
         self._wire: BatchWire | None = None
         self._opening: list[Exchange] = []  # exchanges waiting for a fresh connection
+        self._opener: asyncio.Task[None] | None = None  # opening it
 
     @property
     def in_flight(self) -> int:
         """Exchanges sent whose replies are not all read yet."""
-        wire = 0 if self._wire is None else len(self._wire.pending)
+        wire = 0 if self._wire is None else sum(e.batch is not None for e in self._wire.pending)
         return wire + len(self._opening) + sum(not task.done() for task in self._sending)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
@@ -136,10 +137,14 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
             wire.send(exchange)
             return
         self._opening.append(exchange)
-        if len(self._opening) == 1:
-            task = asyncio.ensure_future(self._open())
-            self._sending.add(task)
-            task.add_done_callback(self._sent)
+        if self._opener is None:
+            self._opener = asyncio.ensure_future(self._open())
+            self._opener.add_done_callback(self._opened)
+
+    def _opened(self, task: asyncio.Task[None]) -> None:
+        self._opener = None
+        if not task.cancelled():
+            task.exception()  # a failure was every waiting caller's already; retrieved
 
     async def _open(self) -> None:
         """A fresh connection (within the connect bound, as `ScriptLine` opens its own), its
@@ -256,6 +261,9 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         _fail([entry for exchange in waiting for entry in exchange.batch or ()], asyncio.CancelledError())
         if self._wire is not None:
             self._wire.fail(asyncio.CancelledError(), again=False)
+        if self._opener is not None:
+            self._opener.cancel()
+            await asyncio.gather(self._opener, return_exceptions=True)
         sending = list(self._sending)
         for task in sending:
             task.cancel()
