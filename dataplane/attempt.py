@@ -21,7 +21,7 @@ from dataplane.wires.sse import Observation
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
-from shared.logging import get_logger
+from shared.logging import get_logger, info_line
 from shared.wire import AttemptRow, Lease, RateLimits, Usage
 
 log = get_logger("dataplane")
@@ -161,7 +161,8 @@ class Attempt:
         )
         if self.lease.hop_on:  # a dispatch key: stop admitting on it before control has the row
             self.link.replica.hop_pending(self.lease, row.condition, row.refusal_reason)
-        log.info(
+        info_line(
+            "dataplane",
             "request_done",
             attempt_id=self.attempt_id,
             account_id=self.lease.account_id,

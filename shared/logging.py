@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
@@ -229,10 +229,13 @@ def configure_logging(
     """Configure structlog for a daemon: JSON lines, one redactor as the last word."""
     for secret in secrets:
         register_secret(secret)
+    global _line
     level_no = getattr(logging, level.upper(), logging.INFO)
     writer = LineWriter(stream or sys.stdout)
+    render = _renderer(service)
+    _line = _Line(render, writer, level_no)
     structlog.configure(
-        processors=[_renderer(service)],
+        processors=[render],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
         logger_factory=lambda *_args: writer,
         cache_logger_on_first_use=True,
@@ -268,3 +271,40 @@ class _StdlibRedactingFormatter(logging.Formatter):
 
 def get_logger(name: str | None = None) -> Any:
     return structlog.get_logger(name)
+
+
+class _Line(NamedTuple):
+    """What `configure_logging` set up: the one processor, the writer, the least level."""
+
+    render: Callable[[Any, str, MutableMapping[str, Any]], bytes]
+    writer: LineWriter
+    level_no: int
+
+
+_line: _Line | None = None  # None until `configure_logging`: structlog's own defaults then
+
+
+def reset_logging() -> None:
+    """Undo `configure_logging` (tests): structlog's defaults, and `info_line` follows them."""
+    global _line
+    _line = None
+    structlog.reset_defaults()
+
+
+def info_line(name: str, event: str, **fields: Any) -> None:
+    """`get_logger(name).info(event, **fields)`, byte for byte, without structlog's bound logger.
+
+    For the one line per request (`request_done`): structlog's proxy, bind and event processing
+    around the renderer cost more than rendering the line (~35k instructions per request,
+    issue 27). The line is the same: the fields in the caller's order, then `event`, through the
+    same processor (redaction, service, level, timestamp, msgspec JSON) to the same writer, and
+    only when `info` passes the configured level. Before `configure_logging` it is structlog's.
+    """
+    line = _line
+    if line is None:
+        structlog.get_logger(name).info(event, **fields)
+        return
+    if line.level_no > logging.INFO:
+        return
+    fields["event"] = event
+    line.writer.msg(line.render(line.writer, "info", fields))

@@ -9,9 +9,8 @@ import json
 import threading
 
 import pytest
-import structlog
 
-from shared.logging import SAFE_KEYS, configure_logging, get_logger, register_secret
+from shared.logging import SAFE_KEYS, configure_logging, get_logger, info_line, register_secret, reset_logging
 
 
 @pytest.fixture
@@ -19,7 +18,7 @@ def out():
     stream = io.StringIO()
     configure_logging("test", "debug", stream=stream)
     yield stream
-    structlog.reset_defaults()
+    reset_logging()
 
 
 def lines(stream: io.StringIO) -> list[dict]:
@@ -103,3 +102,52 @@ def test_a_thread_without_a_loop_writes_at_once(out) -> None:
     worker.start()
     worker.join(10)
     assert [line["event"] for line in lines(out)] == ["from_thread"]
+
+
+REQUEST_DONE = {
+    "attempt_id": "att_01J0000000000000000000000A",
+    "account_id": "legacy-anthropic",
+    "key_id": "01J0000000000000000000000B",
+    "status": "failed",
+    "http_status": 529,
+    "code": "upstream_overloaded",
+    "bytes": 12,
+    "duration_ms": 1.5,
+}
+
+
+def _without_time(line: str) -> tuple[str, str]:
+    head, _, tail = line.partition('"timestamp":')
+    return head, tail.split('"', 2)[2]
+
+
+def test_info_line_writes_the_bound_loggers_line_byte_for_byte(out) -> None:
+    get_logger("dataplane").info("request_done", **REQUEST_DONE)
+    info_line("dataplane", "request_done", **REQUEST_DONE)
+    first, second = out.getvalue().splitlines()
+    assert _without_time(first) == _without_time(second)
+    assert list(json.loads(second)) == [*REQUEST_DONE, "event", "service", "level", "timestamp"]
+
+
+def test_info_line_is_redacted_like_any_line(out) -> None:
+    register_secret("sk-ant-api03-" + "Q" * 40)
+    info_line("dataplane", "request_done", **{**REQUEST_DONE, "account_id": "sk-ant-api03-" + "Q" * 40})
+    assert lines(out)[0]["account_id"] == "[redacted]"
+    assert "QQQQQQ" not in out.getvalue()
+
+
+def test_info_line_keeps_the_configured_level() -> None:
+    stream = io.StringIO()
+    configure_logging("test", "warning", stream=stream)
+    try:
+        info_line("dataplane", "request_done", **REQUEST_DONE)
+        get_logger("t").warning("kept")
+    finally:
+        reset_logging()
+    assert [line["event"] for line in lines(stream)] == ["kept"]
+
+
+def test_info_line_before_configuration_is_structlogs(capsys) -> None:
+    reset_logging()
+    info_line("dataplane", "request_done", **REQUEST_DONE)
+    assert "request_done" in capsys.readouterr().out
