@@ -171,7 +171,7 @@ def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledge
     link = DataPlaneLink()
     disabled = DisabledAccounts(admin.overlay, link, account_ids)
     admin.settle = disabled.sync  # a PATCH answers once the data plane has the disable
-    events.listen(disabled.on_event)
+    events.listen(disabled.on_event, frozenset({EventKind.ACCOUNT_STATE}))
     books = build_books(settings, shared, ledger, policy, keys, link, events, prices, account_ids)
     return _Parts(
         shared=shared,
