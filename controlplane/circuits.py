@@ -82,7 +82,10 @@ class LocalCircuits:
         return True
 
 
-_CLIENT_ABORTED = str(AttemptStatus.CLIENT_ABORTED)  # a plain str: the row's own type compares fastest
+# Per row: a plain str (the row's own type) compares fastest, and a member read off its enum
+# class costs ~90 ns on Python 3.11 (a module global, ~7).
+_CLIENT_ABORTED = str(AttemptStatus.CLIENT_ABORTED)
+_CLOSED = CircuitPhase.CLOSED
 NOT_PROBES_MAX = 100_000  # leases remembered as no probe; past it, forgotten (a store read each)
 
 
@@ -200,7 +203,7 @@ class CircuitRegistry:
         if quiet_first is not None:
             state = rules.on_quiet_terminals(state, now_ms, quiet_first)
         for row in rows:
-            if row.condition is None and state.phase is CircuitPhase.CLOSED:  # `on_terminal`'s answer, inline:
+            if row.condition is None and state.phase is _CLOSED:  # `on_terminal`'s answer, inline:
                 state = state if row.status == _CLIENT_ABORTED else rules.CLOSED  # most rows, most circuits
                 continue
             state = rules.on_terminal(
