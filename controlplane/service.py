@@ -54,6 +54,8 @@ log = get_logger("control")
 
 # How long routes of a lost data plane wait to be re-announced before they are closed.
 LOST_ROUTE_GRACE_S = 5.0
+# Per attempt: a member read off its enum class costs ~90 ns on Python 3.11, a global ~7.
+_ROUTE_STARTED, _ROUTE_FINISHED = EventKind.ROUTE_STARTED, EventKind.ROUTE_FINISHED
 
 
 class ControlService:
@@ -212,7 +214,7 @@ class ControlService:
         if isinstance(message, AttemptStarted):
             if message.row.attempt_id not in self.routes.active:
                 self.routes.started(message.row)
-                self.events.publish_row(EventKind.ROUTE_STARTED, message.row)
+                self.events.publish_row(_ROUTE_STARTED, message.row)
         elif isinstance(message, AttemptFinished):
             self._finished(conn, message)
         elif isinstance(message, Ping):
@@ -237,7 +239,7 @@ class ControlService:
             row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
             self.ledger.stage(row)
             self.routes.finished(row)
-            self.events.publish_row(EventKind.ROUTE_FINISHED, row)
+            self.events.publish_row(_ROUTE_FINISHED, row)
             for sink in self.row_sinks:
                 try:
                     sink(row)
@@ -328,7 +330,7 @@ class ControlService:
         if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
             # reported once (the data plane withdrew its start, issue 27): the feed still has both;
             # the event shows the row as its start was (projected on first read, `events.py`)
-            self.events.publish_row(EventKind.ROUTE_STARTED, row)
+            self.events.publish_row(_ROUTE_STARTED, row)
         self.record(row)
 
     async def retry_storage(self) -> None:
