@@ -58,6 +58,8 @@ class Hopper:
     async def after_rows(self, rows: list[AttemptRow]) -> None:
         """A settle's hook: note the rows that start hops, then run every hop that may proceed."""
         for row in rows:
+            if not row.condition or row.refusal_reason is not None:
+                continue  # no condition, or gateway-authored: starts no hop (`starts_hop`), whatever the lease
             lease = self.keys.get(row.key_id)
             if lease is None or not lease.hop_on or row.key_id in self.pending:
                 continue
