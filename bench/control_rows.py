@@ -138,7 +138,7 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
     conn = _Conn()
     started = time.perf_counter()
     for n, frame in enumerate(frames, 1):
-        await service.on_message(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
+        service.handle(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
         if n % per_read == 0:
             await asyncio.sleep(0)  # the end of one RPC read: staged rows are written and acked
     await service.settle()

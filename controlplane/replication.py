@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from shared.logging import get_logger
-from shared.rpc import Connection, FrameError, peer_uid
+from shared.rpc import Connection, FrameError, Handler, peer_uid
 from shared.wire import (
     PROTOCOL_VERSION,
     AccountRoute,
@@ -44,7 +44,7 @@ ACK_TIMEOUT_S = 5.0
 class DataPlaneLink:
     def __init__(self) -> None:
         self._snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]] = lambda: ([], [], True)
-        self._on_message: Callable[[Connection, Message], Awaitable[None]] | None = None
+        self._on_message: Handler | None = None
         self._on_disconnect: Callable[[], None] = lambda: None
         self.conn: Connection | None = None
         self.peer_pid: int | None = None
@@ -57,7 +57,7 @@ class DataPlaneLink:
     def bind(
         self,
         snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
-        on_message: Callable[[Connection, Message], Awaitable[None]],
+        on_message: Handler,
         on_disconnect: Callable[[], None],
     ) -> None:
         """What the link serves from: the service that owns the leases and takes the rows."""

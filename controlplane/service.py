@@ -211,6 +211,11 @@ class ControlService:
     # ---- attempt reports ----------------------------------------------------------------
 
     async def on_message(self, conn: Connection, message: Message) -> None:
+        self.handle(conn, message)
+
+    def handle(self, conn: Connection, message: Message) -> None:
+        """One report of the data plane, taken at once (nothing here suspends): what the link's
+        reader calls per frame, with no coroutine to make and await (`Connection.run`)."""
         if isinstance(message, AttemptStarted):
             if message.row.attempt_id not in self.routes.active:
                 self.routes.started(message.row)

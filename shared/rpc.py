@@ -91,7 +91,9 @@ def split_frames(buffer: bytes) -> tuple[list[Message], bytes]:
     return messages, buffer[offset:]
 
 
-Handler = Callable[["Connection", Message], Awaitable[None]]
+# A push's handler: a coroutine function, or a plain one when it never suspends (no coroutine
+# is then made and awaited per frame: control takes each report at once).
+Handler = Callable[["Connection", Message], Awaitable[None] | None]
 
 
 class Connection:
@@ -246,7 +248,9 @@ class Connection:
                         for req_id in message.req_ids:
                             on_ack(Ack(req_id=req_id, ok=message.ok))
                     else:
-                        await handler(self, message)
+                        pending = handler(self, message)
+                        if pending is not None:
+                            await pending
                 if data is rest:
                     del rest[:offset]
                 elif offset < size:

@@ -250,3 +250,24 @@ async def test_one_acks_frame_acknowledges_a_settles_rows(socket_path: str) -> N
         conn.close()
         reading.cancel()
         server.close()
+
+
+async def test_a_plain_function_takes_each_push_in_order(socket_path: str) -> None:
+    """Control's link takes each report with a plain function (`ControlService.handle`): no
+    coroutine per frame, and the pushes still arrive whole and in order."""
+    got: list[Message] = []
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await Connection(reader, writer, "peer").run(lambda _conn, message: got.append(message))
+
+    server = await start_unix_server(socket_path, on_client)
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    conn = Connection(reader, writer, "test")
+    try:
+        for n in range(40):
+            conn.send_nowait(AttemptStarted(row=row(n)), lazy=n % 2 == 0)
+        await until(lambda: len(got) == 40, 5, "forty frames")
+        assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in range(40)]  # type: ignore[attr-defined]
+    finally:
+        conn.close()
+        server.close()
