@@ -297,7 +297,11 @@ class ControlService:
         evidence; with `fold_together` (fleet mode) all at once when a row is evidence the circuit
         folds now, so their Redis commands go as one exchange (`BatchingRedis`; issue 27 §4), else
         in turn (in-process nothing suspends; a quiet row's fold waits, `CircuitRegistry.is_quiet`)."""
-        evidence = [(row.attempt_id, *found) for row in rows if (found := evidence_of(row)) is not None]
+        evidence = [
+            (row.attempt_id, *found)
+            for row in rows
+            if row.mint_decision_id is not None and (found := evidence_of(row)) is not None
+        ]
         if self.fold_together and evidence and any(map(self._folds_now, rows)):
             await asyncio.gather(self._fold_circuits(rows, now), *(self._fold_evidence(*e) for e in evidence))
             return
