@@ -293,7 +293,7 @@ def _row_sinks(metrics: GatewayMetrics, books: Books, traces: Traces | None) -> 
     """Where each recorded row goes, in the order they run."""
     return (
         metrics.rows.add,
-        books.spend.add,
+        books.spend.fold.add,  # the fold itself: one call per row, not two
         books.budgets.on_row,  # after the book: the watch reads a fold holding the row
         books.headroom.on_row,
         *(() if books.fleet_spend is None else (books.fleet_spend.note,)),
