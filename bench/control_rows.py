@@ -140,7 +140,9 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
     for n, frame in enumerate(frames, 1):
         service.handle(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
         if n % per_read == 0:
-            await asyncio.sleep(0)  # the end of one RPC read: staged rows are written and acked
+            service.read_done()  # the end of one RPC read, as the link's reader says it
+            await asyncio.sleep(0)  # staged rows are written and acked
+    service.read_done()
     await service.settle()
     elapsed = time.perf_counter() - started
     assert conn.sent == len(frames) // 2, "every finished row must be acknowledged"

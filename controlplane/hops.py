@@ -55,6 +55,17 @@ class Hopper:
         self.pending: dict[str, Condition] = {}  # key id → the condition that started its hop
         self.hop_listeners = hop_listeners  # each hop made, in this order
 
+    def idle(self, rows: list[AttemptRow]) -> bool:
+        """Whether `after_rows(rows)` would do nothing: no hop pending, and no row that could
+        start one (a condition, not gateway-authored, on a lease that hops on some condition)."""
+        return not self.pending and all(
+            not row.condition or row.refusal_reason is not None or not self._hops_on(row.key_id) for row in rows
+        )
+
+    def _hops_on(self, key_id: str) -> bool:
+        lease = self.keys.get(key_id)
+        return lease is not None and bool(lease.hop_on)
+
     async def after_rows(self, rows: list[AttemptRow]) -> None:
         """A settle's hook: note the rows that start hops, then run every hop that may proceed."""
         for row in rows:

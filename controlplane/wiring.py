@@ -131,7 +131,7 @@ def wire(
     service = _service(
         settings, registry, keys, ledger, prices, parts, grants, configured, _row_sinks(metrics, books, traces), hopper
     )
-    link.bind(service.snapshot, service.handle, service.on_disconnect)  # the link serves the service
+    link.bind(service.snapshot, service.handle, service.on_disconnect, service.read_done)  # the link serves it
     fleet = None if parts.shared.fleet is None else _fleet_host(parts, settings, keys, registry, service)
     fleet_view: FleetSource = (
         EmbeddedFleet(settings.host_id, parts.account_ids, keys.count_by_account, parts.routes.in_flight_by_account)
@@ -285,6 +285,7 @@ def _service(
         configured=configured,
         row_sinks=row_sinks,
         settle_hooks=(hopper.after_rows,),
+        hooks_idle=hopper.idle,
         fold_together=parts.shared.fleet is not None,
     )
 

@@ -152,3 +152,30 @@ async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remember
     )
     unknown = await desk.mint_v2(body(retry_of_mint_decision_id="md_never_issued"))
     assert (unknown.status, unknown.body["refusal_reason"]) == (503, "fallback-lineage-unknown")
+
+
+async def test_a_read_is_settled_at_its_end_and_only_a_settle_that_may_suspend_makes_a_task(tmp_path: Path) -> None:
+    """The link's reader calls `read_done` after each read: rows whose settle cannot suspend
+    (in-process circuits, no decision's evidence, no hop) are written, folded and acknowledged
+    right there, with no task; a read with a decision's evidence is settled by a task, as
+    before. Either way, an `Ack` means on disk, and the circuits saw the rows."""
+    service = _service(tmp_path)
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    failing = dict(status="upstream_error", http_status=529, condition="overloaded", usage=None)
+    for n in range(3):
+        service.handle(conn, AttemptFinished(req_id=n, row=_row(n, **failing)))  # type: ignore[arg-type]
+    assert conn.acks == [] and service._settling is None  # nothing settled mid-read
+    service.read_done()
+    assert service._settling is None  # settled at once: no task
+    assert [ack.req_id for ack, _ in conn.acks] == [0, 1, 2] and conn.frames == 1
+    assert all(ack.ok and f"att_{ack.req_id:04d}" in on_disk for ack, on_disk in conn.acks)
+    assert (await service.circuits.view("legacy-anthropic", 0)).state == "open"  # three in a row
+    assert [event.kind for event in service.events.replay][-1] == "circuit"
+    service.read_done()  # nothing due: nothing done
+    assert conn.frames == 1
+
+    service.handle(conn, AttemptFinished(req_id=7, row=_row(7, mint_decision_id="dec_1")))  # type: ignore[arg-type]
+    service.read_done()
+    assert service._settling is not None and len(conn.acks) == 3  # a decision's evidence: awaited in a task
+    assert await service.settle()
+    assert conn.acks[-1][0] == Ack(req_id=7, ok=True) and "att_0007" in conn.acks[-1][1]
