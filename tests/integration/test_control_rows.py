@@ -14,7 +14,7 @@ from controlplane.routebook import RouteView
 from controlplane.service import ControlService
 from controlplane.wiring import Control
 from shared.codes import CostReason
-from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
+from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Lease, Usage
 from tests.support.control import make_control
 
 
@@ -179,3 +179,23 @@ async def test_a_read_is_settled_at_its_end_and_only_a_settle_that_may_suspend_m
     assert service._settling is not None and len(conn.acks) == 3  # a decision's evidence: awaited in a task
     assert await service.settle()
     assert conn.acks[-1][0] == Ack(req_id=7, ok=True) and "att_0007" in conn.acks[-1][1]
+
+
+async def test_a_row_that_may_start_a_hop_is_never_settled_at_once(tmp_path: Path) -> None:
+    """The hopper is idle (`Hopper.idle`) for rows without a condition, gateway-authored rows
+    and rows of leases that hop on nothing; a failed row of a dispatch key's lease (`hop_on`)
+    is settled by a task, where the hop can run."""
+    service = _service(tmp_path)
+    idle = service.hooks_idle
+    lease = Lease(key_id="key_hops", digest=b"d" * 32, account_id="legacy-anthropic", expires_at_ms=2**62)
+    service.keys.add(msgspec.structs.replace(lease, hop_on=("overloaded",)))
+    service.keys.add(msgspec.structs.replace(lease, key_id="key_stays"))
+    failed = dict(status="upstream_error", condition="overloaded", usage=None)
+    assert idle([_row(1), _row(2, key_id="key_hops"), _row(3, key_id="key_stays", **failed)])
+    assert idle([_row(4, key_id="key_hops", refusal_reason="budget-exhausted", **failed)])
+    assert not idle([_row(5), _row(6, key_id="key_hops", **failed)])
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    service.handle(conn, AttemptFinished(req_id=6, row=_row(6, key_id="key_hops", **failed)))  # type: ignore[arg-type]
+    service.read_done()
+    assert service._settling is not None  # the hook runs in a task
+    assert await service.settle() and [ack.req_id for ack, _ in conn.acks] == [6]
