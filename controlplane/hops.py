@@ -58,9 +58,12 @@ class Hopper:
     def idle(self, rows: list[AttemptRow]) -> bool:
         """Whether `after_rows(rows)` would do nothing: no hop pending, and no row that could
         start one (a condition, not gateway-authored, on a lease that hops on some condition)."""
-        return not self.pending and all(
-            not row.condition or row.refusal_reason is not None or not self._hops_on(row.key_id) for row in rows
-        )
+        if self.pending:
+            return False
+        for row in rows:  # a loop, not all(): most rows stop at the first test
+            if row.condition and row.refusal_reason is None and self._hops_on(row.key_id):
+                return False
+        return True
 
     def _hops_on(self, key_id: str) -> bool:
         lease = self.keys.get(key_id)

@@ -268,17 +268,17 @@ class ControlService:
             self._settling = asyncio.get_running_loop().create_task(self._settle())
 
     def read_done(self) -> None:
-        """The link's reader handled one read's reports: settle them in its turn of the loop. A
-        settle that cannot suspend — the in-process circuits, no decision's evidence, no hop —
-        runs here (`_settle_now`: no task per read, issue 27); any other goes on as a task."""
+        """The link's reader handled one read's reports: a settle that cannot suspend (in-process
+        circuits, no decision's evidence, no hop) runs here, with no task (issue 27); else a task."""
         if self._settling is not None or not (self._unfolded or self._unacked):
             return  # none due, or one under way (it takes these rows after it)
-        rows = self._unfolded
-        awaits = self.fold_together or not self.circuits.folds_now or not self.hooks_idle(rows)
-        if awaits or any(row.mint_decision_id is not None for row in rows):  # a decision's evidence: awaited
-            self._settle_soon()
-        else:
-            self._settle_now()
+        if not self.fold_together and self.circuits.folds_now and self.hooks_idle(self._unfolded):
+            for row in self._unfolded:  # a loop, not any(): no generator per read
+                if row.mint_decision_id is not None:  # a decision's evidence: awaited
+                    break
+            else:
+                return self._settle_now()
+        self._settle_soon()
 
     def _settle_now(self) -> None:
         """`_settle` of rows whose fold cannot suspend, with hooks that would do nothing."""
