@@ -7,7 +7,7 @@ decision itself is `core/mint.decide_mint`, the shell around it `controlplane/mi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -67,15 +67,16 @@ class FactDesk:
     ) -> Gathered:
         """Everything `decide_mint` reads, for a mint or for explain's dry run of one."""
         early = self._read_early(lineage, worker_role, model, model_class, retry_of or supersedes)
-        try:
-            await asyncio.gather(self.admin.refresh(), self.policy.refresh())  # fleet: the chains as they are now
-        except BaseException:
-            _discard(early)
-            raise
+        # fleet: the chains as they are now, and the reads made early, awaited as one flat gather
+        # (one exchange; no nested gathers' tasks and loop turns between its replies and the
+        # decision; issue 27 §4)
+        got = await asyncio.gather(
+            self.admin.refresh(), self.policy.refresh(), *([] if early is None else early.reads), return_exceptions=True
+        )
+        _raise_first(got[:2])
         admin_ok = not self.admin.is_unavailable()
         policy_ok = not self.policy.is_unavailable()
         if not policy_ok:
-            _discard(early)
             return Gathered(
                 facts=MintFacts(admin_available=admin_ok, policy_available=False, lineage=lineage), policy=None
             )
@@ -86,12 +87,12 @@ class FactDesk:
         # One round (fleet: the reads go to Redis at once, not one after another; issue 27), and
         # that round is the chains' own when the policy's candidates are the ones read early.
         basis = _basis(candidates, admin_ok)
-        if early is not None and early[0] == basis:
-            live_keys, remote = await early[1]
-            cited = None
+        if early is not None and early.basis == basis:
+            _raise_first(got[2:])  # a read that failed fails the mint, as it would now
+            live_keys, cited = got[2], None
+            remote = early.remote(got[3:])
             live = self._assemble(candidates, remote, floor=policy.min_headroom_percent) if basis else {}
-        else:
-            _discard(early)
+        else:  # not read early, or on other candidates: read now (what was read early is dropped)
             live_keys, cited, live = await asyncio.gather(
                 self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
                 _none() if cited_id is None else self._cited(cited_id, candidates),
@@ -201,10 +202,10 @@ class FactDesk:
         model: str | None,
         model_class: str | None,
         cited_id: str | None,
-    ) -> tuple[tuple[str, ...], asyncio.Task[Any]] | None:
+    ) -> _Early | None:
         """Fleet mode: the Redis reads of a mint on the candidates of the policy as last validated,
-        started beside the chains' refresh (issue 27: one round less). `gather` keeps them when the
-        refreshed policy yields the same candidates, and reads again otherwise. Not for a
+        to be awaited beside the chains' refresh (issue 27: one round less). `gather` keeps them
+        when the refreshed policy yields the same candidates, and reads again otherwise. Not for a
         citation (its reads depend on the cited decision), nor embedded (nothing to overlap)."""
         if self.settings.fleet_redis_url is None or cited_id is not None:
             return None
@@ -215,11 +216,10 @@ class FactDesk:
         except Exception:  # a chain not validated lately, or not believable: nothing early
             return None
         basis = _basis(candidates, admin_ok)
-        reads = asyncio.gather(
-            self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id),
-            self._remote_live(candidates) if basis else _none(),
-        )
-        return basis, asyncio.ensure_future(reads)
+        accounts = self._accounts(candidates) if basis else []
+        now = now_ms()
+        reads = [self.decisions.live_keys(lineage.repo_slug, lineage.dispatch_id), *self._live_reads(accounts, now)]
+        return _Early(basis, accounts, now, reads)
 
     async def live_facts(
         self, candidates: tuple[Candidate, ...], renewing: str | None = None, floor: int = 0
@@ -233,15 +233,26 @@ class FactDesk:
     async def _remote_live(
         self, candidates: tuple[Candidate, ...], renewing: str | None = None
     ) -> tuple[bool, list[bool], list[int | None], int]:
-        """The shared state's part of the live facts (fleet: Redis), read at `now`."""
+        """The shared state's part of the live facts (fleet: Redis), read at `now`, in one gather."""
         now = now_ms()
-        accounts = [self.registry.get(candidate.account_id) for candidate in candidates]
-        renewing_holds, admits, counts = await asyncio.gather(
-            _false() if renewing is None else self.lease_capacity.holds(renewing),
-            asyncio.gather(*(self.circuits.admits(a.id, now) for a in accounts if a is not None)),
-            asyncio.gather(*(self._count_if_ceilinged(a) for a in accounts if a is not None)),
-        )
-        return renewing_holds, admits, counts, now
+        accounts = self._accounts(candidates)
+        reads = self._live_reads(accounts, now)
+        if renewing is not None:
+            reads.insert(0, self.lease_capacity.holds(renewing))
+        got = await asyncio.gather(*reads)
+        renewing_holds = bool(got[0]) if renewing is not None else False
+        return _Early((), accounts, now, []).remote(got[1:] if renewing is not None else got, renewing_holds)
+
+    def _accounts(self, candidates: tuple[Candidate, ...]) -> list[AccountSpec]:
+        return [a for a in (self.registry.get(c.account_id) for c in candidates) if a is not None]
+
+    def _live_reads(self, accounts: list[AccountSpec], now: int) -> list[Awaitable[Any]]:
+        """Each account's circuit, then each ceilinged account's lease count (no read for an
+        account without a ceiling: its count is None)."""
+        return [
+            *(self.circuits.admits(a.id, now) for a in accounts),
+            *(self.lease_capacity.count(a.id) for a in accounts if a.lease_capacity is not None),
+        ]
 
     def _assemble(
         self, candidates: tuple[Candidate, ...], remote: tuple[bool, list[bool], list[int | None], int], floor: int
@@ -266,9 +277,6 @@ class FactDesk:
             )
         return facts
 
-    async def _count_if_ceilinged(self, account: AccountSpec) -> int | None:
-        return None if account.lease_capacity is None else await self.lease_capacity.count(account.id)
-
 
 def _basis(candidates: tuple[Candidate, ...], admin_ok: bool) -> tuple[str, ...]:
     """What the live reads depend on: the candidates' accounts, in order (none when the admin
@@ -276,19 +284,39 @@ def _basis(candidates: tuple[Candidate, ...], admin_ok: bool) -> tuple[str, ...]
     return tuple(c.account_id for c in candidates) if admin_ok else ()
 
 
-def _discard(early: tuple[tuple[str, ...], asyncio.Task[Any]] | None) -> None:
-    """Reads started early and not wanted: cancelled, and any failure of theirs retrieved."""
-    if early is not None:
-        early[1].cancel()
-        early[1].add_done_callback(lambda task: task.cancelled() or task.exception())
+class _Early:
+    """A mint's reads made early (`FactDesk._read_early`): on which candidates, and the awaitables
+    (the dispatch's live keys, then `_live_reads`)."""
+
+    __slots__ = ("basis", "accounts", "now", "reads")
+
+    def __init__(
+        self, basis: tuple[str, ...], accounts: list[AccountSpec], now: int, reads: list[Awaitable[Any]]
+    ) -> None:
+        self.basis = basis
+        self.accounts = accounts
+        self.now = now
+        self.reads = reads
+
+    def remote(
+        self, got: Sequence[Any], renewing_holds: bool = False
+    ) -> tuple[bool, list[bool], list[int | None], int]:
+        """`_live_reads`' answers as `_assemble` takes them: each account's circuit and count."""
+        accounts = self.accounts
+        admits = [bool(a) for a in got[: len(accounts)]]
+        counts = iter(got[len(accounts) :])
+        return renewing_holds, admits, [None if a.lease_capacity is None else next(counts) for a in accounts], self.now
+
+
+def _raise_first(got: Sequence[Any]) -> None:
+    """A gather's first failure (`return_exceptions=True`), raised."""
+    failed = next((r for r in got if isinstance(r, BaseException)), None)
+    if failed is not None:
+        raise failed
 
 
 async def _none() -> None:
     return None
-
-
-async def _false() -> bool:
-    return False
 
 
 async def _empty() -> dict[str, LiveFacts]:

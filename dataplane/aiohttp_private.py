@@ -120,7 +120,7 @@ class BoundedRequestHandler(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._head_since is None and not self._request_in_progress and self._bounds is not None:
             self._head_begins()  # the first byte of a new request head
-        super().data_received(data)
+        _received(self, data)  # aiohttp's own (called directly: no `super()` object per call)
         if self._messages:  # the head is complete: aiohttp handles the request next
             self._head_since = None
 
@@ -144,3 +144,6 @@ class BoundedRequestHandler(web.RequestHandler):
         bounds.head_timeouts += 1
         self.force_close()
         self.transport.close()
+
+
+_received = web.RequestHandler.data_received

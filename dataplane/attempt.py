@@ -25,6 +25,7 @@ from shared.logging import get_logger
 from shared.wire import AttemptRow, Lease, RateLimits, Usage
 
 log = get_logger("dataplane")
+_COMPLETED = AttemptStatus.COMPLETED  # bound once: an enum member is a slow class attribute
 
 
 class Attempt:
@@ -89,37 +90,21 @@ class Attempt:
         self.first_byte_ms: float | None = None  # sent upstream → first answer byte (§14)
 
     def _started_row(self) -> AttemptRow:
-        """The row as announced: everything known before the upstream answers."""
-        lease = self.lease
-        return AttemptRow(
+        """The row as announced: everything known before the upstream answers. The lease's
+        fields come from a template built once per lease and wire: an `AttemptRow` of 28
+        named fields costs ~18k instructions to build, a `replace` of the ten per-attempt
+        ones ~3.5k (issue 27)."""
+        return msgspec.structs.replace(
+            _template(self.lease, self.wire),
             attempt_id=self.attempt_id,
-            key_id=lease.key_id,
-            account_id=lease.account_id,
-            mint_decision_id=lease.mint_decision_id,
-            dispatch_id=lease.dispatch_id,
-            repo_slug=lease.repo_slug,
-            principal_id=lease.principal_id,
-            principal_kind=lease.principal_kind,
-            worker_role=lease.worker_role,
-            wire=self.wire,
             path=self.path,
             requested_model=self.requested_model,
             stream=self.stream,
             started_at=iso_ms(self.started_ms),
             overhead_ms=self.overhead_ms,
             bytes_out=self.bytes_out,
-            served_model=None,
-            finished_at=None,
-            status=None,
-            http_status=None,
-            condition=None,
-            refusal_reason=None,
-            usage=None,
-            cost_usd=None,
-            cost_reason=None,
             traceparent=self.trace[0],
             tracestate=self.trace[1],
-            hop=lease.hop,
         )
 
     def announce(self) -> None:
@@ -155,7 +140,8 @@ class Attempt:
         if seen is not None:
             usage = usage if usage is not None else seen.usage
             served_model = served_model if served_model is not None else seen.model
-        condition = condition_for_terminal(status, http_status, refusal)
+        # a completed attempt never qualifies (`condition_for_terminal`): skip its enum tests
+        condition = None if status is _COMPLETED else condition_for_terminal(status, http_status, refusal)
         duration_ms = round((time.perf_counter() - self.t0) * 1000, 3)
         row = msgspec.structs.replace(
             self.row or self._started_row(),
@@ -187,3 +173,50 @@ class Attempt:
             duration_ms=duration_ms,
         )
         return self.link.finished(row, wait)
+
+
+TEMPLATES_MAX = 4096  # leases whose row template is kept; cleared when full
+_templates: dict[int, tuple[Lease, str, AttemptRow]] = {}  # id(lease) → (lease, wire, template)
+
+
+def _template(lease: Lease, wire: str) -> AttemptRow:
+    """The started row's lease part (the per-attempt fields blank), built once per lease and
+    wire. Keyed by the lease object's identity (the entry holds the lease, so its id is not
+    reused while kept): a replaced lease is a new object and gets a new template."""
+    entry = _templates.get(id(lease))
+    if entry is not None and entry[0] is lease and entry[1] == wire:
+        return entry[2]
+    template = AttemptRow(
+        attempt_id="",
+        key_id=lease.key_id,
+        account_id=lease.account_id,
+        mint_decision_id=lease.mint_decision_id,
+        dispatch_id=lease.dispatch_id,
+        repo_slug=lease.repo_slug,
+        principal_id=lease.principal_id,
+        principal_kind=lease.principal_kind,
+        worker_role=lease.worker_role,
+        wire=wire,
+        path="",
+        requested_model=None,
+        stream=False,
+        started_at="",
+        overhead_ms=None,
+        bytes_out=0,
+        served_model=None,
+        finished_at=None,
+        status=None,
+        http_status=None,
+        condition=None,
+        refusal_reason=None,
+        usage=None,
+        cost_usd=None,
+        cost_reason=None,
+        traceparent=None,
+        tracestate=None,
+        hop=lease.hop,
+    )
+    if len(_templates) >= TEMPLATES_MAX:
+        _templates.clear()
+    _templates[id(lease)] = (lease, wire, template)
+    return template

@@ -79,9 +79,7 @@ class _Member:
     """A watched member's value, as the decoder read it; `_seen` counts it (see `_once`)."""
 
     __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
+    value: Any
 
 
 class _Model(_Member):
@@ -115,7 +113,12 @@ def _once(kind: Any, value: Any) -> Any:
     if kind in seen:
         raise _invalid(f"the request body has more than one {_NAMES[kind]}")
     seen.add(kind)
-    return kind(value)
+    member = _new(kind)  # no `__init__` frame: built and filled in C
+    member.value = value
+    return member
+
+
+_new = object.__new__
 
 
 _NAMES = {_Model: "top-level 'model'", _Stream: "top-level 'stream'", _Usage: "stream_options.include_usage"}
@@ -167,7 +170,8 @@ def _check_repeats(body: bytes) -> None:
 
 def strict_peek(body: bytes) -> BodyPeek:
     """What the upstream will read from `body`, or BodyRefused(invalid-request-body)."""
-    _check_utf8(body)
+    if not body.isascii():
+        _check_utf8(body)
     _seen.kinds = set()
     try:
         peek = _decode(body)
@@ -178,20 +182,25 @@ def strict_peek(body: bytes) -> BodyPeek:
     except (msgspec.DecodeError, RecursionError) as exc:
         raise _invalid(f"the request body is not strict JSON ({str(exc)[:96]})") from None
     options = peek.stream_options
-    if options is not msgspec.UNSET and _repeats_options(body):
+    if options is not _UNSET and _repeats_options(body):
         _check_repeats(body)
+    member = peek.model
     model = None
-    if peek.model is not msgspec.UNSET:
-        model = peek.model.value
+    if member is not _UNSET:
+        model = member.value
         if not isinstance(model, str):
             raise _invalid("the request body's model is not a string")
-    stream = peek.stream is not msgspec.UNSET and peek.stream.value is True
+    stream = peek.stream
+    if options is _UNSET:  # the usual body: no stream_options (a tuple built in C, no frame)
+        return _tuple_new(BodyPeek, (model, stream is not _UNSET and stream.value is True, False, False))
     include = (
-        isinstance(options, _Options)
-        and options.include_usage is not msgspec.UNSET
-        and options.include_usage.value is True
+        isinstance(options, _Options) and options.include_usage is not _UNSET and options.include_usage.value is True
     )
-    return BodyPeek(model, stream, include, options is not msgspec.UNSET)
+    return _tuple_new(BodyPeek, (model, stream is not _UNSET and stream.value is True, include, True))
+
+
+_UNSET = msgspec.UNSET
+_tuple_new = tuple.__new__  # `BodyPeek(...)` runs a Python `__new__`: this builds it in C
 
 
 def strict_model(body: bytes) -> str | None:

@@ -48,8 +48,14 @@ VERDICTS: dict[tuple[Ending, bool], Verdict] = {
 
 
 def verdict(ending: Ending, complete: bool) -> Verdict:
-    """The terminal of a 2xx exchange whose headers were already relayed."""
+    """The terminal of a 2xx exchange whose headers were already relayed (a clean end, the
+    usual one, without hashing an enum member: `Enum.__hash__` is a Python call)."""
+    if ending is _EOF:
+        return _COMPLETED if complete else _CUT
     return VERDICTS[(ending, complete)]
+
+
+_EOF = Ending.EOF
 
 
 def is_complete(path: str, is_sse: bool, readable: bool, terminal: bool, finish_seen: bool) -> bool:

@@ -36,7 +36,7 @@ from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
 from dataplane.relay import SHUTDOWN_MESSAGE, Relay, cut
 from dataplane.rpc_client import ControlLink
-from dataplane.scope import reach
+from dataplane.scope import refuses
 from dataplane.upstreams import UpstreamPools, upstream_path_qs
 from dataplane.usage_ask import asks_usage, with_usage, with_usage_off_loop
 from dataplane.websocket.sockets import Sockets
@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
     from dataplane.admission import FleetAdmission
 
 log = get_logger("dataplane")
+_NO_TRACE: tuple[str | None, str | None] = (None, None)  # `trace_headers` of a request without one
 
 
 def _not_permitted(account: AccountRoute, model: str | None) -> str:
@@ -106,7 +107,9 @@ class Proxy:
         account = self.replica.accounts.get(lease.account_id)
         # the request's wire, resolved once: everything after reads `attempt.spec`
         spec = WIRES[account.wire] if account is not None else guess_wire(request.path, request.headers)
-        attempt = Attempt(self.link, lease, spec, request.path, trace_headers(request.headers))
+        headers = request.headers
+        trace = trace_headers(headers) if "traceparent" in headers else _NO_TRACE  # SPEC §21
+        attempt = Attempt(self.link, lease, spec, request.path, trace)
         self.in_flight.add(attempt)
         self._idle.clear()
         try:
@@ -287,7 +290,7 @@ class Proxy:
             return refuse(attempt, refused.code, refused.message)
         attempt.requested_model = peek.model
         attempt.stream = peek.stream
-        if reach(peek.model, True, account.models).refused:
+        if refuses(peek.model, account.models):
             return refuse(attempt, Refusal.MODEL_NOT_PERMITTED, _not_permitted(account, peek.model))
         if not asks_usage(attempt.path, peek):
             return body

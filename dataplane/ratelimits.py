@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import NamedTuple
+
+from multidict import istr
 
 from shared.wire import RATE_LIMIT_KINDS, RateLimit, RateLimits
 
@@ -36,12 +37,21 @@ MAX_RESET_TEXT = 40  # longer than any RFC 3339 time or duration a provider send
 Names = tuple[tuple[str, str, str, str], ...]
 
 
-class RateLimitHeaders(NamedTuple):
+class RateLimitHeaders:
     """One wire's rate-limit headers, and whether its reset is an absolute RFC 3339 time
-    (Anthropic) rather than a duration counted from the answer's arrival (OpenAI)."""
+    (Anthropic) rather than a duration counted from the answer's arrival (OpenAI). `slotted`
+    is `names` as the parser walks it: each kind as its slot in `RateLimits`, each header name
+    an `istr` (multidict looks it up without lowering it first)."""
 
-    names: Names
-    absolute_reset: bool
+    __slots__ = ("names", "absolute_reset", "slotted")
+
+    def __init__(self, names: Names, absolute_reset: bool) -> None:
+        self.names = names
+        self.absolute_reset = absolute_reset
+        self.slotted = tuple(
+            (RATE_LIMIT_KINDS.index(kind), istr(limit), istr(remaining), istr(reset))
+            for kind, limit, remaining, reset in names
+        )
 
 
 MEMO_MAX = 512  # entries per memo; cleared when full
@@ -120,7 +130,6 @@ _absolute: dict[str, tuple[int, str] | None] = {}  # RFC 3339 text → (epoch ms
 _relative: dict[str, int | None] = {}  # duration text → whole ms (rounded once) or None
 _seconds: dict[int, str] = {}  # epoch second → its ISO text
 _limits: dict[str, int | None] = {}  # a limit header's text → its count or None
-_SLOT = {kind: slot for slot, kind in enumerate(RATE_LIMIT_KINDS)}
 _MILLIS = tuple(f"{milli:03d}Z" for milli in range(1000))
 
 
@@ -210,16 +219,18 @@ def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders, clock: Ca
     """The answer's rate limits (headers named as `wire` names them), or None when it carried
     no usable `remaining` header. `clock()` (epoch ms: the answer's arrival) is read only when
     one is present. Each kind lands in its slot and `RateLimits` is built with named fields:
-    `RateLimits(**found)` costs a µs more than the rest of the parse."""
-    names, absolute = wire
+    `RateLimits(**found)` costs a µs more than the rest of the parse. A limit's memo is read
+    inline (a miss parses it)."""
+    absolute = wire.absolute_reset
     get = headers.get
+    limits = _limits
     slots: list[RateLimit | None] | None = None
     arrival_ms = 0
     last_text: str | None = None  # kinds often share one reset text: it is looked up once
     last_iso: str | None = None
-    for kind, limit_name, remaining_name, reset_name in names:
+    for slot, limit_name, remaining_name, reset_name in wire.slotted:
         raw = get(remaining_name)
-        if raw is None or not raw.isascii() or not raw.isdigit() or len(raw) > MAX_DIGITS:
+        if raw is None or len(raw) > MAX_DIGITS or not raw.isascii() or not raw.isdigit():
             continue
         remaining = int(raw)
         if remaining > MAX_COUNT:
@@ -229,7 +240,11 @@ def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders, clock: Ca
         text = get(reset_name)
         if text is None or text != last_text:
             last_text, last_iso = text, _reset_iso(text, absolute, arrival_ms)
-        slots[_SLOT[kind]] = RateLimit(limit=_limit(get(limit_name)), remaining=remaining, reset_at=last_iso)
+        limit_text = get(limit_name)
+        limit = None if limit_text is None else limits.get(limit_text, _MISS)
+        if limit is _MISS:
+            limit = _limit(limit_text)
+        slots[slot] = RateLimit(limit=limit, remaining=remaining, reset_at=last_iso)  # type: ignore[arg-type]
     if slots is None:
         return None
     requests, tokens, input_tokens, output_tokens = slots
@@ -240,3 +255,6 @@ def rate_limits_of(headers: Mapping[str, str], wire: RateLimitHeaders, clock: Ca
         input_tokens=input_tokens,
         output_tokens=output_tokens,
     )
+
+
+_MISS = object()

@@ -35,7 +35,7 @@ from dataplane.upstreams import (
     upstream_headers,
 )
 from dataplane.usage_ask import UsageStrip
-from dataplane.watch import ExchangeWatch, IdleTimeout
+from dataplane.watch import ExchangeWatch, IdleTimeout, WatchClock
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal
 from shared.logging import get_logger
@@ -50,6 +50,10 @@ EVIDENCE_ACK_WAIT_S = 5.0
 Upstream = UpstreamResponse | aiohttp.ClientResponse
 CUT_MESSAGE = "the upstream stream ended before its terminal event (transport-error)"
 SHUTDOWN_MESSAGE = "the gateway is shutting down; retry the request"
+# Enum members read per request, bound once: `Ending.EOF` is a ~1k-instruction class
+# attribute lookup on Python 3.11's enum metaclass, a module global is one dict lookup.
+_EOF = Ending.EOF
+_CLIENT_GONE = Ending.CLIENT_GONE
 
 
 def _retry_after_s(headers: object) -> float | None:
@@ -64,6 +68,7 @@ class Relay:
     def __init__(self, settings: Settings, pools: UpstreamPools) -> None:
         self.settings = settings
         self.pools = pools
+        self.clock: WatchClock | None = None  # every exchange's first timeout check (watch.py)
 
     async def exchange(
         self, request: web.Request, attempt: Attempt, account: AccountRoute, credential: str, body: bytes, path_qs: str
@@ -93,11 +98,16 @@ class Relay:
             headers["Accept-Encoding"] = "identity"
         client = self.pools.client_for(account.id)
         sent_at = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        clock = self.clock
+        if clock is None or clock.loop is not loop:  # one clock per loop the relay serves on
+            clock = self.clock = WatchClock(loop)
         watch = ExchangeWatch(
-            asyncio.get_running_loop(),
+            loop,
             self.settings.upstream_headers_timeout,
             self.settings.upstream_idle_timeout,
             self.settings.client_stall_seconds,
+            clock,
         )
         try:
             return await self._exchange(request, attempt, account, client, url, headers, body, sent_at, watch)
@@ -203,23 +213,23 @@ class Relay:
         attempt.sse_plain = is_sse and observer.decompress.plain
         strip = UsageStrip() if attempt.asked_usage and attempt.sse_plain else None
         ending = await self._pump(upstream, response, attempt, observer, watch, strip)
-        if strip is not None and strip.held and ending != Ending.CLIENT_GONE:
+        if strip is not None and strip.held and ending is not _CLIENT_GONE:
             try:
                 await response.write(strip.flush())
             except ConnectionError:
-                ending = Ending.CLIENT_GONE
+                ending = _CLIENT_GONE
         complete = False
-        if ending == Ending.EOF:
+        if ending is _EOF:
             observer.finish()
             complete = observer.complete()
         result = verdict(ending, complete)
         if result.cut:
             await cut(request, attempt, CUT_MESSAGE)
-        elif ending == Ending.EOF:
+        elif ending is _EOF:
             try:
                 await response.write_eof()
             except ConnectionError:
-                result = verdict(Ending.CLIENT_GONE, complete)
+                result = verdict(_CLIENT_GONE, complete)
         attempt.finish(result.status, upstream.status, refusal=result.refusal)
         return response
 
@@ -234,7 +244,7 @@ class Relay:
     ) -> Ending:
         """Relay chunks as they arrive, no buffering, no per-chunk logging or timer (a `strip`
         holds back only a partial SSE event)."""
-        loop = asyncio.get_running_loop()
+        loop = watch.loop  # the running loop, as the watch took it (no second look-up)
         read = upstream.content.readany
         write = response.write if strip is None else _stripping(response.write, strip)
         observe = observer.feed
@@ -249,12 +259,12 @@ class Relay:
             watch.reading_since = None
             watch.writing_since = loop.time()
             if not chunk:
-                return Ending.EOF
+                return _EOF
             observe(chunk)
             try:
                 await write(chunk)
             except ConnectionError:
-                return Ending.CLIENT_GONE
+                return _CLIENT_GONE
             attempt.bytes_out += len(chunk)
 
 

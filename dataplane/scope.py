@@ -38,3 +38,23 @@ def reach(model: str | None, readable: bool, globs: tuple[str, ...] | None) -> R
     if model is None:
         return Reach.NO_MODEL
     return Reach.PERMITTED if serves_model(model, globs) else Reach.NOT_SERVED
+
+
+MEMO_MAX = 512  # (model, globs) verdicts kept by `refuses`; cleared when full
+MEMO_MODEL_MAX = 256  # a longer model name is decided every time, never kept
+_refusals: dict[tuple[str | None, tuple[str, ...] | None], bool] = {}
+
+
+def refuses(model: str | None, globs: tuple[str, ...] | None) -> bool:
+    """`reach(model, True, globs).refused` for a readable body, memoized: a lease's requests
+    name the same model all day, and the verdict is one dict lookup instead of ~6k
+    instructions of globbing and enum tests (issue 27)."""
+    key = (model, globs)
+    found = _refusals.get(key)
+    if found is None:
+        found = reach(model, True, globs).refused
+        if model is None or len(model) <= MEMO_MODEL_MAX:
+            if len(_refusals) >= MEMO_MAX:
+                _refusals.clear()
+            _refusals[key] = found
+    return found

@@ -44,9 +44,33 @@ DROP_UPSTREAM = HOP_BY_HOP | {
     "content-length",
 }
 DROP_DOWNSTREAM = HOP_BY_HOP | {"content-length"}
+_X_API_KEY = AuthStyle.X_API_KEY  # bound once: an enum member is a slow class attribute
 _SKIP_AUTO = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
 # Distinct upstream URLs kept parsed (paths with query strings vary; the cache is then reset).
 URL_CACHE_CAP = 1024
+
+
+KEEP_MEMO_MAX = 1024  # header names whose verdict a `_Kept` remembers; cleared when full
+
+
+class _Kept(dict[str, bool]):
+    """Header name, as it came → is it kept (its lower case not in `drop`)? A hit is one dict
+    lookup instead of `str.lower()`, its hash and a set lookup per header (issue 27: ~25
+    headers per request cross the hop twice). Names are the peer's: the memo is bounded."""
+
+    def __init__(self, drop: frozenset[str]) -> None:
+        super().__init__()
+        self.drop = drop
+
+    def __missing__(self, name: str) -> bool:
+        if len(self) >= KEEP_MEMO_MAX:
+            self.clear()
+        kept = self[name] = name.lower() not in self.drop
+        return kept
+
+
+_KEEP_UPSTREAM = _Kept(DROP_UPSTREAM)
+_KEEP_DOWNSTREAM = _Kept(DROP_DOWNSTREAM)
 
 
 def _listed_in_connection(headers: CIMultiDictProxy[str]) -> set[str]:
@@ -67,8 +91,12 @@ def _drop_set(headers: CIMultiDictProxy[str], base: frozenset[str]) -> frozenset
 def upstream_headers(incoming: CIMultiDictProxy[str], auth_style: str, credential: str) -> CIMultiDict[str]:
     """Every end-to-end header of the worker's request, with the account credential swapped in."""
     drop = _drop_set(incoming, DROP_UPSTREAM)
-    out: CIMultiDict[str] = CIMultiDict([(n, v) for n, v in incoming.items() if n.lower() not in drop])
-    if auth_style == AuthStyle.X_API_KEY:
+    if drop is DROP_UPSTREAM:  # the usual request: each name's verdict is remembered
+        keep = _KEEP_UPSTREAM
+        out: CIMultiDict[str] = CIMultiDict([pair for pair in incoming.items() if keep[pair[0]]])
+    else:
+        out = CIMultiDict([(n, v) for n, v in incoming.items() if n.lower() not in drop])
+    if auth_style == _X_API_KEY:
         out["x-api-key"] = credential
     else:
         out["Authorization"] = "Bearer " + credential
@@ -78,6 +106,9 @@ def upstream_headers(incoming: CIMultiDictProxy[str], auth_style: str, credentia
 def downstream_pairs(upstream: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
     """The upstream's response headers minus hop-by-hop ones (Content-Encoding stays)."""
     drop = _drop_set(upstream, DROP_DOWNSTREAM)
+    if drop is DROP_DOWNSTREAM:  # the usual answer: each name's verdict is remembered
+        keep = _KEEP_DOWNSTREAM
+        return [pair for pair in upstream.items() if keep[pair[0]]]
     return [(k, v) for k, v in upstream.items() if k.lower() not in drop]
 
 

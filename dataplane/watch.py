@@ -21,6 +21,7 @@ such moment. A short exchange costs one `call_at` and one cancel.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Callable
 
 import aiohttp
@@ -44,13 +45,19 @@ class ExchangeWatch:
         "stall_s",
         "writing_since",
         "on_stall",
+        "clocked",
     )
 
     # A timer may fire this much before its deadline (the loop's clock granularity).
     SLACK_S = 0.002
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, headers_s: float, idle_s: float, stall_s: float = float("inf")
+        self,
+        loop: asyncio.AbstractEventLoop,
+        headers_s: float,
+        idle_s: float,
+        stall_s: float = float("inf"),
+        clock: WatchClock | None = None,
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -66,9 +73,14 @@ class ExchangeWatch:
         self.writing_since: float | None = None
         self.on_stall: Callable[[], None] | None = None
         self.expired = False
-        # Armed once, at the earliest any bound could run out (the stall's too, so `body` need
-        # not re-arm it: one `call_at` and one cancel per short exchange, issue 27).
-        self.handle: asyncio.TimerHandle | None = loop.call_at(now + min(headers_s, idle_s, stall_s), self._check)
+        # Checked first at the earliest any bound could run out (the stall's too, so `body` need
+        # not re-arm it). With a `clock` (the relay's), that first check is the clock's: no timer
+        # of its own per short exchange (issue 27); else one `call_at` and one cancel.
+        due = now + min(headers_s, idle_s, stall_s)
+        self.handle: asyncio.TimerHandle | None = None
+        self.clocked = clock is not None and clock.add(self, due)  # its clock checks it first
+        if not self.clocked:
+            self.handle = loop.call_at(due, self._check)
 
     def body(self, content: aiohttp.StreamReader, on_stall: Callable[[], None] | None = None) -> None:
         """The headers are in: from now on the watch guards the body's silences (and, with
@@ -114,6 +126,65 @@ class ExchangeWatch:
         self.handle = self.loop.call_at(min(now + self.stall_s, (since or now) + self.idle_s), self._check)
 
     def stop(self) -> None:
+        self.clocked = False
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+        # a clock may hold this watch until its first due: it keeps nothing of the exchange
+        self.content = None
+        self.on_stall = None
+
+
+# A clock's queue is compacted (stopped watches dropped) once it is this long, then at twice
+# the live watches it kept: held watches stay bounded under any mix of short and long exchanges.
+COMPACT_AT = 1024
+
+
+class WatchClock:
+    """One timer for the first check of every exchange of a loop (issue 27): exchanges begin in
+    order and share one relay's bounds, so their first dues come in order; the clock keeps
+    them in a queue and its one timer runs at the earliest live one's due. A watch stopped
+    before then (every short exchange) costs an append; one still live at its due gets its
+    `_check` there, which arms the watch's own timer from then on. A due earlier than the last
+    queued one (other bounds) is refused: that watch arms its own timer at once."""
+
+    __slots__ = ("loop", "queue", "handle", "compact_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: collections.deque[tuple[float, ExchangeWatch]] = collections.deque()
+        self.handle: asyncio.TimerHandle | None = None
+        self.compact_at = COMPACT_AT
+
+    def add(self, watch: ExchangeWatch, due: float) -> bool:
+        queue = self.queue
+        if queue and due < queue[-1][0]:
+            return False
+        while queue and not queue[0][1].clocked:
+            queue.popleft()  # stopped (or checked) already
+        if len(queue) >= self.compact_at:
+            self.queue = queue = collections.deque(entry for entry in queue if entry[1].clocked)
+            self.compact_at = max(COMPACT_AT, 2 * len(queue))
+        queue.append((due, watch))
+        if self.handle is None:
+            self.handle = self.loop.call_at(queue[0][0], self._fire)
+        return True
+
+    def _fire(self) -> None:
+        self.handle = None
+        queue = self.queue
+        limit = self.loop.time() + ExchangeWatch.SLACK_S
+        while queue and (not queue[0][1].clocked or queue[0][0] <= limit):
+            _, watch = queue.popleft()
+            if watch.clocked:
+                watch.clocked = False
+                watch._check()
+        if queue:
+            self.handle = self.loop.call_at(queue[0][0], self._fire)
+
+    def stop(self) -> None:
+        """The relay's loop is going away: no timer left behind (live watches keep none)."""
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.queue.clear()

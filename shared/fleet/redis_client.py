@@ -19,8 +19,6 @@ The URL may carry a password: it is registered with the log redactor here, and o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
@@ -89,22 +87,33 @@ def connect_sync(
     return redis.Redis(connection_pool=pool)
 
 
-@contextmanager
-def guard(what: str) -> Iterator[None]:
+def guard(what: str) -> Guard:
     """Turn any Redis failure inside the block (sync or `await`ed) into `StateUnavailable`.
 
     The message names the operation and the failure's class, never the reply text verbatim
     beyond its first line (it may quote a key, never a value: no value here is secret anyway).
-    """
-    try:
-        yield
-    except StateUnavailable:
-        raise
-    except _FAILURES as exc:
+    A class, not a generator context manager: it wraps every Redis call (issue 27 §4)."""
+    return Guard(what)
+
+
+class Guard:
+    """`guard`'s block."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, StateUnavailable) or not isinstance(exc, _FAILURES):
+            return  # nothing swallowed: the block's own exception, if any, goes on
         if _cancelling():  # a cancelled call the client reported as a timeout: still a cancel
             raise asyncio.CancelledError() from exc
         detail = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise StateUnavailable(f"{what}: {type(exc).__name__} {detail}".rstrip()) from exc
+        raise StateUnavailable(f"{self.what}: {type(exc).__name__} {detail}".rstrip()) from exc
 
 
 def raise_if_cancelled() -> None:

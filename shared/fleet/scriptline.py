@@ -336,21 +336,7 @@ class ScriptLine:
         return wire
 
     async def _establish(self, wire: _Wire) -> None:
-        """Open the socket (and TLS) within `connect_timeout_s`."""
-        target = self.target
-        loop = asyncio.get_running_loop()
-        async with asyncio.timeout(target.connect_timeout_s):
-            if target.path:
-                await loop.create_unix_connection(lambda: wire, target.path)
-            else:
-                context = target.ssl_context()
-                await loop.create_connection(
-                    lambda: wire,
-                    target.host,
-                    target.port,
-                    ssl=context,
-                    server_hostname=target.host if context else None,
-                )
+        await establish(self.target, wire)
 
     def close(self) -> None:
         """Close the connection (calls still waiting fail `StateUnavailable`); no reopening."""
@@ -359,3 +345,20 @@ class ScriptLine:
             self._opening.cancel()
         if self._wire is not None:
             self._wire.fail(StateUnavailable("script line: closed"))
+
+
+async def establish(target: LineTarget, protocol: asyncio.Protocol) -> None:
+    """Open the socket (and TLS) to `target` for `protocol` within `connect_timeout_s`."""
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(target.connect_timeout_s):
+        if target.path:
+            await loop.create_unix_connection(lambda: protocol, target.path)
+        else:
+            context = target.ssl_context()
+            await loop.create_connection(
+                lambda: protocol,
+                target.host,
+                target.port,
+                ssl=context,
+                server_hostname=target.host if context else None,
+            )

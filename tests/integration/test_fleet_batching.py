@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 
 from shared.capacity import StateUnavailable
 from shared.fleet.batching import BatchingRedis
@@ -209,3 +210,73 @@ async def test_every_batched_command_answers_what_the_plain_client_answers(fleet
     assert [type(v) for v in ours] == [type(v) for v in theirs]
     assert ours == theirs
     assert ours[0] == big
+
+
+async def test_an_exchange_whose_connection_breaks_before_its_replies_is_sent_once_more(tmp_path: Path) -> None:
+    """The line (`shared/fleet/batchwire.py`): a connection lost with an exchange on it (its
+    replies not read) sends that exchange again, once, on a fresh connection."""
+    server = RedisServer(tmp_path / "redis").start()
+    plain = connect(server.url, timeout_s=5)
+    client = BatchingRedis(plain)
+    try:
+        assert await client.set("k", "1") is True  # connected
+        first = client._wire
+        assert first is not None
+        server.pause()
+        waiting = asyncio.gather(client.set("k", "2"), client.get("k"))
+        await until(lambda: client.in_flight == 1, 5, "the exchange out, its replies awaited")
+        assert first.transport is not None
+        first.transport.abort()  # the connection breaks before the replies
+        await until(lambda: first.closed, 5, "the broken connection noticed")
+        server.resume()
+        assert await asyncio.wait_for(waiting, 5) == [True, b"2"]
+        assert client._wire is not first
+    finally:
+        server.resume()
+        await client.aclose()
+        await plain.aclose()
+        server.stop()
+
+
+async def test_a_decoding_client_keeps_redis_pys_connection(fleet: Fleet) -> None:
+    """A pool that decodes replies (not the daemon's) is not spoken to by the line: its exchanges
+    go over redis-py's own connection and reader, batched as well."""
+    plain = redis.asyncio.Redis.from_url(fleet.server.url, decode_responses=True)
+    client = BatchingRedis(plain)
+    key = fleet.keys.prefix + "decoded"
+    fleet.admin().set(key, "v")
+    try:
+        batches = client.batches
+        assert await asyncio.gather(client.get(key), client.hlen(key + ":h")) == ["v", 0]
+        assert client.batches == batches + 1 and client._wire is None
+    finally:
+        await client.aclose()
+        await plain.aclose()
+
+
+@pytest.mark.parametrize("how", ["unix socket, RESP3, db 3", "TCP, RESP2, db 2"])
+async def test_line_handshake(tmp_path: Path, how: str) -> None:
+    """The line connects as the pool's connections do: over a Unix socket or TCP, in the RESP
+    version redis-py speaks for that URL (`HELLO 3`, or none), into the URL's database."""
+    socket_path = tmp_path / "r.sock"
+    server = RedisServer(tmp_path / "redis", extra_args=["--unixsocket", str(socket_path), "--unixsocketperm", "700"])
+    server.start()
+    db = 3 if how.startswith("unix") else 2
+    url = f"unix://{socket_path}?db={db}" if how.startswith("unix") else f"{server.url[:-2]}/{db}?protocol=2"
+    plain = connect(url)
+    client = BatchingRedis(plain)
+    try:
+        key = "line:" + how
+        assert await asyncio.gather(client.set(key, "v"), client.get(key), client.hgetall(key + ":none")) == [
+            True,
+            b"v",
+            {},
+        ]
+        assert client._wire is not None  # spoken over the line, not redis-py's connection
+        admin = redis.Redis(port=server.port, db=db)
+        assert admin.get(key) == b"v" and redis.Redis(port=server.port, db=0).get(key) is None
+        admin.close()
+    finally:
+        await client.aclose()
+        await plain.aclose()
+        server.stop()

@@ -45,13 +45,13 @@ async def test_the_decision_record_goes_in_the_claims_exchange(world) -> None:
     assert (await mint(h1, "warm")).status == 201
     batching = h1.fleet.b.batching
     exchanges: list[list[list[str]]] = []
-    exchange = batching._exchange
+    dispatch = batching._dispatch  # each exchange as it leaves for the line
 
-    async def noting(conn: Any, batch: list[Any]) -> list[Any]:
-        exchanges.append([_flat(args) for args, _, _ in batch])
-        return await exchange(conn, batch)
+    def noting(exchange: Any) -> None:
+        exchanges.append([_flat(args) for args, _, _ in exchange.batch])
+        dispatch(exchange)
 
-    batching._exchange = noting  # type: ignore[method-assign]
+    batching._dispatch = noting  # type: ignore[method-assign]
     answer = await mint(h1, "d1")
     assert answer.status == 201, answer.body
     keys = h1.fleet.b.keys

@@ -35,3 +35,21 @@ def test_new_ulids_are_well_formed_and_distinct() -> None:
     made = [stamps.new_ulid() for _ in range(2000)]
     assert all(KEY_ID_RE.match(u) for u in made)
     assert len(set(made)) == len(made)
+
+
+def test_the_random_characters_are_uniform_over_crockford() -> None:
+    """Each random character is the low five bits of a random byte: every Crockford character
+    comes from exactly 8 of the 256 byte values (no bias), and nothing else comes out."""
+    table = stamps._RANDOM_CHARS
+    counts = {c: sum(1 for b in range(256) if chr(table[b]) == c) for c in stamps._CROCKFORD}
+    assert set(counts.values()) == {8}
+    assert {chr(table[b]) for b in range(256)} == set(stamps._CROCKFORD)
+
+
+def test_a_new_ulid_carries_the_current_millisecond() -> None:
+    import time
+
+    before = time.time_ns() // 1_000_000
+    made = stamps.new_ulid()
+    after = time.time_ns() // 1_000_000
+    assert ulid(before, bytes(10))[:10] <= made[:10] <= ulid(after, bytes(10))[:10]
