@@ -138,9 +138,11 @@ async def _round(service: ControlService, frames: list[bytes], per_read: int) ->
     conn = _Conn()
     started = time.perf_counter()
     for n, frame in enumerate(frames, 1):
-        await service.on_message(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
+        service.handle(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
         if n % per_read == 0:
-            await asyncio.sleep(0)  # the end of one RPC read: staged rows are written and acked
+            service.read_done()  # the end of one RPC read, as the link's reader says it
+            await asyncio.sleep(0)  # staged rows are written and acked
+    service.read_done()
     await service.settle()
     elapsed = time.perf_counter() - started
     assert conn.sent == len(frames) // 2, "every finished row must be acknowledged"

@@ -18,8 +18,9 @@ Bounds, each with its reason:
 - event ids are `{epoch}-{seq}`: `epoch` names this process, so an id from before a control
   restart reads as never issued (a gap), not as a position in the new sequence.
 
-Listeners (`listen`) are synchronous callbacks run at publish time. They receive the event,
-whose `data` is the sanitized model, like every subscriber's.
+Listeners (`listen`) are synchronous callbacks run at publish time, each for the kinds it asks
+for (a route event, two per attempt, then calls none that does not want it). They receive the
+event, whose `data` is the sanitized model, like every subscriber's.
 """
 
 from __future__ import annotations
@@ -302,7 +303,8 @@ class EventHub:
         self.published = 0
         self.queue_high_water = 0  # deepest any subscriber's queue has been
         self._next_seq = 1
-        self._listeners: list[Callable[[Event], None]] = []
+        self._listeners: list[tuple[Callable[[Event], None], frozenset[EventKind] | None]] = []
+        self._listeners_of: dict[EventKind, tuple[Callable[[Event], None], ...]] = {kind: () for kind in EventKind}
 
     def id_of(self, seq: int) -> str:
         return f"{self.epoch}-{seq}"
@@ -320,25 +322,35 @@ class EventHub:
         except Exception as exc:  # an unknown kind or a shape the model refuses: a producer bug
             log.error("event_unpublishable", kind=str(kind), error=type(exc).__name__)
             return None
+        self._emit(event)
+        return event
+
+    def publish_row(self, kind: EventKind, row: AttemptRow) -> None:
+        """`publish` of a route event of an `AttemptRow` (`LAZY_KINDS`, two per attempt): no check."""
+        self._emit(Event(self.epoch, self._next_seq, kind, row))
+
+    def _emit(self, event: Event) -> None:
         self._next_seq += 1
         self.published += 1
         self.replay.append(event)
-        for listener in self._listeners:
-            try:
-                listener(event)
-            except Exception:  # a listener's bug must not lose the event for everyone else
-                log.exception("event_listener_failed", kind=event.kind)
-        if not self.subscribers:
-            return event
-        for subscriber in list(self.subscribers):
-            if not subscriber.offer(event):
-                self._drop(subscriber, CloseReason.QUEUE_FULL)
-            else:
-                self.queue_high_water = max(self.queue_high_water, len(subscriber.queue))
-        return event
+        listeners = self._listeners_of[event.kind]
+        if listeners:
+            for listener in listeners:
+                try:
+                    listener(event)
+                except Exception:  # a listener's bug must not lose the event for everyone else
+                    log.exception("event_listener_failed", kind=event.kind)
+        if self.subscribers:
+            for subscriber in list(self.subscribers):
+                if not subscriber.offer(event):
+                    self._drop(subscriber, CloseReason.QUEUE_FULL)
+                else:
+                    self.queue_high_water = max(self.queue_high_water, len(subscriber.queue))
 
-    def listen(self, listener: Callable[[Event], None]) -> None:
-        self._listeners.append(listener)
+    def listen(self, listener: Callable[[Event], None], kinds: frozenset[EventKind] | None = None) -> None:
+        """Run `listener` at each publish of an event of `kinds` (None: every kind), in order."""
+        self._listeners.append((listener, kinds))
+        self._listeners_of = {k: tuple(f for f, ks in self._listeners if ks is None or k in ks) for k in EventKind}
 
     def subscribe(self, last_event_id: str | None, peer: str = "") -> tuple[Subscriber, list[Event]]:
         """A new reader and its backlog (a `gap` first when one is due, then the replay).

@@ -55,9 +55,25 @@ class Hopper:
         self.pending: dict[str, Condition] = {}  # key id → the condition that started its hop
         self.hop_listeners = hop_listeners  # each hop made, in this order
 
+    def idle(self, rows: list[AttemptRow]) -> bool:
+        """Whether `after_rows(rows)` would do nothing: no hop pending, and no row that could
+        start one (a condition, not gateway-authored, on a lease that hops on some condition)."""
+        if self.pending:
+            return False
+        for row in rows:  # a loop, not all(): most rows stop at the first test
+            if row.condition and row.refusal_reason is None and self._hops_on(row.key_id):
+                return False
+        return True
+
+    def _hops_on(self, key_id: str) -> bool:
+        lease = self.keys.get(key_id)
+        return lease is not None and bool(lease.hop_on)
+
     async def after_rows(self, rows: list[AttemptRow]) -> None:
         """A settle's hook: note the rows that start hops, then run every hop that may proceed."""
         for row in rows:
+            if not row.condition or row.refusal_reason is not None:
+                continue  # no condition, or gateway-authored: starts no hop (`starts_hop`), whatever the lease
             lease = self.keys.get(row.key_id)
             if lease is None or not lease.hop_on or row.key_id in self.pending:
                 continue

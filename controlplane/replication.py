@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from shared.logging import get_logger
-from shared.rpc import Connection, FrameError, peer_uid
+from shared.rpc import Connection, FrameError, Handler, peer_uid
 from shared.wire import (
     PROTOCOL_VERSION,
     AccountRoute,
@@ -44,8 +44,9 @@ ACK_TIMEOUT_S = 5.0
 class DataPlaneLink:
     def __init__(self) -> None:
         self._snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]] = lambda: ([], [], True)
-        self._on_message: Callable[[Connection, Message], Awaitable[None]] | None = None
+        self._on_message: Handler | None = None
         self._on_disconnect: Callable[[], None] = lambda: None
+        self._read_done: Callable[[], None] | None = None
         self.conn: Connection | None = None
         self.peer_pid: int | None = None
         self.ready = asyncio.Event()
@@ -57,13 +58,16 @@ class DataPlaneLink:
     def bind(
         self,
         snapshot: Callable[[], tuple[list[Lease], list[AccountRoute], bool]],
-        on_message: Callable[[Connection, Message], Awaitable[None]],
+        on_message: Handler,
         on_disconnect: Callable[[], None],
+        read_done: Callable[[], None] | None = None,
     ) -> None:
-        """What the link serves from: the service that owns the leases and takes the rows."""
+        """What the link serves from: the service that owns the leases and takes the rows (and
+        settles each read's, `read_done`)."""
         self._snapshot = snapshot
         self._on_message = on_message
         self._on_disconnect = on_disconnect
+        self._read_done = read_done
 
     @property
     def connected(self) -> bool:
@@ -94,7 +98,7 @@ class DataPlaneLink:
         self.conn = conn
         self.peer_pid = hello.pid  # type: ignore[union-attr]
         assert self._on_message is not None, "bind() the link before serving"
-        runner = asyncio.ensure_future(conn.run(self._on_message))
+        runner = asyncio.ensure_future(conn.run(self._on_message, self._read_done))
         try:
             leases, routes, storage_ok = self._snapshot()
             await conn.request(

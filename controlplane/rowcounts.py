@@ -77,61 +77,95 @@ def row_labels(
     )
 
 
+class _Slot:
+    """What one raw (account, wire, status, condition, refusal) key counts into: the cells of its
+    bounded labels, shared with every raw key bounded to the same ones. A cell of a family the
+    key has not counted in yet is looked up at its first use, so series appear as they did."""
+
+    __slots__ = ("account", "wire", "attempts", "refusal", "tokens", "cost", "unpriced", "overhead")
+
+    def __init__(self, account: str, wire: str, attempts: list[int], refusal: list[int] | None) -> None:
+        self.account = account
+        self.wire = wire
+        self.attempts = attempts
+        self.refusal = refusal
+        self.tokens: list[int] | None = None
+        self.cost: list[float] | None = None
+        self.unpriced: list[int] | None = None
+        self.overhead: list[float] | None = None
+
+
 class RowCounts:
     """What the row-fed instruments count, kept as plain numbers and rendered at scrape time.
 
-    One terminal row costs a few dict updates here instead of eight prometheus `labels()`
-    lookups and locked increments (this runs once per attempt on the data plane's core). Each
-    key is a tuple of bounded label values (`row_labels`), so the series are as closed as the
-    vocabularies; the raw-value → labels memo is cleared when it grows past `MEMO_MAX`.
+    One terminal row costs one dict lookup and a few additions here instead of eight prometheus
+    `labels()` lookups and locked increments (this runs once per attempt on the data plane's
+    core). Each series is keyed by a tuple of bounded label values (`row_labels`), so the series
+    are as closed as the vocabularies; a row's raw values find their series' cells through a
+    memo (`_Slot`), cleared when it grows past `MEMO_MAX` (the cells stay with their series).
     """
 
     MEMO_MAX = 4096
 
     def __init__(self, accounts: frozenset[str]) -> None:
         self.accounts = accounts
-        self.attempts: dict[tuple[str, str, str, str], int] = {}
-        self.refusals: dict[str, int] = {}
+        # Each value a one-item list (a cell the slots share), rendered as its item.
+        self.attempts: dict[tuple[str, str, str, str], list[int]] = {}
+        self.refusals: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}  # account → one total per TOKEN_KINDS
-        self.cost: dict[str, float] = {}
-        self.unpriced: dict[str, int] = {}
+        self.cost: dict[str, list[float]] = {}
+        self.unpriced: dict[str, list[int]] = {}
         self.overhead: dict[str, list[float]] = {}  # wire → bucket counts (+Inf last), then sum
-        self._memo: dict[tuple, RowLabels] = {}
+        self._slots: dict[tuple[str, str, str | None, str | None, str | None], _Slot] = {}
 
-    def labels_of(self, row: AttemptRow) -> RowLabels:
-        key = (row.account_id, row.wire, row.status, row.condition, row.refusal_reason)
-        labels = self._memo.get(key)
-        if labels is None:
-            if len(self._memo) >= self.MEMO_MAX:
-                self._memo.clear()
-            labels = self._memo[key] = row_labels(*key, self.accounts)
-        return labels
+    def _slot(self, key: tuple[str, str, str | None, str | None, str | None]) -> _Slot:
+        if len(self._slots) >= self.MEMO_MAX:
+            self._slots.clear()
+        labels = row_labels(*key, self.accounts)
+        series = (labels.account_id, labels.wire, labels.status, labels.condition)
+        attempts = self.attempts.get(series)
+        if attempts is None:
+            attempts = self.attempts[series] = [0]
+        refusal = None
+        if labels.refusal is not None:
+            refusal = self.refusals.get(labels.refusal)
+            if refusal is None:
+                refusal = self.refusals[labels.refusal] = [0]
+        slot = self._slots[key] = _Slot(labels.account_id, labels.wire, attempts, refusal)
+        return slot
 
     def add(self, row: AttemptRow) -> None:
-        labels = self.labels_of(row)
-        account = labels.account_id
-        series = (account, labels.wire, labels.status, labels.condition)
-        self.attempts[series] = self.attempts.get(series, 0) + 1
-        if labels.refusal is not None:
-            self.refusals[labels.refusal] = self.refusals.get(labels.refusal, 0) + 1
+        slot = self._slots.get((row.account_id, row.wire, row.status, row.condition, row.refusal_reason))
+        if slot is None:
+            slot = self._slot((row.account_id, row.wire, row.status, row.condition, row.refusal_reason))
+        slot.attempts[0] += 1
+        if slot.refusal is not None:
+            slot.refusal[0] += 1
         usage = row.usage
         if usage is not None:
-            totals = self.tokens.get(account)
+            totals = slot.tokens
             if totals is None:
-                totals = self.tokens[account] = [0, 0, 0, 0]
+                totals = slot.tokens = self.tokens.setdefault(slot.account, [0, 0, 0, 0])
             totals[0] += usage.input_tokens
             totals[1] += usage.output_tokens
             totals[2] += usage.cache_read_tokens
             totals[3] += usage.cache_creation_tokens
-        if row.cost_usd is not None:
-            self.cost[account] = self.cost.get(account, 0.0) + row.cost_usd
+        cost = row.cost_usd
+        if cost is not None:
+            cell = slot.cost
+            if cell is None:
+                cell = slot.cost = self.cost.setdefault(slot.account, [0.0])
+            cell[0] += cost
         elif usage is not None:
-            self.unpriced[account] = self.unpriced.get(account, 0) + 1
+            unpriced = slot.unpriced
+            if unpriced is None:
+                unpriced = slot.unpriced = self.unpriced.setdefault(slot.account, [0])
+            unpriced[0] += 1
         if row.overhead_ms is not None:
             seconds = row.overhead_ms / 1000.0
-            counts = self.overhead.get(labels.wire)
+            counts = slot.overhead
             if counts is None:
-                counts = self.overhead[labels.wire] = [0.0] * (len(OVERHEAD_BUCKETS_S) + 2)
+                counts = slot.overhead = self.overhead.setdefault(slot.wire, [0.0] * (len(OVERHEAD_BUCKETS_S) + 2))
             counts[bisect_left(OVERHEAD_BUCKETS_S, seconds)] += 1
             counts[-1] += seconds
 
@@ -141,12 +175,12 @@ class RowCounts:
         attempts = CounterMetricFamily(
             "leasehold_attempts", "Terminal attempt rows.", labels=["account_id", "wire", "status", "condition"]
         )
-        for series, count in self.attempts.items():
+        for series, (count,) in self.attempts.items():
             attempts.add_metric(series, count)
         refusals = CounterMetricFamily(
             "leasehold_refusals", "Gateway-authored terminals, by refusal code.", labels=["code"]
         )
-        for code, count in self.refusals.items():
+        for code, (count,) in self.refusals.items():
             refusals.add_metric([code], count)
         tokens = CounterMetricFamily(
             "leasehold_tokens", "Tokens the upstream reported, by kind.", labels=["account_id", "kind"]
@@ -157,14 +191,14 @@ class RowCounts:
         cost = CounterMetricFamily(
             "leasehold_cost_usd", "Priced cost of terminal attempts in USD.", labels=["account_id"]
         )
-        for account, usd in self.cost.items():
+        for account, (usd,) in self.cost.items():
             cost.add_metric([account], usd)
         unpriced = CounterMetricFamily(
             "leasehold_attempts_unpriced",
             "Attempts with usage but no price (cost null, never counted as 0).",
             labels=["account_id"],
         )
-        for account, count in self.unpriced.items():
+        for account, (count,) in self.unpriced.items():
             unpriced.add_metric([account], count)
         yield from (attempts, refusals, tokens, cost, unpriced, self._overhead())
 

@@ -10,6 +10,7 @@ only through the ports of `controlplane/ports.py`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import msgspec
 
@@ -32,13 +33,12 @@ from shared.clock import iso_ms, now_ms
 from shared.codes import AttemptStatus, Binding, Condition, EndReason, Refusal
 from shared.errors import GatewayError
 from shared.logging import get_logger
-from shared.rpc import Connection, acks_by_connection
+from shared.rpc import Connection, send_acks
 from shared.settings import Settings
 from shared.tokens import new_token
 from shared.wire import (
     AccountRoute,
     Ack,
-    Acks,
     AttemptFinished,
     AttemptRow,
     AttemptStarted,
@@ -54,6 +54,7 @@ log = get_logger("control")
 
 # How long routes of a lost data plane wait to be re-announced before they are closed.
 LOST_ROUTE_GRACE_S = 5.0
+_ROUTE_STARTED, _ROUTE_FINISHED = EventKind.ROUTE_STARTED, EventKind.ROUTE_FINISHED  # read per attempt: ~90 ns saved
 
 
 class ControlService:
@@ -81,6 +82,7 @@ class ControlService:
         configured: Configured,
         row_sinks: tuple[RowSink, ...] = (),
         settle_hooks: tuple[SettleHook, ...] = (),
+        hooks_idle: Callable[[list[AttemptRow]], bool] = lambda _rows: False,
         fold_together: bool = False,
     ) -> None:
         self.settings = settings
@@ -105,6 +107,7 @@ class ControlService:
         # Run by each settle after its rows are folded and before they are acknowledged (the
         # dispatch keys' hops: a worker's retry after the failed answer finds the new account).
         self.settle_hooks = settle_hooks
+        self.hooks_idle = hooks_idle  # whether the hooks would do nothing with these rows (`Hopper.idle`)
         self.fold_together = fold_together  # fleet mode: a settle's Redis work in one exchange (`_fold`)
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
         self._unfolded: list[AttemptRow] = []  # rows recorded, not yet folded into circuits/decisions
@@ -209,10 +212,19 @@ class ControlService:
     # ---- attempt reports ----------------------------------------------------------------
 
     async def on_message(self, conn: Connection, message: Message) -> None:
+        """`handle`, its settle scheduled (for a caller that is not the link's reader)."""
+        self.handle(conn, message)
+        if isinstance(message, AttemptFinished):
+            self._settle_soon()
+
+    def handle(self, conn: Connection, message: Message) -> None:
+        """One report of the data plane, taken at once (nothing here suspends): what the link's
+        reader calls per frame, with no coroutine to make and await (`Connection.run`); it calls
+        `read_done` after each read, which settles what the read's reports staged."""
         if isinstance(message, AttemptStarted):
             if message.row.attempt_id not in self.routes.active:
                 self.routes.started(message.row)
-                self.events.publish(EventKind.ROUTE_STARTED, message.row)
+                self.events.publish_row(_ROUTE_STARTED, message.row)
         elif isinstance(message, AttemptFinished):
             self._finished(conn, message)
         elif isinstance(message, Ping):
@@ -227,9 +239,12 @@ class ControlService:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
     def record(self, row: AttemptRow) -> None:
-        """Price the row, stage it in the ledger once, move it from active to recent, and
-        schedule the settle that writes it and folds it into the circuits and the decisions
-        (`settle` awaits that)."""
+        """`_take` the row and schedule the settle that writes and folds it (`settle` awaits it)."""
+        self._take(row)
+        self._settle_soon()
+
+    def _take(self, row: AttemptRow) -> None:
+        """Price the row, stage it in the ledger once, move it from active to recent."""
         if not self.ledger.has(row.attempt_id):
             cost, reason = cost_of(
                 self._price_of, row.served_model or row.requested_model, row.usage, row.path, row.http_status
@@ -237,7 +252,7 @@ class ControlService:
             row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
             self.ledger.stage(row)
             self.routes.finished(row)
-            self.events.publish(EventKind.ROUTE_FINISHED, row)
+            self.events.publish_row(_ROUTE_FINISHED, row)
             for sink in self.row_sinks:
                 try:
                     sink(row)
@@ -247,8 +262,34 @@ class ControlService:
             self._unfolded.append(row)
         else:
             self.routes.active.pop(row.attempt_id, None)
+
+    def _settle_soon(self) -> None:
         if self._settling is None:
             self._settling = asyncio.get_running_loop().create_task(self._settle())
+
+    def read_done(self) -> None:
+        """The link's reader handled one read's reports: a settle that cannot suspend (in-process
+        circuits, no decision's evidence, no hop) runs here, with no task (issue 27); else a task."""
+        if self._settling is not None or not (self._unfolded or self._unacked):
+            return  # none due, or one under way (it takes these rows after it)
+        if not self.fold_together and self.circuits.folds_now and self.hooks_idle(self._unfolded):
+            for row in self._unfolded:  # a loop, not any(): no generator per read
+                if row.mint_decision_id is not None:  # a decision's evidence: awaited
+                    break
+            else:
+                return self._settle_now()
+        self._settle_soon()
+
+    def _settle_now(self) -> None:
+        """`_settle` of rows whose fold cannot suspend, with hooks that would do nothing."""
+        ok = self.write_staged()
+        rows, self._unfolded = self._unfolded, []
+        unacked, self._unacked = self._unacked, []
+        try:
+            self.circuits.fold_now(rows, now_ms())
+        except Exception:
+            log.exception("row_fold_failed", into="circuits", rows=len(rows))
+        send_acks(unacked, ok)  # the link gone: the data plane re-sends the rows
 
     async def settle(self) -> bool:
         """Wait until every row recorded so far is written, folded and acknowledged; answers
@@ -273,13 +314,7 @@ class ControlService:
                     await hook(rows)
                 except Exception:
                     log.exception("settle_hook_failed")
-            for conn, req_ids in acks_by_connection(unacked).items():
-                try:  # one frame per connection for the whole settle (issue 27)
-                    conn.send_nowait(
-                        Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1 else Acks(req_ids=req_ids, ok=ok)
-                    )
-                except ConnectionError:
-                    pass  # the link went away: the data plane re-sends the row, deduplicated here
+            send_acks(unacked, ok)  # the link gone: the data plane re-sends the rows
         finally:
             self._settling = None
             if self._unfolded or self._unacked:  # recorded while this settle awaited
@@ -290,7 +325,11 @@ class ControlService:
         evidence; with `fold_together` (fleet mode) all at once when a row is evidence the circuit
         folds now, so their Redis commands go as one exchange (`BatchingRedis`; issue 27 §4), else
         in turn (in-process nothing suspends; a quiet row's fold waits, `CircuitRegistry.is_quiet`)."""
-        evidence = [(row.attempt_id, *found) for row in rows if (found := evidence_of(row)) is not None]
+        evidence = [
+            (row.attempt_id, *found)
+            for row in rows
+            if row.mint_decision_id is not None and (found := evidence_of(row)) is not None
+        ]
         if self.fold_together and evidence and any(map(self._folds_now, rows)):
             await asyncio.gather(self._fold_circuits(rows, now), *(self._fold_evidence(*e) for e in evidence))
             return
@@ -328,8 +367,8 @@ class ControlService:
         if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
             # reported once (the data plane withdrew its start, issue 27): the feed still has both;
             # the event shows the row as its start was (projected on first read, `events.py`)
-            self.events.publish(EventKind.ROUTE_STARTED, row)
-        self.record(row)
+            self.events.publish_row(_ROUTE_STARTED, row)
+        self._take(row)  # settled by `read_done` (the link's reader) or `on_message`
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():

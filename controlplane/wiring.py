@@ -131,7 +131,7 @@ def wire(
     service = _service(
         settings, registry, keys, ledger, prices, parts, grants, configured, _row_sinks(metrics, books, traces), hopper
     )
-    link.bind(service.snapshot, service.on_message, service.on_disconnect)  # the link serves the service
+    link.bind(service.snapshot, service.handle, service.on_disconnect, service.read_done)  # the link serves it
     fleet = None if parts.shared.fleet is None else _fleet_host(parts, settings, keys, registry, service)
     fleet_view: FleetSource = (
         EmbeddedFleet(settings.host_id, parts.account_ids, keys.count_by_account, parts.routes.in_flight_by_account)
@@ -171,7 +171,7 @@ def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledge
     link = DataPlaneLink()
     disabled = DisabledAccounts(admin.overlay, link, account_ids)
     admin.settle = disabled.sync  # a PATCH answers once the data plane has the disable
-    events.listen(disabled.on_event)
+    events.listen(disabled.on_event, frozenset({EventKind.ACCOUNT_STATE}))
     books = build_books(settings, shared, ledger, policy, keys, link, events, prices, account_ids)
     return _Parts(
         shared=shared,
@@ -285,6 +285,7 @@ def _service(
         configured=configured,
         row_sinks=row_sinks,
         settle_hooks=(hopper.after_rows,),
+        hooks_idle=hopper.idle,
         fold_together=parts.shared.fleet is not None,
     )
 
@@ -293,7 +294,7 @@ def _row_sinks(metrics: GatewayMetrics, books: Books, traces: Traces | None) -> 
     """Where each recorded row goes, in the order they run."""
     return (
         metrics.rows.add,
-        books.spend.add,
+        books.spend.fold.add,  # the fold itself: one call per row, not two
         books.budgets.on_row,  # after the book: the watch reads a fold holding the row
         books.headroom.on_row,
         *(() if books.fleet_spend is None else (books.fleet_spend.note,)),

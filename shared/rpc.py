@@ -91,7 +91,9 @@ def split_frames(buffer: bytes) -> tuple[list[Message], bytes]:
     return messages, buffer[offset:]
 
 
-Handler = Callable[["Connection", Message], Awaitable[None]]
+# A push's handler: a coroutine function, or a plain one when it never suspends (no coroutine
+# is then made and awaited per frame: control takes each report at once).
+Handler = Callable[["Connection", Message], Awaitable[None] | None]
 
 
 class Connection:
@@ -220,8 +222,10 @@ class Connection:
         if callback is not None:
             callback(ack)
 
-    async def run(self, handler: Handler) -> None:
-        """Read until the peer goes away; a bad frame closes this connection, logged."""
+    async def run(self, handler: Handler, read_done: Callable[[], None] | None = None) -> None:
+        """Read until the peer goes away; a bad frame closes this connection, logged.
+        `read_done` is called after the pushes of each read were handled (and once more at the
+        end): control settles them there, in the reader's turn of the loop."""
         read = self.reader.read
         on_ack = self._on_ack
         rest = bytearray()  # the start of a frame whose end has not arrived yet
@@ -246,7 +250,11 @@ class Connection:
                         for req_id in message.req_ids:
                             on_ack(Ack(req_id=req_id, ok=message.ok))
                     else:
-                        await handler(self, message)
+                        pending = handler(self, message)
+                        if pending is not None:
+                            await pending
+                if read_done is not None:
+                    read_done()
                 if data is rest:
                     del rest[:offset]
                 elif offset < size:
@@ -256,6 +264,8 @@ class Connection:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
+            if read_done is not None:
+                read_done()  # what a read cut short by a bad frame handled is settled too
             self.close()
 
     def close(self) -> None:
@@ -284,6 +294,16 @@ def acks_by_connection(unacked: list[tuple[Connection, int]]) -> dict[Connection
         else:
             ids.append(req_id)
     return grouped
+
+
+def send_acks(unacked: list[tuple[Connection, int]], ok: bool) -> None:
+    """Acknowledge rows with one frame per connection (issue 27), `ok` in each; a connection
+    gone is passed over (its peer re-sends what it did not see acknowledged)."""
+    for conn, req_ids in acks_by_connection(unacked).items():
+        try:
+            conn.send_nowait(Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1 else Acks(req_ids=req_ids, ok=ok))
+        except ConnectionError:
+            pass
 
 
 # ---- socket security (SPEC §13) -------------------------------------------------------------

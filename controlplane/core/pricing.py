@@ -132,6 +132,13 @@ class PriceLookup:
 # SPEC §19: the paths whose answer is billed by its usage, and those the provider never bills.
 GENERATING_PATHS = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses", "/v1/embeddings"})
 NOT_BILLED_PATHS = frozenset({"/v1/messages/count_tokens", "/v1/models"})
+# `cost_of` runs per row: a member read off its enum class costs ~90 ns on Python 3.11, a global ~7.
+_PRICED, _UNPRICED, _NOT_BILLED, _NO_USAGE = (
+    CostReason.PRICED,
+    CostReason.UNPRICED,
+    CostReason.NOT_BILLED,
+    CostReason.NO_USAGE,
+)
 
 
 def cost_of(
@@ -147,17 +154,17 @@ def cost_of(
     read) was served and billed by the provider, so it is `unpriced` (cost null, counted in
     `unpriced_attempts`), never $0 in silence; any other row without usage cost nothing."""
     if path in NOT_BILLED_PATHS:
-        return 0.0, CostReason.NOT_BILLED
+        return 0.0, _NOT_BILLED
     if usage is None:
         served = http_status is not None and 200 <= http_status < 300
-        return None, CostReason.UNPRICED if served and path in GENERATING_PATHS else CostReason.NO_USAGE
+        return None, _UNPRICED if served and path in GENERATING_PATHS else _NO_USAGE
     price = price_of(model) if model else None
     if price is None:
-        return None, CostReason.UNPRICED
+        return None, _UNPRICED
     total = (
         usage.input_tokens * price.input
         + usage.output_tokens * price.output
         + usage.cache_read_tokens * price.cache_read
         + usage.cache_creation_tokens * price.cache_creation
     ) / 1_000_000
-    return round(total, 8), CostReason.PRICED
+    return round(total, 8), _PRICED

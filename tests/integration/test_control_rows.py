@@ -14,7 +14,7 @@ from controlplane.routebook import RouteView
 from controlplane.service import ControlService
 from controlplane.wiring import Control
 from shared.codes import CostReason
-from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Usage
+from shared.wire import Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Lease, Usage
 from tests.support.control import make_control
 
 
@@ -152,3 +152,50 @@ async def test_citing_a_held_decision_is_rejected_not_selected_from_its_remember
     )
     unknown = await desk.mint_v2(body(retry_of_mint_decision_id="md_never_issued"))
     assert (unknown.status, unknown.body["refusal_reason"]) == (503, "fallback-lineage-unknown")
+
+
+async def test_a_read_is_settled_at_its_end_and_only_a_settle_that_may_suspend_makes_a_task(tmp_path: Path) -> None:
+    """The link's reader calls `read_done` after each read: rows whose settle cannot suspend
+    (in-process circuits, no decision's evidence, no hop) are written, folded and acknowledged
+    right there, with no task; a read with a decision's evidence is settled by a task, as
+    before. Either way, an `Ack` means on disk, and the circuits saw the rows."""
+    service = _service(tmp_path)
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    failing = dict(status="upstream_error", http_status=529, condition="overloaded", usage=None)
+    for n in range(3):
+        service.handle(conn, AttemptFinished(req_id=n, row=_row(n, **failing)))  # type: ignore[arg-type]
+    assert conn.acks == [] and service._settling is None  # nothing settled mid-read
+    service.read_done()
+    assert service._settling is None  # settled at once: no task
+    assert [ack.req_id for ack, _ in conn.acks] == [0, 1, 2] and conn.frames == 1
+    assert all(ack.ok and f"att_{ack.req_id:04d}" in on_disk for ack, on_disk in conn.acks)
+    assert (await service.circuits.view("legacy-anthropic", 0)).state == "open"  # three in a row
+    assert [event.kind for event in service.events.replay][-1] == "circuit"
+    service.read_done()  # nothing due: nothing done
+    assert conn.frames == 1
+
+    service.handle(conn, AttemptFinished(req_id=7, row=_row(7, mint_decision_id="dec_1")))  # type: ignore[arg-type]
+    service.read_done()
+    assert service._settling is not None and len(conn.acks) == 3  # a decision's evidence: awaited in a task
+    assert await service.settle()
+    assert conn.acks[-1][0] == Ack(req_id=7, ok=True) and "att_0007" in conn.acks[-1][1]
+
+
+async def test_a_row_that_may_start_a_hop_is_never_settled_at_once(tmp_path: Path) -> None:
+    """The hopper is idle (`Hopper.idle`) for rows without a condition, gateway-authored rows
+    and rows of leases that hop on nothing; a failed row of a dispatch key's lease (`hop_on`)
+    is settled by a task, where the hop can run."""
+    service = _service(tmp_path)
+    idle = service.hooks_idle
+    lease = Lease(key_id="key_hops", digest=b"d" * 32, account_id="legacy-anthropic", expires_at_ms=2**62)
+    service.keys.add(msgspec.structs.replace(lease, hop_on=("overloaded",)))
+    service.keys.add(msgspec.structs.replace(lease, key_id="key_stays"))
+    failed = dict(status="upstream_error", condition="overloaded", usage=None)
+    assert idle([_row(1), _row(2, key_id="key_hops"), _row(3, key_id="key_stays", **failed)])
+    assert idle([_row(4, key_id="key_hops", refusal_reason="budget-exhausted", **failed)])
+    assert not idle([_row(5), _row(6, key_id="key_hops", **failed)])
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    service.handle(conn, AttemptFinished(req_id=6, row=_row(6, key_id="key_hops", **failed)))  # type: ignore[arg-type]
+    service.read_done()
+    assert service._settling is not None  # the hook runs in a task
+    assert await service.settle() and [ack.req_id for ack, _ in conn.acks] == [6]

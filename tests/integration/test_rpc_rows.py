@@ -13,7 +13,7 @@ import pytest
 from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
-from shared.rpc import LAZY_FLUSH_S, Connection, start_unix_server
+from shared.rpc import LAZY_FLUSH_S, Connection, encode_frame, start_unix_server
 from shared.wire import AccountRoute, Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Message
 from tests.support.waits import until
 
@@ -249,4 +249,54 @@ async def test_one_acks_frame_acknowledges_a_settles_rows(socket_path: str) -> N
     finally:
         conn.close()
         reading.cancel()
+        server.close()
+
+
+async def test_a_plain_function_takes_each_push_in_order(socket_path: str) -> None:
+    """Control's link takes each report with a plain function (`ControlService.handle`): no
+    coroutine per frame, and the pushes still arrive whole and in order."""
+    got: list[Message] = []
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await Connection(reader, writer, "peer").run(lambda _conn, message: got.append(message))
+
+    server = await start_unix_server(socket_path, on_client)
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    conn = Connection(reader, writer, "test")
+    try:
+        for n in range(40):
+            conn.send_nowait(AttemptStarted(row=row(n)), lazy=n % 2 == 0)
+        await until(lambda: len(got) == 40, 5, "forty frames")
+        assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in range(40)]  # type: ignore[attr-defined]
+    finally:
+        conn.close()
+        server.close()
+
+
+async def test_read_done_follows_each_read_and_a_read_a_bad_frame_cut_short(socket_path: str) -> None:
+    """`read_done` (control settles there) is called after the pushes of each read were handled,
+    and once more when a bad frame ends the connection: what the read handled before it is
+    settled too."""
+    events: list[str] = []
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await Connection(reader, writer, "peer").run(
+            lambda _conn, message: events.append(message.row.attempt_id),  # type: ignore[attr-defined]
+            lambda: events.append("done"),
+        )
+
+    server = await start_unix_server(socket_path, on_client)
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    try:
+
+        def done_after(attempt_id: str) -> bool:
+            return attempt_id in events and "done" in events[events.index(attempt_id) :]
+
+        writer.write(encode_frame(AttemptStarted(row=row(1))) + encode_frame(AttemptStarted(row=row(2))))
+        await until(lambda: done_after("att_2"), 5, "the first read, then read_done")
+        writer.write(encode_frame(AttemptStarted(row=row(3))) + b"\x00\x00\x00\x03\xc1\xc1\xc1")  # then a bad frame
+        await until(lambda: done_after("att_3"), 5, "the cut read, then read_done")
+        assert [e for e in events if e != "done"] == ["att_1", "att_2", "att_3"]
+    finally:
+        writer.close()
         server.close()

@@ -254,6 +254,24 @@ def test_listeners_see_sanitized_events_and_one_failing_listener_harms_no_other(
     assert [entry["event"] for entry in logs] == ["event_listener_failed"]
 
 
+def test_a_listener_hears_only_the_kinds_it_asked_for_in_the_order_listeners_came() -> None:
+    hub = EventHub(epoch=EPOCH)
+    heard: list[tuple[str, str]] = []
+    hub.listen(lambda event: heard.append(("all", str(event.kind))))
+    hub.listen(lambda event: heard.append(("state", str(event.kind))), frozenset({EventKind.ACCOUNT_STATE}))
+    hub.listen(lambda event: heard.append(("all-2", str(event.kind))))
+    hub.publish_row(EventKind.ROUTE_STARTED, row())
+    hub.publish(EventKind.ACCOUNT_STATE, {"account_id": "a", "state": "disabled"})
+    assert heard == [
+        ("all", "route.started"),
+        ("all-2", "route.started"),
+        ("all", "account.state"),
+        ("state", "account.state"),
+        ("all-2", "account.state"),
+    ]
+    assert [event.seq for event in hub.replay] == [1, 2]
+
+
 async def test_next_batch_waits_for_events_and_returns_empty_once_closed() -> None:
     hub = EventHub(epoch=EPOCH)
     reader, _ = hub.subscribe(None)

@@ -101,12 +101,15 @@ def test_row_counts_render_what_prometheus_instruments_would() -> None:
         _row(6, status="upstream_error", condition="rate-limited", usage=None, overhead_ms=0.0),
         _row(7, status="refused", refusal_reason="control-unavailable", usage=None, cost_usd=0.1),
     ]
-    counts = RowCounts(accounts)
-    for row in rows * 3:
-        counts.add(row)
-    ours = CollectorRegistry()
-    ours.register(RowCollector(counts))
-    assert generate_latest(ours) == _reference_exposition(rows * 3, accounts)
+    reference = _reference_exposition(rows * 3, accounts)
+    for memo_max in (RowCounts.MEMO_MAX, 2):  # 2: the memo of raw keys is cleared as rows come
+        counts = RowCounts(accounts)
+        counts.MEMO_MAX = memo_max
+        for row in rows * 3:
+            counts.add(row)
+        ours = CollectorRegistry()
+        ours.register(RowCollector(counts))
+        assert generate_latest(ours) == reference
 
 
 def test_choice_counts_render_what_prometheus_counters_would() -> None:
