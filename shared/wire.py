@@ -79,14 +79,14 @@ class AccountRoute(msgspec.Struct, frozen=True, kw_only=True):
     lease_capacity: int | None = None
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True):
+class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_creation_tokens: int = 0
 
 
-class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
+class RateLimit(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One kind of an account's provider rate limit, as one upstream answer stated it (SPEC
     §22): `reset_at` absolute, ISO 8601 UTC. Unconstrained here (a value out of range must not
     cost a row its decoding); control range-checks it (`controlplane/core/headroom.py`)."""
@@ -96,7 +96,7 @@ class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
     reset_at: str | None = None
 
 
-class RateLimits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class RateLimits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """Every kind an answer reported (absent kinds are omitted), and when the answer arrived."""
 
     observed_at: str
@@ -109,8 +109,12 @@ class RateLimits(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 RATE_LIMIT_KINDS = ("requests", "tokens", "input_tokens", "output_tokens")
 
 
-class AttemptRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One attempt's terminal row: the ledger line and the routes view entry (SPEC §14)."""
+class AttemptRow(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One attempt's terminal row: the ledger line and the routes view entry (SPEC §14).
+
+    `gc=False`, as on its parts and the frames that carry it: it holds only scalars and frozen
+    untracked Structs, so it can never be in a reference cycle and the collector need not track
+    the two made per attempt (issue 27; `tests/unit/test_wire_untracked.py` keeps it so)."""
 
     attempt_id: str
     key_id: str
@@ -213,16 +217,16 @@ class StorageState(_Msg, tag="storage_state", frozen=True):
     ok: bool
 
 
-class AttemptStarted(_Msg, tag="attempt_started", frozen=True):
+class AttemptStarted(_Msg, tag="attempt_started", frozen=True, gc=False):
     row: AttemptRow
 
 
-class AttemptFinished(_Msg, tag="attempt_finished", frozen=True):
+class AttemptFinished(_Msg, tag="attempt_finished", frozen=True, gc=False):
     req_id: int
     row: AttemptRow
 
 
-class Ack(_Msg, tag="ack", frozen=True):
+class Ack(_Msg, tag="ack", frozen=True, gc=False):
     req_id: int
     ok: bool = True
 
