@@ -108,8 +108,10 @@ class Attempt:
         )
 
     def announce(self) -> None:
-        self.row = self._started_row()
-        self.link.started(self.row)
+        row = self.row = self._started_row()
+        # A short non-streaming request's start may wait (`START_HOLD_S`); not a dispatch key's,
+        # whose hop waits for the dispatch's attempts in flight at control (SPEC §17).
+        self.link.started(row, hold=not row.stream and row.transport == "http" and not self.lease.hop_on)
 
     def mark_overhead(self, upstream_wait_s: float) -> float:
         """Gateway time so far, minus the time spent waiting on the upstream."""

@@ -52,6 +52,12 @@ STARTUP_POLL_S = 0.01
 STARTUP_FAST_S = 10.0
 # Rows waiting for control while it is away; past this the oldest are dropped, loudly.
 OUTBOX_CAP = 100_000
+# A short request's start waits this long to one twice as long before it is sent (issue 27): one
+# that ends sooner, most of them, is reported once, by its finished row, and control decodes and
+# records one report instead of two. Only a non-streaming HTTP attempt of a lease that cannot hop
+# is held (`Attempt.announce`): a worker reading a stream, a WebSocket, and the hop's in-flight
+# wait (SPEC §17) see their starts as before; the active routes see a held one this late.
+START_HOLD_S = 0.01
 
 
 def redial_wait(delay: float, linked: bool, since_start_s: float, jitter: float) -> tuple[float, float]:
@@ -77,6 +83,10 @@ class ControlLink:
         self.connection_counts: ConnectionCounts | None = None  # SPEC §19's, the last reported
         self.fleet_loops: list[LoopReport] = []  # fleet mode: this data plane's Redis loops (§19)
         self._stopping = False
+        # Held starts (`START_HOLD_S`): those held since the last tick, and those before it.
+        self._held: dict[str, AttemptRow] = {}
+        self._held_older: dict[str, AttemptRow] = {}
+        self._hold_timer: asyncio.TimerHandle | None = None
 
     # ---- connection lifecycle -----------------------------------------------------------
 
@@ -116,6 +126,7 @@ class ControlLink:
         if self.conn is conn:
             self.conn = None
             self.synced.clear()
+            self._forget_held()  # the resync announces them
             had = len(self.replica)
             self.replica.clear()
             log.warning("control_link_lost", leases_dropped=had, rows_waiting=len(self.outbox))
@@ -162,6 +173,7 @@ class ControlLink:
 
     def _resend(self, conn: Connection) -> None:
         """After a resync: re-announce what is in flight and re-deliver unacknowledged rows."""
+        self._forget_held()  # every attempt in flight is announced here
         for row in self.in_flight.values():
             conn.send_nowait(AttemptStarted(row=row))
         if self.sockets_open:
@@ -175,14 +187,43 @@ class ControlLink:
 
     # ---- attempt reports ----------------------------------------------------------------
 
-    def started(self, row: AttemptRow) -> None:
+    def started(self, row: AttemptRow, hold: bool = False) -> None:
+        """Announce an attempt; with `hold`, only after `START_HOLD_S` if it is still running."""
         self.in_flight[row.attempt_id] = row
         conn = self.conn
-        if conn is not None and self.synced.is_set():
-            try:  # withdrawn if the attempt ends before it leaves: one report (`finished`)
-                conn.send_withdrawable(row.attempt_id, AttemptStarted(row=row))
-            except ConnectionError:
-                pass
+        if conn is None or not self.synced.is_set():
+            return  # the resync announces every attempt in flight
+        if hold:
+            self._held[row.attempt_id] = row
+            if self._hold_timer is None:
+                self._hold_timer = asyncio.get_running_loop().call_later(START_HOLD_S, self._hold_tick)
+            return
+        self._announce(conn, row)
+
+    def _announce(self, conn: Connection, row: AttemptRow) -> None:
+        try:  # withdrawn if the attempt ends before it leaves: one report (`finished`)
+            conn.send_withdrawable(row.attempt_id, AttemptStarted(row=row))
+        except ConnectionError:
+            pass
+
+    def _hold_tick(self) -> None:
+        """Announce the starts held since before the last tick; the rest wait one more."""
+        older, self._held_older, self._held = self._held_older, self._held, {}
+        conn = self.conn
+        if conn is not None:
+            for row in older.values():
+                self._announce(conn, row)
+        self._hold_timer = None
+        if self._held_older:
+            self._hold_timer = asyncio.get_running_loop().call_later(START_HOLD_S, self._hold_tick)
+
+    def _unhold(self, attempt_id: str) -> bool:
+        """Forget a held start (its attempt ended first); False when it was not held."""
+        return self._held.pop(attempt_id, None) is not None or self._held_older.pop(attempt_id, None) is not None
+
+    def _forget_held(self) -> None:
+        self._held.clear()
+        self._held_older.clear()
 
     def sockets(self, counts: dict[str, int]) -> None:
         """The open sockets per account changed: control's accounts view hears it (lazily)."""
@@ -216,7 +257,7 @@ class ControlLink:
         either way until acknowledged.
         """
         attempt_id = row.attempt_id
-        if self.in_flight.pop(attempt_id, None) is not None and self.conn is not None:
+        if self.in_flight.pop(attempt_id, None) is not None and not self._unhold(attempt_id) and self.conn is not None:
             self.conn.withdraw(attempt_id)  # control learns of it from this row alone
         self.outbox[attempt_id] = row
         while len(self.outbox) > OUTBOX_CAP:

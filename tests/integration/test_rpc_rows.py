@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
-from dataplane.rpc_client import ControlLink
+from dataplane.rpc_client import START_HOLD_S, ControlLink
 from shared.rpc import LAZY_FLUSH_S, Connection, encode_frame, start_unix_server
 from shared.wire import AccountRoute, Ack, Acks, AttemptFinished, AttemptRow, AttemptStarted, Message
 from tests.support.waits import until
@@ -108,6 +108,49 @@ async def test_a_2xx_row_is_sent_without_waiting_and_leaves_the_outbox_on_its_ac
         client.finished(row(2))
         await until(lambda: not client.outbox, 5, "every row acknowledged")
         assert [type(m) for m in control.received] == [AttemptFinished, AttemptStarted, AttemptFinished]
+    finally:
+        client.stop()
+        task.cancel()
+        control.server.close()
+
+
+async def test_a_held_start_is_sent_only_for_an_attempt_still_running_after_the_hold(socket_path: str) -> None:
+    control, client, task = await linked(socket_path)
+    try:
+        loop = asyncio.get_running_loop()
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_1"), hold=True)
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_2"), hold=True)
+        held_at = loop.time()
+        client.finished(row(1))  # ends within the hold: reported once
+        await until(lambda: len(control.received) == 2, 5, "the finished row and the held start")
+        assert [(type(m), m.row.attempt_id) for m in control.received] == [
+            (AttemptFinished, "att_1"),
+            (AttemptStarted, "att_2"),
+        ]
+        assert loop.time() - held_at >= START_HOLD_S  # not before the hold
+        client.finished(row(2))
+        await until(lambda: not client.outbox, 5, "every row acknowledged")
+        assert control.rows() == ["att_1", "att_2"]
+        assert [type(m) for m in control.received].count(AttemptStarted) == 1
+    finally:
+        client.stop()
+        task.cancel()
+        control.server.close()
+
+
+async def test_held_starts_are_announced_by_the_resync_after_a_lost_link(socket_path: str) -> None:
+    control, client, task = await linked(socket_path)
+    try:
+        client.started(msgspec.structs.replace(ROW, attempt_id="att_7"), hold=True)
+        control.link.conn.close()  # the link drops while the start is held
+        await until(
+            lambda: [m.row.attempt_id for m in control.received if isinstance(m, AttemptStarted)] == ["att_7"],
+            5,
+            "the held start announced once, by the resync",
+        )
+        client.finished(row(7))
+        await until(lambda: control.rows() == ["att_7"], 5, "its row")
+        assert [m.row.attempt_id for m in control.received if isinstance(m, AttemptStarted)] == ["att_7"]
     finally:
         client.stop()
         task.cancel()
