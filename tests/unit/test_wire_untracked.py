@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from shared.wire import Ack, AttemptFinished, AttemptRow, AttemptStarted, RateLimit, RateLimits, Usage
+from tests.support import rows
 
 UNTRACKED = (Usage, RateLimit, RateLimits, AttemptRow, AttemptStarted, AttemptFinished, Ack)
 SCALARS = (
@@ -41,30 +42,10 @@ def test_every_field_is_a_scalar_or_an_untracked_struct(cls: type) -> None:
 
 
 def test_a_row_with_every_part_is_not_tracked() -> None:
-    row = AttemptRow(
-        attempt_id="att_1",
-        key_id="k",
-        account_id="a",
-        mint_decision_id=None,
-        dispatch_id=None,
-        repo_slug="r",
-        principal_id="p",
-        wire="anthropic",
-        path="/v1/messages",
-        requested_model=None,
-        served_model=None,
-        stream=False,
-        started_at="2026-12-02T00:00:00.000Z",
-        finished_at=None,
-        status=None,
-        http_status=None,
-        condition=None,
-        refusal_reason=None,
-        usage=Usage(input_tokens=1),
-        cost_usd=None,
-        cost_reason=None,
-        overhead_ms=None,
+    row = msgspec.structs.replace(
+        rows.row("2026-12-02T00:00:00.000Z"),
         rate_limits=RateLimits(observed_at="t", requests=RateLimit(limit=1, remaining=1, reset_at=None)),
     )
     frame = AttemptFinished(req_id=1, row=row)
+    assert row.usage is not None and row.rate_limits is not None
     assert not any(gc.is_tracked(obj) for obj in (row, row.usage, row.rate_limits, frame))
