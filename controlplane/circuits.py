@@ -73,13 +73,21 @@ class LocalCircuits:
         self._state: dict[str, rules.Circuit] = {}
 
     async def load(self, account_id: str) -> rules.Circuit:
-        return self._state.get(account_id, rules.CLOSED)
+        return self.load_now(account_id)
 
     async def swap(self, account_id: str, expected: rules.Circuit, new: rules.Circuit) -> bool:
         if self._state.get(account_id, rules.CLOSED) != expected:
             return False
         self._state[account_id] = new
         return True
+
+    def load_now(self, account_id: str) -> rules.Circuit:
+        """`load` without a coroutine (`CircuitRegistry.fold_now`)."""
+        return self._state.get(account_id, rules.CLOSED)
+
+    def store_now(self, account_id: str, new: rules.Circuit) -> None:
+        """Store `new` at once: after a `load_now` with nothing between, the swap that cannot lose."""
+        self._state[account_id] = new
 
 
 # Per row: a plain str (the row's own type) compares fastest, and a member read off its enum
@@ -191,10 +199,10 @@ class CircuitRegistry:
         store = self.store
         assert isinstance(store, LocalCircuits)
         for account_id, evidence in _by_account(rows).items():
-            stored = store._state.get(account_id, rules.CLOSED)
+            stored = store.load_now(account_id)
             new = self._fold(stored, evidence, now_ms)
             if new != stored:
-                store._state[account_id] = new
+                store.store_now(account_id, new)
                 self._changed(account_id, rules.current(stored, now_ms), new)
 
     def is_quiet(self, row: AttemptRow) -> bool:

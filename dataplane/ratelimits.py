@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 
 from multidict import istr
 
+from dataplane.stamps import MILLIS
 from shared.wire import RATE_LIMIT_KINDS, RateLimit, RateLimits
 
 MAX_COUNT = 10**12  # no provider states a limit near this; larger is garbage
@@ -130,7 +131,6 @@ _absolute: dict[str, tuple[int, str] | None] = {}  # RFC 3339 text → (epoch ms
 _relative: dict[str, int | None] = {}  # duration text → whole ms (rounded once) or None
 _seconds: dict[int, str] = {}  # epoch second → its ISO text
 _limits: dict[str, int | None] = {}  # a limit header's text → its count or None
-_MILLIS = tuple(f"{milli:03d}Z" for milli in range(1000))
 
 
 def _absolute_reset(text: str) -> tuple[int, str] | None:
@@ -168,7 +168,7 @@ def iso_ms(ms: int) -> str:
         if len(_seconds) >= MEMO_MAX:
             _seconds.clear()
         prefix = _seconds[second] = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
-    return prefix + _MILLIS[milli]
+    return prefix + MILLIS[milli]
 
 
 def reset_at_ms(text: str | None, absolute: bool, arrival_ms: int) -> int | None:

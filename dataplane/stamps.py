@@ -78,7 +78,7 @@ def iso_ms(ms: int) -> str:
     if second != _last_second:
         _last_second = second
         _last_prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
-    return _last_prefix + _MILLIS[milli]
+    return _last_prefix + MILLIS[milli]
 
 
-_MILLIS = tuple(f"{milli:03d}Z" for milli in range(1000))
+MILLIS = tuple(f"{milli:03d}Z" for milli in range(1000))  # a millisecond → its ISO text and `Z`
