@@ -4,9 +4,11 @@ The quick way to decide a performance change: the minimal proxy, Leasehold from 
 and Leasehold from each other checkout given (`TREE`, as `bench.run --compare-tree` takes it)
 are driven at saturation in interleaved rounds against one stub, and each column's mean req/s
 and CPU µs per request per process are printed, then Leasehold's ratio to every other column
-round by round (each round's columns ran back to back, so the machine's drift cancels), with the
-median and range. Same servers, request and generator as
-`make bench`'s saturation phase (`bench.phases`).
+round by round, with the median and range. A round is mirrored: each column runs half its
+`--seconds`, in the round's order, then the other half in reverse (A B C C B A; odd rounds start
+from the other end), so a drift of the machine that is linear over the round cancels in the
+ratios and a burst in one window counts half (`--flat`: one window per column, A B C). Same
+servers, request and generator as `make bench`'s saturation phase (`bench.phases`).
 
 `--rate N` adds a fixed-rate phase after the saturation rounds (issue 27: "the added p50 at
 50 req/s"): every column, direct-to-stub included, is driven open-loop at N req/s for
@@ -27,6 +29,7 @@ import os
 import statistics
 import tempfile
 from pathlib import Path
+from typing import TypeVar
 
 from bench.phases import Context, _job
 from bench.procs import Layout, Servers, Target, pin_self, run_loadgen
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=int, default=0, help="then a fixed-rate latency phase at this req/s")
     parser.add_argument("--rate-seconds", type=float, default=5.0, help="measured window per fixed-rate round")
     parser.add_argument("--no-saturation", action="store_true", help="only the fixed-rate phase")
+    parser.add_argument(
+        "--flat", action="store_true", help="one window per column per round (A B C), not mirrored (A B C C B A)"
+    )
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 for target in targets:
                     os.sched_setaffinity(_proxy_pid(target), {cpus[1]})
             ctx = Context(plan=PLANS["default"], layout=layout, servers=servers, targets=targets)
-            if not args.no_saturation and not _saturation(ctx, args.rounds, args.seconds, results):
+            if not args.no_saturation and not _saturation(ctx, args.rounds, args.seconds, results, not args.flat):
                 return 1
             if args.rate > 0:
                 _fixed_rate(ctx, every, args.rounds, args.rate, args.rate_seconds, latency)
@@ -86,11 +92,39 @@ def _interleaved(targets: list[Target], index: int) -> list[Target]:
     return targets if index % 2 == 0 else targets[::-1]
 
 
+T = TypeVar("T")
+
+
+def mirrored(columns: list[T], index: int) -> list[T]:
+    """One round's windows: the columns in the round's order, then back (A B C C B A).
+
+    Each column's two windows sit symmetrically about the round's middle, so a drift of the
+    machine that is linear over the round adds the same to every column's mean and cancels in
+    its ratios; a burst that hits one window counts half.
+    """
+    order = columns if index % 2 == 0 else columns[::-1]
+    return order + order[::-1]
+
+
+def combine(runs: list[tuple[float, dict[str, float]]]) -> tuple[float, dict[str, float]]:
+    """A column's windows of one round (equal lengths) as one: mean req/s, mean CPU µs per request."""
+    rps = statistics.mean(r for r, _ in runs)
+    names = {name for _, cpu in runs for name in cpu}
+    cpu = {name: statistics.mean(c[name] for _, c in runs if name in c) for name in sorted(names)}
+    return rps, cpu
+
+
 def _saturation(
-    ctx: Context, rounds: int, seconds: float, results: dict[str, list[tuple[float, dict[str, float]]]]
+    ctx: Context,
+    rounds: int,
+    seconds: float,
+    results: dict[str, list[tuple[float, dict[str, float]]]],
+    mirror: bool = True,
 ) -> bool:
     for index in range(rounds):
-        for target in _interleaved(ctx.targets, index):
+        windows: dict[str, list[tuple[float, dict[str, float]]]] = {}
+        order = mirrored(ctx.targets, index) if mirror else _interleaved(ctx.targets, index)
+        for target in order:
             run = run_loadgen(
                 _job(
                     ctx,
@@ -100,14 +134,16 @@ def _saturation(
                     step=None,
                     connections=64,
                     warmup_s=0.5,
-                    duration_s=seconds,
+                    duration_s=seconds / 2 if mirror else seconds,
                 )
             )
             if run["errors"] or not run["rps"]:
                 print(f"{target.name}: errors {run['errors']}")
                 return False
             cpu = {name: share * 1e6 / run["rps"] for name, share in run["cpu"].items() if share is not None}
-            results.setdefault(target.name, []).append((run["rps"], cpu))
+            windows.setdefault(target.name, []).append((run["rps"], cpu))
+        for name, runs in windows.items():
+            results.setdefault(name, []).append(combine(runs))
     return True
 
 
@@ -134,7 +170,7 @@ def _print_saturation(
     results: dict[str, list[tuple[float, dict[str, float]]]], rounds: int, seconds: float, alone: bool
 ) -> None:
     print(
-        f"saturation, {rounds} interleaved rounds of {seconds} s, "
+        f"saturation, {rounds} interleaved rounds of {seconds} s per column, "
         f"{'proxy alone on its core' if alone else 'servers sharing one core'}"
     )
     for name, runs in results.items():

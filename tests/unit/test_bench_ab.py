@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from bench import baseline
-from bench.ab import ratio_line, round_ratios
+from bench.ab import combine, mirrored, ratio_line, round_ratios
 
 
 def test_ratios_pair_each_round_with_its_own_round() -> None:
@@ -31,3 +31,17 @@ def test_the_baseline_names_a_commit_of_this_repository() -> None:
     if done.returncode != 0 and "not a git repository" in done.stderr:
         pytest.skip("not a git checkout")
     assert done.stdout.strip() == "commit"
+
+
+def test_a_round_runs_the_columns_there_and_back() -> None:
+    assert mirrored(["a", "b", "c"], 0) == ["a", "b", "c", "c", "b", "a"]
+    assert mirrored(["a", "b", "c"], 1) == ["c", "b", "a", "a", "b", "c"]
+
+
+def test_a_linear_drift_over_the_round_cancels_in_the_ratio() -> None:
+    # Two columns of equal speed, the machine slowing by 10 % a window: windows a b b a.
+    speeds = [100.0, 90.0, 80.0, 70.0]
+    a = combine([(speeds[0], {"dataplane": 1.0}), (speeds[3], {"dataplane": 3.0})])
+    b = combine([(speeds[1], {}), (speeds[2], {})])
+    assert round_ratios([a[0]], [b[0]]) == [1.0]
+    assert a[1] == {"dataplane": 2.0}
