@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import Any, TypeVar
 
 from shared.http1.errors import (
     BodyIncomplete,
@@ -21,27 +21,13 @@ from shared.http1.errors import (
 from shared.http1.request import Request
 from shared.http1.response import Response, StreamResponse, text_response
 from shared.http1.router import Router
+from shared.http1.state import State
 from shared.logging import get_logger
 
 log = get_logger("http1")
 
 T = TypeVar("T")
 DEFAULT_BODY_LIMIT = 1024 * 1024  # aiohttp's client_max_size
-
-
-class AppKey(Generic[T]):
-    """A typed key for application state (aiohttp's `web.AppKey`)."""
-
-    __slots__ = ("name", "type")
-
-    def __init__(self, name: str, t: type[T]) -> None:
-        self.name, self.type = name, t
-
-    def __repr__(self) -> str:
-        return f"<AppKey {self.name}>"
-
-
-RequestKey = AppKey  # per-request storage keys: the same shape
 
 
 def middleware(func: T) -> T:
@@ -52,31 +38,15 @@ def middleware(func: T) -> T:
 CleanupCtx = Callable[["Application"], AsyncIterator[None]]
 
 
-class Application:
+class Application(State):
     def __init__(self, *, middlewares: list[Any] | tuple[Any, ...] = (), client_max_size: int = DEFAULT_BODY_LIMIT):
+        super().__init__()
         self.middlewares = list(middlewares)
         self.client_max_size = client_max_size
         self.router = Router()
         self.cleanup_ctx: list[CleanupCtx] = []
         self.on_shutdown: list[Callable[[Application], Awaitable[None]]] = []
-        self._state: dict[Any, Any] = {}
         self._exits: contextlib.AsyncExitStack | None = None
-
-    def __getitem__(self, key: AppKey[T]) -> T:
-        return cast(T, self._state[key])
-
-    def __setitem__(self, key: AppKey[T], value: T) -> None:
-        self._state[key] = value
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._state
-
-    @overload
-    def get(self, key: AppKey[T]) -> T | None: ...
-    @overload
-    def get(self, key: AppKey[T], default: T) -> T: ...
-    def get(self, key: AppKey[T], default: T | None = None) -> T | None:
-        return cast("T | None", self._state.get(key, default))
 
     # ---- lifecycle
     async def startup(self) -> None:

@@ -14,8 +14,8 @@ refusal is counted (`Server.refused`) and the server goes on.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections import Counter, deque
+from typing import TYPE_CHECKING, Any, Protocol
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
@@ -26,7 +26,23 @@ from shared.http1.response import Response, text_response
 from shared.logging import get_logger
 
 if TYPE_CHECKING:
-    from shared.http1.server import Server
+    from shared.http1.app import Application
+    from shared.http1.headers import DateValue
+    from shared.http1.limits import Limits
+
+
+class Host(Protocol):
+    """What a connection needs of its server (`shared.http1.server.Server`)."""
+
+    app: Application
+    limits: Limits
+    date: DateValue
+    refused: Counter[Refused]
+    connections: set[Connection]
+    closing: bool
+
+    def forget(self, conn: Connection) -> None: ...
+
 
 log = get_logger("http1")
 
@@ -44,7 +60,7 @@ class Refusal(Exception):
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         self.server, self.app, self.limits = server, server.app, server.limits
         self.transport: asyncio.Transport | None = None
         self.remote: str | None = None
@@ -171,6 +187,8 @@ class Connection(asyncio.Protocol):
             body=body,
             keep_alive=self._parser.should_keep_alive(),
             conn=self,
+            app=self.app,
+            max_body=self.app.client_max_size,
         )
         self._incoming = request
         self._queue.append(request)
@@ -317,6 +335,8 @@ class Connection(asyncio.Protocol):
             body=Body(self, declared=0, expects_continue=False, limit_s=0, buffer_bytes=0),
             keep_alive=False,
             conn=self,
+            app=self.app,
+            max_body=0,
         )
         try:
             await answer.send(request)

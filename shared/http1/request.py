@@ -21,8 +21,8 @@ from shared.http1.errors import BodyIncomplete, HTTPRequestEntityTooLarge, HTTPR
 from shared.http1.headers import Headers, content_type_of
 
 if TYPE_CHECKING:
-    from shared.http1.app import Application
     from shared.http1.router import MatchInfo
+    from shared.http1.state import State
 
 T = TypeVar("T")
 
@@ -161,6 +161,7 @@ class Request:
         "_query",
         "_storage",
         "_read",
+        "_max_body",
     )
 
     match_info: MatchInfo  # set by the app's router before any handler runs
@@ -175,6 +176,8 @@ class Request:
         body: Body,
         keep_alive: bool,
         conn: Any,
+        app: State,
+        max_body: int,
     ) -> None:
         self.method, self.version, self.headers, self.body = method, version, headers, body
         self.keep_alive = keep_alive
@@ -190,7 +193,8 @@ class Request:
         self._query: dict[str, str] | None = None
         self._storage: dict[Any, Any] = {}
         self._read: bytes | None = None
-        self.app: Application = conn.app
+        self.app = app
+        self._max_body = max_body
 
     @property
     def query(self) -> dict[str, str]:
@@ -220,7 +224,7 @@ class Request:
 
     async def read(self) -> bytes:
         if self._read is None:
-            self._read = await self.body.read_all(self.app.client_max_size)
+            self._read = await self.body.read_all(self._max_body)
         return self._read
 
     def get(self, key: Any, default: T | None = None) -> Any:

@@ -46,6 +46,8 @@ class Server:
             self._emptied.set()
 
     async def close(self) -> None:
+        if self.closing:
+            return
         self.closing = True
         if self._listener is not None:
             self._listener.close()

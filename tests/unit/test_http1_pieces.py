@@ -14,6 +14,7 @@ from shared.http1.errors import HTTPMethodNotAllowed, HTTPNotFound
 from shared.http1.headers import Headers, content_type_of, imf_fixdate
 from shared.http1.request import Body, Request
 from shared.http1.router import Router
+from shared.http1.state import State
 
 CONTENT_TYPES = [
     "application/json",
@@ -42,7 +43,7 @@ QUERIES = ["a=1&b=2", "a=1&a=2", "x=%ZZ&y", "name=%FF", "q=a+b%20c", "", "=v&k="
 
 
 class _Conn:
-    app: Any = None
+    transport = remote = None
 
 
 def request_for(target: bytes, headers: list[tuple[str, str]] | None = None) -> Request:
@@ -55,6 +56,8 @@ def request_for(target: bytes, headers: list[tuple[str, str]] | None = None) -> 
         body=body,
         keep_alive=True,
         conn=_Conn(),
+        app=State(),
+        max_body=0,
     )
 
 
