@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
@@ -70,7 +70,11 @@ class Connection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._paused: set[str] = set()
         self._held = b""  # unparsed bytes held while too many requests wait
-        self._timer: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._head_timer: asyncio.TimerHandle | None = None  # armed only when a head spans reads
+        self._head_began = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None  # re-armed lazily, not per request
+        self._idle_since = self._loop.time()
         self._drain: asyncio.Future[None] | None = None
         self._stopped = False  # nothing more is read: refused, upgraded, or shutting down
         self._in_head = False
@@ -85,7 +89,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) else None
         self.server.connections.add(self)
-        self._arm(self.limits.keepalive_s, self._idle_timeout)
+        self._went_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -118,6 +122,11 @@ class Connection(asyncio.Protocol):
 
     # ---- parsing
     def _feed(self, data: bytes) -> None:
+        self._parse(data)
+        if self._in_head and self._head_timer is None and not self._stopped:  # a head spanning reads
+            self._head_timer = self._loop.call_at(self._head_began + self.limits.head_timeout_s, self._head_timeout)
+
+    def _parse(self, data: bytes) -> None:
         pos = 0
         while pos < len(data) and not self._stopped:
             if "pipeline" in self._paused:
@@ -147,7 +156,7 @@ class Connection(asyncio.Protocol):
         self._head_size = 0  # the head's parts as they complete: its size, exactly
         self._url.clear()
         self._headers = []
-        self._arm(self.limits.head_timeout_s, self._head_timeout)
+        self._head_began = self._loop.time()
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -167,7 +176,9 @@ class Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._disarm()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         headers = Headers(self._headers)
         version = (1, 1) if self._parser.get_http_version() == "1.1" else (1, 0)
         length = headers.get("Content-Length")
@@ -219,22 +230,32 @@ class Connection(asyncio.Protocol):
         self._kick()
 
     def _head_timeout(self) -> None:
-        self._timer = None
-        self._refuse(Refusal(Refused.HEAD_TIMEOUT, "the request head did not arrive in time", 408))
+        self._head_timer = None
+        if self._in_head:
+            self._refuse(Refusal(Refused.HEAD_TIMEOUT, "the request head did not arrive in time", 408))
+
+    def _went_idle(self) -> None:
+        self._idle_since = self._loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_at(self._idle_since + self.limits.keepalive_s, self._idle_timeout)
 
     def _idle_timeout(self) -> None:
-        self._timer = None
-        if self._idle():
+        """Idle since `_idle_since` for the whole deadline: closed. Busy now: the next idle
+        period arms it again. Idle, but not for long enough: armed for the rest."""
+        self._idle_timer = None
+        if not self._idle():
+            return
+        due = self._idle_since + self.limits.keepalive_s
+        if self._loop.time() >= due:
             self.close()
-
-    def _arm(self, delay_s: float, callback: Any) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(delay_s, callback)
+        else:
+            self._idle_timer = self._loop.call_at(due, self._idle_timeout)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._head_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._idle_timer = None
 
     def _idle(self) -> bool:
         return self._task is None and not self._queue and self._incoming is None and not self._in_head
@@ -277,9 +298,7 @@ class Connection(asyncio.Protocol):
 
     def _kick(self) -> None:
         if self._task is None and self._queue and self.transport is not None:
-            if not self._in_head:
-                self._disarm()  # the keep-alive timer; a head's deadline stays armed
-            self._task = asyncio.get_running_loop().create_task(self._serve())
+            self._task = self._loop.create_task(self._serve())
 
     async def _serve(self) -> None:
         keep = True
@@ -301,7 +320,7 @@ class Connection(asyncio.Protocol):
         if not keep or (self._stopped and not self._queue) or self.server.closing:
             self.close()
         elif self._idle():
-            self._arm(self.limits.keepalive_s, self._idle_timeout)
+            self._went_idle()
 
     async def _serve_one(self, request: Request) -> bool:
         response, refused = await self.app.handle(request)

@@ -54,8 +54,11 @@ class StreamResponse:
         """aiohttp's name; a stream without Content-Length is chunked on HTTP/1.1 anyway."""
 
     async def prepare(self, request: Request) -> None:
-        if self._request is not None:
-            return
+        if self._request is None:
+            await request._conn.write(self._start(request))
+
+    def _start(self, request: Request) -> bytes:
+        """The head, once: the response is bound to `request` from here on."""
         self._request = request
         self._head_only = request.method == "HEAD"
         length = _has(self.headers, "Content-Length")
@@ -65,7 +68,7 @@ class StreamResponse:
             framing = ("Transfer-Encoding", "chunked")
         elif length is None:
             self.force_close_after = True  # HTTP/1.0: the close ends the body
-        await request._conn.write(self._head(request, framing))
+        return self._head(request, framing)
 
     def _head(self, request: Request, framing: tuple[str, str] | None) -> bytes:
         conn = request._conn
@@ -129,9 +132,12 @@ class Response(StreamResponse):
         await super().prepare(request)
 
     async def send(self, request: Request) -> None:
-        await self.prepare(request)
-        if not self._head_only and self.body:
-            await request._conn.write(self.body)
+        """Head and body in one write (one syscall for a small answer)."""
+        if self._request is not None:
+            raise RuntimeError("a Response is sent once")
+        self.headers["Content-Length"] = str(len(self.body))
+        head = self._start(request)
+        await request._conn.write(head if self._head_only else head + self.body)
         self._eof = True
 
 
