@@ -71,6 +71,8 @@ class Application(State):
             handler = partial(outer, handler=handler)
         try:
             response = await handler(request)
+            if not isinstance(response, StreamResponse):
+                raise TypeError(f"the handler returned {type(response).__name__}, not a response")
         except HTTPException as exc:
             answer = text_response(exc.status, exc.text, exc.headers)
             if isinstance(exc, HTTPRequestTimeout):  # a stalled body: the connection is done
@@ -86,6 +88,4 @@ class Application(State):
             failed = Response(text="500 Internal Server Error\n\nServer got itself in trouble", status=500)
             failed.force_close()
             return failed, Refused.HANDLER_FAILED
-        if not isinstance(response, StreamResponse):
-            raise TypeError(f"{request.path}: a handler returned {type(response).__name__}, not a response")
         return response, None

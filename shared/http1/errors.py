@@ -64,3 +64,18 @@ class HTTPRequestEntityTooLarge(HTTPException):
 
 class BodyIncomplete(ConnectionResetError):
     """The peer closed, or its bytes broke the framing, before the body was whole."""
+
+
+class Refusal(Exception):
+    """What the connection answers instead of a request, then closes (aiohttp's shape: an
+    HTTP/1.0 status line, a plain-text reason)."""
+
+    def __init__(self, reason: Refused, text: str, status: int = 400) -> None:
+        super().__init__(text)
+        self.reason, self.text, self.status = reason, text, status
+
+
+def parser_reason(exc: Exception) -> str:
+    """llhttp's reason for a refusal, as a sentence (never the request's bytes)."""
+    text = str(exc) or type(exc).__name__
+    return text if text.endswith(".") else text + "."

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
-from shared.http1.errors import BodyIncomplete, Refused
+from shared.http1.errors import BodyIncomplete, Refusal, Refused, parser_reason
 from shared.http1.headers import Headers
 from shared.http1.request import Body, Request
 from shared.http1.response import Response, text_response
@@ -50,15 +50,6 @@ HEAD_SLICE = 8192  # bytes fed at a time while a head is being parsed
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
-class Refusal(Exception):
-    """What the connection answers instead of a request, then closes (aiohttp's shape: an
-    HTTP/1.0 status line, a plain-text reason)."""
-
-    def __init__(self, reason: Refused, text: str, status: int = 400) -> None:
-        super().__init__(text)
-        self.reason, self.text, self.status = reason, text, status
-
-
 class Connection(asyncio.Protocol):
     def __init__(self, server: Host) -> None:
         self.server, self.app, self.limits = server, server.app, server.limits
@@ -77,6 +68,7 @@ class Connection(asyncio.Protocol):
         self._idle_since = self._loop.time()
         self._drain: asyncio.Future[None] | None = None
         self._stopped = False  # nothing more is read: refused, upgraded, or shutting down
+        self._eof = False  # the peer half-closed: what it sent is answered, then the close
         self._in_head = False
         self._url = bytearray()
         self._headers: list[tuple[str, str]] = []
@@ -101,7 +93,7 @@ class Connection(asyncio.Protocol):
                 item.body.fail(gone)
         self._queue.clear()
         if self._drain is not None and not self._drain.done():
-            self._drain.set_exception(ConnectionResetError("the peer closed the connection"))
+            self._drain.set_result(None)  # a writer waiting finds the transport gone
         self.server.forget(self)
 
     def data_received(self, data: bytes) -> None:
@@ -111,6 +103,17 @@ class Connection(asyncio.Protocol):
             self._held += data
             return
         self._feed(data)
+
+    def eof_received(self) -> bool:
+        """The peer sent all it will (a half-close): what it asked is still answered, then the
+        connection closes; a body still owed never comes."""
+        self._eof = True
+        self._disarm()
+        if self._incoming is not None:
+            self._incoming.body.fail(BodyIncomplete("the peer ended its side mid-body"))
+            self._incoming = None
+        self._in_head = False  # a head cut short never completes
+        return not self._idle() or bool(self._held)
 
     def pause_writing(self) -> None:
         if self._drain is None or self._drain.done():
@@ -142,7 +145,7 @@ class Connection(asyncio.Protocol):
                 return
             except HttpParserError as exc:
                 cause = exc.__context__
-                self._refuse(cause if isinstance(cause, Refusal) else Refusal(Refused.BAD_REQUEST, _reason(exc)))
+                self._refuse(cause if isinstance(cause, Refusal) else Refusal(Refused.BAD_REQUEST, parser_reason(exc)))
                 return
             if self._in_head:
                 self._head_bytes += len(piece)
@@ -275,7 +278,7 @@ class Connection(asyncio.Protocol):
         held, self._held = self._held, b""
         if held:
             self._feed(held)
-        if not self._paused and not self._stopped and self.transport is not None:
+        if not self._paused and not self._stopped and not self._eof and self.transport is not None:
             self.transport.resume_reading()
 
     def send_continue(self) -> None:
@@ -295,6 +298,8 @@ class Connection(asyncio.Protocol):
         self.transport.write(data)
         if self._drain is not None and not self._drain.done():
             await self._drain
+            if self.transport is None:
+                raise ConnectionResetError("the peer closed the connection")
 
     def _kick(self) -> None:
         if self._task is None and self._queue and self.transport is not None:
@@ -315,9 +320,14 @@ class Connection(asyncio.Protocol):
                     keep = False
                 else:
                     keep = await self._serve_one(item)
+        except Exception:  # a bug here ends this connection, never the server
+            log.exception("http_connection_failed", peer=self.remote)
+            self.server.refused[Refused.HANDLER_FAILED] += 1
+            keep = False
         finally:
             self._task = None
-        if not keep or (self._stopped and not self._queue) or self.server.closing:
+        done_reading = (self._stopped or self._eof) and not self._queue and not self._held
+        if not keep or done_reading or self.server.closing:
             self.close()
         elif self._idle():
             self._went_idle()
@@ -326,6 +336,8 @@ class Connection(asyncio.Protocol):
         response, refused = await self.app.handle(request)
         if refused is not None:
             self.server.refused[refused] += 1
+        if request.started and not response.prepared:  # a stream failed midway: cut, not re-answered
+            return False
         try:
             if isinstance(response, Response) and not response.prepared:
                 await response.send(request)
@@ -378,8 +390,3 @@ class Connection(asyncio.Protocol):
             self._task.cancel()
         if self.transport is not None:
             self.transport.abort()
-
-
-def _reason(exc: HttpParserError) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if text.endswith(".") else text + "."

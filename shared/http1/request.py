@@ -162,6 +162,7 @@ class Request:
         "_storage",
         "_read",
         "_max_body",
+        "started",
     )
 
     match_info: MatchInfo  # set by the app's router before any handler runs
@@ -195,6 +196,7 @@ class Request:
         self._read: bytes | None = None
         self.app = app
         self._max_body = max_body
+        self.started = False  # a response's head went out: nothing else may answer this request
 
     @property
     def query(self) -> dict[str, str]:

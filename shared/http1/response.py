@@ -60,6 +60,7 @@ class StreamResponse:
     def _start(self, request: Request) -> bytes:
         """The head, once: the response is bound to `request` from here on."""
         self._request = request
+        request.started = True
         self._head_only = request.method == "HEAD"
         length = _has(self.headers, "Content-Length")
         framing = None

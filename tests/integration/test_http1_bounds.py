@@ -150,3 +150,26 @@ async def test_a_handler_that_raises_is_a_500_and_the_server_goes_on(app_server:
     assert answer.body == b"500 Internal Server Error\n\nServer got itself in trouble"
     assert server.refused == {Refused.HANDLER_FAILED: 1}
     await still_serves(server.port)
+
+
+async def test_random_bytes_never_stop_the_server(app_server: Any) -> None:
+    """Each connection's loop survives what it is sent; the server serves on (seeded, printed)."""
+    import random
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    server = await app_server(build(), limits=SHORT)
+    for _ in range(60):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 300)))
+        if rng.random() < 0.5:  # a plausible start, then junk
+            junk = b"POST /echo HTTP/1.1\r\n" + junk
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(junk)
+        writer.write_eof()
+        try:
+            await asyncio.wait_for(reader.read(), 5)
+        except ConnectionResetError:
+            pass
+        writer.close()
+    await still_serves(server.port)
+    assert sum(server.refused.values()) > 0, f"seed={seed}"

@@ -158,3 +158,56 @@ async def test_shutdown_closes_idle_connections_and_lets_answers_finish(app_serv
     assert app[LIFECYCLE] == ["started", "shutdown", "cleaned"]
     idle_writer.close()
     busy_writer.close()
+
+
+async def test_more_pipelined_requests_than_the_queue_holds_are_all_answered_in_order(app_server: Any) -> None:
+    server = await app_server(build(), limits=Limits(max_pipelined=4))
+    reader, writer = await connect(server.port)
+    writer.write(b"".join(get(f"/hello?n={n}") for n in range(40)))  # one write: parsing pauses past 4
+    bodies = [(await Answer.read(reader)).body for _ in range(40)]
+    assert bodies == [b'{"hello":"%d"}' % n for n in range(40)]
+    writer.close()
+
+
+async def test_a_body_larger_than_the_read_ahead_buffer_arrives_whole(app_server: Any) -> None:
+    app = build(max_size=4 * 1024 * 1024)
+    server = await app_server(app, limits=Limits(body_buffer_bytes=16 * 1024))
+    body = bytes(range(256)) * 8192  # 2 MiB: reading pauses and resumes as the handler reads
+    answer = await exchange(server.port, post("/echo", body))
+    assert answer.status == 200 and answer.body == body and app[READS] == [len(body)]
+
+
+async def test_a_stream_that_fails_midway_is_cut_not_answered_twice(app_server: Any) -> None:
+    server = await app_server(build())
+    reader, writer = await connect(server.port)
+    writer.write(get("/breaks"))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    rest = b""
+    try:
+        while chunk := await asyncio.wait_for(reader.read(65536), 5):
+            rest += chunk
+    except ConnectionResetError:
+        pass
+    assert b"partial" in rest and b"HTTP/1.1 500" not in rest and not rest.endswith(b"0\r\n\r\n")
+    writer.close()
+
+
+async def test_a_peer_that_half_closes_after_its_requests_still_gets_its_answers(app_server: Any) -> None:
+    server = await app_server(build())
+    reader, writer = await connect(server.port)
+    writer.write(get("/hello?n=1") + get("/hello?n=2"))
+    writer.write_eof()
+    assert [(await Answer.read(reader)).body for _ in range(2)] == [b'{"hello":"1"}', b'{"hello":"2"}']
+    assert await closed_by_peer(reader)
+    writer.close()
+
+
+async def test_a_half_close_after_more_requests_than_the_queue_holds_answers_them_all(app_server: Any) -> None:
+    server = await app_server(build(), limits=Limits(max_pipelined=2))
+    reader, writer = await connect(server.port)
+    writer.write(b"".join(get(f"/hello?n={n}") for n in range(10)))
+    writer.write_eof()
+    assert [(await Answer.read(reader)).body for _ in range(10)] == [b'{"hello":"%d"}' % n for n in range(10)]
+    assert await closed_by_peer(reader)
+    writer.close()

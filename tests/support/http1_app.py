@@ -80,6 +80,7 @@ def build(max_size: int = 1024) -> web.Application:
     app.router.add_get("/gate", gate)
     app.router.add_get("/stream", stream)
     app.router.add_get("/boom", boom)
+    app.router.add_get("/breaks", breaks_midway)
     app.cleanup_ctx.append(upkeep)
     app.on_shutdown.append(on_shutdown)
     return app
@@ -91,3 +92,10 @@ def get(path: str, extra: str = "", version: str = "1.1") -> bytes:
 
 def post(path: str, body: bytes, extra: str = "") -> bytes:
     return f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+async def breaks_midway(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+    await response.prepare(request)
+    await response.write(b"partial")
+    raise RuntimeError("a handler bug after its head went out")
