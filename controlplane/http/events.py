@@ -60,8 +60,9 @@ async def events(request: web.Request) -> web.StreamResponse:
 async def _relay(request: web.Request, response: web.EventSourceResponse, subscriber: Subscriber) -> None:
     """Live events until the hub closes the reader or the peer is gone.
 
-    The server does not cancel a handler whose peer went away (as aiohttp did not), so an idle feed checks every
-    `LIVENESS_CHECK_S` rather than holding its place in the hub until the next heartbeat.
+    The server does not cancel a handler whose peer went away (nor did aiohttp), so an idle
+    feed checks every `LIVENESS_CHECK_S` rather than holding its place in the hub until the
+    next heartbeat.
     """
     while subscriber.closed is None:
         try:
