@@ -91,5 +91,5 @@ class DisabledAccounts:
         await every(tick_s, self.kick, "accounts_disabled_upkeep_failed")
 
     def background(self, _app: object) -> AsyncIterator[None]:
-        """An aiohttp `cleanup_ctx`: `maintain` runs while the app does."""
+        """The HTTP app's `cleanup_ctx` (`shared.http1.app`): `maintain` runs while the app does."""
         return while_app_runs(self.maintain)

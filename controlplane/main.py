@@ -5,9 +5,6 @@
 
 from __future__ import annotations
 
-import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contexts read the CA bundle when used
-
-# isort: split
 import asyncio
 import os
 import signal
@@ -15,7 +12,6 @@ import sys
 from typing import TYPE_CHECKING
 
 import uvloop
-from aiohttp import web
 
 from controlplane.http import accounts as accounts_http
 from controlplane.http import admin as admin_http
@@ -39,6 +35,7 @@ from controlplane.stores.ledger import Ledger
 from controlplane.wiring import Control, wire
 from shared.clock import now_ms
 from shared.heap import HeapTrimmer, settle_heap
+from shared.http1 import web
 from shared.logging import configure_logging, get_logger
 from shared.private import private_dir
 from shared.rpc import start_unix_server
@@ -155,11 +152,9 @@ async def serve(control: Control) -> None:
         raise StartupError(
             f"cannot open the RPC socket {settings.rpc_socket} (GATEWAY_RPC_SOCKET / GATEWAY_RUNTIME_DIR): {exc}"
         ) from exc
-    runner = web.AppRunner(build_app(control), access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.control_host, settings.control_port, reuse_address=True)
+    server = web.Server(build_app(control))
     try:
-        await site.start()
+        await server.start(settings.control_host, settings.control_port, reuse_address=True)
     except OSError as exc:
         listener.close()
         raise StartupError(
@@ -184,7 +179,7 @@ async def serve(control: Control) -> None:
     listener.close()
     if service.link.conn is not None:
         service.link.conn.close()
-    await runner.cleanup()
+    await server.close()
     await _end(control)
     log.info("control_stopped")
 

@@ -12,7 +12,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from aiohttp import web
 
 from controlplane.books import Books, build_books
 from controlplane.budgetguard import BudgetGuard
@@ -42,6 +41,7 @@ from controlplane.stores.ledger import Ledger
 from controlplane.stores.policy import PolicyStore
 from controlplane.traces import TraceCollector, Traces
 from shared.clock import now_ms
+from shared.http1 import web
 from shared.settings import Settings
 
 if TYPE_CHECKING:  # fleet mode's modules (and the Redis client) load only in fleet mode: `backends_for`
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # fleet mode's modules (and the Redis client) load only in fl
     from controlplane.fleet.spend import FleetSpend
 
 
-Upkeep = Callable[[web.Application], AsyncIterator[None]]  # an aiohttp cleanup context: a loop while the app runs
+Upkeep = Callable[[web.Application], AsyncIterator[None]]  # the app's cleanup context: a loop while the app runs
 
 
 class Control(msgspec.Struct, frozen=True, kw_only=True):

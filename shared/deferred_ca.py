@@ -3,19 +3,20 @@
 `import aiohttp` builds two client `ssl.SSLContext`s at module level (`aiohttp.connector`: one
 verified, one not), and each reads and parses the system CA bundle: with OpenSSL 3 that is
 ~0.8 MiB and 40-150 ms of CPU a read, so ~2 MiB of RSS and about a third of `import aiohttp.web`
-in every daemon, before anything is served (issue 27). Control never opens a TLS connection
-through aiohttp; the data plane's upstream client and its aiohttp sessions use the data plane's
-own verified context (`dataplane.upstream_client.UPSTREAM_TLS`: built by `create_default_context`
-here, its bundle read on a thread once the data plane listens, `read_in_background`).
+in the data plane, before anything is served (issue 27). The data plane's upstream client and
+its aiohttp sessions use the data plane's own verified context
+(`dataplane.upstream_client.UPSTREAM_TLS`: built by `create_default_context` here, its bundle
+read on a thread once the data plane listens, `read_in_background`). Control imports no aiohttp
+at all (`shared/http1/`).
 
-Importing this module first (each daemon's main module does, before anything imports aiohttp)
-imports aiohttp with `SSLContext.set_default_verify_paths` (what `load_default_certs` calls on
-POSIX) deferred: a context built during that import reads the default paths at its first
-`wrap_bio` or `wrap_socket` (where asyncio and uvloop start every TLS handshake), then falls back
-to the class's own methods. The same certificates and the same verification, only later, and
-only if the context is ever used. The stand-in is in place only while aiohttp is imported (at
-start, on one thread). When aiohttp is already imported (a test process), nothing changes.
-tests/unit/test_lazy_imports.py checks both halves: no CA read at a daemon's start, and a
+Importing this module first (the data plane's main module does, before anything imports
+aiohttp) imports aiohttp with `SSLContext.set_default_verify_paths` (what `load_default_certs`
+calls on POSIX) deferred: a context built during that import reads the default paths at its
+first `wrap_bio` or `wrap_socket` (where asyncio and uvloop start every TLS handshake), then
+falls back to the class's own methods. The same certificates and the same verification, only
+later, and only if the context is ever used. The stand-in is in place only while aiohttp is
+imported (at start, on one thread). When aiohttp is already imported (a test process), nothing
+changes. tests/unit/test_lazy_imports.py checks both halves: no CA read at a daemon's start, and a
 verified handshake through aiohttp's default context afterwards.
 """
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +68,40 @@ async def fleet(redis_server: RedisServer) -> AsyncIterator[Fleet]:
     made = Fleet(redis_server)
     yield made
     await made.close()
+
+
+@pytest.fixture
+async def app_client() -> AsyncIterator:
+    """`await app_client(app)`: the app served by `shared.http1` on 127.0.0.1 and a client for
+    it (the fixture aiohttp's `aiohttp_client` was for control's apps); all closed afterwards."""
+    from tests.support.http1 import AppClient, serve
+
+    made: list[AppClient] = []
+
+    async def make(app: Any) -> AppClient:
+        client = AppClient(await serve(app))
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.close()
+
+
+@pytest.fixture
+async def app_server() -> AsyncIterator:
+    """`await app_server(app, limits=...)`: the app served by `shared.http1` on 127.0.0.1;
+    closed afterwards unless the test closed it."""
+    from tests.support.http1 import serve
+
+    made: list[Any] = []
+
+    async def make(app: Any, **kwargs: Any) -> Any:
+        server = await serve(app, **kwargs)
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        if not server.closing:
+            await server.close()

@@ -22,7 +22,6 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import msgspec
-from aiohttp import web
 
 from controlplane.circuits import CircuitView
 from controlplane.core.health import derive_health
@@ -39,6 +38,7 @@ from shared.chain import Verdict
 from shared.chainfile import ChainView
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, Scope
+from shared.http1 import web
 
 WINDOW_DEFAULT_S, WINDOW_MIN_S, WINDOW_MAX_S = 900, 60, 86400
 

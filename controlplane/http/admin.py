@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-from aiohttp import web
 
 from controlplane.http.appkeys import ADMIN_STORE, LEASE_REVOKER
 from controlplane.http.common import authenticated_by, json_response, read_json, refuse_secret_shapes, requires
 from controlplane.stores.admin import AccountAdminStore, AdminMutation, Revoker
 from shared.clock import iso_ms, now_ms
 from shared.codes import AdminState, Scope
+from shared.http1 import web
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Actor = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

@@ -6,8 +6,6 @@ module depends on the stores and services it reads, and on no other handler.
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from controlplane.events import EventHub
 from controlplane.fleet.snapshot import FleetSource
 from controlplane.headroom import HeadroomBook
@@ -17,6 +15,7 @@ from controlplane.ports import ControlReads
 from controlplane.spend import SpendBook
 from controlplane.stores.admin import AccountAdminStore
 from controlplane.stores.policy import PolicyStore
+from shared.http1 import web
 
 READS = web.AppKey("control_reads", ControlReads)  # the read ports (`controlplane/ports.py`)
 V1_KEYS = web.AppKey("v1_keys", object)  # a `controlplane.ports.V1Keys`: SPEC §5's mint and revoke
@@ -30,7 +29,8 @@ METRICS = web.AppKey("metrics", GatewayMetrics)
 ASSETS = web.AppKey("dashboard_assets", dict)  # name -> (bytes, content type)
 SPEND_BOOK = web.AppKey("spend_book", SpendBook)
 SPEND_POLICY = web.AppKey("spend_policy", PolicyStore)
-FLEET = web.AppKey("fleet_view", FleetSource)  # embedded: a fleet of one; else Redis (SPEC §16)
+# embedded: a fleet of one; else Redis (SPEC §16)
+FLEET = web.AppKey("fleet_view", FleetSource)  # type: ignore[type-abstract]
 TRACES = web.AppKey("traces", object)  # a `controlplane.traces.Traces`, or None: export off (SPEC §21)
 HEADROOM = web.AppKey("headroom", HeadroomBook)  # provider rate-limit headroom (SPEC §22)
 

@@ -12,12 +12,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
-from aiohttp import web
 
 from shared.bounds import retry_after_s
 from shared.capacity import StateUnavailable
 from shared.codes import HTTP_STATUS, ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
+from shared.http1 import web
 from shared.logging import get_logger, redact_text
 from shared.settings import Settings
 

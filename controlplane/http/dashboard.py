@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aiohttp import web
-
 from controlplane.http.appkeys import ASSETS
 from controlplane.http.common import requires
+from shared.http1 import web
 
 FILES = {  # file in controlplane/static → content type
     "dashboard.html": "text/html; charset=utf-8",

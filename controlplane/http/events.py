@@ -6,10 +6,10 @@ that followed that id. Heartbeats are SSE comment lines (`: ping`) every `HEARTB
 connections stay open through proxies; a reader that closed its connection is noticed within
 `LIVENESS_CHECK_S` even when there is nothing to send. On shutdown every feed ends cleanly.
 
-A reader that stops reading fills its kernel buffers, then aiohttp's write buffer, then its hub
-queue; the hub then drops it, and this module aborts its connection. The send buffer is capped
-(`FEED_SNDBUF_BYTES`) so that point comes after a known amount of data, not after whatever the
-kernel would autotune to.
+A reader that stops reading fills its kernel buffers, then the server's write buffer (a write
+waits while the socket is full), then its hub queue; the hub then drops it, and this module
+aborts its connection. The send buffer is capped (`FEED_SNDBUF_BYTES`) so that point comes
+after a known amount of data, not after whatever the kernel would autotune to.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from aiohttp import web
-from aiohttp_sse import EventSourceResponse
-
 from controlplane.events import CloseReason, Event, EventHub, Subscriber
 from controlplane.http.appkeys import HEARTBEAT, HUB
 from controlplane.http.common import requires
 from shared.codes import Scope
+from shared.http1 import web
 from shared.logging import get_logger
 
 log = get_logger("control.events")
@@ -31,7 +29,7 @@ log = get_logger("control.events")
 HEARTBEAT_S = 15.0
 LIVENESS_CHECK_S = 1.0
 FEED_SNDBUF_BYTES = 32 * 1024
-_DISCONNECTS = (ConnectionError, RuntimeError)  # RuntimeError: aiohttp writing after EOF
+_DISCONNECTS = (ConnectionError, RuntimeError)  # RuntimeError: writing after EOF
 
 
 @requires(Scope.READ)
@@ -39,7 +37,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     hub = request.app[HUB]
     peer = request.remote or ""
     subscriber, backlog = hub.subscribe(request.headers.get("Last-Event-ID"), peer=peer)
-    response = EventSourceResponse(sep="\n")
+    response = web.EventSourceResponse(sep="\n")
     response.ping_interval = request.app.get(HEARTBEAT, HEARTBEAT_S)
     try:
         await response.prepare(request)
@@ -59,11 +57,12 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _relay(request: web.Request, response: EventSourceResponse, subscriber: Subscriber) -> None:
+async def _relay(request: web.Request, response: web.EventSourceResponse, subscriber: Subscriber) -> None:
     """Live events until the hub closes the reader or the peer is gone.
 
-    aiohttp does not cancel a handler whose peer went away, so an idle feed checks every
-    `LIVENESS_CHECK_S` rather than holding its place in the hub until the next heartbeat.
+    The server does not cancel a handler whose peer went away (nor did aiohttp), so an idle
+    feed checks every `LIVENESS_CHECK_S` rather than holding its place in the hub until the
+    next heartbeat.
     """
     while subscriber.closed is None:
         try:
@@ -76,7 +75,7 @@ async def _relay(request: web.Request, response: EventSourceResponse, subscriber
             await _send(response, event)
 
 
-async def _send(response: EventSourceResponse, event: Event) -> None:
+async def _send(response: web.EventSourceResponse, event: Event) -> None:
     await response.send(event.payload.decode(), id=event.id, event=str(event.kind))
 
 

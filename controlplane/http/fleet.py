@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
-
 from controlplane.fleet.snapshot import FleetSnapshot
 from controlplane.http.appkeys import FLEET
 from controlplane.http.common import json_response, requires
 from shared.clock import iso_ms, now_ms
 from shared.codes import Scope
+from shared.http1 import web
 
 
 def fleet_payload(snap: FleetSnapshot, now: int) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, cast
 
 import msgspec
-from aiohttp import web
 
 from controlplane.http.appkeys import V1_KEYS
 from controlplane.http.common import json_response, read_json, requires
@@ -14,6 +13,7 @@ from shared.bounds import TtlSeconds
 from shared.clock import iso_ms
 from shared.codes import Binding, ErrorCode, Scope
 from shared.errors import GatewayError
+from shared.http1 import web
 from shared.tokens import KEY_ID_RE
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

@@ -7,12 +7,11 @@ handler itself only renders the app's own registry, in the format the scraper's 
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from controlplane.http.appkeys import METRICS
 from controlplane.http.common import requires
 from controlplane.metrics import GatewayMetrics
 from shared.codes import Scope
+from shared.http1 import web
 
 
 @requires(Scope.READ)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import msgspec
-from aiohttp import web
 
 from controlplane.answers import MintAnswer
 from controlplane.http.appkeys import DESK
@@ -12,6 +11,7 @@ from controlplane.mintshapes import MintV2
 from shared.bounds import TtlSeconds
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
+from shared.http1 import web
 from shared.tokens import KEY_ID_RE
 
 

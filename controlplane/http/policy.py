@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-from aiohttp import web
 
 from controlplane.core.mint import MintVerdict, decide_mint
 from controlplane.core.policy import ResolvedPolicy
@@ -32,6 +31,7 @@ from controlplane.stores.policy import PolicyStore, Resolution
 from shared.clock import iso_ms, now_ms
 from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
+from shared.http1 import web
 
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 Actor = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

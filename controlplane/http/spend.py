@@ -21,8 +21,6 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from aiohttp import web
-
 from controlplane.core.budgets import all_budgets
 from controlplane.core.spend import By
 from controlplane.core.spendscopes import TenancyMap
@@ -33,6 +31,7 @@ from controlplane.spend import SpendBook
 from controlplane.stores.policy import PolicyStore
 from shared.codes import ErrorCode, Refusal, Scope
 from shared.errors import GatewayError
+from shared.http1 import web
 
 SERIES_HOURS_MAX = 168
 
@@ -101,7 +100,7 @@ async def spend_view(request: web.Request) -> web.Response:
     return json_response(payload)
 
 
-def budgets_on_chain(app: web.Application, budgets: Any, state: Any) -> list[Any] | None:
+def budgets_on_chain(app: web.State, budgets: Any, state: Any) -> list[Any] | None:
     """Explain's `budgets`: each budget of the resolved chain with its spend now (None without
     a resolution, or in an app without the spend book)."""
     book = app.get(SPEND_BOOK)

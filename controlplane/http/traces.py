@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, cast
 
 import msgspec
-from aiohttp import web
 
 from controlplane.http.appkeys import READS, TRACES
 from controlplane.http.common import json_response, requires
 from shared.codes import ErrorCode, Scope
 from shared.errors import GatewayError
+from shared.http1 import web
 from shared.spans import DecisionNote, account_of, span_of
 
 if TYPE_CHECKING:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from controlplane.http.appkeys import READS
 from controlplane.http.common import int_query, json_response, requires
 from controlplane.routebook import view_of
 from shared.clock import iso_ms, now_ms
 from shared.codes import Scope
+from shared.http1 import web
 
 RECENT_LIMIT_MAX = 200
 

@@ -9,20 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from controlplane.http.admin import add_routes
 from controlplane.http.common import TokenRing, auth_middleware
 from controlplane.stores.admin import CHAIN_FILE, AccountAdminStore
+from shared.http1 import web
 from shared.settings import load_settings
+from tests.support.http1 import AppClient
 
 ADMIN, MINT, READ = "ctl-" + "a" * 24, "mint-" + "b" * 24, "read-" + "c" * 24
 ACCOUNTS = ("legacy-anthropic", "legacy-zai-harness", "legacy-openai", "team-b")
 STATE = "/control/v2/accounts/{}/state"
 REVOKE = "/control/v2/accounts/{}/revoke-leases"
 
-Client = Callable[..., Awaitable[TestClient]]
+Client = Callable[..., Awaitable[AppClient]]
 
 
 class Revocations:
@@ -42,7 +42,7 @@ def revocations() -> Revocations:
 
 
 @pytest.fixture
-async def client(tmp_path: Path, aiohttp_client: Client, revocations: Revocations) -> TestClient:
+async def client(tmp_path: Path, app_client: Client, revocations: Revocations) -> AppClient:
     settings = load_settings(
         {
             "GATEWAY_CONTROL_TOKEN": ADMIN,
@@ -53,7 +53,7 @@ async def client(tmp_path: Path, aiohttp_client: Client, revocations: Revocation
     )
     app = web.Application(middlewares=[auth_middleware(TokenRing(settings), False)])
     add_routes(app, AccountAdminStore(settings.state_dir, ACCOUNTS), revocations)
-    return await aiohttp_client(app)
+    return await app_client(app)
 
 
 def auth(token: str | None) -> dict[str, str]:
@@ -61,7 +61,7 @@ def auth(token: str | None) -> dict[str, str]:
 
 
 async def call(
-    client: TestClient, method: str, path: str, body: Any = None, token: str | None = ADMIN
+    client: AppClient, method: str, path: str, body: Any = None, token: str | None = ADMIN
 ) -> tuple[int, Any]:
     response = await client.request(method, path, json=body, headers=auth(token))
     return response.status, await response.json()
@@ -84,7 +84,7 @@ def lines(tmp_path: Path) -> list[dict[str, Any]]:
     ids=["set-state", "revoke-leases"],
 )
 async def test_mutations_need_the_admin_scope(
-    client: TestClient, tmp_path: Path, revocations: Revocations, method: str, path: str, body: dict[str, Any]
+    client: AppClient, tmp_path: Path, revocations: Revocations, method: str, path: str, body: dict[str, Any]
 ) -> None:
     assert (await call(client, method, path, body, token=None))[0] == 401
     assert (await call(client, method, path, body, token="wrong-" + "z" * 20))[0] == 401
@@ -96,7 +96,7 @@ async def test_mutations_need_the_admin_scope(
 
 
 @pytest.mark.parametrize("path", ["/control/v2/accounts/admin", "/control/v2/accounts/audit"])
-async def test_reads_need_the_read_scope(client: TestClient, path: str) -> None:
+async def test_reads_need_the_read_scope(client: AppClient, path: str) -> None:
     assert (await call(client, "GET", path, token=None))[0] == 401
     for token in (READ, MINT, ADMIN):
         assert (await call(client, "GET", path, token=token))[0] == 200
@@ -105,7 +105,7 @@ async def test_reads_need_the_read_scope(client: TestClient, path: str) -> None:
 # ---- set-state ----------------------------------------------------------------------------------
 
 
-async def test_set_state_records_the_actor_and_the_token_that_authenticated(client: TestClient, tmp_path: Path) -> None:
+async def test_set_state_records_the_actor_and_the_token_that_authenticated(client: AppClient, tmp_path: Path) -> None:
     status, done = await call(
         client,
         "PATCH",
@@ -146,7 +146,7 @@ async def test_set_state_records_the_actor_and_the_token_that_authenticated(clie
 
 
 async def test_without_expected_revision_it_applies_at_the_current_one_and_says_so(
-    client: TestClient, tmp_path: Path
+    client: AppClient, tmp_path: Path
 ) -> None:
     await call(client, "PATCH", STATE.format("team-b"), {"state": "draining", "reason": "r"})
     status, done = await call(client, "PATCH", STATE.format("team-b"), {"state": "enabled", "reason": "r"})
@@ -156,7 +156,7 @@ async def test_without_expected_revision_it_applies_at_the_current_one_and_says_
     assert done["record"]["actor"] is None  # no actor claimed, none invented
 
 
-async def test_a_stale_expected_revision_is_409_with_the_current_revision(client: TestClient, tmp_path: Path) -> None:
+async def test_a_stale_expected_revision_is_409_with_the_current_revision(client: AppClient, tmp_path: Path) -> None:
     await call(client, "PATCH", STATE.format("team-b"), {"state": "disabled", "reason": "r"})
     status, refused = await call(
         client, "PATCH", STATE.format("team-b"), {"state": "enabled", "reason": "r", "expected_revision": 0}
@@ -167,7 +167,7 @@ async def test_a_stale_expected_revision_is_409_with_the_current_revision(client
     assert len(lines(tmp_path)) == 1
 
 
-async def test_two_concurrent_patches_at_one_revision_exactly_one_commits(client: TestClient, tmp_path: Path) -> None:
+async def test_two_concurrent_patches_at_one_revision_exactly_one_commits(client: AppClient, tmp_path: Path) -> None:
     bodies = [
         {"state": "disabled", "reason": "a", "expected_revision": 0},
         {"state": "draining", "reason": "b", "expected_revision": 0},
@@ -202,13 +202,13 @@ async def test_two_concurrent_patches_at_one_revision_exactly_one_commits(client
         "token-in-actor",
     ],
 )
-async def test_a_bad_body_is_422_and_records_nothing(client: TestClient, tmp_path: Path, body: dict[str, Any]) -> None:
+async def test_a_bad_body_is_422_and_records_nothing(client: AppClient, tmp_path: Path, body: dict[str, Any]) -> None:
     status, refused = await call(client, "PATCH", STATE.format("team-b"), body)
     assert (status, refused["error"]["code"]) == (422, "invalid-request")
     assert lines(tmp_path) == []
 
 
-async def test_an_unknown_account_is_404(client: TestClient, tmp_path: Path) -> None:
+async def test_an_unknown_account_is_404(client: AppClient, tmp_path: Path) -> None:
     status, refused = await call(client, "PATCH", STATE.format("nobody"), {"state": "disabled", "reason": "r"})
     assert (status, refused["error"]["code"]) == (404, "not-found")
     status, refused = await call(client, "POST", REVOKE.format("nobody"), {"reason": "r"})
@@ -218,7 +218,7 @@ async def test_an_unknown_account_is_404(client: TestClient, tmp_path: Path) -> 
 # ---- revoke-leases --------------------------------------------------------------------------------
 
 
-async def test_revoke_leases_revokes_then_records(client: TestClient, tmp_path: Path, revocations: Revocations) -> None:
+async def test_revoke_leases_revokes_then_records(client: AppClient, tmp_path: Path, revocations: Revocations) -> None:
     status, done = await call(
         client, "POST", REVOKE.format("legacy-openai"), {"reason": "key leaked", "actor": "bob", "expected_revision": 0}
     )
@@ -235,7 +235,7 @@ async def test_revoke_leases_revokes_then_records(client: TestClient, tmp_path: 
 # ---- the audit and a corrupt chain ----------------------------------------------------------------
 
 
-async def test_audit_lists_every_record_in_order_with_the_verdict(client: TestClient) -> None:
+async def test_audit_lists_every_record_in_order_with_the_verdict(client: AppClient) -> None:
     for state in ("disabled", "enabled"):
         await call(client, "PATCH", STATE.format("team-b"), {"state": state, "reason": state})
     await call(client, "POST", REVOKE.format("team-b"), {"reason": "sweep"})
@@ -250,7 +250,7 @@ async def test_audit_lists_every_record_in_order_with_the_verdict(client: TestCl
 
 
 async def test_a_corrupt_chain_is_reported_and_refuses_mutations(
-    client: TestClient, tmp_path: Path, revocations: Revocations
+    client: AppClient, tmp_path: Path, revocations: Revocations
 ) -> None:
     await call(client, "PATCH", STATE.format("team-b"), {"state": "disabled", "reason": "r"})
     await call(client, "PATCH", STATE.format("legacy-openai"), {"state": "disabled", "reason": "r"})

@@ -110,7 +110,7 @@ class World:
         ]
 
 
-async def open_world(tmp_path: Path, aiohttp_client: Any, ledger: Ledger | None = None) -> AsyncIterator[World]:
+async def open_world(tmp_path: Path, app_client: Any, ledger: Ledger | None = None) -> AsyncIterator[World]:
     control = make_control(
         tmp_path / "state",
         settings={"GATEWAY_RUNTIME_DIR": str(tmp_path / "rt")},
@@ -118,7 +118,7 @@ async def open_world(tmp_path: Path, aiohttp_client: Any, ledger: Ledger | None 
         ledger=ledger,
     )
     await control.service.restore()
-    client = await aiohttp_client(build_app(control))
+    client = await app_client(build_app(control))
     server = await start_unix_server(control.settings.rpc_socket, control.service.link.on_client)
     dataplane = ControlLink(control.settings.rpc_socket, LeaseReplica(env={}))
     task = asyncio.create_task(dataplane.run())
@@ -133,8 +133,8 @@ async def open_world(tmp_path: Path, aiohttp_client: Any, ledger: Ledger | None 
 
 
 @pytest.fixture
-async def world(tmp_path: Path, aiohttp_client: Any) -> AsyncIterator[World]:
-    async for opened in open_world(tmp_path, aiohttp_client):
+async def world(tmp_path: Path, app_client: Any) -> AsyncIterator[World]:
+    async for opened in open_world(tmp_path, app_client):
         yield opened
 
 
@@ -204,12 +204,12 @@ async def test_an_unpriced_model_in_a_budgeted_scope_is_refused_at_the_v2_mint(w
     assert (await world.mint_v2("acme/app"))[0] == 201
 
 
-async def test_the_hold_lifts_when_the_window_resets(tmp_path: Path, aiohttp_client: Any) -> None:
+async def test_the_hold_lifts_when_the_window_resets(tmp_path: Path, app_client: Any) -> None:
     clock = FakeClock("2028-02-28T23:59:00")
     ledger = Ledger(str(tmp_path / "state" / "ledger.jsonl"), clock=clock)
     (tmp_path / "state").mkdir()
     ledger.open()
-    async for world in open_world(tmp_path, aiohttp_client, ledger):
+    async for world in open_world(tmp_path, app_client, ledger):
         await world.put("platform", {"budgets": [{"window": "day", "usd": 0.01}]})
         _, _, lease = await world.mint_v1("acme/app")
         lease["repo"] = "acme/app"

@@ -11,13 +11,14 @@ import socket
 import time
 
 import aiohttp
-from aiohttp import web
 from structlog.testing import capture_logs
 
 from controlplane.events import CloseReason, EventHub
 from controlplane.http import events as events_http
 from controlplane.http.common import TokenRing, auth_middleware
+from shared.http1 import web
 from shared.settings import load_settings
+from tests.support.http1 import url_of
 from tests.support.waits import until
 from tests.unit.test_events_hub import row
 
@@ -38,9 +39,9 @@ def request_bytes(port: int, token: str = READ_TOKEN) -> bytes:
     ).encode()
 
 
-async def test_idle_feed_gets_heartbeat_comments(aiohttp_server) -> None:
+async def test_idle_feed_gets_heartbeat_comments(app_server) -> None:
     hub = EventHub(epoch="t")
-    server = await aiohttp_server(feed_app(hub, heartbeat_s=0.05))
+    server = await app_server(feed_app(hub, heartbeat_s=0.05))
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(request_bytes(server.port))
     seen = b""
@@ -52,20 +53,20 @@ async def test_idle_feed_gets_heartbeat_comments(aiohttp_server) -> None:
     writer.close()
 
 
-async def test_unauthenticated_reader_is_refused_before_subscribing(aiohttp_server) -> None:
+async def test_unauthenticated_reader_is_refused_before_subscribing(app_server) -> None:
     hub = EventHub(epoch="t")
-    server = await aiohttp_server(feed_app(hub))
+    server = await app_server(feed_app(hub))
     async with aiohttp.ClientSession() as session:
         async with session.get(
-            server.make_url("/control/v2/events"), headers={"Authorization": "Bearer wrong"}
+            url_of(server, "/control/v2/events"), headers={"Authorization": "Bearer wrong"}
         ) as response:
             assert response.status == 401
     assert hub.subscribers == set() and sum(hub.closed_by_reason.values()) == 0
 
 
-async def test_a_reader_that_never_reads_is_dropped_and_its_connection_aborted(aiohttp_server) -> None:
+async def test_a_reader_that_never_reads_is_dropped_and_its_connection_aborted(app_server) -> None:
     hub = EventHub(epoch="t", queue_max=32)
-    server = await aiohttp_server(feed_app(hub))
+    server = await app_server(feed_app(hub))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that stopped reading
     sock.setblocking(False)
@@ -99,12 +100,12 @@ async def test_a_reader_that_never_reads_is_dropped_and_its_connection_aborted(a
     assert received > 0
 
 
-async def test_shutdown_ends_open_feeds_at_once(aiohttp_server) -> None:
+async def test_shutdown_ends_open_feeds_at_once(app_server) -> None:
     hub = EventHub(epoch="t")
-    server = await aiohttp_server(feed_app(hub))
+    server = await app_server(feed_app(hub))
     session = aiohttp.ClientSession()
     response = await session.get(
-        server.make_url("/control/v2/events"), headers={"Authorization": f"Bearer {READ_TOKEN}"}
+        url_of(server, "/control/v2/events"), headers={"Authorization": f"Bearer {READ_TOKEN}"}
     )
     assert response.status == 200
     hub.publish("policy", {"name": "platform", "revision": 1})

@@ -398,7 +398,7 @@ CASES = [
 
 
 @pytest.fixture
-async def world(tmp_path: Path, aiohttp_client) -> Any:
+async def world(tmp_path: Path, app_client) -> Any:
     env = {a.credential_env: "k" for a in ACCOUNTS}
     control = make_control(
         tmp_path / "state",
@@ -408,7 +408,7 @@ async def world(tmp_path: Path, aiohttp_client) -> Any:
         settings={"GATEWAY_CIRCUIT_COOLDOWN_SECONDS": "900"},
     )
     await control.service.restore()
-    client = await aiohttp_client(build_app(control))
+    client = await app_client(build_app(control))
     yield World(control, client)
     close_control(control)
 

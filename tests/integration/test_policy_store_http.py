@@ -1,4 +1,4 @@
-"""The policy routes in-process over a real socket (aiohttp test server, the real control app):
+"""The policy routes in-process over a real socket (shared.http1's server, the real control app):
 scopes, the PUT contract, 422s naming what they refuse, the `policy` event, level and audit reads."""
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def service(control):
 
 
 @pytest.fixture
-async def client(aiohttp_client, control):
-    return await aiohttp_client(build_app(control))
+async def client(app_client, control):
+    return await app_client(build_app(control))
 
 
 async def call(client, method: str, path: str, body: Any = None, token: str = ADMIN) -> tuple[int, Any]:

@@ -60,8 +60,8 @@ def service(control):
 
 
 @pytest.fixture
-async def client(aiohttp_client, control):
-    return await aiohttp_client(build_app(control))
+async def client(app_client, control):
+    return await app_client(build_app(control))
 
 
 async def call(client, method: str, path: str, body: Any = None, token: str | None = READ) -> tuple[int, Any]:

@@ -130,7 +130,7 @@ async def check_views(control: Control, state: Path, clock: FakeClock, seed: int
     assert held == {(s["level"], s["window"]) for s in statuses if s["exhausted"]}, f"seed={seed} step={step}"
 
 
-async def test_the_views_match_a_recount_of_the_ledger_files(aiohttp_client, tmp_path: Path) -> None:
+async def test_the_views_match_a_recount_of_the_ledger_files(app_client, tmp_path: Path) -> None:
     seed = int(os.environ.get("SPEND_SEED") or random.randrange(1 << 30))
     print(f"seed={seed}")
     rng = random.Random(seed)
@@ -145,7 +145,7 @@ async def test_the_views_match_a_recount_of_the_ledger_files(aiohttp_client, tmp
             raise Crash(step)
 
     control = Control(state, clock, on_step)
-    control.client = await aiohttp_client(build_app(control.wired))
+    control.client = await app_client(build_app(control.wired))
     for revision, (name, document) in enumerate(POLICY):
         response = await control.client.put(
             "/control/v2/policy/level",
@@ -189,7 +189,7 @@ async def test_the_views_match_a_recount_of_the_ledger_files(aiohttp_client, tmp
                 control = Control(state, clock, on_step)
             except Crash:  # the start died finishing that rotation: start again
                 control = Control(state, clock, on_step)
-            control.client = await aiohttp_client(build_app(control.wired))
+            control.client = await app_client(build_app(control.wired))
             if recent:
                 await control.record(recent[-1])  # re-sent after the restart: still a duplicate
         await check_views(control, state, clock, seed, step)

@@ -8,9 +8,11 @@ regression.
 
 Nor does an embedded daemon load what no start needs: `importlib.metadata` (the version for
 spans, read when trace export starts) or `importlib.resources` (the dashboard's files are read
-as files). And aiohttp's own TLS contexts read the CA bundle at their first handshake, not at
-start (`shared/deferred_ca.py`): ~2 MiB of RSS and a third of `import aiohttp.web`'s CPU in
-each daemon. The data plane's one context (its aiohttp sessions use it too) is read on a thread
+as files). Control holds no aiohttp module at all: it serves its HTTP API on `shared.http1`
+(httptools), ~13 MiB of idle RSS less (yarl, multidict, `email`, `http.cookies`, aiohttp's
+client and web modules). In the data plane, aiohttp's own TLS contexts read the CA bundle at
+their first handshake, not at start (`shared/deferred_ca.py`): ~2 MiB of RSS and a third of
+`import aiohttp.web`'s CPU. Its one context (its aiohttp sessions use it too) is read on a thread
 once it listens (`read_in_background`), or at its first handshake, whichever comes first.
 
 What a daemon holds once it serves is checked too (`SERVING`: the daemon as `python -m` runs
@@ -93,6 +95,12 @@ runpy.run_module(main, run_name="__main__", alter_sys=True)
 
 # Loaded at its first use, not at start: prometheus-client at the first scrape of `/metrics`.
 NOT_WHILE_IDLE = ("prometheus_client", "http.server", "wsgiref")
+# Control serves on shared.http1: none of aiohttp, nor what it brings, is ever loaded there.
+NOT_IN_CONTROL = ("aiohttp", "aiohttp_sse", "yarl", "multidict", "aiohappyeyeballs", "email", "http.cookies")
+
+
+def held(loaded: set[str], packages: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in packages))
 
 
 def serving_modules(gw: Gateway, main: str, proc_attr: str) -> set[str]:
@@ -113,6 +121,8 @@ def test_serving_daemons_hold_nothing_fleet_only_and_no_metrics_library_until_sc
         for loaded in (control, dataplane):
             assert fleet_only(loaded) == []
             assert [m for m in (*NOT_AT_START, *NOT_WHILE_IDLE) if m in loaded] == []
+        assert held(control, NOT_IN_CONTROL) == []
+        assert "aiohttp.web" in dataplane  # the check can fail: the data plane does load aiohttp
         status, headers, text = http(
             "GET", gw.control_url + "/metrics", headers={"Authorization": f"Bearer {gw.control_token}"}
         )
@@ -131,7 +141,7 @@ def test_the_serving_check_sees_what_a_start_loads(tmp_path: Path) -> None:
         loaded = serving_modules(gw, "controlplane.main", "control")
     finally:
         gw.stop()
-    assert {"controlplane.wiring", "controlplane.stores.ledger", "uvloop", "aiohttp.web"} <= loaded
+    assert {"controlplane.wiring", "controlplane.stores.ledger", "uvloop", "shared.http1.server", "httptools"} <= loaded
 
 
 def test_the_check_sees_a_fleet_import() -> None:
@@ -246,7 +256,7 @@ def handshake(main: str, served: tuple[str, str], trusted: str, cert_dir: str) -
     return dict(json.loads(done.stdout.splitlines()[-1]))
 
 
-@pytest.mark.parametrize("main", ["controlplane.main", "dataplane.main"])
+@pytest.mark.parametrize("main", ["dataplane.main"])  # control holds no aiohttp (the serving check)
 def test_aiohttps_contexts_read_the_ca_bundle_at_their_first_handshake_not_at_start(
     main: str, certificates: dict[str, tuple[str, str]]
 ) -> None:

@@ -1,0 +1,89 @@
+"""Request headers (case-insensitive, first value wins on `get`), content type, reason phrases
+and the Date value: small pure helpers with no I/O."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from http import HTTPStatus
+from typing import overload
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+class Headers:
+    """A request's headers as received: names case-insensitive, repeats kept in order."""
+
+    __slots__ = ("_items", "_first")
+
+    def __init__(self, items: list[tuple[str, str]]) -> None:
+        self._items = items
+        self._first: dict[str, str] = {}
+        for name, value in items:
+            self._first.setdefault(name.lower(), value)
+
+    @overload
+    def get(self, name: str) -> str | None: ...
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._first.get(name.lower(), default)
+
+    def getall(self, name: str) -> list[str]:
+        lowered = name.lower()
+        return [v for n, v in self._items if n.lower() == lowered]
+
+    def __getitem__(self, name: str) -> str:
+        return self._first[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._first
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def items(self) -> list[tuple[str, str]]:
+        return list(self._items)
+
+
+def content_type_of(raw: str | None) -> str:
+    """The media type of a Content-Type value, as aiohttp's `request.content_type` gives it:
+    lower-cased, without parameters, `application/octet-stream` when absent or not of the form
+    `type/subtype`."""
+    media = "" if raw is None else raw.partition(";")[0].strip().lower()
+    return media if media.count("/") == 1 else "application/octet-stream"
+
+
+def reason_of(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+class DateValue:
+    """The Date header's value (RFC 9110 IMF-fixdate), formatted once a second."""
+
+    __slots__ = ("_second", "_value")
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._value = ""
+
+    def now(self) -> str:
+        second = int(time.time())
+        if second != self._second:
+            self._second, self._value = second, imf_fixdate(second)
+        return self._value
+
+
+def imf_fixdate(epoch_s: int) -> str:
+    t = time.gmtime(epoch_s)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )

@@ -1,0 +1,147 @@
+"""What goes back: `Response` (a whole body, with Content-Length) and `StreamResponse` (a head,
+then writes: chunked on HTTP/1.1, close-delimited on 1.0).
+
+The head is written as aiohttp writes it: the handler's headers in their order, Content-Type,
+the framing header, Date, Server (and `Connection: keep-alive` to an HTTP/1.0 peer that asked
+for it). A HEAD request gets the head only. Each write waits while the peer's socket is full
+(`Connection.drain`): a reader that stops reading holds its handler, not the daemon's memory.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from shared.http1.headers import reason_of
+
+if TYPE_CHECKING:
+    from shared.http1.request import Request
+
+SERVER = "leasehold"
+
+
+def _has(headers: dict[str, str], name: str) -> str | None:
+    lowered = name.lower()
+    for key, value in headers.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+class StreamResponse:
+    def __init__(self, *, status: int = 200, reason: str | None = None, headers: dict[str, str] | None = None):
+        self.status = status
+        self.reason = reason or reason_of(status)
+        self.headers: dict[str, str] = dict(headers or {})
+        self.force_close_after = False
+        self._request: Request | None = None
+        self._chunked = False
+        self._head_only = False
+        self._eof = False
+
+    @property
+    def prepared(self) -> bool:
+        return self._request is not None
+
+    @property
+    def keep_alive(self) -> bool:
+        connection = _has(self.headers, "Connection")
+        return not self.force_close_after and (connection is None or connection.lower() != "close")
+
+    def force_close(self) -> None:
+        self.force_close_after = True
+
+    def enable_chunked_encoding(self) -> None:
+        """aiohttp's name; a stream without Content-Length is chunked on HTTP/1.1 anyway."""
+
+    async def prepare(self, request: Request) -> None:
+        if self._request is None:
+            await request._conn.write(self._start(request))
+
+    def _start(self, request: Request) -> bytes:
+        """The head, once: the response is bound to `request` from here on."""
+        self._request = request
+        request.started = True
+        self._head_only = request.method == "HEAD"
+        length = _has(self.headers, "Content-Length")
+        framing = None
+        if length is None and request.version >= (1, 1):
+            self._chunked = True
+            framing = ("Transfer-Encoding", "chunked")
+        elif length is None:
+            self.force_close_after = True  # HTTP/1.0: the close ends the body
+        return self._head(request, framing)
+
+    def _head(self, request: Request, framing: tuple[str, str] | None) -> bytes:
+        conn = request._conn
+        lines = [f"HTTP/{request.version[0]}.{request.version[1]} {self.status} {self.reason}"]
+        lines += [f"{name}: {value}" for name, value in self.headers.items()]
+        if framing is not None:
+            lines.append(f"{framing[0]}: {framing[1]}")
+        lines.append(f"Date: {conn.server.date.now()}")
+        lines.append(f"Server: {SERVER}")
+        if request.version < (1, 1) and request.keep_alive and self.keep_alive:
+            lines.append("Connection: keep-alive")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+
+    async def write(self, data: bytes) -> None:
+        if self._request is None:
+            raise RuntimeError("write before prepare")
+        if self._eof:
+            raise RuntimeError("write after write_eof")
+        if self._head_only or not data:
+            return
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        await self._request._conn.write(data)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if self._eof:
+            return
+        if data:
+            await self.write(data)
+        self._eof = True
+        if self._chunked and not self._head_only and self._request is not None:
+            await self._request._conn.write(b"0\r\n\r\n")
+
+
+class Response(StreamResponse):
+    def __init__(
+        self,
+        *,
+        body: bytes | None = None,
+        text: str | None = None,
+        status: int = 200,
+        reason: str | None = None,
+        headers: dict[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> None:
+        super().__init__(status=status, reason=reason, headers=headers)
+        if text is not None:
+            body = text.encode("utf-8")
+            content_type = content_type or "text/plain"
+            if "charset" not in content_type:
+                content_type += "; charset=utf-8"
+        if content_type is not None:
+            self.headers["Content-Type"] = content_type
+        elif _has(self.headers, "Content-Type") is None:
+            self.headers["Content-Type"] = "application/octet-stream"
+        self.body = body or b""
+
+    async def prepare(self, request: Request) -> None:
+        if self._request is None:
+            self.headers["Content-Length"] = str(len(self.body))
+        await super().prepare(request)
+
+    async def send(self, request: Request) -> None:
+        """Head and body in one write (one syscall for a small answer)."""
+        if self._request is not None:
+            raise RuntimeError("a Response is sent once")
+        self.headers["Content-Length"] = str(len(self.body))
+        head = self._start(request)
+        await request._conn.write(head if self._head_only else head + self.body)
+        self._eof = True
+
+
+def text_response(status: int, text: str, headers: dict[str, Any]) -> Response:
+    """An HTTPException's answer: `headers` carries its Content-Type first, as aiohttp orders it."""
+    return Response(body=text.encode("utf-8"), status=status, headers=headers)

@@ -1,0 +1,143 @@
+"""`shared.http1`'s pure pieces against what aiohttp (and yarl, and the `email` package) answer
+for the same input: the content type a handler sees, the query, the Date value, and routing."""
+
+from __future__ import annotations
+
+import email.utils
+from typing import Any
+
+import pytest
+import yarl
+from aiohttp.helpers import parse_content_type
+
+from shared.http1.errors import HTTPMethodNotAllowed, HTTPNotFound
+from shared.http1.headers import Headers, content_type_of, imf_fixdate
+from shared.http1.request import Body, Request
+from shared.http1.router import Router
+from shared.http1.state import State
+
+CONTENT_TYPES = [
+    "application/json",
+    "application/json; charset=utf-8",
+    "APPLICATION/JSON",
+    " application/json ",
+    "text/plain",
+    "",
+    "json",
+    "application/json;",
+    "a/b/c",
+    "multipart/form-data; boundary=x",
+]
+
+
+@pytest.mark.parametrize("raw", CONTENT_TYPES)
+def test_the_content_type_is_aiohttps(raw: str) -> None:
+    assert content_type_of(raw) == parse_content_type(raw)[0]
+
+
+def test_no_content_type_is_octet_stream_as_in_aiohttp() -> None:
+    assert content_type_of(None) == "application/octet-stream"
+
+
+QUERIES = ["a=1&b=2", "a=1&a=2", "x=%ZZ&y", "name=%FF", "q=a+b%20c", "", "=v&k=", "k=v=w", "a=1;b=2"]
+
+
+class _Conn:
+    transport = remote = None
+
+
+def request_for(target: bytes, headers: list[tuple[str, str]] | None = None) -> Request:
+    body = Body(None, declared=None, expects_continue=False, limit_s=1, buffer_bytes=1)  # type: ignore[arg-type]
+    return Request(
+        method="GET",
+        version=(1, 1),
+        target=target,
+        headers=Headers(headers or []),
+        body=body,
+        keep_alive=True,
+        conn=_Conn(),
+        app=State(),
+        max_body=0,
+    )
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_the_query_is_yarls_first_values(query: str) -> None:
+    theirs = yarl.URL("/p?" + query).query
+    ours = request_for(f"/p?{query}".encode()).query
+    assert ours == {k: theirs[k] for k in theirs}
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [(b"/healthz", "/healthz"), (b"/heal%74hz", "/healthz"), (b"http://h:1/a/b?x=1", "/a/b"), (b"/a%20b", "/a b")],
+)
+def test_the_path_is_decoded_as_yarl_decodes_it(target: bytes, path: str) -> None:
+    assert request_for(target).path == path
+
+
+@pytest.mark.parametrize("epoch_s", [0, 1_700_000_000, 1_798_000_000, 951_782_400])
+def test_the_date_value_is_imf_fixdate(epoch_s: int) -> None:
+    assert imf_fixdate(epoch_s) == email.utils.formatdate(epoch_s, usegmt=True)
+
+
+def test_headers_are_case_insensitive_and_keep_repeats() -> None:
+    headers = Headers([("Authorization", "Bearer a"), ("X-Many", "1"), ("x-many", "2")])
+    assert headers.get("authorization") == "Bearer a" and headers["AUTHORIZATION"] == "Bearer a"
+    assert headers.get("x-MANY") == "1" and headers.getall("X-Many") == ["1", "2"]
+    assert "x-many" in headers and "Missing" not in headers and headers.get("Missing", "d") == "d"
+
+
+async def h_get(request: Any) -> Any: ...
+async def h_put(request: Any) -> Any: ...
+async def h_key(request: Any) -> Any: ...
+
+
+ROUTES = [
+    ("GET", "/healthz", h_get, {}),
+    ("HEAD", "/healthz", h_get, {}),
+    ("PUT", "/level", h_put, {}),
+    ("GET", "/level", h_get, {}),
+    ("DELETE", "/keys/abc", h_key, {"key_id": "abc"}),
+    ("DELETE", "/keys/a%20b", h_key, {"key_id": "a b"}),
+]
+
+
+def router() -> Router:
+    made = Router()
+    made.add_get("/healthz", h_get)
+    made.add_get("/level", h_get)
+    made.add_put("/level", h_put)
+    made.add_delete("/keys/{key_id}", h_key)
+    return made
+
+
+@pytest.mark.parametrize(("method", "target", "handler", "values"), ROUTES, ids=[f"{r[0]} {r[1]}" for r in ROUTES])
+def test_routes_resolve_to_their_handler_and_values(method: str, target: str, handler: Any, values: dict) -> None:
+    match = router().resolve(method, request_for(target.encode()).segments)
+    assert match.route.handler is handler and dict(match) == values
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "allow"),
+    [
+        ("GET", "/nope", None),
+        ("GET", "/healthz/", None),
+        ("GET", "/keys/a%2Fb/x", None),
+        ("GET", "/keys/", None),
+        ("POST", "/healthz", "GET,HEAD"),
+        ("DELETE", "/level", "GET,HEAD,PUT"),
+    ],
+)
+async def test_no_route_is_404_and_a_wrong_method_405_with_allow(method: str, target: str, allow: str | None) -> None:
+    match = router().resolve(method, request_for(target.encode()).segments)
+    assert not hasattr(match.route.handler, "__leasehold_scope__")
+    with pytest.raises(HTTPMethodNotAllowed if allow else HTTPNotFound) as raised:
+        await match.route.handler(request_for(target.encode()))
+    assert raised.value.headers.get("Allow") == allow
+
+
+def test_a_route_added_twice_is_refused() -> None:
+    made = router()
+    with pytest.raises(ValueError):
+        made.add_get("/healthz", h_put)
