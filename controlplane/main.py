@@ -152,7 +152,7 @@ async def serve(control: Control) -> None:
         raise StartupError(
             f"cannot open the RPC socket {settings.rpc_socket} (GATEWAY_RPC_SOCKET / GATEWAY_RUNTIME_DIR): {exc}"
         ) from exc
-    server = web.Server(build_app(control))
+    server = web.Server(build_app(control), refused=control.metrics.http_refused)
     try:
         await server.start(settings.control_host, settings.control_port, reuse_address=True)
     except OSError as exc:

@@ -28,6 +28,7 @@ numbers (`RowCounts`, `ChoiceCounts`) or computed at scrape time, and the regist
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,6 +41,7 @@ from controlplane.ports import ControlReads
 from controlplane.rowcounts import CONDITIONS, REFUSAL_CODES, RowCollector, RowCounts, bounded
 from shared.clock import now_ms
 from shared.codes import AdminState, CircuitPhase
+from shared.http1.errors import Refused
 
 if TYPE_CHECKING:  # prometheus-client is imported at the first scrape (module docstring)
     from prometheus_client.core import Metric
@@ -76,6 +78,8 @@ class GatewayMetrics:
         self.accounts = frozenset(a.id for a in reads.registry.accounts)
         self.rows = RowCounts(self.accounts)
         self.choices = ChoiceCounts()
+        # What control's HTTP server refused, by reason (`shared.http1.server.Server.refused`).
+        self.http_refused: Counter[Refused] = Counter()
         # In the order the exposition lists them; registered when the registry is first built.
         self.collectors: list[Collector] = [RowCollector(self.rows), self.choices, _LiveCollector(self)]
         if spend is not None and budgets is not None:
@@ -279,6 +283,14 @@ class _LiveCollector:
             closed.add_metric([str(reason)], hub.closed_by_reason[reason])
         yield closed
         yield CounterMetricFamily("leasehold_events_published", "Events published on the feed.", value=hub.published)
+        http_refused = CounterMetricFamily(
+            "leasehold_control_http_refused",
+            "Requests control's HTTP server refused for what the peer sent or failed to send, by reason.",
+            labels=["reason"],
+        )
+        for why in Refused:
+            http_refused.add_metric([str(why)], self.m.http_refused[why])
+        yield http_refused
         bounds = reads.routes.connections  # SPEC §19, as the data plane last reported them
         yield CounterMetricFamily(
             "leasehold_connections_refused",

@@ -61,14 +61,14 @@ async def _relay(request: web.Request, response: web.EventSourceResponse, subscr
     """Live events until the hub closes the reader or the peer is gone.
 
     The server does not cancel a handler whose peer went away (nor did aiohttp), so an idle
-    feed checks every `LIVENESS_CHECK_S` rather than holding its place in the hub until the
-    next heartbeat.
+    feed checks every `LIVENESS_CHECK_S` (a closed connection, or the peer's EOF) rather than
+    holding its place in the hub until the next heartbeat.
     """
     while subscriber.closed is None:
         try:
             batch = await asyncio.wait_for(subscriber.next_batch(), LIVENESS_CHECK_S)
         except TimeoutError:
-            if request.transport is None or request.transport.is_closing():
+            if request.peer_gone:
                 return
             continue
         for event in batch:

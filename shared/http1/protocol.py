@@ -115,6 +115,11 @@ class Connection(asyncio.Protocol):
         self._in_head = False  # a head cut short never completes
         return not self._idle() or bool(self._held)
 
+    @property
+    def peer_ended(self) -> bool:
+        """The peer sent EOF (closed, or half-closed its side)."""
+        return self._eof
+
     def pause_writing(self) -> None:
         if self._drain is None or self._drain.done():
             self._drain = asyncio.get_running_loop().create_future()

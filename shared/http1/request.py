@@ -212,6 +212,13 @@ class Request:
         return cast("asyncio.Transport | None", self._conn.transport)
 
     @property
+    def peer_gone(self) -> bool:
+        """The peer closed, or ended its side (EOF): a long answer (a feed) has no one to read it.
+        A short answer is still written after a half-close; a stream stops (as aiohttp closed on EOF)."""
+        conn = self._conn
+        return conn.transport is None or conn.transport.is_closing() or conn.peer_ended
+
+    @property
     def remote(self) -> str | None:
         return cast("str | None", self._conn.remote)
 

@@ -16,10 +16,12 @@ from shared.http1.protocol import Connection
 
 
 class Server:
-    def __init__(self, app: Application, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self, app: Application, limits: Limits = DEFAULT_LIMITS, refused: Counter[Refused] | None = None
+    ) -> None:
         self.app, self.limits = app, limits
         self.date = DateValue()
-        self.refused: Counter[Refused] = Counter()
+        self.refused: Counter[Refused] = Counter() if refused is None else refused  # the owner's, to expose
         self.connections: set[Connection] = set()
         self.closing = False
         self._listener: asyncio.Server | None = None

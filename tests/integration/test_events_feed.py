@@ -118,3 +118,16 @@ async def test_shutdown_ends_open_feeds_at_once(app_server) -> None:
     assert hub.closed_by_reason[CloseReason.SHUTDOWN] == 1 and hub.subscribers == set()
     response.release()
     await session.close()
+
+
+async def test_a_reader_that_closes_leaves_the_hub_within_the_liveness_check(app_server) -> None:
+    # Its FIN alone: no heartbeat is due (15 s) and no event is published, so no write fails.
+    hub = EventHub(epoch="t")
+    server = await app_server(feed_app(hub))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(request_bytes(server.port))
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200")
+    await until(lambda: len(hub.subscribers) == 1, 5, "the reader to subscribe")
+    writer.close()
+    await until(lambda: not hub.subscribers, 3 * events_http.LIVENESS_CHECK_S + 2, "the closed reader to leave")

@@ -311,3 +311,27 @@ def test_head_answers_gets_head_without_a_body(control: Gateway) -> None:
         assert head.startswith(b"HTTP/1.1 200 OK") and f"Content-Type: {content_type}".encode() in head
         assert rest.startswith(b"HTTP/1.1 200 OK")  # the HEAD's answer carried no body
         assert rest.endswith(HEALTH)
+
+
+def _refused_on_metrics(control: Gateway) -> dict[str, float]:
+    _, _, body, _ = answer_to(control.control_port, req("GET", "/metrics", control.control_token))
+    counts = {}
+    for line in body.decode().splitlines():
+        if line.startswith("leasehold_control_http_refused_total{"):
+            name, _, value = line.rpartition(" ")
+            counts[name.split('reason="')[1].split('"')[0]] = float(value)
+    return counts
+
+
+def test_each_refusal_is_counted_on_metrics_and_the_server_goes_on(control: Gateway) -> None:
+    before = _refused_on_metrics(control)
+    assert before and set(before) >= {"bad-request", "line-too-long", "head-timeout"}  # every reason, from 0
+    both = b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+    long_line = req("GET", "/healthz?" + "a" * 9000)
+    for raw in (both, long_line, long_line):
+        status_line, _, _, _ = answer_to(control.control_port, raw)
+        assert status_line.startswith("HTTP/1.0 400")
+    after = _refused_on_metrics(control)
+    assert after["bad-request"] == before["bad-request"] + 1
+    assert after["line-too-long"] == before["line-too-long"] + 2
+    assert answer_to(control.control_port, req("GET", "/healthz"))[0] == "HTTP/1.1 200 OK"
