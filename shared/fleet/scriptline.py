@@ -278,16 +278,25 @@ class ScriptLine:
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Reply:
         """`EVALSHA` (`EVAL` once when Redis lost the script); an error reply is `StateUnavailable`."""
-        tail = [len(keys), *keys, *args]
-        reply = await self._call(pack(["EVALSHA", script.sha, *tail]))
-        if isinstance(reply, ErrorReply) and reply.message.startswith("NOSCRIPT"):
-            reply = await self._call(pack(["EVAL", script.script, *tail]))
-        if isinstance(reply, ErrorReply):
-            raise StateUnavailable(f"script line: ResponseError {reply.message[:200]}")
-        return reply
+        return await self.send(script, keys, args).reply()
 
-    async def _call(self, command: bytes) -> Reply:
-        for attempt in (1, 2):
+    def send(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Sent:
+        """Write the script's `EVALSHA` now, when the connection is open, and answer its handle:
+        `Sent.reply` reads the reply later with every bound of `run` (issue 27: a reserve's round
+        trip overlapped with the upstream request's preparation). No task per call; a connection
+        still to open is opened then (its opening started now)."""
+        tail = [len(keys), *keys, *args]
+        command = pack(["EVALSHA", script.sha, *tail])
+        wire = self._wire
+        future: asyncio.Future[Reply] | None = None
+        if wire is not None and not wire.closed:
+            future = wire.send(command)  # (an open wire's `send` raises nothing)
+        elif not self.closed and self._opening is None:
+            self._start_opening()
+        return Sent(self, script, tail, command, future)
+
+    async def _call(self, command: bytes, attempts: tuple[int, ...] = (1, 2)) -> Reply:
+        for attempt in attempts:
             wire = self._wire
             if wire is None or wire.closed:
                 wire = await self._open()
@@ -301,14 +310,18 @@ class ScriptLine:
     async def _open(self) -> _Wire:
         if self.closed:
             raise StateUnavailable("script line: closed")
-        if self._opening is None:
-            self._opening = asyncio.get_running_loop().create_task(self._connect())
-            self._opening.add_done_callback(self._opened)
-        return await asyncio.shield(self._opening)
+        opening = self._opening or self._start_opening()
+        return await asyncio.shield(opening)
+
+    def _start_opening(self) -> asyncio.Task[_Wire]:
+        opening = self._opening = asyncio.get_running_loop().create_task(self._connect())
+        opening.add_done_callback(self._opened)
+        return opening
 
     def _opened(self, task: asyncio.Task[_Wire]) -> None:
         self._opening = None
-        if not task.cancelled() and task.exception() is None:  # (an exception is its callers')
+        # (an exception is its callers'; one nobody awaited, `send`'s, is read here: no warning)
+        if not task.cancelled() and task.exception() is None:
             self._wire = task.result()
             if self.closed:  # closed while it opened
                 self._wire.fail(StateUnavailable("script line: closed"))
@@ -345,6 +358,45 @@ class ScriptLine:
             self._opening.cancel()
         if self._wire is not None:
             self._wire.fail(StateUnavailable("script line: closed"))
+
+
+class Sent:
+    """A script written on the line (`ScriptLine.send`), its reply still to read."""
+
+    __slots__ = ("line", "script", "tail", "command", "future")
+
+    def __init__(
+        self, line: ScriptLine, script: Script, tail: list[Any], command: bytes, future: asyncio.Future[Reply] | None
+    ) -> None:
+        self.line = line
+        self.script = script
+        self.tail = tail
+        self.command = command
+        self.future = future  # None: not written yet (the connection was not open)
+
+    async def reply(self) -> Reply:
+        """The reply, with `run`'s bounds: the timeout counted from the write, one resend on a
+        broken connection, `NOSCRIPT` answered by one `EVAL`; an error reply is `StateUnavailable`."""
+        line, future = self.line, self.future
+        if future is None:
+            reply = await line._call(self.command)
+        else:
+            self.future = None
+            try:
+                reply = await future
+            except _Broken:  # the connection closed before the reply: sent once more
+                reply = await line._call(self.command, (2,))
+        if isinstance(reply, ErrorReply) and reply.message.startswith("NOSCRIPT"):
+            reply = await line._call(pack(["EVAL", self.script.script, *self.tail]))
+        if isinstance(reply, ErrorReply):
+            raise StateUnavailable(f"script line: ResponseError {reply.message[:200]}")
+        return reply
+
+    def cancel(self) -> None:
+        """The reply will not be read: it is dropped when it comes (the connection stays in step)."""
+        future, self.future = self.future, None
+        if future is not None:
+            future.cancel()
 
 
 async def establish(target: LineTarget, protocol: asyncio.Protocol) -> None:
