@@ -7,8 +7,10 @@ is awaited right before the first byte goes upstream (`UpstreamClient.request`'s
 before the pool slot is waited for when none is free (a refused request never waits for one):
 no slot is 429 `request-capacity-exhausted`, Redis unable to say 503 `fleet-state-unavailable`,
 the same refusals, rows and logs as when the answer was awaited first; nothing went upstream.
-A request that ends before asking (a worker gone, a pool timeout, the drain) abandons it: the
-holder is released, never leaked (`PendingReserve.abandon`).
+Between the write and the ask there is no suspension point, so a worker gone, the drain or the
+headers bound lands in the awaited answer (its holder in `pending_release`, as before); a
+request that ends without asking (a failure before the write) abandons it: the holder is
+released, never leaked (`PendingReserve.abandon`).
 """
 
 from __future__ import annotations
@@ -74,5 +76,6 @@ class FleetAnswer:
         )
 
     def abandon(self) -> None:
-        """Not asked (the request ended before): the holder released, never leaked."""
+        """Not asked (the request failed before): the holder released, never leaked; nothing
+        once asked."""
         self.pending.abandon()

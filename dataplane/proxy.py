@@ -240,7 +240,7 @@ class Proxy:
         try:  # the fleet's answer is awaited right before the first byte upstream (fleetanswer.py)
             return await self.relay.exchange(request, attempt, account, credential, body, path_qs, admitted)
         finally:
-            admitted.abandon()  # never asked (a worker gone, a pool timeout, the drain): released
+            admitted.abandon()  # never asked (a failure before the write): its holder released
 
     async def _admit(self, attempt: Attempt, account: AccountRoute) -> web.StreamResponse | FleetAnswer | None:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the

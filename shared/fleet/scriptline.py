@@ -395,8 +395,8 @@ class Sent:
     def cancel(self) -> None:
         """The reply will not be read: it is dropped when it comes (the connection stays in step)."""
         future, self.future = self.future, None
-        if future is not None:
-            future.cancel()
+        if future is not None and not future.cancel() and not future.cancelled():
+            future.exception()  # already failed: read, so no "never retrieved" warning
 
 
 async def establish(target: LineTarget, protocol: asyncio.Protocol) -> None:

@@ -281,3 +281,31 @@ async def test_a_headers_bound_shorter_than_redis_wait_refuses_503_not_an_upstre
             own_redis.resume()
             await until(released(admission), 10, "the holder released")
     assert rows(plane) == [("completed", None, 200), ("refused", "fleet-state-unavailable", 503)]
+
+
+async def test_a_bug_before_the_write_abandons_the_reserve_and_releases_its_holder(
+    clean_stub: Stub, tmp_path: Path, admission: FleetAdmission, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay fails while preparing (a bug): 500 `internal-error`, one row, nothing upstream,
+    the pool slot back, and the reserve never asked is released within the window."""
+    async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, 1, fleet=admission) as plane:
+        headers = {**A_HEADERS, "x-api-key": plane.token}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(plane.url, json=A_BODY, headers=headers) as served:
+                assert served.status == 200
+            calls = upstream_calls(clean_stub)
+
+            def broken(*_args: object) -> object:
+                raise RuntimeError("a bug in the preparation")
+
+            monkeypatch.setattr(plane.proxy.pools, "url_for", broken)
+            async with session.post(plane.url, json=A_BODY, headers=headers) as failed:
+                body = await failed.json()
+                assert (failed.status, body["error"]["code"]) == (500, "internal-error")
+            assert upstream_calls(clean_stub) == calls and gate(plane).in_use == 0
+            await until(lambda: _count_is(admission, 0), 10, "the abandoned reserve's holder released")
+            assert not admission.pending_release and not admission.held
+            monkeypatch.undo()
+            async with session.post(plane.url, json=A_BODY, headers=headers) as again:
+                assert again.status == 200  # the one slot was not leaked
+    assert rows(plane) == [("completed", None, 200), ("refused", "internal-error", 500), ("completed", None, 200)]
