@@ -96,6 +96,20 @@ def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes |
     return serialize_headers(f"{method} {url.raw_path_qs} HTTP/1.1", out)
 
 
+def _expect_response(protocol: ResponseHandler, method: str) -> None:
+    """The response parser's settings for one exchange (aiohttp's, as its session sets them)."""
+    protocol.set_response_params(
+        skip_payload=method in EMPTY_BODY_METHODS,
+        read_until_eof=True,
+        auto_decompress=False,
+        read_bufsize=READ_BUFSIZE,
+        timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD,
+        max_line_size=MAX_LINE,
+        max_field_size=MAX_FIELD,
+        max_headers=MAX_HEADERS,
+    )
+
+
 class Withheld(Exception):
     """The request was not sent: `ready` answered `answer` (a refusal) instead of going ahead."""
 
@@ -174,13 +188,7 @@ class UpstreamClient:
         request head built, the connection checked out): anything but None withholds the
         request (`Withheld`), the connection goes back to the pool untouched."""
         if "Expect" in headers:
-            if ready is not None:
-                answer = await ready()
-                if answer is not None:
-                    raise Withheld(answer)
-            if self._fallback is None:
-                self._fallback = self._make_fallback()
-            return await self._fallback.request(method, url, data=body, headers=headers, allow_redirects=False)
+            return await self._handed_over(method, url, headers, body, ready)
         head = request_head(method, url, headers, body)
         key = (url.scheme, url.raw_host or "", url.port or 0)
         idle = self._idle.get(key)
@@ -196,16 +204,7 @@ class UpstreamClient:
             if protocol is None:
                 protocol = await self._connect(url)
             try:
-                protocol.set_response_params(
-                    skip_payload=method in EMPTY_BODY_METHODS,
-                    read_until_eof=True,
-                    auto_decompress=False,
-                    read_bufsize=READ_BUFSIZE,
-                    timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD,
-                    max_line_size=MAX_LINE,
-                    max_field_size=MAX_FIELD,
-                    max_headers=MAX_HEADERS,
-                )
+                _expect_response(protocol, method)
                 transport = protocol.transport
                 assert transport is not None
                 if body and len(body) > _JOIN_LIMIT:
@@ -232,6 +231,23 @@ class UpstreamClient:
                 protocol.close()  # cancelled or failed mid-exchange: never reused
                 raise
             return UpstreamResponse(message, payload, protocol, idle, self)
+
+    async def _handed_over(
+        self,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        body: bytes | None,
+        ready: Callable[[], Awaitable[object]] | None,
+    ) -> aiohttp.ClientResponse:
+        """A request carrying `Expect`, through an aiohttp session (`ready` asked first)."""
+        if ready is not None:
+            answer = await ready()
+            if answer is not None:
+                raise Withheld(answer)
+        if self._fallback is None:
+            self._fallback = self._make_fallback()
+        return await self._fallback.request(method, url, data=body, headers=headers, allow_redirects=False)
 
     async def _ready(
         self, ready: Callable[[], Awaitable[object]], idle: Idle, protocol: ResponseHandler | None
