@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import redis.asyncio as aredis
 
 from shared.capacity import StateUnavailable
-from shared.fleet.capacity import Incarnation, RedisCapacity
+from shared.fleet.capacity import Incarnation, RedisCapacity, SentReserve
 from shared.fleet.entries import FleetEntries
 from shared.fleet.hosts import HostRegistry
 from shared.fleet.keys import Ceiling, FleetKeys
@@ -135,26 +135,15 @@ class FleetAdmission:
         """Take a request slot fleet-wide; `StateUnavailable` when Redis cannot say."""
         if not self.started:
             await self.start()
+        return await self.send_reserve(account_id, holder, ceiling).answer()
+
+    def send_reserve(self, account_id: str, holder: str, ceiling: int) -> PendingReserve:
+        """`reserve` written to Redis now (after `start`), its answer read later: the proxy
+        prepares the upstream request while Redis answers (issue 27). The handle is either
+        answered (`PendingReserve.answer`) or abandoned, never dropped."""
         releasing, self.owed = self.owed, []
-        try:
-            try:
-                taken = await self.capacity.reserve(account_id, holder, ceiling, releasing)
-            except StateLost:
-                self.pending_release.update(releasing)  # fenced: the script released nothing
-                releasing = []
-                await self._reregister()
-                taken = await self.capacity.reserve(account_id, holder, ceiling)
-        except (StateUnavailable, asyncio.CancelledError):
-            # A timeout's outcome is unknown: a hung Redis runs the reserve once it resumes. The
-            # request is refused, so the holder is released like a failed release (harmless if
-            # it never landed), never leaked; so are the releases it carried. A worker that went
-            # away while the reserve was out leaves the same unknown: released alike.
-            self.pending_release.add(holder)
-            self.pending_release.update(releasing)
-            raise
-        if taken:
-            self.held[holder] = (account_id, ceiling)
-        return taken
+        sent = self.capacity.send_reserve(account_id, holder, ceiling, releasing)
+        return PendingReserve(self, account_id, holder, ceiling, releasing, sent)
 
     def release_soon(self, holder: str) -> None:
         """Return the slot after the answer, off the request's path: with the next reserve, or
@@ -162,6 +151,9 @@ class FleetAdmission:
         if self.held.pop(holder, None) is None:
             return
         self.owed.append(holder)
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_later(RELEASE_WINDOW_S, self._flush_owed)
 
@@ -228,3 +220,66 @@ class FleetAdmission:
             await task
         self.line.close()
         await self.client.aclose()
+
+
+class PendingReserve:
+    """A reserve written to Redis (`FleetAdmission.send_reserve`), its answer still to read."""
+
+    __slots__ = ("fleet", "account_id", "holder", "ceiling", "releasing", "sent", "settled")
+
+    def __init__(
+        self,
+        fleet: FleetAdmission,
+        account_id: str,
+        holder: str,
+        ceiling: int,
+        releasing: list[str],
+        sent: SentReserve,
+    ) -> None:
+        self.fleet = fleet
+        self.account_id = account_id
+        self.holder = holder
+        self.ceiling = ceiling
+        self.releasing = releasing  # the owed releases riding along
+        self.sent = sent
+        self.settled = False  # answered or abandoned: its holder is accounted for
+
+    async def answer(self) -> bool:
+        """Whether the slot was taken; `StateUnavailable` when Redis cannot say. Once."""
+        assert not self.settled
+        self.settled = True
+        fleet, holder, releasing = self.fleet, self.holder, self.releasing
+        try:
+            try:
+                taken = await self.sent.taken()
+            except StateLost:
+                fleet.pending_release.update(releasing)  # fenced: the script released nothing
+                releasing = []
+                await fleet._reregister()
+                taken = await fleet.capacity.reserve(self.account_id, holder, self.ceiling)
+        except (StateUnavailable, asyncio.CancelledError):
+            # A timeout's outcome is unknown: a hung Redis runs the reserve once it resumes. The
+            # request is refused, so the holder is released like a failed release (harmless if
+            # it never landed), never leaked; so are the releases it carried. A worker that went
+            # away while the reserve was out leaves the same unknown: released alike.
+            fleet.pending_release.add(holder)
+            fleet.pending_release.update(releasing)
+            raise
+        if taken:
+            fleet.held[holder] = (self.account_id, self.ceiling)
+        return taken
+
+    def abandon(self) -> None:
+        """The answer will not be read (the request ended before its first byte went upstream:
+        a worker gone, a pool timeout, the drain, a failure): its outcome is unknown, so the
+        holder (and the releases it carried) is released as an answered one is — with the next
+        reserve or within `RELEASE_WINDOW_S`, on the same connection, so after the reserve —,
+        harmless if it was not taken, never leaked. Nothing when it was answered."""
+        if self.settled:
+            return
+        self.settled = True
+        self.sent.cancel()
+        fleet = self.fleet
+        fleet.owed.append(self.holder)
+        fleet.owed.extend(self.releasing)
+        fleet._flush_soon()

@@ -31,6 +31,7 @@ from dataplane.bodies import (
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import refusal_response, refuse
+from dataplane.fleetanswer import FleetAnswer
 from dataplane.fleethold import fleet_held
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
@@ -230,15 +231,22 @@ class Proxy:
             hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
-        refused = await self._admit(attempt, account)
-        if refused is not None:
-            return refused
+        admitted = await self._admit(attempt, account)
+        if admitted is not None and not isinstance(admitted, FleetAnswer):
+            return admitted
         path_qs = upstream_path_qs(request.rel_url, presented)
-        return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+        if admitted is None:
+            return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
+        try:  # the fleet's answer is awaited right before the first byte upstream (fleetanswer.py)
+            return await self.relay.exchange(request, attempt, account, credential, body, path_qs, admitted)
+        finally:
+            admitted.abandon()  # never asked (a failure before the write): its holder released
 
-    async def _admit(self, attempt: Attempt, account: AccountRoute) -> web.StreamResponse | None:
+    async def _admit(self, attempt: Attempt, account: AccountRoute) -> web.StreamResponse | FleetAnswer | None:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
-        account has a ceiling); the refusal when the slot cannot be taken, else None."""
+        account has a ceiling); the refusal when the slot cannot be taken, else None — or, on a
+        fleet-wide ceiling, the reserve written to Redis, its answer still to await
+        (`FleetAnswer`: the relay prepares the upstream request meanwhile)."""
         fleet = self.fleet
         held = fleet_held(fleet, account)
         if held is not None and fleet is not None:  # a lapse read before control's first beat ends here
@@ -252,17 +260,21 @@ class Proxy:
             )
         attempt.announce()
         if fleet is not None and account.request_capacity is not None:
-            try:  # SPEC §16: a fleet-wide ceiling, asked of Redis; never a silent per-host one
-                admitted = await fleet.reserve(account.id, attempt.attempt_id, account.request_capacity)
-            except StateUnavailable:
-                return refuse(
-                    attempt,
-                    Refusal.FLEET_STATE_UNAVAILABLE,
-                    f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
-                    retry_after_s=1,
-                )
-        else:
-            admitted = self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity)
+            # SPEC §16: a fleet-wide ceiling, asked of Redis; never a silent per-host one
+            if not fleet.started:  # (a data plane whose fleet start has not succeeded yet)
+                try:
+                    await fleet.start()
+                except StateUnavailable:
+                    return refuse(
+                        attempt,
+                        Refusal.FLEET_STATE_UNAVAILABLE,
+                        f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
+                        retry_after_s=1,
+                    )
+            return FleetAnswer(
+                attempt, account, fleet.send_reserve(account.id, attempt.attempt_id, account.request_capacity)
+            )
+        admitted = self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity)
         if not admitted:
             return refuse(
                 attempt,

@@ -24,9 +24,10 @@ from dataplane.aiohttp_private import HeadersWithBody
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refusal_response, refuse
+from dataplane.fleetanswer import FleetAnswer
 from dataplane.observer import Observer
 from dataplane.ratelimits import rate_limits_of
-from dataplane.upstream_client import UpstreamClient, UpstreamResponse
+from dataplane.upstream_client import UpstreamClient, UpstreamResponse, Withheld
 from dataplane.upstreams import (
     PoolTimeout,
     UpstreamPools,
@@ -71,25 +72,48 @@ class Relay:
         self.clock: WatchClock | None = None  # every exchange's first timeout check (watch.py)
 
     async def exchange(
-        self, request: web.Request, attempt: Attempt, account: AccountRoute, credential: str, body: bytes, path_qs: str
+        self,
+        request: web.Request,
+        attempt: Attempt,
+        account: AccountRoute,
+        credential: str,
+        body: bytes,
+        path_qs: str,
+        answer: FleetAnswer | None = None,
     ) -> web.StreamResponse:
+        """With `answer` (a fleet admission still out), the request is prepared while Redis
+        answers and the answer awaited right before its first byte upstream; or, when no pool
+        slot is free, before waiting for one (a refused request never waits for a slot)."""
         gate = self.pools.gate_for(account.id)
+        if answer is None or not gate.take():
+            if answer is not None:
+                refused = await answer()
+                if refused is not None:
+                    return refused
+                answer = None
+            try:
+                await gate.acquire(self.settings.upstream_pool_timeout)
+            except PoolTimeout:
+                return refuse(
+                    attempt,
+                    Refusal.POOL_TIMEOUT,
+                    f"no upstream connection to {account.id} freed up in time",
+                    retry_after_s=1,
+                )
         try:
-            await gate.acquire(self.settings.upstream_pool_timeout)
-        except PoolTimeout:
-            return refuse(
-                attempt,
-                Refusal.POOL_TIMEOUT,
-                f"no upstream connection to {account.id} freed up in time",
-                retry_after_s=1,
-            )
-        try:
-            return await self._send(request, attempt, account, credential, body, path_qs)
+            return await self._send(request, attempt, account, credential, body, path_qs, answer)
         finally:
             gate.release()
 
     async def _send(
-        self, request: web.Request, attempt: Attempt, account: AccountRoute, credential: str, body: bytes, path_qs: str
+        self,
+        request: web.Request,
+        attempt: Attempt,
+        account: AccountRoute,
+        credential: str,
+        body: bytes,
+        path_qs: str,
+        answer: FleetAnswer | None,
     ) -> web.StreamResponse:
         url = self.pools.url_for(account, path_qs)
         headers = upstream_headers(request.headers, account.auth_style, credential)
@@ -109,8 +133,10 @@ class Relay:
             self.settings.client_stall_seconds,
             clock,
         )
+        if answer is not None:
+            answer.watch = watch
         try:
-            return await self._exchange(request, attempt, account, client, url, headers, body, sent_at, watch)
+            return await self._exchange(request, attempt, account, client, url, headers, body, sent_at, watch, answer)
         finally:
             watch.stop()
 
@@ -125,14 +151,17 @@ class Relay:
         body: bytes,
         sent_at: float,
         watch: ExchangeWatch,
+        answer: FleetAnswer | None = None,
     ) -> web.StreamResponse:
         try:
             try:
-                upstream = await client.request(request.method, url, headers, body or None)
+                upstream = await client.request(request.method, url, headers, body or None, answer)
             except asyncio.CancelledError:
                 if watch.timed_out():
                     raise TimeoutError from None
                 raise
+        except Withheld as withheld:  # the fleet refused the slot: nothing went upstream
+            return withheld.answer  # type: ignore[return-value]  # (FleetAnswer answers a response)
         except TimeoutError:
             return await self._failed(attempt, ErrorCode.UPSTREAM_TIMEOUT, "the upstream did not answer in time")
         except aiohttp.ClientResponseError as exc:
@@ -143,6 +172,8 @@ class Relay:
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("upstream_unreachable", account_id=account.id, error=type(exc).__name__)
             return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream could not be reached")
+        if answer is not None and answer.answered_at > sent_at:  # the fleet's wait is the gateway's
+            sent_at = answer.answered_at
         watch.body(upstream.content, lambda: _stalled(request, attempt))
         upstream_wait = time.perf_counter() - sent_at  # the answer's head: its first byte (§14)
         attempt.first_byte_ms = round(upstream_wait * 1000, 3)

@@ -27,7 +27,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohappyeyeballs
@@ -96,6 +96,28 @@ def request_head(method: str, url: URL, headers: CIMultiDict[str], body: bytes |
     return serialize_headers(f"{method} {url.raw_path_qs} HTTP/1.1", out)
 
 
+def _expect_response(protocol: ResponseHandler, method: str) -> None:
+    """The response parser's settings for one exchange (aiohttp's, as its session sets them)."""
+    protocol.set_response_params(
+        skip_payload=method in EMPTY_BODY_METHODS,
+        read_until_eof=True,
+        auto_decompress=False,
+        read_bufsize=READ_BUFSIZE,
+        timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD,
+        max_line_size=MAX_LINE,
+        max_field_size=MAX_FIELD,
+        max_headers=MAX_HEADERS,
+    )
+
+
+class Withheld(Exception):
+    """The request was not sent: `ready` answered `answer` (a refusal) instead of going ahead."""
+
+    def __init__(self, answer: object) -> None:
+        super().__init__()
+        self.answer = answer
+
+
 class UpstreamResponse:
     """The part of `aiohttp.ClientResponse` the relay uses."""
 
@@ -155,12 +177,18 @@ class UpstreamClient:
         self.closed = False
 
     async def request(
-        self, method: str, url: URL, headers: CIMultiDict[str], body: bytes | None
+        self,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        body: bytes | None,
+        ready: Callable[[], Awaitable[object]] | None = None,
     ) -> UpstreamResponse | aiohttp.ClientResponse:
+        """The exchange; with `ready`, awaited once right before the first byte is written (the
+        request head built, the connection checked out): anything but None withholds the
+        request (`Withheld`), the connection goes back to the pool untouched."""
         if "Expect" in headers:
-            if self._fallback is None:
-                self._fallback = self._make_fallback()
-            return await self._fallback.request(method, url, data=body, headers=headers, allow_redirects=False)
+            return await self._handed_over(method, url, headers, body, ready)
         head = request_head(method, url, headers, body)
         key = (url.scheme, url.raw_host or "", url.port or 0)
         idle = self._idle.get(key)
@@ -168,18 +196,15 @@ class UpstreamClient:
             idle = self._idle[key] = deque()
         retry = method in _IDEMPOTENT
         while True:
-            protocol, reused = await self._checkout(url, idle)
+            protocol = self._reuse(idle)
+            reused = protocol is not None
+            if ready is not None:  # the last wait before the first byte (nothing written yet);
+                await self._ready(ready, idle, protocol)  # before any new connection is opened
+                ready = None  # (a retry on a fresh connection does not ask again)
+            if protocol is None:
+                protocol = await self._connect(url)
             try:
-                protocol.set_response_params(
-                    skip_payload=method in EMPTY_BODY_METHODS,
-                    read_until_eof=True,
-                    auto_decompress=False,
-                    read_bufsize=READ_BUFSIZE,
-                    timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD,
-                    max_line_size=MAX_LINE,
-                    max_field_size=MAX_FIELD,
-                    max_headers=MAX_HEADERS,
-                )
+                _expect_response(protocol, method)
                 transport = protocol.transport
                 assert transport is not None
                 if body and len(body) > _JOIN_LIMIT:
@@ -207,6 +232,38 @@ class UpstreamClient:
                 raise
             return UpstreamResponse(message, payload, protocol, idle, self)
 
+    async def _handed_over(
+        self,
+        method: str,
+        url: URL,
+        headers: CIMultiDict[str],
+        body: bytes | None,
+        ready: Callable[[], Awaitable[object]] | None,
+    ) -> aiohttp.ClientResponse:
+        """A request carrying `Expect`, through an aiohttp session (`ready` asked first)."""
+        if ready is not None:
+            answer = await ready()
+            if answer is not None:
+                raise Withheld(answer)
+        if self._fallback is None:
+            self._fallback = self._make_fallback()
+        return await self._fallback.request(method, url, data=body, headers=headers, allow_redirects=False)
+
+    async def _ready(
+        self, ready: Callable[[], Awaitable[object]], idle: Idle, protocol: ResponseHandler | None
+    ) -> None:
+        """Await `ready` before the first byte; unless it goes ahead, park the unused connection."""
+        try:
+            answer = await ready()
+        except BaseException:
+            if protocol is not None:
+                self.park(idle, protocol)
+            raise
+        if answer is not None:
+            if protocol is not None:
+                self.park(idle, protocol)
+            raise Withheld(answer)
+
     def park(self, idle: Idle, protocol: ResponseHandler) -> None:
         """Keep a clean connection for the next exchange; a sweep closes it after 30 s unused."""
         loop = asyncio.get_running_loop()
@@ -227,17 +284,23 @@ class UpstreamClient:
         if left and not self.closed:
             self._sweeping = loop.call_later(KEEPALIVE_S, self._sweep)
 
-    async def _checkout(self, url: URL, idle: Idle) -> tuple[ResponseHandler, bool]:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+    def _reuse(self, idle: Idle) -> ResponseHandler | None:
+        """The newest clean kept-alive connection (stale ones closed), or None."""
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
         while idle:
             protocol, since = idle.pop()
             if now - since > KEEPALIVE_S or protocol.should_close or not protocol.is_connected():
                 protocol.close()
                 continue
-            return protocol, True
+            return protocol
+        return None
+
+    async def _connect(self, url: URL) -> ResponseHandler:
+        loop = asyncio.get_running_loop()
         host, port = url.raw_host or "", url.port or 0
-        infos = await self._resolve(loop, host, port, now)
+        infos = await self._resolve(loop, host, port, loop.time())
         tls = url.scheme == "https"
         async with asyncio.timeout(self.connect_timeout):
             sock = await aiohappyeyeballs.start_connection(infos, happy_eyeballs_delay=0.25)
@@ -251,7 +314,7 @@ class UpstreamClient:
             except BaseException:
                 sock.close()
                 raise
-        return protocol, False
+        return protocol
 
     async def _resolve(self, loop: asyncio.AbstractEventLoop, host: str, port: int, now: float) -> list[Any]:
         """Addresses of the upstream, kept `DNS_TTL_S` (aiohttp's connector did the same)."""

@@ -146,6 +146,13 @@ class _Gate:
         self.in_use = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
+    def take(self) -> bool:
+        """A slot now if one is free (nobody waits before us); False: `acquire` would wait."""
+        if self.in_use < self.size and not self._waiters:
+            self.in_use += 1
+            return True
+        return False
+
     async def acquire(self, timeout_s: float) -> None:
         if self.in_use < self.size and not self._waiters:
             self.in_use += 1

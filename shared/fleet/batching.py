@@ -49,9 +49,9 @@ from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from shared.fleet import resp, scriptline
+from shared.fleet import linetarget, resp
 from shared.fleet.batchwire import BatchWire, Exchange
-from shared.fleet.scriptline import LineTarget, establish
+from shared.fleet.linetarget import LineTarget, establish
 
 # Commands a backend awaits on the mint's and the revoke's path, and the spend's publish and pulls
 # (none of them blocks on the server).
@@ -384,4 +384,4 @@ def _handshake(target: LineTarget, protocol: int) -> list[bytes]:
     if protocol != 3:
         return target.handshake()
     auth = [] if target.password is None else ["AUTH", target.username or "default", target.password]
-    return [scriptline.pack(["HELLO", 3, *auth]), *([scriptline.pack(["SELECT", target.db])] if target.db else [])]
+    return [linetarget.pack(["HELLO", 3, *auth]), *([linetarget.pack(["SELECT", target.db])] if target.db else [])]

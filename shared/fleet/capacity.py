@@ -21,7 +21,7 @@ import redis.asyncio as aredis
 from shared.capacity import StateUnavailable
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
-from shared.fleet.scriptline import ScriptLine
+from shared.fleet.scriptline import ScriptLine, Sent
 
 # A Lua function releasing every holder of one host in one table (also used by the reaper).
 # Returns holder, account, holder, account, ...
@@ -218,18 +218,33 @@ class RedisCapacity:
     async def reserve(self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()) -> bool:
         """Take a slot; `releasing`: holders to release first, in the same script (one round
         trip; nothing is released when the reserve is fenced, `StateLost`)."""
-        args = [self._cap, account_id, holder, self.host_id, _ceiling(ceiling), self.incarnation.arg()]
+        if self.line is not None:
+            return await self.send_reserve(account_id, holder, ceiling, releasing).taken()
+        args = self._reserve_args(account_id, holder, ceiling, releasing)
+        with guard(f"{self.table} capacity reserve"):
+            taken = await (self._reserve_releasing if releasing else self._reserve)(
+                keys=[self.keys.incarnation], args=args
+            )
+        return _taken(taken, self.table)
+
+    def send_reserve(
+        self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()
+    ) -> SentReserve:
+        """`reserve`'s script written on the line now, its answer read later (`SentReserve.taken`):
+        the data plane prepares the upstream request meanwhile (issue 27). Needs a `line`."""
+        assert self.line is not None
         script = self._reserve_releasing if releasing else self._reserve
+        args = self._reserve_args(account_id, holder, ceiling, releasing)
+        return SentReserve(self.line.send(script, [self.keys.incarnation], args), self.table)
+
+    def _reserve_args(
+        self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str]
+    ) -> list[str | int]:
+        args: list[str | int] = [self._cap, account_id, holder, self.host_id, _ceiling(ceiling)]
+        args.append(self.incarnation.arg())
         if releasing:
             args += releasing
-        if self.line is not None:
-            taken = _integer(await self.line.run(script, [self.keys.incarnation], args), "reserve")
-        else:
-            with guard(f"{self.table} capacity reserve"):
-                taken = await script(keys=[self.keys.incarnation], args=args)
-        if taken == -1:
-            raise StateLost(f"{self.table} capacity: the fleet state was lost; re-register first")
-        return bool(taken == 1)
+        return args
 
     async def release(self, holder: str) -> bool:
         with guard(f"{self.table} capacity release"):
@@ -306,6 +321,30 @@ class RedisCapacity:
         if refused == -1:
             raise StateLost(f"{self.table} capacity: the fleet state changed during re-registration")
         return [h.decode() for h in refused]
+
+
+class SentReserve:
+    """A reserve written on the line (`RedisCapacity.send_reserve`), its answer still to read."""
+
+    __slots__ = ("sent", "table")
+
+    def __init__(self, sent: Sent, table: Ceiling) -> None:
+        self.sent = sent
+        self.table = table
+
+    async def taken(self) -> bool:
+        """`reserve`'s answer: taken or not; `StateLost` when fenced, else `StateUnavailable`."""
+        return _taken(_integer(await self.sent.reply(), "reserve"), self.table)
+
+    def cancel(self) -> None:
+        """The answer will not be read (its outcome is the caller's to release)."""
+        self.sent.cancel()
+
+
+def _taken(taken: object, table: Ceiling) -> bool:
+    if taken == -1:
+        raise StateLost(f"{table} capacity: the fleet state was lost; re-register first")
+    return bool(taken == 1)
 
 
 def _integer(reply: object, what: str) -> int:

@@ -28,7 +28,6 @@ A cancelled caller's reply is read and dropped, so the connection stays in step.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -36,6 +35,7 @@ from typing import Any, Protocol
 import msgspec
 
 from shared.capacity import StateUnavailable
+from shared.fleet.linetarget import LineTarget, establish, pack
 
 MAX_BULK = 1 << 20  # the longest bulk reply accepted (the hot scripts answer integers)
 MAX_ITEMS = 1 << 16  # the longest array reply accepted
@@ -54,15 +54,6 @@ class ErrorReply(msgspec.Struct, frozen=True):
 
 
 Reply = int | bytes | None | list[Any] | ErrorReply
-
-
-def pack(args: Sequence[str | bytes | int]) -> bytes:
-    """One command as a RESP2 array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
 
 
 def parse(buf: bytes | bytearray, pos: int = 0, depth: int = 0) -> tuple[Reply, int] | None:
@@ -117,61 +108,6 @@ def _integer(line: bytes) -> int:
     if not digits.isdigit() or len(digits) > 19:
         raise ProtocolError("a malformed integer")
     return int(line)
-
-
-class LineTarget(msgspec.Struct, frozen=True):
-    """Where and how to connect: the settings of the pooled client's connections."""
-
-    host: str = ""
-    port: int = 6379
-    path: str = ""  # a Unix socket (then no host)
-    tls: bool = False
-    ca_certs: str | None = None
-    certfile: str | None = None
-    keyfile: str | None = None
-    username: str | None = None
-    password: str | None = None  # never logged (registered with the redactor by `connect`)
-    db: int = 0
-    timeout_s: float = 1.0
-    connect_timeout_s: float = 0.5
-
-    @classmethod
-    def of(cls, kind: str, kwargs: dict[str, Any]) -> LineTarget:
-        """From a redis-py pool's `connection_class.__name__` and `connection_kwargs`."""
-        if kind not in ("Connection", "SSLConnection", "UnixDomainSocketConnection"):
-            raise ValueError(f"no script line over a {kind}")
-        return cls(
-            host=kwargs.get("host") or "",
-            port=int(kwargs.get("port") or 6379),
-            path=kwargs.get("path") or "",
-            tls=kind == "SSLConnection",
-            ca_certs=kwargs.get("ssl_ca_certs"),
-            certfile=kwargs.get("ssl_certfile"),
-            keyfile=kwargs.get("ssl_keyfile"),
-            username=kwargs.get("username"),
-            password=kwargs.get("password"),
-            db=int(kwargs.get("db") or 0),
-            timeout_s=float(kwargs.get("socket_timeout") or 1.0),
-            connect_timeout_s=float(kwargs.get("socket_connect_timeout") or 0.5),
-        )
-
-    def handshake(self) -> list[bytes]:
-        """The commands a fresh connection sends before any script."""
-        out = []
-        if self.password is not None:
-            out.append(pack(["AUTH", *([self.username] if self.username else []), self.password]))
-        if self.db:
-            out.append(pack(["SELECT", self.db]))
-        return out
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """redis-py's defaults for `rediss://`: the certificate and the host name verified."""
-        if not self.tls:
-            return None
-        context = ssl.create_default_context(cafile=self.ca_certs)
-        if self.certfile:
-            context.load_cert_chain(self.certfile, self.keyfile)
-        return context
 
 
 class Script(Protocol):
@@ -278,16 +214,25 @@ class ScriptLine:
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Reply:
         """`EVALSHA` (`EVAL` once when Redis lost the script); an error reply is `StateUnavailable`."""
-        tail = [len(keys), *keys, *args]
-        reply = await self._call(pack(["EVALSHA", script.sha, *tail]))
-        if isinstance(reply, ErrorReply) and reply.message.startswith("NOSCRIPT"):
-            reply = await self._call(pack(["EVAL", script.script, *tail]))
-        if isinstance(reply, ErrorReply):
-            raise StateUnavailable(f"script line: ResponseError {reply.message[:200]}")
-        return reply
+        return await self.send(script, keys, args).reply()
 
-    async def _call(self, command: bytes) -> Reply:
-        for attempt in (1, 2):
+    def send(self, script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Sent:
+        """Write the script's `EVALSHA` now, when the connection is open, and answer its handle:
+        `Sent.reply` reads the reply later with every bound of `run` (issue 27: a reserve's round
+        trip overlapped with the upstream request's preparation). No task per call; a connection
+        still to open is opened then (its opening started now)."""
+        tail = [len(keys), *keys, *args]
+        command = pack(["EVALSHA", script.sha, *tail])
+        wire = self._wire
+        future: asyncio.Future[Reply] | None = None
+        if wire is not None and not wire.closed:
+            future = wire.send(command)  # (an open wire's `send` raises nothing)
+        elif not self.closed and self._opening is None:
+            self._start_opening()
+        return Sent(self, script, tail, command, future)
+
+    async def _call(self, command: bytes, attempts: tuple[int, ...] = (1, 2)) -> Reply:
+        for attempt in attempts:
             wire = self._wire
             if wire is None or wire.closed:
                 wire = await self._open()
@@ -301,14 +246,18 @@ class ScriptLine:
     async def _open(self) -> _Wire:
         if self.closed:
             raise StateUnavailable("script line: closed")
-        if self._opening is None:
-            self._opening = asyncio.get_running_loop().create_task(self._connect())
-            self._opening.add_done_callback(self._opened)
-        return await asyncio.shield(self._opening)
+        opening = self._opening or self._start_opening()
+        return await asyncio.shield(opening)
+
+    def _start_opening(self) -> asyncio.Task[_Wire]:
+        opening = self._opening = asyncio.get_running_loop().create_task(self._connect())
+        opening.add_done_callback(self._opened)
+        return opening
 
     def _opened(self, task: asyncio.Task[_Wire]) -> None:
         self._opening = None
-        if not task.cancelled() and task.exception() is None:  # (an exception is its callers')
+        # (an exception is its callers'; one nobody awaited, `send`'s, is read here: no warning)
+        if not task.cancelled() and task.exception() is None:
             self._wire = task.result()
             if self.closed:  # closed while it opened
                 self._wire.fail(StateUnavailable("script line: closed"))
@@ -347,18 +296,40 @@ class ScriptLine:
             self._wire.fail(StateUnavailable("script line: closed"))
 
 
-async def establish(target: LineTarget, protocol: asyncio.Protocol) -> None:
-    """Open the socket (and TLS) to `target` for `protocol` within `connect_timeout_s`."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(target.connect_timeout_s):
-        if target.path:
-            await loop.create_unix_connection(lambda: protocol, target.path)
+class Sent:
+    """A script written on the line (`ScriptLine.send`), its reply still to read."""
+
+    __slots__ = ("line", "script", "tail", "command", "future")
+
+    def __init__(
+        self, line: ScriptLine, script: Script, tail: list[Any], command: bytes, future: asyncio.Future[Reply] | None
+    ) -> None:
+        self.line = line
+        self.script = script
+        self.tail = tail
+        self.command = command
+        self.future = future  # None: not written yet (the connection was not open)
+
+    async def reply(self) -> Reply:
+        """The reply, with `run`'s bounds: the timeout counted from the write, one resend on a
+        broken connection, `NOSCRIPT` answered by one `EVAL`; an error reply is `StateUnavailable`."""
+        line, future = self.line, self.future
+        if future is None:
+            reply = await line._call(self.command)
         else:
-            context = target.ssl_context()
-            await loop.create_connection(
-                lambda: protocol,
-                target.host,
-                target.port,
-                ssl=context,
-                server_hostname=target.host if context else None,
-            )
+            self.future = None
+            try:
+                reply = await future
+            except _Broken:  # the connection closed before the reply: sent once more
+                reply = await line._call(self.command, (2,))
+        if isinstance(reply, ErrorReply) and reply.message.startswith("NOSCRIPT"):
+            reply = await line._call(pack(["EVAL", self.script.script, *self.tail]))
+        if isinstance(reply, ErrorReply):
+            raise StateUnavailable(f"script line: ResponseError {reply.message[:200]}")
+        return reply
+
+    def cancel(self) -> None:
+        """The reply will not be read: it is dropped when it comes (the connection stays in step)."""
+        future, self.future = self.future, None
+        if future is not None and not future.cancel() and not future.cancelled():
+            future.exception()  # already failed: read, so no "never retrieved" warning

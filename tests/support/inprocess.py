@@ -40,9 +40,16 @@ class Plane:
 
 @asynccontextmanager
 async def anthropic_plane(
-    stub: Stub, tmp_path: Path, account_id: str, request_capacity: int | None = None
+    stub: Stub,
+    tmp_path: Path,
+    account_id: str,
+    request_capacity: int | None = None,
+    *,
+    fleet: Any = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Plane]:
-    """One Anthropic-wire account on the stub, one live lease on it; stopped on exit."""
+    """One Anthropic-wire account on the stub, one live lease on it; stopped on exit. `fleet`:
+    the data plane's `FleetAdmission`; `env`: more `GATEWAY_*` settings."""
     route = AccountRoute(
         id=account_id,
         provider_binding="anthropic",
@@ -52,7 +59,7 @@ async def anthropic_plane(
         credential_env=CREDENTIAL_ENV,
         request_capacity=request_capacity,
     )
-    async with _plane(stub.anthropic_key or "", tmp_path, route, "/v1/messages") as plane:
+    async with _plane(stub.anthropic_key or "", tmp_path, route, "/v1/messages", fleet, env) as plane:
         yield plane
 
 
@@ -77,11 +84,17 @@ async def openai_plane(
 
 @asynccontextmanager
 async def _plane(
-    credential: str, tmp_path: Path, route: AccountRoute, path: str, fleet: Any = None
+    credential: str,
+    tmp_path: Path,
+    route: AccountRoute,
+    path: str,
+    fleet: Any = None,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Plane]:
     port = free_port()
     settings = load_settings(
-        {"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}", "GATEWAY_RUNTIME_DIR": str(tmp_path)}, role="dataplane"
+        {"GATEWAY_DATAPLANE_LISTEN": f"127.0.0.1:{port}", "GATEWAY_RUNTIME_DIR": str(tmp_path), **(env or {})},
+        role="dataplane",
     )
     replica = LeaseReplica(env={CREDENTIAL_ENV: credential})
     token, key_id, digest = new_token()
