@@ -298,6 +298,22 @@ class ControlService:
             await asyncio.shield(self._settling)
         return self.ledger.ok
 
+    async def settle_recorded(self) -> None:
+        """Wait until the rows recorded so far are written, folded and acknowledged, and not for
+        rows recorded later (`settle` may follow settles for as long as rows keep coming): the
+        settle under way, then the one it schedules for what it did not take (a read's drain,
+        `controlplane/drain.py`)."""
+        staged = bool(self._unfolded or self._unacked)
+        under_way = self._settling
+        if under_way is None:
+            if staged:
+                self._settle_soon()
+                await asyncio.shield(self._settling)  # type: ignore[arg-type]
+            return
+        await asyncio.shield(under_way)
+        if staged and self._settling is not None:  # what the one under way left to the next
+            await asyncio.shield(self._settling)
+
     async def _settle(self) -> None:
         """The rows recorded since the last settle (one RPC read's, typically): written with one
         `write`, folded into the circuits and the decision table, then acknowledged, so an
