@@ -32,7 +32,7 @@ class ReportDrain:
     def __init__(
         self,
         link: DataPlaneLink,
-        settled: Callable[[], Awaitable[None]],
+        settled: Callable[[], Awaitable[object]],
         deadline_s: float = DRAIN_DEADLINE_S,
     ) -> None:
         self.link = link

@@ -191,9 +191,8 @@ class ControlService:
         return [lease.key_id for lease in ended]
 
     async def _release(self, key_ids: list[str]) -> None:
-        """Each key's lease slot and live dispatch key, key after key (an account-wide
-        revocation's thousands of keys never open a connection each), the two of one key at
-        once (fleet: one round, not two)."""
+        """Each key's lease slot and live dispatch key, key after key (an account-wide revocation's thousands
+        of keys never open a connection each), the two of one key at once (fleet: one round, not two)."""
         for key_id in key_ids:
             await asyncio.gather(self.lease_capacity.release(key_id), self.decisions.end_key(key_id))
 
@@ -292,27 +291,12 @@ class ControlService:
         send_acks(unacked, ok)  # the link gone: the data plane re-sends the rows
 
     async def settle(self) -> bool:
-        """Wait until every row recorded so far is written, folded and acknowledged; answers
-        whether storage accepts writes."""
-        while self._settling is not None:
-            await asyncio.shield(self._settling)
+        """Wait until every row recorded so far is written, folded and acknowledged, not rows recorded
+        later (a read's drain waits on a busy link no longer); answers whether storage accepts writes."""
+        for _ in range(2):  # the settle under way, then the one it left what it did not take to
+            if self._settling is not None:
+                await asyncio.shield(self._settling)
         return self.ledger.ok
-
-    async def settle_recorded(self) -> None:
-        """Wait until the rows recorded so far are written, folded and acknowledged, and not for
-        rows recorded later (`settle` may follow settles for as long as rows keep coming): the
-        settle under way, then the one it schedules for what it did not take (a read's drain,
-        `controlplane/drain.py`)."""
-        staged = bool(self._unfolded or self._unacked)
-        under_way = self._settling
-        if under_way is None:
-            if staged:
-                self._settle_soon()
-                await asyncio.shield(self._settling)  # type: ignore[arg-type]
-            return
-        await asyncio.shield(under_way)
-        if staged and self._settling is not None:  # what the one under way left to the next
-            await asyncio.shield(self._settling)
 
     async def _settle(self) -> None:
         """The rows recorded since the last settle (one RPC read's, typically): written with one

@@ -134,7 +134,7 @@ def wire(
         settings, registry, keys, ledger, prices, parts, grants, configured, _row_sinks(metrics, books, traces), hopper
     )
     link.bind(service.snapshot, service.handle, service.on_disconnect, service.read_done)  # the link serves it
-    parts.drain.settled = service.settle_recorded  # a drain's rows are settled before the read answers
+    parts.drain.settled = service.settle  # a drain's rows are settled before the read answers
     fleet = None if parts.shared.fleet is None else _fleet_host(parts, settings, keys, registry, service)
     fleet_view: FleetSource = (
         EmbeddedFleet(settings.host_id, parts.account_ids, keys.count_by_account, parts.routes.in_flight_by_account)

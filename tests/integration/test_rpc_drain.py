@@ -156,4 +156,3 @@ async def test_no_data_plane_linked_no_wait(socket_path: str) -> None:
         assert control.drain.rounds == 0
     finally:
         control.server.close()
-
