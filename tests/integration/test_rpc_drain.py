@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from controlplane.drain import ReportDrain
+from controlplane.main import build_app
 from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
@@ -29,6 +30,7 @@ from shared.wire import (
     Welcome,
 )
 from tests.integration.test_rpc_rows import ROUTE, ROW, row
+from tests.support.control import close_control, make_control
 from tests.support.waits import until
 
 
@@ -156,3 +158,26 @@ async def test_no_data_plane_linked_no_wait(socket_path: str) -> None:
         assert control.drain.rounds == 0
     finally:
         control.server.close()
+
+
+# Every route of the control app, and whether its answer drains first: every authenticated one
+# but the event feed (a stream) and the scrape; no public one.
+NOT_DRAINED = {"/control/v2/events", "/metrics", "/healthz", "/dashboard", "/dashboard/{name}"}
+
+
+def test_every_authenticated_route_drains_but_the_feed_and_the_scrape(tmp_path: Path) -> None:
+    env = {"GATEWAY_STATE_DIR": str(tmp_path / "state"), "GATEWAY_RUNTIME_DIR": str(tmp_path / "run")}
+    (tmp_path / "state").mkdir()
+    control = make_control(tmp_path / "state", settings=env, env=env)
+    try:
+        routes = {
+            (route.method, route.resource.canonical): route.handler
+            for route in build_app(control).router.routes()
+            if route.method != "HEAD"
+        }
+        assert len(routes) > 25
+        for (method, path), handler in routes.items():
+            drains = getattr(handler, "__leasehold_drains__", None)
+            assert drains is (path not in NOT_DRAINED), (method, path, drains)
+    finally:
+        close_control(control)
