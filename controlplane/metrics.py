@@ -291,6 +291,16 @@ class _LiveCollector:
         for why in Refused:
             http_refused.add_metric([str(why)], self.m.http_refused[why])
         yield http_refused
+        yield CounterMetricFamily(
+            "leasehold_dataplane_drains",
+            "Drains of the data plane's queued reports a read or mint waited for (coalesced).",
+            value=reads.drain.rounds,
+        )
+        yield CounterMetricFamily(
+            "leasehold_dataplane_drains_late",
+            "Drains not answered within their deadline: the read answered without waiting longer.",
+            value=reads.drain.late,
+        )
         bounds = reads.routes.connections  # SPEC §19, as the data plane last reported them
         yield CounterMetricFamily(
             "leasehold_connections_refused",

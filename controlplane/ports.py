@@ -5,8 +5,8 @@
 this one reaches `service.` for anything. What each port holds:
 - reads: `AccountReads` (the registry), `LeaseReads` (the key table), `FlightReads` and
   `RouteReads` (the route book), `EvidenceReads`, `CircuitReads`, `LinkState` (the data plane's
-  link), `LedgerState`, `Configured` — bundled for the read handlers and the metrics as
-  `ControlReads`;
+  link), `LedgerState`, `Configured`, `RowDrain` (what a read awaits first) — bundled for the read
+  handlers and the metrics as `ControlReads`;
 - the release seam: `KeyEnder` (`ControlService.end_keys`, `end_account_keys`), what the fleet
   host's repairs and the fleet's revocation requests end keys through;
 - the service's own: `RowSink` (each recorded terminal row, in the order `wire` gives),
@@ -91,6 +91,16 @@ class LinkState(Protocol):
     def connected(self) -> bool: ...
 
 
+class RowDrain(Protocol):
+    """A read's barrier (`controlplane/drain.ReportDrain`): every report the data plane queued
+    before the call is recorded and settled when it returns (bounded; False when it was not)."""
+
+    rounds: int  # drains sent (`leasehold_dataplane_drains`)
+    late: int  # of them, not answered within the deadline
+
+    async def drain(self) -> bool: ...
+
+
 class LedgerState(Protocol):
     @property
     def ok(self) -> bool: ...
@@ -132,3 +142,4 @@ class ControlReads:
     link: LinkState
     ledger: LedgerState
     configured: Configured
+    drain: RowDrain  # awaited before a row-reading answer (`controlplane/http/common.requires`)

@@ -20,6 +20,7 @@ from shared.wire import (
     PROTOCOL_VERSION,
     AccountRoute,
     AccountsDisabled,
+    Drain,
     Hello,
     Lease,
     LeaseAdded,
@@ -166,6 +167,20 @@ class DataPlaneLink:
         snapshot carries them)."""
         self.disabled = account_ids
         return await self._push(lambda rid: AccountsDisabled(req_id=rid, account_ids=list(account_ids)))
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Ask the data plane for every report it holds back, ahead of its Ack (`Drain`); True
+        once the Ack is in, so is every row before it (the reader handled them in order). A slow
+        answer is a TimeoutError for the caller and does not close the link: a read must not
+        cost the data plane its leases."""
+        conn = self.conn
+        if conn is None:
+            return False
+        try:
+            await conn.request(lambda rid: Drain(req_id=rid), timeout_s)
+        except ConnectionError:
+            return False
+        return True
 
     def storage_state(self, ok: bool) -> None:
         conn = self.conn

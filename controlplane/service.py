@@ -191,9 +191,8 @@ class ControlService:
         return [lease.key_id for lease in ended]
 
     async def _release(self, key_ids: list[str]) -> None:
-        """Each key's lease slot and live dispatch key, key after key (an account-wide
-        revocation's thousands of keys never open a connection each), the two of one key at
-        once (fleet: one round, not two)."""
+        """Each key's lease slot and live dispatch key, key after key (an account-wide revocation's thousands
+        of keys never open a connection each), the two of one key at once (fleet: one round, not two)."""
         for key_id in key_ids:
             await asyncio.gather(self.lease_capacity.release(key_id), self.decisions.end_key(key_id))
 
@@ -292,10 +291,11 @@ class ControlService:
         send_acks(unacked, ok)  # the link gone: the data plane re-sends the rows
 
     async def settle(self) -> bool:
-        """Wait until every row recorded so far is written, folded and acknowledged; answers
-        whether storage accepts writes."""
-        while self._settling is not None:
-            await asyncio.shield(self._settling)
+        """Wait until every row recorded so far is written, folded and acknowledged, not rows recorded
+        later (a read's drain waits on a busy link no longer); answers whether storage accepts writes."""
+        for _ in range(2):  # the settle under way, then the one it left what it did not take to
+            if self._settling is not None:
+                await asyncio.shield(self._settling)
         return self.ledger.ok
 
     async def _settle(self) -> None:

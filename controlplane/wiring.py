@@ -19,6 +19,7 @@ from controlplane.circuits import CircuitRegistry
 from controlplane.core.policy import Ceiling
 from controlplane.core.pricing import PriceTable
 from controlplane.disabled import DisabledAccounts
+from controlplane.drain import ReportDrain
 from controlplane.events import EventHub, EventKind
 from controlplane.evidence import EvidenceBook
 from controlplane.fleet import backends
@@ -95,6 +96,7 @@ class _Parts(msgspec.Struct, frozen=True, kw_only=True):
     admin: AccountAdminStore
     policy: PolicyStore
     link: DataPlaneLink
+    drain: ReportDrain  # what a row-reading answer awaits first (its settle bound by `wire`)
     routes: RouteBook
     evidence: EvidenceBook
     books: Books
@@ -132,6 +134,7 @@ def wire(
         settings, registry, keys, ledger, prices, parts, grants, configured, _row_sinks(metrics, books, traces), hopper
     )
     link.bind(service.snapshot, service.handle, service.on_disconnect, service.read_done)  # the link serves it
+    parts.drain.settled = service.settle  # a drain's rows are settled before the read answers
     fleet = None if parts.shared.fleet is None else _fleet_host(parts, settings, keys, registry, service)
     fleet_view: FleetSource = (
         EmbeddedFleet(settings.host_id, parts.account_ids, keys.count_by_account, parts.routes.in_flight_by_account)
@@ -160,6 +163,10 @@ def wire(
     )
 
 
+async def _nothing_to_settle() -> None:
+    """A drain's settle until `wire` binds the service's."""
+
+
 def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledger, prices: PriceTable) -> _Parts:
     """The shared state (in-process or the fleet's Redis, SPEC §16), the circuits, the chains,
     the link, the route and evidence books, and the books of spend, budgets and headroom."""
@@ -180,6 +187,7 @@ def _parts(settings: Settings, registry: Registry, keys: KeyTable, ledger: Ledge
         admin=admin,
         policy=policy,
         link=link,
+        drain=ReportDrain(link, _nothing_to_settle),
         routes=RouteBook(),
         evidence=EvidenceBook(now_ms()),
         books=books,
@@ -202,6 +210,7 @@ def _read_side(
         link=parts.link,
         ledger=ledger,
         configured=configured,
+        drain=parts.drain,
     )
     traces = Traces.of(settings, registry)
     books = parts.books

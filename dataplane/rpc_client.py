@@ -27,6 +27,7 @@ from shared.wire import (
     AttemptRow,
     AttemptStarted,
     ConnectionCounts,
+    Drain,
     FleetLoops,
     Hello,
     LeaseAdded,
@@ -146,6 +147,9 @@ class ControlLink:
                 self.replica.remove(key_id)
             self._send_rows_of(set(message.key_ids))
             conn.send_nowait(Ack(req_id=message.req_id))  # flushes the lazy rows ahead of it
+        elif isinstance(message, Drain):  # a control read waits: everything held back goes first
+            self._announce_held(conn)
+            conn.send_nowait(Ack(req_id=message.req_id))  # flushes the lazy reports ahead of it
         elif isinstance(message, LeaseGates):  # SPEC §18: requests from now on see them
             self.replica.regate(message.gates)
             conn.send_nowait(Ack(req_id=message.req_id))
@@ -216,6 +220,14 @@ class ControlLink:
         self._hold_timer = None
         if self._held_older:
             self._hold_timer = asyncio.get_running_loop().call_later(START_HOLD_S, self._hold_tick)
+
+    def _announce_held(self, conn: Connection) -> None:
+        """Every held start now (a `Drain`): control's read sees every attempt in flight."""
+        if self._held or self._held_older:
+            held = [*self._held_older.values(), *self._held.values()]
+            self._forget_held()
+            for row in held:
+                self._announce(conn, row)
 
     def _unhold(self, attempt_id: str) -> bool:
         """Forget a held start (its attempt ended first); False when it was not held."""

@@ -32,7 +32,7 @@ _HEADER = struct.Struct(">I")
 # One read takes whatever the socket holds, up to this.
 READ_SIZE = 256 * 1024
 # How long a lazy frame may wait for others to share its write.
-LAZY_FLUSH_S = 0.002
+LAZY_FLUSH_S = 0.010
 
 log = get_logger("rpc")
 

@@ -16,7 +16,9 @@ import msgspec
 #    was withdrawn (never sent): a version-2 peer could not decode or would misread them.
 # 4: `AccountsDisabled`, and `Snapshot.disabled` (SPEC §20: a disable closes the account's
 #    sockets), which a version-3 data plane could not decode or would ignore.
-PROTOCOL_VERSION = 4
+# 5: `Drain` (a control read waits for the data plane's queued reports), which a version-4 data
+#    plane could not decode.
+PROTOCOL_VERSION = 5
 
 
 class _Msg(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", omit_defaults=True):
@@ -213,6 +215,15 @@ class AccountsDisabled(_Msg, tag="accounts_disabled", frozen=True):
     account_ids: list[str]
 
 
+class Drain(_Msg, tag="drain", frozen=True):
+    """Control is about to answer a read or decide on rows (issue 27): the data plane writes every
+    report it holds back (the lazy ones waiting for company, the held starts) and then the `Ack`,
+    on the same ordered link, so once control has the Ack and settled what came before it, it
+    holds every attempt the data plane started and every one it finished before the Drain."""
+
+    req_id: int
+
+
 class StorageState(_Msg, tag="storage_state", frozen=True):
     ok: bool
 
@@ -292,4 +303,5 @@ Message = (
     | ConnectionCounts
     | FleetLoops
     | AccountsDisabled
+    | Drain
 )

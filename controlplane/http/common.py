@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from controlplane.http.appkeys import READS
 from shared.bounds import retry_after_s
 from shared.capacity import StateUnavailable
 from shared.codes import HTTP_STATUS, ErrorCode, Refusal, Scope
@@ -37,11 +38,14 @@ _encode = msgspec.json.Encoder().encode
 FLEET_RETRY_AFTER_S = 1
 
 
-def requires(scope: Scope | None) -> Callable[[Handler], Handler]:
-    """Mark a handler with the scope it needs (None = public)."""
+def requires(scope: Scope | None, *, drains: bool = True) -> Callable[[Handler], Handler]:
+    """Mark a handler with the scope it needs (None = public), and whether its answer first
+    drains the data plane's queued reports (`controlplane/drain.py`): every authenticated route
+    does unless it says `drains=False` (a stream, the scrape), so a new view cannot forget to."""
 
     def mark(handler: Handler) -> Handler:
         handler.__leasehold_scope__ = scope  # type: ignore[attr-defined]
+        handler.__leasehold_drains__ = drains and scope is not None  # type: ignore[attr-defined]
         return handler
 
     return mark
@@ -108,6 +112,7 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
                     headers={"Connection": "close"},
                 )
             request[SCOPE_KEY] = {"scope": granted}
+            await _drain_first(request)
         try:
             return await handler(request)
         except GatewayError as exc:
@@ -126,6 +131,13 @@ def auth_middleware(ring: TokenRing, metrics_public: bool) -> Any:
             )
 
     return middleware
+
+
+async def _drain_first(request: web.Request) -> None:
+    """The one place a read waits for the rows finished before it (`controlplane/drain.py`)."""
+    reads = request.app.get(READS)
+    if reads is not None and getattr(request.match_info.route.handler, "__leasehold_drains__", False):
+        await reads.drain.drain()
 
 
 def _scope_needed(request: web.Request, metrics_public: bool) -> Scope | None:

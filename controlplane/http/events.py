@@ -32,7 +32,7 @@ FEED_SNDBUF_BYTES = 32 * 1024
 _DISCONNECTS = (ConnectionError, RuntimeError)  # RuntimeError: writing after EOF
 
 
-@requires(Scope.READ)
+@requires(Scope.READ, drains=False)
 async def events(request: web.Request) -> web.StreamResponse:
     hub = request.app[HUB]
     peer = request.remote or ""

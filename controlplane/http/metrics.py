@@ -14,7 +14,7 @@ from shared.codes import Scope
 from shared.http1 import web
 
 
-@requires(Scope.READ)
+@requires(Scope.READ, drains=False)
 async def metrics(request: web.Request) -> web.Response:
     gateway_metrics = request.app[METRICS]
     await gateway_metrics.refresh()

@@ -90,6 +90,7 @@ request_capacity = 1
         15,
         "host B served once A's stalled reader was cut",
     )
+    a.recent()  # a read drains A's data plane: its aborted row, sent lazily, is then on disk
     rows = [r for r in a.ledger() if r["key_id"] == on_a["key_id"]]
     assert [(r["status"], r["condition"]) for r in rows] == [("client-aborted", None)]
     assert stub.requests()[0]["outcome"] == "client-gone"
