@@ -32,6 +32,23 @@ if TYPE_CHECKING:  # fleet mode only (redis-py)
     from dataplane.admission import PendingReserve
 
 
+def capacity_exhausted(attempt: Attempt, account: AccountRoute) -> web.StreamResponse:
+    """No request slot for the attempt: 429 `request-capacity-exhausted` (here or fleet-wide)."""
+    return refuse(
+        attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED, f"account {account.id} is at its request capacity", retry_after_s=1
+    )
+
+
+def ceiling_unchecked(attempt: Attempt, account: AccountRoute) -> web.StreamResponse:
+    """Redis could not say whether a slot is free: 503 `fleet-state-unavailable`, never a guess."""
+    return refuse(
+        attempt,
+        Refusal.FLEET_STATE_UNAVAILABLE,
+        f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
+        retry_after_s=1,
+    )
+
+
 class FleetAnswer:
     __slots__ = ("attempt", "account", "pending", "watch", "answered_at")
 
@@ -58,22 +75,10 @@ class FleetAnswer:
         answered_at = self.answered_at = time.perf_counter()
         if self.watch is not None:  # the headers bound counts the upstream's wait, not Redis's
             self.watch.headers_deadline += answered_at - asked
-        if not admitted:
-            return refuse(
-                attempt,
-                Refusal.REQUEST_CAPACITY_EXHAUSTED,
-                f"account {account.id} is at its request capacity",
-                retry_after_s=1,
-            )
-        return None
+        return None if admitted else capacity_exhausted(attempt, account)
 
     def _unavailable(self) -> web.StreamResponse:
-        return refuse(
-            self.attempt,
-            Refusal.FLEET_STATE_UNAVAILABLE,
-            f"account {self.account.id}'s fleet-wide request ceiling cannot be checked now",
-            retry_after_s=1,
-        )
+        return ceiling_unchecked(self.attempt, self.account)
 
     def abandon(self) -> None:
         """Not asked (the request failed before): the holder released, never leaked; nothing

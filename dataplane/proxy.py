@@ -31,7 +31,7 @@ from dataplane.bodies import (
 from dataplane.budget import budget_hold
 from dataplane.endings import Ending, verdict
 from dataplane.errors import refusal_response, refuse
-from dataplane.fleetanswer import FleetAnswer
+from dataplane.fleetanswer import FleetAnswer, capacity_exhausted, ceiling_unchecked
 from dataplane.fleethold import fleet_held
 from dataplane.health import HEALTHZ_PATH, health_of, healthz_response
 from dataplane.leases import LeaseReplica
@@ -265,24 +265,13 @@ class Proxy:
                 try:
                     await fleet.start()
                 except StateUnavailable:
-                    return refuse(
-                        attempt,
-                        Refusal.FLEET_STATE_UNAVAILABLE,
-                        f"account {account.id}'s fleet-wide request ceiling cannot be checked now",
-                        retry_after_s=1,
-                    )
+                    return ceiling_unchecked(attempt, account)
             return FleetAnswer(
                 attempt, account, fleet.send_reserve(account.id, attempt.attempt_id, account.request_capacity)
             )
-        admitted = self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity)
-        if not admitted:
-            return refuse(
-                attempt,
-                Refusal.REQUEST_CAPACITY_EXHAUSTED,
-                f"account {account.id} is at its request capacity",
-                retry_after_s=1,
-            )
-        return None
+        if self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
+            return None
+        return capacity_exhausted(attempt, account)
 
     async def _read_strictly(
         self, request: web.Request, attempt: Attempt, account: AccountRoute, body: bytes
