@@ -55,6 +55,14 @@ async def admission(fleet_of: Fleet) -> AsyncIterator[FleetAdmission]:
     await made.close()
 
 
+async def served_once(session: aiohttp.ClientSession, plane: Plane, headers: dict[str, str], stub: Stub) -> int:
+    """One request served first (the fleet's line and the upstream connection are open); the
+    upstream's call count after it."""
+    async with session.post(plane.url, json=A_BODY, headers=headers) as served:
+        assert served.status == 200
+    return upstream_calls(stub)
+
+
 def upstream_calls(stub: Stub) -> int:
     return len([r for r in stub.requests() if r.get("path") == "/v1/messages"])
 
@@ -155,9 +163,7 @@ async def test_redis_hung_is_503_nothing_upstream_and_the_holder_released_later(
     async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, 1, fleet=admission) as plane:
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
-            async with session.post(plane.url, json=A_BODY, headers=headers) as served:
-                assert served.status == 200
-            calls = upstream_calls(clean_stub)
+            calls = await served_once(session, plane, headers, clean_stub)
             own_redis.pause()
             async with session.post(plane.url, json=A_BODY, headers=headers) as refused:
                 body = await refused.json()
@@ -175,9 +181,7 @@ async def test_a_worker_gone_while_the_reserve_is_out_leaves_one_row_and_no_slot
     async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, 1, fleet=admission) as plane:
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
-            async with session.post(plane.url, json=A_BODY, headers=headers) as served:
-                assert served.status == 200
-            calls = upstream_calls(clean_stub)
+            calls = await served_once(session, plane, headers, clean_stub)
             own_redis.pause()
             going = asyncio.ensure_future(session.post(plane.url, json=A_BODY, headers=headers))
             await until(lambda: len(plane.proxy.in_flight) == 1, 10, "the request waiting on Redis")
@@ -241,9 +245,7 @@ async def test_the_drain_while_the_reserve_is_out_ends_the_attempt_and_releases_
     async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, 1, fleet=admission) as plane:
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
-            async with session.post(plane.url, json=A_BODY, headers=headers) as served:
-                assert served.status == 200
-            calls = upstream_calls(clean_stub)
+            calls = await served_once(session, plane, headers, clean_stub)
             own_redis.pause()
             going = asyncio.ensure_future(session.post(plane.url, json=A_BODY, headers=headers))
             await until(lambda: len(plane.proxy.in_flight) == 1, 10, "the request waiting on Redis")
@@ -269,9 +271,7 @@ async def test_a_headers_bound_shorter_than_redis_wait_refuses_503_not_an_upstre
     async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, 1, fleet=admission, env=env) as plane:
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
-            async with session.post(plane.url, json=A_BODY, headers=headers) as served:
-                assert served.status == 200
-            calls = upstream_calls(clean_stub)
+            calls = await served_once(session, plane, headers, clean_stub)
             own_redis.pause()
             async with session.post(plane.url, json=A_BODY, headers=headers) as refused:
                 body = await refused.json()
@@ -291,9 +291,7 @@ async def test_a_bug_before_the_write_abandons_the_reserve_and_releases_its_hold
     async with anthropic_plane(clean_stub, tmp_path, ACCOUNT, 1, fleet=admission) as plane:
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
-            async with session.post(plane.url, json=A_BODY, headers=headers) as served:
-                assert served.status == 200
-            calls = upstream_calls(clean_stub)
+            calls = await served_once(session, plane, headers, clean_stub)
 
             def broken(*_args: object) -> object:
                 raise RuntimeError("a bug in the preparation")

@@ -16,10 +16,9 @@ import pytest
 
 import controlplane.http
 from controlplane.drain import ReportDrain
-from controlplane.replication import DataPlaneLink
 from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
-from shared.rpc import Connection, start_unix_server
+from shared.rpc import Connection
 from shared.wire import (
     PROTOCOL_VERSION,
     Ack,
@@ -31,36 +30,24 @@ from shared.wire import (
     Snapshot,
     Welcome,
 )
-from tests.integration.test_rpc_rows import ROUTE, ROW, row
+from tests.integration.test_rpc_rows import ROW, row
+from tests.integration.test_rpc_rows import Control as RowsControl
 from tests.support.waits import until
 
 
-class Control:
+class Control(RowsControl):
     """Control's link and drain, recording what the data plane reports (and acknowledging rows)."""
 
     def __init__(self, socket_path: str, deadline_s: float = 0.25) -> None:
-        self.socket_path = socket_path
-        self.received: list[Message] = []
+        super().__init__(socket_path)
         self.settles = 0
         self.settling = asyncio.Event()  # a round's settle waits for it (a test holds a round in flight)
         self.settling.set()
-        self.link = DataPlaneLink()
-        self.link.bind(lambda: ([], [ROUTE], True), self.on_message, lambda: None)
         self.drain = ReportDrain(self.link, self.settled, deadline_s)
-        self.server: asyncio.AbstractServer | None = None
-
-    async def on_message(self, conn: Connection, message: Message) -> None:
-        self.received.append(message)
-        if isinstance(message, AttemptFinished):
-            conn.send_nowait(Ack(req_id=message.req_id))
 
     async def settled(self) -> None:
         await self.settling.wait()
         self.settles += 1
-
-    async def start(self) -> Control:
-        self.server = await start_unix_server(self.socket_path, self.link.on_client)
-        return self
 
     def ids(self, kind: type) -> list[str]:
         return [m.row.attempt_id for m in self.received if isinstance(m, kind)]
