@@ -63,6 +63,16 @@ async def served_once(session: aiohttp.ClientSession, plane: Plane, headers: dic
     return upstream_calls(stub)
 
 
+async def waiting_on_redis(
+    session: aiohttp.ClientSession, plane: Plane, headers: dict[str, str], own_redis: RedisServer
+) -> asyncio.Future[aiohttp.ClientResponse]:
+    """Redis paused, a request sent and in flight on the data plane, waiting on its reserve."""
+    own_redis.pause()
+    going = asyncio.ensure_future(session.post(plane.url, json=A_BODY, headers=headers))
+    await until(lambda: len(plane.proxy.in_flight) == 1, 10, "the request waiting on Redis")
+    return going
+
+
 def upstream_calls(stub: Stub) -> int:
     return len([r for r in stub.requests() if r.get("path") == "/v1/messages"])
 
@@ -182,9 +192,7 @@ async def test_a_worker_gone_while_the_reserve_is_out_leaves_one_row_and_no_slot
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
             calls = await served_once(session, plane, headers, clean_stub)
-            own_redis.pause()
-            going = asyncio.ensure_future(session.post(plane.url, json=A_BODY, headers=headers))
-            await until(lambda: len(plane.proxy.in_flight) == 1, 10, "the request waiting on Redis")
+            going = await waiting_on_redis(session, plane, headers, own_redis)
             going.cancel()  # the worker goes away while its reserve is out
             with pytest.raises(asyncio.CancelledError):
                 await going
@@ -246,9 +254,7 @@ async def test_the_drain_while_the_reserve_is_out_ends_the_attempt_and_releases_
         headers = {**A_HEADERS, "x-api-key": plane.token}
         async with aiohttp.ClientSession() as session:
             calls = await served_once(session, plane, headers, clean_stub)
-            own_redis.pause()
-            going = asyncio.ensure_future(session.post(plane.url, json=A_BODY, headers=headers))
-            await until(lambda: len(plane.proxy.in_flight) == 1, 10, "the request waiting on Redis")
+            going = await waiting_on_redis(session, plane, headers, own_redis)
             plane.proxy.draining = True
             assert plane.proxy.stop_all() == 1  # the drain window ran out
             async with await going as shut:

@@ -9,14 +9,11 @@ import asyncio
 import importlib
 import os
 import pkgutil
-from pathlib import Path
 
 import msgspec
-import pytest
 
 import controlplane.http
 from controlplane.drain import ReportDrain
-from dataplane.leases import LeaseReplica
 from dataplane.rpc_client import ControlLink
 from shared.rpc import Connection
 from shared.wire import (
@@ -30,7 +27,7 @@ from shared.wire import (
     Snapshot,
     Welcome,
 )
-from tests.integration.test_rpc_rows import ROW, row
+from tests.integration.test_rpc_rows import ROW, linked_to, row, socket_path  # noqa: F401  (a fixture)
 from tests.integration.test_rpc_rows import Control as RowsControl
 from tests.support.waits import until
 
@@ -53,18 +50,8 @@ class Control(RowsControl):
         return [m.row.attempt_id for m in self.received if isinstance(m, kind)]
 
 
-@pytest.fixture
-def socket_path(tmp_path: Path) -> str:
-    return str(tmp_path / "rt" / "control.sock")
-
-
 async def linked(socket_path: str) -> tuple[Control, ControlLink, asyncio.Task[None]]:
-    control = await Control(socket_path).start()
-    client = ControlLink(socket_path, LeaseReplica(env={}))
-    task = asyncio.create_task(client.run())
-    await asyncio.wait_for(client.synced.wait(), 5)
-    await until(lambda: control.link.ready.is_set(), 5, "control has the link")
-    return control, client, task
+    return await linked_to(Control(socket_path))
 
 
 async def test_a_drain_returns_holding_every_lazy_row_and_held_start_before_it(socket_path: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import pytest
@@ -86,12 +87,21 @@ def socket_path(tmp_path: Path) -> str:
     return str(tmp_path / "rt" / "control.sock")
 
 
-async def linked(socket_path: str) -> tuple[Control, ControlLink, asyncio.Task[None]]:
-    control = await Control(socket_path).start()
-    client = ControlLink(socket_path, LeaseReplica(env={}))
+C = TypeVar("C", bound=Control)
+
+
+async def linked_to(control: C) -> tuple[C, ControlLink, asyncio.Task[None]]:
+    """`control` listening, a data plane's link to it synchronised, and control holding the link."""
+    await control.start()
+    client = ControlLink(control.socket_path, LeaseReplica(env={}))
     task = asyncio.create_task(client.run())
     await asyncio.wait_for(client.synced.wait(), 5)
+    await until(lambda: control.link.ready.is_set(), 5, "control has the link")
     return control, client, task
+
+
+async def linked(socket_path: str) -> tuple[Control, ControlLink, asyncio.Task[None]]:
+    return await linked_to(Control(socket_path))
 
 
 async def test_a_2xx_row_is_sent_without_waiting_and_leaves_the_outbox_on_its_ack(socket_path: str) -> None:
