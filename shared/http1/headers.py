@@ -4,7 +4,7 @@ and the Date value: small pure helpers with no I/O."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http import HTTPStatus
 from typing import overload
 
@@ -30,9 +30,10 @@ class Headers:
     def get(self, name: str, default: str | None = None) -> str | None:
         return self._first.get(name.lower(), default)
 
-    def getall(self, name: str) -> list[str]:
+    def getall(self, name: str, default: Sequence[str] = ()) -> list[str]:
+        """Every value of `name` in order; `default` (as a list) when there is none."""
         lowered = name.lower()
-        return [v for n, v in self._items if n.lower() == lowered]
+        return [v for n, v in self._items if n.lower() == lowered] or list(default)
 
     def __getitem__(self, name: str) -> str:
         return self._first[name.lower()]
