@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from shared.http1.headers import reason_of
+from shared.http1.headers import content_type_of, reason_of
 
 if TYPE_CHECKING:
     from shared.http1.request import Request
@@ -60,6 +60,11 @@ class StreamResponse:
     @content_length.setter
     def content_length(self, value: int) -> None:
         self.headers["Content-Length"] = str(value)
+
+    @property
+    def content_type(self) -> str:
+        """The media type of its Content-Type (aiohttp's `content_type`)."""
+        return content_type_of(_has(self.headers, "Content-Type"))
 
     @property
     def prepared(self) -> bool:
