@@ -194,14 +194,16 @@ class Connection(asyncio.Protocol):
             raise Refusal(Refused.LINE_TOO_LONG, f"Got more than {self.limits.max_line_bytes} bytes when reading")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) > self.limits.max_field_bytes or len(value) > self.limits.max_field_bytes:
-            raise Refusal(Refused.FIELD_TOO_LONG, f"Got more than {self.limits.max_field_bytes} bytes when reading")
-        if len(self._headers) >= self.limits.max_headers:
+        limits, headers = self.limits, self._headers
+        size = len(name) + len(value)
+        if size > limits.max_field_bytes and max(len(name), len(value)) > limits.max_field_bytes:
+            raise Refusal(Refused.FIELD_TOO_LONG, f"Got more than {limits.max_field_bytes} bytes when reading")
+        if len(headers) >= limits.max_headers:
             raise Refusal(Refused.TOO_MANY_HEADERS, "Too many headers received")
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self.limits.max_head_bytes:
+        self._head_size += size + 4
+        if self._head_size > limits.max_head_bytes:
             raise Refusal(Refused.HEAD_TOO_LARGE, "Request header fields too large")
-        self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
         self._in_head = self._first_pending = False

@@ -15,7 +15,7 @@ arrives whole; aiohttp's `_send_headers_immediately = False`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from shared.http1.headers import content_type_of, reason_of
@@ -27,11 +27,17 @@ SERVER = "leasehold"
 
 
 def _has(headers: Mapping[str, str], name: str) -> str | None:
+    """`name`'s value, its case aside: a look-up where the mapping is case-insensitive (not a
+    dict: the data plane's `CIMultiDict`) or spells it so, else a scan."""
+    value = headers.get(name)
+    if value is not None or not isinstance(headers, dict):
+        return value
     lowered = name.lower()
-    for key, value in headers.items():
-        if key.lower() == lowered:
-            return value
-    return None
+    return next((found for key, found in _items(headers) if key.lower() == lowered), None)
+
+
+def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
+    return headers.items()
 
 
 class StreamResponse:
