@@ -17,11 +17,14 @@ class Headers:
 
     __slots__ = ("_items", "_first")
 
-    def __init__(self, items: list[tuple[str, str]]) -> None:
+    def __init__(self, items: list[tuple[str, str]], first: dict[str, str] | None = None) -> None:
+        """`first`, when given, is each lower-cased name's first value (as the parser went)."""
         self._items = items
-        self._first: dict[str, str] = {}
-        for name, value in items:
-            self._first.setdefault(name.lower(), value)
+        if first is None:
+            first = {}
+            for name, value in items:
+                first.setdefault(name.lower(), value)
+        self._first = first
 
     @overload
     def get(self, name: str) -> str | None: ...

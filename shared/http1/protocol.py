@@ -10,11 +10,10 @@ refuses (llhttp's strict mode: bad framing, both Content-Length and Transfer-Enc
 a bad chunk) is answered (`Application.refusal_answer`) after the requests before it, and the
 connection closes; each refusal is counted (`Server.refused`) and the server goes on.
 
-The data plane's options (`shared.http1.host.Host`): `handler_cancellation` takes the peer's EOF
-for its close, and a close cancels the request being answered (aiohttp's option); `hand_off`
-takes an `Upgrade: websocket` request at its turn, with the transport and the bytes after its
-head, to another protocol, the connection counted until that protocol reports the close;
-`Limits.max_connections` sends a connection past the cap `over_cap()` and closes it unread.
+The data plane's options (`host.Host`): `handler_cancellation` (aiohttp's: an EOF is a close,
+which cancels the request being answered); `hand_off` (an `Upgrade: websocket` request, its
+transport and the bytes after its head, to another protocol; counted until it reports the
+close); `Limits.max_connections` (one past the cap is sent `over_cap()` and closed unread).
 """
 
 from __future__ import annotations
@@ -62,6 +61,7 @@ class Connection(asyncio.Protocol):
         self._in_head = False
         self._url = bytearray()
         self._headers: list[tuple[str, str]] = []
+        self._first: dict[str, str] = {}  # each lower-cased name's first value
         self._head_bytes = 0
         self._head_size = 0
         self._upgrade_tail: bytes | None = None  # what followed an upgrade request's head
@@ -182,10 +182,10 @@ class Connection(asyncio.Protocol):
         self._head_size = 0  # the head's parts as they complete: its size, exactly
         self._url.clear()
         self._headers = []
-        if self._first_pending:  # its clock started with the connection
-            self._first_pending = False
-        else:
+        self._first = {}
+        if not self._first_pending:  # (the first head's clock started with the connection)
             self._head_began = self._loop.time()
+        self._first_pending = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -203,14 +203,16 @@ class Connection(asyncio.Protocol):
         self._head_size += size + 4
         if self._head_size > limits.max_head_bytes:
             raise Refusal(Refused.HEAD_TOO_LARGE, "Request header fields too large")
-        headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        key, text = name.decode("latin-1"), value.decode("utf-8", "surrogateescape")
+        headers.append((key, text))
+        self._first.setdefault(key.lower(), text)
 
     def on_headers_complete(self) -> None:
         self._in_head = self._first_pending = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        headers = Headers(self._headers)
+        headers = Headers(self._headers, self._first)
         version = (1, 1) if self._parser.get_http_version() == "1.1" else (1, 0)
         length = headers.get("Content-Length")
         chunked = "Transfer-Encoding" in headers

@@ -195,8 +195,11 @@ class Request:
         raw = target.decode("latin-1")
         self.raw_path, _, self.query_string = raw.partition("#")[0].partition("?")
         raw_segments = self.raw_path.split("/")
-        self.segments = tuple(unquote(s) for s in raw_segments)
-        self.path = "/".join(self.segments)
+        if "%" in self.raw_path:
+            self.segments = tuple(unquote(s) for s in raw_segments)
+            self.path = "/".join(self.segments)
+        else:  # nothing to decode
+            self.segments, self.path = tuple(raw_segments), self.raw_path
         self._conn = conn
         self._query: dict[str, str] | None = None
         self._storage: dict[Any, Any] = {}
