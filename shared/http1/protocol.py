@@ -212,14 +212,14 @@ class Connection(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        headers = Headers(self._headers, self._first)
+        first, headers = self._first, Headers(self._headers, self._first)  # (lower-cased names)
         version = (1, 1) if self._parser.get_http_version() == "1.1" else (1, 0)
-        length = headers.get("Content-Length")
-        chunked = "Transfer-Encoding" in headers
+        length = first.get("content-length")
+        expect = first.get("expect")
         body = Body(
             self,
-            declared=None if chunked or length is None else int(length),
-            expects_continue=version >= (1, 1) and (headers.get("Expect") or "").lower() == "100-continue",
+            declared=None if length is None or "transfer-encoding" in first else int(length),
+            expects_continue=expect is not None and version >= (1, 1) and expect.lower() == "100-continue",
             limit_s=self.limits.body_timeout_s,
             buffer_bytes=self.limits.body_buffer_bytes,
         )
