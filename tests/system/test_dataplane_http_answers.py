@@ -160,490 +160,132 @@ def _cases() -> list[tuple[str, bytes]]:
 
 
 A = Answer
+PRESENT = {"date": "<present>", "server": "<present>"}
+HEALTH = '{"status":"ok","control":"synchronised","leases":N}'
+HEALTH_HEADERS = {"cache-control": "no-store", "content-type": "application/json", "content-length": "51", **PRESENT}
+
+
+def health(status_line: str = "HTTP/1.1 200 OK", body: str = HEALTH, **more: str) -> Answer:
+    return A(status_line, {**HEALTH_HEADERS, **more}, body)
+
+
+def refused(status_line: str, request_id: str, body: str, *, retry: bool = True, length: str = "") -> Answer:
+    """A gateway-authored refusal: the request id header of its wire, the overhead figure,
+    `x-should-retry: false` unless `retry`."""
+    headers = {request_id: "<id>", "x-leasehold-overhead-ms": "<ms>"}
+    headers |= {} if retry else {"x-should-retry": "false"}
+    content_length = length or str(len(body.replace("<id>", "req_" + "0" * 26)))
+    return A(
+        status_line, {**headers, "content-type": "application/json", "content-length": content_length, **PRESENT}, body
+    )
+
+
+def unknown_key(request_id: str) -> Answer:
+    if request_id == "request-id":
+        body = (
+            '{"type":"error","error":{"type":"authentication_error","message":"unknown, expired or revoked'
+            ' virtual key","code":"unknown-key"},"request_id":"<id>"}'
+        )
+    else:
+        body = (
+            '{"error":{"message":"unknown, expired or revoked virtual key","type":"authentication_error",'
+            '"param":null,"code":"unknown-key"}}'
+        )
+    return refused("HTTP/1.1 401 Unauthorized", request_id, body, retry=False)
+
+
+PARSER = refused("HTTP/1.0 400 Bad Request", "x-request-id", PARSER_400, length="<n>")
+MESSAGE = (
+    '{"id":"<id>","type":"message","role":"assistant","model":"claude-sonnet-4-6","content":[{"type":"text",'
+    '"text":"t0 t1 t2 "}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,'
+    '"cache_creation_input_tokens":5,"cache_read_input_tokens":7,"output_tokens":3}}'
+)
+UPSTREAM_HEADERS = {"request-id": "<id>", "content-type": "application/json", "x-leasehold-overhead-ms": "<ms>"}
+
+
+def anthropic_error(kind: str, message: str, code: str) -> str:
+    return f'{{"type":"error","error":{{"type":"{kind}","message":"{message}","code":"{code}"}},"request_id":"<id>"}}'
+
+
+# name: (the connection closes after, the answers); recorded on 9139513 (aiohttp's server)
 EXPECTED: dict[str, tuple[bool, list[Answer]]] = {
-    "healthz": (
-        False,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            )
-        ],
-    ),
-    "healthz, HEAD": (
-        False,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                "",
-            )
-        ],
-    ),
-    "healthz, HTTP/1.0": (
-        True,
-        [
-            A(
-                "HTTP/1.0 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            )
-        ],
-    ),
-    "healthz, HTTP/1.0 keep-alive": (
-        False,
-        [
-            A(
-                "HTTP/1.0 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                    "connection": "keep-alive",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            )
-        ],
-    ),
-    "healthz, absolute-form": (
-        False,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            )
-        ],
-    ),
-    "healthz, Connection: close": (
-        True,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                    "connection": "close",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            )
-        ],
-    ),
+    "healthz": (False, [health()]),
+    "healthz, HEAD": (False, [health(body="")]),
+    "healthz, HTTP/1.0": (True, [health("HTTP/1.0 200 OK")]),
+    "healthz, HTTP/1.0 keep-alive": (False, [health("HTTP/1.0 200 OK", connection="keep-alive")]),
+    "healthz, absolute-form": (False, [health()]),
+    "healthz, Connection: close": (True, [health(connection="close")]),
     "POST healthz": (
         False,
         [
             A(
                 "HTTP/1.1 405 Method Not Allowed",
-                {
-                    "allow": "GET, HEAD",
-                    "content-type": "application/json",
-                    "content-length": "31",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
+                {"allow": "GET, HEAD", "content-type": "application/json", "content-length": "31", **PRESENT},
                 '{"status":"method-not-allowed"}',
             )
         ],
     ),
-    "pipelined": (
-        False,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            ),
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                "",
-            ),
-            A(
-                "HTTP/1.1 401 Unauthorized",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "127",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"error":{"message":"unknown, expired or revoked virtual key","type":"authentication_error","param":null,"code":"unknown-key"}}',
-            ),
-        ],
-    ),
-    "no key": (
-        False,
-        [
-            A(
-                "HTTP/1.1 401 Unauthorized",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "175",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"authentication_error","message":"unknown, expired or revoked virtual key","code":"unknown-key"},"request_id":"<id>"}',
-            )
-        ],
-    ),
-    "no key, OpenAI path": (
-        False,
-        [
-            A(
-                "HTTP/1.1 401 Unauthorized",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "127",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"error":{"message":"unknown, expired or revoked virtual key","type":"authentication_error","param":null,"code":"unknown-key"}}',
-            )
-        ],
-    ),
-    "an unknown key": (
-        False,
-        [
-            A(
-                "HTTP/1.1 401 Unauthorized",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "175",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"authentication_error","message":"unknown, expired or revoked virtual key","code":"unknown-key"},"request_id":"<id>"}',
-            )
-        ],
-    ),
-    "an unknown path, no key": (
-        False,
-        [
-            A(
-                "HTTP/1.1 401 Unauthorized",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "127",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"error":{"message":"unknown, expired or revoked virtual key","type":"authentication_error","param":null,"code":"unknown-key"}}',
-            )
-        ],
-    ),
+    "pipelined": (False, [health(), health(body=""), unknown_key("x-request-id")]),
+    "no key": (False, [unknown_key("request-id")]),
+    "no key, OpenAI path": (False, [unknown_key("x-request-id")]),
+    "an unknown key": (False, [unknown_key("request-id")]),
+    "an unknown path, no key": (False, [unknown_key("x-request-id")]),
     "a path not served": (
         False,
         [
-            A(
+            refused(
                 "HTTP/1.1 404 Not Found",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "179",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"not_found_error","message":"/v1/nope is not served on the anthropic wire","code":"path-not-served"},"request_id":"<id>"}',
+                "request-id",
+                anthropic_error("not_found_error", "/v1/nope is not served on the anthropic wire", "path-not-served"),
             )
         ],
     ),
     "a body over the limit, declared": (
         True,
         [
-            A(
+            refused(
                 "HTTP/1.1 413 Request Entity Too Large",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "167",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"request_too_large","message":"the body exceeds 33554432 bytes","code":"body-too-large"},"request_id":"<id>"}',
+                "request-id",
+                anthropic_error("request_too_large", "the body exceeds 33554432 bytes", "body-too-large"),
             )
         ],
     ),
     "bad JSON": (
         False,
         [
-            A(
+            refused(
                 "HTTP/1.1 400 Bad Request",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "239",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"invalid_request_error","message":"the request body is not strict JSON (JSON is malformed: object keys must be strings (byte 1))","code":"invalid-request-body"},"request_id":"<id>"}',
+                "request-id",
+                anthropic_error(
+                    "invalid_request_error",
+                    "the request body is not strict JSON (JSON is malformed: object keys must be strings (byte 1))",
+                    "invalid-request-body",
+                ),
+                retry=False,
             )
         ],
     ),
     "Expect: something-else": (
         False,
         [
-            A(
+            refused(
                 "HTTP/1.1 417 Expectation Failed",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "172",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"api_error","message":"unknown expectation: Expect: something-else","code":"invalid-request"},"request_id":"<id>"}',
+                "request-id",
+                anthropic_error("api_error", "unknown expectation: Expect: something-else", "invalid-request"),
             )
         ],
     ),
-    "Expect: 100-continue, no key": (
-        False,
-        [
-            A("HTTP/1.1 100 Continue", {}, ""),
-            A(
-                "HTTP/1.1 401 Unauthorized",
-                {
-                    "request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "x-should-retry": "false",
-                    "content-type": "application/json",
-                    "content-length": "175",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"type":"error","error":{"type":"authentication_error","message":"unknown, expired or revoked virtual key","code":"unknown-key"},"request_id":"<id>"}',
-            ),
-        ],
-    ),
-    "chunked body": (
-        False,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "request-id": "<id>",
-                    "content-type": "application/json",
-                    "date": "<present>",
-                    "server": "<present>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-length": "292",
-                },
-                '{"id":"<id>","type":"message","role":"assistant","model":"claude-sonnet-4-6","content":[{"type":"text","text":"t0 t1 t2 "}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"cache_creation_input_tokens":5,"cache_read_input_tokens":7,"output_tokens":3}}',
-            )
-        ],
-    ),
-    "a bad chunk": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "Content-Length and Transfer-Encoding": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "two Content-Lengths": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "not HTTP": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "HTTP/9.9": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "bare LFs": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "a header over 32 KiB": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "a request line over 32 KiB": (
-        True,
-        [
-            A(
-                "HTTP/1.0 400 Bad Request",
-                {
-                    "x-request-id": "<id>",
-                    "x-leasehold-overhead-ms": "<ms>",
-                    "content-type": "application/json",
-                    "content-length": "<n>",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                PARSER_400,
-            )
-        ],
-    ),
-    "a 20 KiB header is served": (
-        False,
-        [
-            A(
-                "HTTP/1.1 200 OK",
-                {
-                    "cache-control": "no-store",
-                    "content-type": "application/json",
-                    "content-length": "51",
-                    "date": "<present>",
-                    "server": "<present>",
-                },
-                '{"status":"ok","control":"synchronised","leases":N}',
-            )
-        ],
-    ),
+    "Expect: 100-continue, no key": (False, [A("HTTP/1.1 100 Continue", {}, ""), unknown_key("request-id")]),
+    "chunked body": (False, [A("HTTP/1.1 200 OK", {**UPSTREAM_HEADERS, "content-length": "292", **PRESENT}, MESSAGE)]),
+    "a bad chunk": (True, [PARSER]),
+    "Content-Length and Transfer-Encoding": (True, [PARSER]),
+    "two Content-Lengths": (True, [PARSER]),
+    "not HTTP": (True, [PARSER]),
+    "HTTP/9.9": (True, [PARSER]),
+    "bare LFs": (True, [PARSER]),
+    "a header over 32 KiB": (True, [PARSER]),
+    "a request line over 32 KiB": (True, [PARSER]),
+    "a 20 KiB header is served": (False, [health()]),
 }
 
 
