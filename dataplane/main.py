@@ -103,10 +103,6 @@ class ProxyApp(Application):
         return answer
 
 
-def build_app(settings: Settings, proxy: Proxy) -> ProxyApp:
-    return ProxyApp(proxy, settings.max_body_bytes)
-
-
 def build_server(settings: Settings, proxy: Proxy) -> Server:
     """The daemon's HTTP server: `shared.http1` straight into `Proxy.handle`, under SPEC §19's
     bounds (the connection cap answered `connection_limit_answer`, the head deadline from the
@@ -134,7 +130,7 @@ def build_server(settings: Settings, proxy: Proxy) -> Server:
         hand_over(sockets, conn.transport, request.head_bytes() + tail, conn.connection_lost)
 
     return Server(
-        build_app(settings, proxy),
+        ProxyApp(proxy, settings.max_body_bytes),
         limits,
         handler_cancellation=True,
         hand_off=hand_off,
