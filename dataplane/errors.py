@@ -9,12 +9,11 @@ and `budget-exhausted`, whose reset is hours away rather than seconds), a whole-
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from dataplane.attempt import Attempt
 from dataplane.wires.spec import WireSpec
 from shared.bounds import retry_after_s as retry_after_s_of
 from shared.codes import HTTP_STATUS, AttemptStatus, ErrorCode, Refusal
+from shared.http1.response import Response
 
 OVERHEAD_HEADER = "x-leasehold-overhead-ms"
 # Refusals no retry can change, besides every 401: they say `x-should-retry: false`.
@@ -39,7 +38,7 @@ def refusal_response(
     *,
     status: int | None = None,
     retry_after_s: float | None = None,
-) -> web.Response:
+) -> Response:
     status = status or HTTP_STATUS[code]
     body = wire.error_body(status, str(code), message, request_id)
     headers = {wire.request_id_header: request_id}
@@ -48,12 +47,12 @@ def refusal_response(
         headers["x-should-retry"] = "false"
     if retry_after_s is not None:
         headers["retry-after"] = str(retry_after_s_of(retry_after_s))
-    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+    return Response(body=body, status=status, content_type="application/json", headers=headers)
 
 
 def refuse(
     attempt: Attempt, code: Refusal, message: str, retry_after_s: float | None = None, status: int | None = None
-) -> web.Response:
+) -> Response:
     """A gateway-authored refusal of an accepted attempt: its row (never evidence) and answer;
     `status` only where the data plane answers a code otherwise than `HTTP_STATUS` does."""
     response = refusal_response(

@@ -19,27 +19,26 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
 from dataplane.attempt import Attempt
 from dataplane.errors import refuse
 from dataplane.watch import ExchangeWatch
 from shared.capacity import StateUnavailable
 from shared.codes import Refusal
+from shared.http1.response import StreamResponse
 from shared.wire import AccountRoute
 
 if TYPE_CHECKING:  # fleet mode only (redis-py)
     from dataplane.admission import PendingReserve
 
 
-def capacity_exhausted(attempt: Attempt, account: AccountRoute) -> web.StreamResponse:
+def capacity_exhausted(attempt: Attempt, account: AccountRoute) -> StreamResponse:
     """No request slot for the attempt: 429 `request-capacity-exhausted` (here or fleet-wide)."""
     return refuse(
         attempt, Refusal.REQUEST_CAPACITY_EXHAUSTED, f"account {account.id} is at its request capacity", retry_after_s=1
     )
 
 
-def ceiling_unchecked(attempt: Attempt, account: AccountRoute) -> web.StreamResponse:
+def ceiling_unchecked(attempt: Attempt, account: AccountRoute) -> StreamResponse:
     """Redis could not say whether a slot is free: 503 `fleet-state-unavailable`, never a guess."""
     return refuse(
         attempt,
@@ -59,7 +58,7 @@ class FleetAnswer:
         self.watch: ExchangeWatch | None = None  # the exchange's, once the relay set it up
         self.answered_at = 0.0  # perf_counter when the answer came: the upstream's wait begins
 
-    async def __call__(self) -> web.StreamResponse | None:
+    async def __call__(self) -> StreamResponse | None:
         """The refusal when the slot was not taken, else None (go ahead). Once."""
         attempt, account = self.attempt, self.account
         asked = time.perf_counter()
@@ -77,7 +76,7 @@ class FleetAnswer:
             self.watch.headers_deadline += answered_at - asked
         return None if admitted else capacity_exhausted(attempt, account)
 
-    def _unavailable(self) -> web.StreamResponse:
+    def _unavailable(self) -> StreamResponse:
         return ceiling_unchecked(self.attempt, self.account)
 
     def abandon(self) -> None:

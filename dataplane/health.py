@@ -9,7 +9,8 @@ same fact every request depends on (without it the data plane answers 503
 from __future__ import annotations
 
 import msgspec
-from aiohttp import web
+
+from shared.http1.response import Response
 
 HEALTHZ_PATH = "/healthz"
 RETRY_AFTER_S = 1
@@ -32,9 +33,9 @@ def health_of(synchronised: bool, connected: bool, draining: bool, leases: int) 
     return 200, Health(status="ok", control=control, leases=leases)
 
 
-def healthz_response(method: str, status: int, health: Health) -> web.Response:
+def healthz_response(method: str, status: int, health: Health) -> Response:
     if method not in ("GET", "HEAD"):
-        return web.Response(
+        return Response(
             status=405,
             headers={"Allow": "GET, HEAD"},
             content_type="application/json",
@@ -43,4 +44,4 @@ def healthz_response(method: str, status: int, health: Health) -> web.Response:
     headers = {"Cache-Control": "no-store"}
     if status != 200:
         headers["retry-after"] = str(RETRY_AFTER_S)
-    return web.Response(status=status, body=_encode(health), content_type="application/json", headers=headers)
+    return Response(status=status, body=_encode(health), content_type="application/json", headers=headers)

@@ -13,12 +13,13 @@ import shared.deferred_ca  # noqa: F401  first: aiohttp's import-time TLS contex
 import asyncio
 import signal
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import uvloop
-from aiohttp import HttpVersion11, hdrs, web
+from aiohttp import web
 
-from dataplane.aiohttp_private import BoundedRequestHandler, ConnectionBounds, server_class
+from dataplane.aiohttp_private import hand_over, handed_over_server
 from dataplane.bodies import close_readers
 from dataplane.errors import refusal_response
 from dataplane.leases import LeaseReplica
@@ -31,6 +32,14 @@ from shared.capacity import StateUnavailable
 from shared.codes import ErrorCode, Refusal
 from shared.deferred_ca import read_in_background
 from shared.heap import settle_heap
+from shared.http1.app import Application
+from shared.http1.errors import Refusal as Refused400
+from shared.http1.errors import Refused
+from shared.http1.limits import Limits
+from shared.http1.protocol import Connection
+from shared.http1.request import Request
+from shared.http1.response import Response, StreamResponse
+from shared.http1.server import Server
 from shared.logging import configure_logging, get_logger
 from shared.settings import Settings, SettingsError, load_settings
 from shared.tokens import new_ulid
@@ -42,78 +51,117 @@ log = get_logger("dataplane")
 
 # Request header lines up to 16 KiB are accepted (SPEC §15); the limit leaves headroom.
 MAX_HEADER_BYTES = 32 * 1024
-EXPECT = hdrs.EXPECT
+MAX_HEAD_BYTES = 1024 * 1024  # a whole head (aiohttp bounded none: 128 lines of 32 KiB)
 ROW_FLUSH_TIMEOUT_S = 3.0
 # After the drain window: how long the stopped attempts get to write their rows and cuts.
 STOP_GRACE_S = 2.0
 COUNTS_REPORT_S = 1.0  # how often SPEC §19's connection counters are looked at for control
 
 
-def build_app(settings: Settings, proxy: Proxy) -> web.Application:
-    """The proxy behind aiohttp's router: what in-process tests mount on an `AppRunner`."""
-    app = web.Application(client_max_size=settings.max_body_bytes)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
-    return app
+class ProxyApp(Application):
+    """Every path to `Proxy.handle`: no router, no middleware. What aiohttp's router did besides
+    routing is done here: `Expect: 100-continue` answered before the proxy runs (any other
+    expectation 417), and bodies bounded by `GATEWAY_MAX_BODY_BYTES` (`client_max_size`). A
+    request the server cannot read, and a failure outside the proxy, are answered in the wire's
+    error shape (SPEC §15), not as plain text; a head that timed out is closed unanswered."""
+
+    def __init__(self, proxy: Proxy, max_body_bytes: int) -> None:
+        super().__init__(client_max_size=max_body_bytes)
+        self.proxy = proxy
+
+    async def handle(self, request: Request) -> tuple[StreamResponse, Refused | None]:
+        try:
+            expect = request.headers.get("Expect")
+            if expect and request.version >= (1, 1):
+                if expect.lower() != "100-continue":
+                    return wire_error(request, 417, f"unknown expectation: Expect: {expect[:64]}"), None
+                body = request.body
+                if body.expects_continue:  # asked before the proxy reads (as aiohttp's router did)
+                    body.expects_continue = False
+                    body.flow.send_continue()
+            response = await self.proxy.handle(request)
+        except Exception:
+            log.exception("http_handler_failed", method=request.method)
+            failed = wire_error(request, 500, "the gateway failed this request")
+            failed.force_close()
+            return failed, Refused.HANDLER_FAILED
+        broken = request.body.failed
+        if isinstance(broken, Refused400) and not request.started:  # the body's framing broke mid-read
+            answer = self.refusal_answer(broken)
+            assert answer is not None
+            return answer, None
+        return response, None
+
+    def refusal_answer(self, refusal: Refused400) -> StreamResponse | None:
+        if refusal.reason is Refused.HEAD_TIMEOUT:  # slowloris: closed, nothing said
+            return None
+        reason = refusal.text.rstrip(".")
+        limit = f"header lines are limited to {MAX_HEADER_BYTES} bytes"
+        text = f"the request could not be read as HTTP/1.1 ({reason}; {limit})"
+        answer = refusal_response(DEFAULT, ErrorCode.INVALID_REQUEST, text, "req_" + new_ulid(), 0.0, status=400)
+        answer.force_close()
+        return answer
 
 
-def build_server(settings: Settings, proxy: Proxy) -> web.Server:
-    """The daemon's HTTP server: aiohttp's low-level server straight into `Proxy.handle`.
-
-    Every path goes to one handler, so there is nothing for a router (or an Application's
-    per-request resolution and match-info bookkeeping) to do. What the Application did besides
-    routing is done here: `Expect: 100-continue` answered (any other expectation 417), and
-    bodies bounded by `GATEWAY_MAX_BODY_BYTES`. auto_decompress=False: a compressed request
-    body is forwarded as it came (SPEC §15).
+def build_server(settings: Settings, proxy: Proxy) -> Server:
+    """The daemon's HTTP server: `shared.http1` straight into `Proxy.handle`, under SPEC §19's
+    bounds (the connection cap answered `connection_limit_answer`, the head deadline from the
+    connection's opening, the keep-alive timeout), with aiohttp's `handler_cancellation` (a
+    worker's close cancels its attempt: client-aborted). A WebSocket handshake (SPEC §20) is
+    handed to aiohttp with its connection (`aiohttp_private.hand_over`), where
+    `Proxy.upgrade` answers it; the connection still counts against the cap until it closes.
+    Request bodies are forwarded as they came (nothing decodes them here: SPEC §15).
     """
-    loop = asyncio.get_running_loop()
-    limit = settings.max_body_bytes
+    limits = Limits(
+        max_line_bytes=MAX_HEADER_BYTES,
+        max_field_bytes=MAX_HEADER_BYTES,
+        max_head_bytes=MAX_HEAD_BYTES,
+        head_timeout_s=settings.header_timeout_seconds,
+        keepalive_s=settings.keepalive_seconds,
+        body_timeout_s=settings.client_stall_seconds,  # a worker that stops sending its body
+        shutdown_grace_s=STOP_GRACE_S,
+        max_connections=settings.max_connections,
+        head_from_open=True,
+    )
+    sockets = handed_over_server(_upgrade_handler(proxy), settings.max_body_bytes, MAX_HEADER_BYTES)
 
-    def request_factory(
-        message: Any, payload: Any, protocol: Any, writer: Any, task: asyncio.Task[None]
-    ) -> web.BaseRequest:
-        return web.BaseRequest(message, payload, protocol, writer, task, loop, client_max_size=limit)
+    def hand_off(conn: Connection, request: Request, tail: bytes) -> None:
+        assert conn.transport is not None
+        hand_over(sockets, conn.transport, request.head_bytes() + tail, conn.connection_lost)
 
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        if request.headers.get(EXPECT) and not await expect_continue(request):
-            return wire_error(request, 417, f"unknown expectation: Expect: {request.headers[EXPECT][:64]}")
-        return await proxy.handle(request)  # type: ignore[arg-type]
-
-    server = server_class(_Handler)(
-        handle,
-        request_factory=request_factory,
+    return Server(
+        ProxyApp(proxy, settings.max_body_bytes),
+        limits,
         handler_cancellation=True,
-        access_log=None,
-        auto_decompress=False,
-        max_field_size=MAX_HEADER_BYTES,
-        max_line_size=MAX_HEADER_BYTES,
-        keepalive_timeout=settings.keepalive_seconds,
+        hand_off=hand_off,
+        over_cap=connection_limit_answer,
     )
-    server.bounds = ConnectionBounds(  # type: ignore[attr-defined]
-        settings.header_timeout_seconds,
-        settings.max_connections,
-        connection_limit_answer,
-    )
-    return server
 
 
-async def expect_continue(request: web.BaseRequest) -> bool:
-    """As aiohttp's router does: `100 Continue` for an HTTP/1.1 `Expect: 100-continue`; False
-    for any other expectation (answered 417)."""
-    if request.version == HttpVersion11:
-        if request.headers.get(EXPECT, "").lower() != "100-continue":
-            return False
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0
-        await request.writer.drain()
-    return True
+def _upgrade_handler(proxy: Proxy) -> Any:
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        response = await proxy.upgrade(request)  # type: ignore[arg-type]
+        if isinstance(response, Response):  # a refusal: aiohttp's response of it
+            response = web.Response(
+                status=response.status, reason=response.reason, headers=response.headers, body=response.body
+            )
+        response.force_close()  # the connection ends with its socket, or its refusal
+        return response
+
+    return handle
 
 
-def wire_error(request: web.BaseRequest, status: int, message: str) -> web.Response:
+def wire_error(request: Request, status: int, message: str) -> Response:
     """A request refused before the proxy saw it, in the wire's error shape (SPEC §15): the
     wire guessed from what was parsed, `invalid-request` with the status HTTP gives it."""
     code = ErrorCode.INVALID_REQUEST if status < 500 else Refusal.INTERNAL_ERROR
     return refusal_response(
-        guess_wire(request.path, request.headers), code, message, "req_" + new_ulid(), 0.0, status=status
+        guess_wire(request.path, request.headers),  # type: ignore[arg-type]  # (any headers' `in`)
+        code,
+        message,
+        "req_" + new_ulid(),
+        0.0,
+        status=status,
     )
 
 
@@ -137,33 +185,6 @@ def connection_limit_answer() -> bytes:
     )
 
 
-class _Handler(BoundedRequestHandler):
-    """aiohttp's connection handler, with its error answers (a request it cannot parse — a
-    header line over `MAX_HEADER_BYTES`, bad syntax — or a failure outside the proxy) in the
-    wire's error shape instead of aiohttp's plain text. aiohttp still logs them (redacted, as
-    every library line) and closes the connection after.
-
-    It also holds SPEC §19's bounds: beyond the cap a connection gets `connection_limit_answer`
-    and is closed before any request is read; a request head not complete
-    `GATEWAY_HEADER_TIMEOUT_SECONDS` after the connection opened, or after the first byte of a
-    later head, closes the connection (slowloris). The head's clock stops when aiohttp has
-    parsed the head (no timer per request: `BoundedRequestHandler`)."""
-
-    def handle_error(
-        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
-    ) -> web.StreamResponse:
-        super().handle_error(request, status, exc, message)  # logs; raises if an answer began
-        what = type(exc).__name__ if exc is not None else "error"
-        text = (
-            f"the request could not be read as HTTP/1.1 ({what}; header lines are limited to {MAX_HEADER_BYTES} bytes)"
-            if status < 500
-            else "the gateway failed this request"
-        )
-        response = wire_error(request, status, text)
-        response.force_close()
-        return response
-
-
 async def serve(settings: Settings) -> None:
     replica = LeaseReplica()
     link = ControlLink(settings.rpc_socket, replica)
@@ -171,13 +192,9 @@ async def serve(settings: Settings) -> None:
     fleet = await _fleet_admission(settings)
     proxy = Proxy(settings, replica, link, pools, fleet)
     server = build_server(settings, proxy)
-    runner = web.ServerRunner(server, handle_signals=False, shutdown_timeout=STOP_GRACE_S)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.dataplane_host, settings.dataplane_port, reuse_address=True, backlog=1024)
     try:
-        await site.start()
+        await server.start(settings.dataplane_host, settings.dataplane_port, reuse_address=True, backlog=1024)
     except OSError as exc:
-        await runner.cleanup()
         await pools.close()
         raise StartupError(
             f"cannot listen on {settings.dataplane_host}:{settings.dataplane_port} (GATEWAY_DATAPLANE_LISTEN): {exc}"
@@ -186,7 +203,7 @@ async def serve(settings: Settings) -> None:
     # means it also accepts requests (a restarted data plane is never reported before it can).
     link_task = asyncio.create_task(link.run())
     read_in_background(UPSTREAM_TLS)  # the CA bundle, off the path to ready (shared/deferred_ca.py)
-    counts_task = asyncio.create_task(_report_counts(server.bounds, link))  # type: ignore[attr-defined]
+    counts_task = asyncio.create_task(_report_counts(server.refused, link))
     upkeep = _fleet_loops(fleet, link)  # supervised (SPEC §19)
     log.info(
         "dataplane_started",
@@ -199,7 +216,7 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await drain(settings, proxy, runner, site)
+    await drain(settings, proxy, server)
     left = await link.flush(ROW_FLUSH_TIMEOUT_S)
     if left:
         log.error("attempt_rows_unsent", count=left)
@@ -216,30 +233,31 @@ async def serve(settings: Settings) -> None:
     log.info("dataplane_stopped")
 
 
-async def _report_counts(bounds: ConnectionBounds, link: ControlLink) -> None:
-    """SPEC §19's connection counters to control's `/metrics` when they change, once a second at
-    most (a flood of refused connections costs one message a second, not one each)."""
+async def _report_counts(refused: Counter[Refused], link: ControlLink) -> None:
+    """SPEC §19's connection counters (the server's refusals over the cap, and of heads not
+    complete in time) to control's `/metrics` when they change, once a second at most (a flood
+    of refused connections costs one message a second, not one each)."""
     sent = (0, 0)
     while True:
-        now = (bounds.refused, bounds.head_timeouts)
+        now = (refused[Refused.CONNECTION_LIMIT], refused[Refused.HEAD_TIMEOUT])
         if now != sent:
             link.connections(*now)
             sent = now
         await asyncio.sleep(COUNTS_REPORT_S)
 
 
-async def drain(settings: Settings, proxy: Proxy, runner: web.BaseRunner, site: web.TCPSite) -> None:
+async def drain(settings: Settings, proxy: Proxy, server: Server) -> None:
     """Stop accepting, let in-flight requests finish for the drain window, then end the rest."""
     proxy.draining = True
     log.info("dataplane_draining", in_flight=len(proxy.in_flight), drain_seconds=settings.drain_seconds)
-    await site.stop()  # no new connections; idle keep-alive ones are closed by cleanup below
+    server.stop_listening()  # no new connections; idle keep-alive ones are closed by `close` below
     sockets = asyncio.ensure_future(proxy.sockets.drained(settings.drain_seconds))  # SPEC §20
     if not await proxy.drained(settings.drain_seconds):
         stopped = proxy.stop_all()
         log.warning("dataplane_drain_expired", stopped=stopped)
         await proxy.drained(STOP_GRACE_S)
     await sockets
-    await runner.cleanup()
+    await server.close()
     await close_readers()  # the body reader processes, if a large body started any
 
 

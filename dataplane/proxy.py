@@ -1,7 +1,7 @@
 """The hot path: authenticate → admit → relay → finish (SPEC §12, §14).
 
 Each accepted request is one `Attempt` that ends in exactly one terminal row through
-`Attempt.finish`, on every path: an answer, an exception, a client abort (aiohttp cancels the
+`Attempt.finish`, on every path: an answer, an exception, a client abort (the server cancels the
 handler when the worker goes away) or the end of the drain window (`stop_all`). Its
 request-capacity slot is released in a `finally`. Refusals before an authenticated lease have
 no row, and nothing about the presented key is logged.
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from yarl import URL
 
 from dataplane.attempt import Attempt
 from dataplane.bodies import (
@@ -45,6 +46,9 @@ from dataplane.wires.table import WIRES, guess_wire
 from shared.capacity import CapacityTable, StateUnavailable
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal
+from shared.http1.errors import HTTPRequestEntityTooLarge, HTTPRequestTimeout
+from shared.http1.request import Request
+from shared.http1.response import Response, StreamResponse
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
@@ -56,6 +60,15 @@ if TYPE_CHECKING:  # imported only in fleet mode (it brings redis-py)
 
 log = get_logger("dataplane")
 _NO_TRACE: tuple[str | None, str | None] = (None, None)  # `trace_headers` of a request without one
+
+
+def _body_stalled(request: Request) -> ConnectionResetError:
+    """No byte of the body for `GATEWAY_CLIENT_STALL_SECONDS`: the connection is cut, and the
+    attempt ends as a worker that went away does (client-aborted)."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    return ConnectionResetError("the request body stalled")
 
 
 def _not_permitted(account: AccountRoute, model: str | None) -> str:
@@ -87,12 +100,12 @@ class Proxy:
 
     # ---- entry --------------------------------------------------------------------------
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: Request) -> StreamResponse:
+        """An HTTP request (one carrying `Upgrade: websocket` goes to `upgrade` instead: the
+        server hands its connection to aiohttp)."""
         if request.path == HEALTHZ_PATH:  # no key, never proxied, no row
             return self.healthz(request)
         t0 = time.perf_counter()
-        if request.headers.get("Upgrade", "").lower() == "websocket":  # SPEC §20, §15: 426 elsewhere
-            return await self.sockets.upgrade(request, t0)
         if not self.replica.ready:
             return self._early(
                 request,
@@ -107,8 +120,8 @@ class Proxy:
             return self._early(request, t0, Refusal.UNKNOWN_KEY, "unknown, expired or revoked virtual key")
         account = self.replica.accounts.get(lease.account_id)
         # the request's wire, resolved once: everything after reads `attempt.spec`
-        spec = WIRES[account.wire] if account is not None else guess_wire(request.path, request.headers)
-        headers = request.headers
+        headers: Any = request.headers  # (read as the multidict the helpers are typed for)
+        spec = WIRES[account.wire] if account is not None else guess_wire(request.path, headers)
         trace = trace_headers(headers) if "traceparent" in headers else _NO_TRACE  # SPEC §21
         attempt = Attempt(self.link, lease, spec, request.path, trace)
         self.in_flight.add(attempt)
@@ -123,7 +136,7 @@ class Proxy:
             return await self._shut(request, attempt)
         except ConnectionError:  # the worker went away while we wrote to it
             attempt.finish(AttemptStatus.CLIENT_ABORTED, attempt.http_status)
-            return attempt.response or web.Response(status=400)  # never reaches anyone
+            return attempt.response or Response(status=400)  # type: ignore[return-value]  # never reaches anyone
         except Exception as exc:
             return await self._failed_internally(request, attempt, exc)
         finally:
@@ -136,20 +149,26 @@ class Proxy:
             if not attempt.done:
                 attempt.finish(AttemptStatus.REFUSED, 500, refusal=Refusal.INTERNAL_ERROR)
 
-    def healthz(self, request: web.Request) -> web.Response:
+    async def upgrade(self, request: web.Request) -> web.StreamResponse | Response:
+        """A WebSocket handshake (SPEC §20, §15: 426 off its path), on aiohttp's request."""
+        if request.path == HEALTHZ_PATH:
+            return self.healthz(request)
+        return await self.sockets.upgrade(request, time.perf_counter())
+
+    def healthz(self, request: Request | web.BaseRequest) -> Response:
         status, health = health_of(self.replica.ready, self.link.conn is not None, self.draining, len(self.replica))
         return healthz_response(request.method, status, health)
 
-    async def _failed_internally(self, request: web.Request, attempt: Attempt, exc: Exception) -> web.StreamResponse:
+    async def _failed_internally(self, request: Request, attempt: Attempt, exc: Exception) -> StreamResponse:
         """A bug, not a fault of the worker or the upstream: logged (redacted), answered, cut."""
         log.error("request_failed", attempt_id=attempt.attempt_id, error=type(exc).__name__, exc_info=exc)
         if attempt.response is None:
             return refuse(attempt, Refusal.INTERNAL_ERROR, "the gateway failed this request")
         await cut(request, attempt, "the gateway failed this request")
         attempt.finish(AttemptStatus.REFUSED, attempt.http_status, refusal=Refusal.INTERNAL_ERROR)
-        return attempt.response
+        return attempt.response  # type: ignore[return-value]  # (typed as aiohttp's in attempt.py)
 
-    def authenticate(self, request: web.Request) -> tuple[Lease | None, str]:
+    def authenticate(self, request: Request | web.BaseRequest) -> tuple[Lease | None, str]:
         """x-api-key first, then Authorization: Bearer; the first live lease wins.
 
         Returns the lease and the string that named it (kept only to scrub it from the URL).
@@ -168,15 +187,15 @@ class Proxy:
 
     def _early(
         self,
-        request: web.Request,
+        request: Request,
         t0: float,
         code: Refusal | ErrorCode,
         message: str,
         retry_after_s: float | None = None,
-    ) -> web.Response:
+    ) -> Response:
         """A refusal before any lease: no attempt, no row."""
         return refusal_response(
-            guess_wire(request.path, request.headers),
+            guess_wire(request.path, request.headers),  # type: ignore[arg-type]
             code,
             message,
             "req_" + new_ulid(),
@@ -186,7 +205,7 @@ class Proxy:
 
     # ---- admission ----------------------------------------------------------------------
 
-    async def _serve(self, request: web.Request, attempt: Attempt, presented: str) -> web.StreamResponse:
+    async def _serve(self, request: Request, attempt: Attempt, presented: str) -> StreamResponse:
         account = self.replica.accounts.get(attempt.lease.account_id)
         spec = attempt.spec
         if account is None or attempt.path not in spec.paths:
@@ -211,11 +230,13 @@ class Proxy:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
         try:
             body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+        except HTTPRequestEntityTooLarge:
             return refuse(attempt, Refusal.BODY_TOO_LARGE, too_large)
+        except HTTPRequestTimeout:  # the worker stopped sending its body (SPEC §19's stall bound)
+            raise _body_stalled(request) from None
         if attempt.path in spec.model_paths and (body or request.method == "POST"):
             strict = await self._read_strictly(request, attempt, account, body)
-            if isinstance(strict, web.Response):  # refused: no upstream call, never evidence
+            if isinstance(strict, Response):  # refused: no upstream call, never evidence
                 return strict
             body = strict
         if attempt.lease.hop_on and self.replica.is_moving(attempt.lease):
@@ -234,7 +255,9 @@ class Proxy:
         admitted = await self._admit(attempt, account)
         if admitted is not None and not isinstance(admitted, FleetAnswer):
             return admitted
-        path_qs = upstream_path_qs(request.rel_url, presented)
+        path_qs = request.path_qs
+        if presented and presented in request.query_string:  # the key in the query: dropped
+            path_qs = upstream_path_qs(URL(path_qs, encoded=True), presented)
         if admitted is None:
             return await self.relay.exchange(request, attempt, account, credential, body, path_qs)
         try:  # the fleet's answer is awaited right before the first byte upstream (fleetanswer.py)
@@ -242,7 +265,7 @@ class Proxy:
         finally:
             admitted.abandon()  # never asked (a failure before the write): its holder released
 
-    async def _admit(self, attempt: Attempt, account: AccountRoute) -> web.StreamResponse | FleetAnswer | None:
+    async def _admit(self, attempt: Attempt, account: AccountRoute) -> StreamResponse | FleetAnswer | None:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
         account has a ceiling); the refusal when the slot cannot be taken, else None — or, on a
         fleet-wide ceiling, the reserve written to Redis, its answer still to await
@@ -274,8 +297,8 @@ class Proxy:
         return capacity_exhausted(attempt, account)
 
     async def _read_strictly(
-        self, request: web.Request, attempt: Attempt, account: AccountRoute, body: bytes
-    ) -> bytes | web.Response:
+        self, request: Request, attempt: Attempt, account: AccountRoute, body: bytes
+    ) -> bytes | Response:
         """The body's model as the upstream reads it (SPEC §19), held to the lease's account
         (§12); the body to send upstream: as it came, or decoded with `include_usage` set on a
         chat stream that did not ask for usage; or the refusal."""
@@ -325,10 +348,10 @@ class Proxy:
                 stopped += 1
         return stopped
 
-    async def _shut(self, request: web.Request, attempt: Attempt) -> web.StreamResponse:
+    async def _shut(self, request: Request, attempt: Attempt) -> StreamResponse:
         result = verdict(Ending.SHUTDOWN, False)
         if attempt.response is None:
             return refuse(attempt, Refusal.GATEWAY_SHUTDOWN, SHUTDOWN_MESSAGE, retry_after_s=1)
         await cut(request, attempt, SHUTDOWN_MESSAGE)
         attempt.finish(result.status, attempt.http_status, refusal=result.refusal)
-        return attempt.response
+        return attempt.response  # type: ignore[return-value]

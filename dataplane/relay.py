@@ -16,11 +16,9 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-from aiohttp import HttpVersion11, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from dataplane.aiohttp_private import HeadersWithBody
 from dataplane.attempt import Attempt
 from dataplane.endings import Ending, verdict
 from dataplane.errors import OVERHEAD_HEADER, refusal_response, refuse
@@ -39,6 +37,8 @@ from dataplane.usage_ask import UsageStrip
 from dataplane.watch import ExchangeWatch, IdleTimeout, WatchClock
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal
+from shared.http1.request import Request
+from shared.http1.response import Response, StreamResponse
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.wire import AccountRoute
@@ -73,14 +73,14 @@ class Relay:
 
     async def exchange(
         self,
-        request: web.Request,
+        request: Request,
         attempt: Attempt,
         account: AccountRoute,
         credential: str,
         body: bytes,
         path_qs: str,
         answer: FleetAnswer | None = None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """With `answer` (a fleet admission still out), the request is prepared while Redis
         answers and the answer awaited right before its first byte upstream; or, when no pool
         slot is free, before waiting for one (a refused request never waits for a slot)."""
@@ -107,16 +107,16 @@ class Relay:
 
     async def _send(
         self,
-        request: web.Request,
+        request: Request,
         attempt: Attempt,
         account: AccountRoute,
         credential: str,
         body: bytes,
         path_qs: str,
         answer: FleetAnswer | None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         url = self.pools.url_for(account, path_qs)
-        headers = upstream_headers(request.headers, account.auth_style, credential)
+        headers = upstream_headers(request.headers, account.auth_style, credential)  # type: ignore[arg-type]
         if attempt.asked_usage:  # SPEC §19: the body goes decoded, and the answer must be readable
             headers.popall("Content-Encoding", None)
             headers["Accept-Encoding"] = "identity"
@@ -142,7 +142,7 @@ class Relay:
 
     async def _exchange(
         self,
-        request: web.Request,
+        request: Request,
         attempt: Attempt,
         account: AccountRoute,
         client: UpstreamClient,
@@ -152,7 +152,7 @@ class Relay:
         sent_at: float,
         watch: ExchangeWatch,
         answer: FleetAnswer | None = None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         try:
             try:
                 upstream = await client.request(request.method, url, headers, body or None, answer)
@@ -198,13 +198,13 @@ class Relay:
             else:
                 upstream.close()  # the upstream request is cancelled with its connection
 
-    async def _failed(self, attempt: Attempt, code: ErrorCode, message: str) -> web.Response:
+    async def _failed(self, attempt: Attempt, code: ErrorCode, message: str) -> Response:
         """No usable upstream answer: a transport-error row (evidence), acknowledged first."""
         response = refusal_response(attempt.spec, code, message, attempt.attempt_id, attempt.mark_overhead(0.0))
         await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))
         return response
 
-    async def _relay_error(self, attempt: Attempt, upstream: Upstream, upstream_wait: float) -> web.StreamResponse:
+    async def _relay_error(self, attempt: Attempt, upstream: Upstream, upstream_wait: float) -> StreamResponse:
         """A non-2xx answer: its row reaches control before the worker sees it (SPEC §7)."""
         try:
             async with asyncio.timeout(self.settings.upstream_idle_timeout):
@@ -219,28 +219,27 @@ class Relay:
                 AttemptStatus.UPSTREAM_ERROR, upstream.status, retry_after_s=_retry_after_s(upstream.headers), wait=True
             )
         )
-        return web.Response(status=upstream.status, reason=upstream.reason, headers=headers, body=payload)
+        return Response(status=upstream.status, reason=upstream.reason, headers=headers, body=payload)
 
     async def _relay(
-        self, request: web.Request, attempt: Attempt, upstream: Upstream, upstream_wait: float, watch: ExchangeWatch
-    ) -> web.StreamResponse:
+        self, request: Request, attempt: Attempt, upstream: Upstream, upstream_wait: float, watch: ExchangeWatch
+    ) -> StreamResponse:
         is_sse = upstream.content_type == "text/event-stream"
         encoding = upstream.headers.get("Content-Encoding", "")
         length = upstream.headers.get("Content-Length")
         sized = length is not None and not is_sse and length.isdigit()
-        response = (HeadersWithBody if sized else web.StreamResponse)(status=upstream.status, reason=upstream.reason)
-        headers = response.headers
-        headers.extend(downstream_pairs(upstream.headers))
+        headers = CIMultiDict(downstream_pairs(upstream.headers))  # (an upstream's repeats kept)
         headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
-        if sized:
+        response = StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        if sized:  # its head leaves with its first body chunk: one write for an answer read whole
             response.content_length = int(length)  # type: ignore[arg-type]
-        elif request.version >= HttpVersion11:
-            response.enable_chunked_encoding()  # (an HTTP/1.0 worker gets a close-delimited body)
+            response.head_with_body = True
+        # (else chunked; an HTTP/1.0 worker gets a close-delimited body)
         observer = Observer(attempt.spec, attempt.path, is_sse, encoding)
         attempt.seen = observer.seen
         attempt.http_status = upstream.status
         await response.prepare(request)
-        attempt.response = response
+        attempt.response = response  # type: ignore[assignment]  # (typed as aiohttp's in attempt.py)
         attempt.sse_plain = is_sse and observer.decompress.plain
         strip = UsageStrip() if attempt.asked_usage and attempt.sse_plain else None
         ending = await self._pump(upstream, response, attempt, observer, watch, strip)
@@ -267,7 +266,7 @@ class Relay:
     async def _pump(
         self,
         upstream: Upstream,
-        response: web.StreamResponse,
+        response: StreamResponse,
         attempt: Attempt,
         observer: Observer,
         watch: ExchangeWatch,
@@ -299,7 +298,7 @@ class Relay:
             attempt.bytes_out += len(chunk)
 
 
-def _stalled(request: web.Request, attempt: Attempt) -> None:
+def _stalled(request: Request, attempt: Attempt) -> None:
     """The worker accepted no byte for GATEWAY_CLIENT_STALL_SECONDS (SPEC §19): its connection is
     aborted, so the handler is cancelled (client-aborted) and the upstream request with it."""
     log.warning("client_stalled", attempt_id=attempt.attempt_id)
@@ -317,7 +316,7 @@ def _stripping(write: Callable[[bytes], Awaitable[None]], strip: UsageStrip) -> 
     return stripped
 
 
-async def cut(request: web.Request, attempt: Attempt, message: str) -> None:
+async def cut(request: Request, attempt: Attempt, message: str) -> None:
     """End a relayed answer so no client can take it for complete (SPEC §12).
 
     Readable plain SSE first gets the wire's error event (unless the upstream already sent

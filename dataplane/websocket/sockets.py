@@ -36,6 +36,7 @@ from dataplane.wires.table import NOT_PROXIED, WIRES, guess_wire
 from shared.capacity import CapacityTable
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, ErrorCode, Refusal
+from shared.http1.response import Response
 from shared.logging import get_logger
 from shared.settings import Settings
 from shared.tokens import new_ulid
@@ -60,12 +61,10 @@ class ProxyPort(Protocol):
     fleet: Any
     draining: bool
 
-    def authenticate(self, request: web.Request) -> tuple[Lease | None, str]: ...
+    def authenticate(self, request: Any) -> tuple[Lease | None, str]: ...
 
 
-def early(
-    request: web.Request, t0: float, code: Refusal, message: str, retry_after_s: float | None = None
-) -> web.Response:
+def early(request: web.Request, t0: float, code: Refusal, message: str, retry_after_s: float | None = None) -> Response:
     """A refusal before any lease: no attempt, no row (as the HTTP proxy answers one)."""
     return refusal_response(
         guess_wire(request.path, request.headers),
@@ -102,7 +101,7 @@ class Sockets:
 
     # ---- the upgrade --------------------------------------------------------------------
 
-    async def upgrade(self, request: web.Request, t0: float) -> web.StreamResponse:
+    async def upgrade(self, request: web.Request, t0: float) -> web.StreamResponse | Response:
         proxy = self.proxy
         if not self.replica.ready:
             return early(
@@ -179,7 +178,7 @@ class Sockets:
             gates.give_slot(self.capacity, self.fleet, holder)
         return found
 
-    async def _handshake_refused(self, attempt: SocketAttempt, exc: HandshakeRefused) -> web.StreamResponse:
+    async def _handshake_refused(self, attempt: SocketAttempt, exc: HandshakeRefused) -> web.StreamResponse | Response:
         """Evidence as that status (§20); 404/405/426 answer 426, any other passes through."""
         attempt.mark_overhead(0.0)
         attempt.rate_limits = rate_limits_of(exc.headers, attempt.spec.rate_limits, now_ms)  # SPEC §22
@@ -275,7 +274,7 @@ class Sockets:
         await self.upstreams.close()
 
 
-def refuse_426(attempt: SocketAttempt) -> web.Response:
+def refuse_426(attempt: SocketAttempt) -> Response:
     """The upstream has no WebSocket here: 426, so the client falls back to HTTP at once."""
     return refusal_response(
         attempt.spec,
@@ -286,7 +285,7 @@ def refuse_426(attempt: SocketAttempt) -> web.Response:
     )
 
 
-async def _failed(attempt: SocketAttempt, code: ErrorCode, message: str) -> web.Response:
+async def _failed(attempt: SocketAttempt, code: ErrorCode, message: str) -> Response:
     """No upstream socket: a transport-error row (evidence), acknowledged first."""
     response = refusal_response(attempt.spec, code, message, attempt.attempt_id, attempt.mark_overhead(0.0))
     await await_ack(attempt.finish(AttemptStatus.TRANSPORT_ERROR, response.status, wait=True))

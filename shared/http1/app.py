@@ -16,6 +16,7 @@ from shared.http1.errors import (
     HTTPException,
     HTTPRequestEntityTooLarge,
     HTTPRequestTimeout,
+    Refusal,
     Refused,
 )
 from shared.http1.request import Request
@@ -62,6 +63,12 @@ class Application(State):
         if self._exits is not None:
             exits, self._exits = self._exits, None
             await exits.aclose()
+
+    # ---- what the connection answers itself
+    def refusal_answer(self, refusal: Refusal) -> StreamResponse | None:
+        """The answer to bytes the server refused (sent, then the connection closes); None: no
+        answer, only the close."""
+        return text_response(refusal.status, refusal.text, {"Content-Type": "text/plain; charset=utf-8"})
 
     # ---- one request
     async def handle(self, request: Request) -> tuple[StreamResponse, Refused | None]:

@@ -22,6 +22,7 @@ class Refused(StrEnum):
     BODY_TIMEOUT = "body-timeout"
     BODY_TOO_LARGE = "body-too-large"
     HANDLER_FAILED = "handler-failed"  # a handler raised: 500, the connection closed
+    CONNECTION_LIMIT = "connection-limit"  # over `Limits.max_connections`: answered, closed unread
 
 
 class HTTPException(Exception):

@@ -4,7 +4,7 @@ and the Date value: small pure helpers with no I/O."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http import HTTPStatus
 from typing import overload
 
@@ -17,11 +17,14 @@ class Headers:
 
     __slots__ = ("_items", "_first")
 
-    def __init__(self, items: list[tuple[str, str]]) -> None:
+    def __init__(self, items: list[tuple[str, str]], first: dict[str, str] | None = None) -> None:
+        """`first`, when given, is each lower-cased name's first value (as the parser went)."""
         self._items = items
-        self._first: dict[str, str] = {}
-        for name, value in items:
-            self._first.setdefault(name.lower(), value)
+        if first is None:
+            first = {}
+            for name, value in items:
+                first.setdefault(name.lower(), value)
+        self._first = first
 
     @overload
     def get(self, name: str) -> str | None: ...
@@ -30,9 +33,10 @@ class Headers:
     def get(self, name: str, default: str | None = None) -> str | None:
         return self._first.get(name.lower(), default)
 
-    def getall(self, name: str) -> list[str]:
+    def getall(self, name: str, default: Sequence[str] = ()) -> list[str]:
+        """Every value of `name` in order; `default` (as a list) when there is none."""
         lowered = name.lower()
-        return [v for n, v in self._items if n.lower() == lowered]
+        return [v for n, v in self._items if n.lower() == lowered] or list(default)
 
     def __getitem__(self, name: str) -> str:
         return self._first[name.lower()]

@@ -7,42 +7,31 @@ header until it ends, so the slice bounds what it holds past the limit), the tim
 first byte to its end, and how many parsed requests wait (reading pauses past
 `Limits.max_pipelined`; the unparsed rest is held until the queue drains). What the parser
 refuses (llhttp's strict mode: bad framing, both Content-Length and Transfer-Encoding, bare LF,
-a bad chunk) is answered 400 after the requests before it, and the connection closes; each
-refusal is counted (`Server.refused`) and the server goes on.
+a bad chunk) is answered (`Application.refusal_answer`) after the requests before it, and the
+connection closes; each refusal is counted (`Server.refused`) and the server goes on.
+
+The data plane's options (`host.Host`): `handler_cancellation` (aiohttp's: an EOF is a close,
+which cancels the request being answered); `hand_off` (an `Upgrade: websocket` request, its
+transport and the bytes after its head, to another protocol; counted until it reports the
+close); `Limits.max_connections` (one past the cap is sent `over_cap()` and closed unread).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
-from typing import TYPE_CHECKING, Protocol
+from collections import deque
+from typing import TYPE_CHECKING
 
 from httptools import HttpParserError, HttpParserUpgrade, HttpRequestParser
 
+from shared.http1.answer import answer_one, answer_refusal, is_websocket
 from shared.http1.errors import BodyIncomplete, Refusal, Refused, parser_reason
 from shared.http1.headers import Headers
 from shared.http1.request import Body, Request
-from shared.http1.response import Response, text_response
 from shared.logging import get_logger
 
 if TYPE_CHECKING:
-    from shared.http1.app import Application
-    from shared.http1.headers import DateValue
-    from shared.http1.limits import Limits
-
-
-class Host(Protocol):
-    """What a connection needs of its server (`shared.http1.server.Server`)."""
-
-    app: Application
-    limits: Limits
-    date: DateValue
-    refused: Counter[Refused]
-    connections: set[Connection]
-    closing: bool
-
-    def forget(self, conn: Connection) -> None: ...
-
+    from shared.http1.host import Host
 
 log = get_logger("http1")
 
@@ -72,21 +61,42 @@ class Connection(asyncio.Protocol):
         self._in_head = False
         self._url = bytearray()
         self._headers: list[tuple[str, str]] = []
+        self._first: dict[str, str] = {}  # each lower-cased name's first value
         self._head_bytes = 0
         self._head_size = 0
+        self._upgrade_tail: bytes | None = None  # what followed an upgrade request's head
+        self.handed_off = False  # the transport belongs to another protocol now
+        self._first_pending = False  # the first head's clock runs from the opening (`head_from_open`)
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        server, limits = self.server, self.limits
+        if limits.max_connections and len(server.connections) >= limits.max_connections:
+            server.refused[Refused.CONNECTION_LIMIT] += 1
+            self._stopped = True  # never counted, never parsed
+            if server.over_cap is not None:
+                transport.write(server.over_cap())  # type: ignore[attr-defined]
+            transport.close()
+            return
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) else None
-        self.server.connections.add(self)
-        self._went_idle()
+        server.connections.add(self)
+        if limits.head_from_open:
+            self._first_pending = self._in_head = True
+            self._head_began = self._loop.time()
+            self._head_timer = self._loop.call_at(self._head_began + limits.head_timeout_s, self._head_timeout)
+        else:
+            self._went_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:  # refused over the cap: never counted
+            return
         self.transport = None
         self._disarm()
         self._stopped = True
+        if self.server.handler_cancellation and self._task is not None and not self.handed_off:
+            self._task.cancel()  # the request being answered ends with its peer
         gone = BodyIncomplete("the peer closed the connection")
         for item in (self._incoming, *self._queue):
             if isinstance(item, Request):
@@ -106,14 +116,21 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         """The peer sent all it will (a half-close): what it asked is still answered, then the
-        connection closes; a body still owed never comes."""
+        connection closes; a body still owed never comes. Under `handler_cancellation` an EOF is
+        the peer's close (as aiohttp takes it)."""
+        if self.server.handler_cancellation:
+            return False
         self._eof = True
         self._disarm()
         if self._incoming is not None:
             self._incoming.body.fail(BodyIncomplete("the peer ended its side mid-body"))
             self._incoming = None
-        self._in_head = False  # a head cut short never completes
+        self._in_head = self._first_pending = False  # a head cut short never completes
         return not self._idle() or bool(self._held)
+
+    @property
+    def reading_stopped(self) -> bool:
+        return self._stopped
 
     @property
     def peer_ended(self) -> bool:
@@ -145,7 +162,8 @@ class Connection(asyncio.Protocol):
             pos += len(piece)
             try:
                 self._parser.feed_data(piece)
-            except HttpParserUpgrade:
+            except HttpParserUpgrade as upgrade:
+                self._upgrade_tail = piece[upgrade.args[0] :] + data[pos:]
                 self._stop_reading()  # the upgrade request is queued; nothing after it is HTTP
                 return
             except HttpParserError as exc:
@@ -164,7 +182,10 @@ class Connection(asyncio.Protocol):
         self._head_size = 0  # the head's parts as they complete: its size, exactly
         self._url.clear()
         self._headers = []
-        self._head_began = self._loop.time()
+        self._first = {}
+        if not self._first_pending:  # (the first head's clock started with the connection)
+            self._head_began = self._loop.time()
+        self._first_pending = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -173,28 +194,32 @@ class Connection(asyncio.Protocol):
             raise Refusal(Refused.LINE_TOO_LONG, f"Got more than {self.limits.max_line_bytes} bytes when reading")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) > self.limits.max_field_bytes or len(value) > self.limits.max_field_bytes:
-            raise Refusal(Refused.FIELD_TOO_LONG, f"Got more than {self.limits.max_field_bytes} bytes when reading")
-        if len(self._headers) >= self.limits.max_headers:
+        limits, headers = self.limits, self._headers
+        size = len(name) + len(value)
+        if size > limits.max_field_bytes and max(len(name), len(value)) > limits.max_field_bytes:
+            raise Refusal(Refused.FIELD_TOO_LONG, f"Got more than {limits.max_field_bytes} bytes when reading")
+        if len(headers) >= limits.max_headers:
             raise Refusal(Refused.TOO_MANY_HEADERS, "Too many headers received")
-        self._head_size += len(name) + len(value) + 4
-        if self._head_size > self.limits.max_head_bytes:
+        self._head_size += size + 4
+        if self._head_size > limits.max_head_bytes:
             raise Refusal(Refused.HEAD_TOO_LARGE, "Request header fields too large")
-        self._headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        key, text = name.decode("latin-1"), value.decode("utf-8", "surrogateescape")
+        headers.append((key, text))
+        self._first.setdefault(key.lower(), text)
 
     def on_headers_complete(self) -> None:
-        self._in_head = False
+        self._in_head = self._first_pending = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        headers = Headers(self._headers)
+        first, headers = self._first, Headers(self._headers, self._first)  # (lower-cased names)
         version = (1, 1) if self._parser.get_http_version() == "1.1" else (1, 0)
-        length = headers.get("Content-Length")
-        chunked = "Transfer-Encoding" in headers
+        length = first.get("content-length")
+        expect = first.get("expect")
         body = Body(
             self,
-            declared=None if chunked or length is None else int(length),
-            expects_continue=version >= (1, 1) and (headers.get("Expect") or "").lower() == "100-continue",
+            declared=None if length is None or "transfer-encoding" in first else int(length),
+            expects_continue=expect is not None and version >= (1, 1) and expect.lower() == "100-continue",
             limit_s=self.limits.body_timeout_s,
             buffer_bytes=self.limits.body_buffer_bytes,
         )
@@ -266,7 +291,8 @@ class Connection(asyncio.Protocol):
         self._head_timer = self._idle_timer = None
 
     def _idle(self) -> bool:
-        return self._task is None and not self._queue and self._incoming is None and not self._in_head
+        head = self._in_head and not self._first_pending  # (a connection yet to send: idle)
+        return self._task is None and not self._queue and self._incoming is None and not head
 
     # ---- flow control (a body's `Flow`)
     def pause_reading(self, why: str) -> None:
@@ -318,13 +344,16 @@ class Connection(asyncio.Protocol):
                 if len(self._queue) <= self.limits.max_pipelined // 2:
                     self.resume_reading("pipeline")
                 if isinstance(item, Refusal):
-                    await self._answer_refusal(item)
+                    await answer_refusal(self, item)
                     keep = False
                 elif isinstance(item.body.failed, Refusal):  # its framing broke before its turn
-                    await self._answer_refusal(item.body.failed)
+                    await answer_refusal(self, item.body.failed)
                     keep = False
+                elif self.server.hand_off is not None and is_websocket(item):
+                    self._hand_off(item)
+                    return
                 else:
-                    keep = await self._serve_one(item)
+                    keep = await answer_one(self, item)
         except Exception:  # a bug here ends this connection, never the server
             log.exception("http_connection_failed", peer=self.remote)
             self.server.refused[Refused.HANDLER_FAILED] += 1
@@ -337,47 +366,18 @@ class Connection(asyncio.Protocol):
         elif self._idle():
             self._went_idle()
 
-    async def _serve_one(self, request: Request) -> bool:
-        response, refused = await self.app.handle(request)
-        if refused is not None:
-            self.server.refused[refused] += 1
-        if request.started and not response.prepared:  # a stream failed midway: cut, not re-answered
-            return False
-        try:
-            if isinstance(response, Response) and not response.prepared:
-                await response.send(request)
-            else:
-                await response.prepare(request)
-                await response.write_eof()
-        except ConnectionResetError:
-            return False
-        keep = request.keep_alive and response.keep_alive and not self._stopped and not self.server.closing
-        body = request.body
-        if body.complete:
-            return keep
-        if body.failed is not None or refused is Refused.BODY_TIMEOUT:
-            return False
-        if body.expects_continue:  # a 100 never sent: no body is coming
-            return False
-        return await body.discard(self.limits.lingering_s, self.limits.lingering_bytes) and keep
-
-    async def _answer_refusal(self, refusal: Refusal) -> None:
-        answer = text_response(refusal.status, refusal.text, {"Content-Type": "text/plain; charset=utf-8"})
-        request = Request(
-            method="GET",
-            version=(1, 0),
-            target=b"/",
-            headers=Headers([]),
-            body=Body(self, declared=0, expects_continue=False, limit_s=0, buffer_bytes=0),
-            keep_alive=False,
-            conn=self,
-            app=self.app,
-            max_body=0,
-        )
-        try:
-            await answer.send(request)
-        except ConnectionResetError:
-            pass
+    def _hand_off(self, request: Request) -> None:
+        """The transport, this request and what followed its head, to `server.hand_off`; this
+        connection only waits for the close now (`connection_lost`, called by the new protocol)."""
+        assert self.server.hand_off is not None and self.transport is not None
+        tail = self._upgrade_tail
+        if tail is None:  # llhttp did not take it for an upgrade: what it read of a body, then nothing
+            tail = b"".join(request.body.take())
+        self._stop_reading()
+        self._queue.clear()
+        self._held = b""
+        self.handed_off = True
+        self.server.hand_off(self, request, tail)
 
     # ---- ending
     def close(self) -> None:
@@ -385,13 +385,16 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
     def shutdown(self) -> None:
-        """The server stops: an idle connection closes now, a busy one after its answer."""
+        """The server stops: an idle connection closes now, a busy one after its answer (one
+        handed off is its new protocol's to end)."""
+        if self.handed_off:
+            return
         self._stop_reading()
         if self._idle():
             self.close()
 
     def abort(self) -> None:
-        if self._task is not None:
+        if self._task is not None and not self.handed_off:
             self._task.cancel()
         if self.transport is not None:
             self.transport.abort()

@@ -91,6 +91,11 @@ class Body:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
+    def take(self) -> list[bytes]:
+        """What arrived and was not read yet (the handed-off connection's)."""
+        chunks, self._chunks, self._buffered = self._chunks, [], 0
+        return chunks
+
     # ---- the handler's side
     async def read_all(self, max_size: int) -> bytes:
         if max_size and self.declared is not None and self.declared > max_size:
@@ -149,6 +154,7 @@ class Request:
         "app",
         "method",
         "version",
+        "target",
         "raw_path",
         "path",
         "segments",
@@ -182,14 +188,18 @@ class Request:
     ) -> None:
         self.method, self.version, self.headers, self.body = method, version, headers, body
         self.keep_alive = keep_alive
+        self.target = target  # the request line's target, as sent
         if not target.startswith(b"/") and b"://" in target:  # absolute-form: its path and query
             parsed = parse_url(target)
             target = (parsed.path or b"/") + (b"?" + parsed.query if parsed.query else b"")
         raw = target.decode("latin-1")
         self.raw_path, _, self.query_string = raw.partition("#")[0].partition("?")
         raw_segments = self.raw_path.split("/")
-        self.segments = tuple(unquote(s) for s in raw_segments)
-        self.path = "/".join(self.segments)
+        if "%" in self.raw_path:
+            self.segments = tuple(unquote(s) for s in raw_segments)
+            self.path = "/".join(self.segments)
+        else:  # nothing to decode
+            self.segments, self.path = tuple(raw_segments), self.raw_path
         self._conn = conn
         self._query: dict[str, str] | None = None
         self._storage: dict[Any, Any] = {}
@@ -226,6 +236,22 @@ class Request:
     def can_read_body(self) -> bool:
         has_body = self.body.declared != 0 and (self.body.declared is not None or "Transfer-Encoding" in self.headers)
         return has_body and not self.body.consumed
+
+    @property
+    def content_length(self) -> int | None:
+        """The declared Content-Length (None when chunked or absent)."""
+        return self.body.declared
+
+    @property
+    def path_qs(self) -> str:
+        """The raw path and query, as the request line carried them (aiohttp's `rel_url.raw_path_qs`)."""
+        return self.raw_path + "?" + self.query_string if self.query_string else self.raw_path
+
+    def head_bytes(self) -> bytes:
+        """The head re-serialised as it arrived: request line and headers in their order."""
+        lines = [f"{self.method} {self.target.decode('latin-1')} HTTP/{self.version[0]}.{self.version[1]}"]
+        lines += [f"{name}: {value}" for name, value in self.headers.items()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
     @property
     def content_type(self) -> str:

@@ -3,15 +3,22 @@ then writes: chunked on HTTP/1.1, close-delimited on 1.0).
 
 The head is written as aiohttp writes it: the handler's headers in their order, Content-Type,
 the framing header, Date, Server (and `Connection: keep-alive` to an HTTP/1.0 peer that asked
-for it). A HEAD request gets the head only. Each write waits while the peer's socket is full
+for it, `Connection: close` to an HTTP/1.1 one when the connection ends after this answer). A
+HEAD request gets the head only. Each write waits while the peer's socket is full
 (`Connection.drain`): a reader that stops reading holds its handler, not the daemon's memory.
+
+`headers` is a dict, or any mutable mapping given (the data plane's `CIMultiDict`, for an
+upstream's repeated headers): what its `items()` yields is written. A `StreamResponse` with
+`head_with_body` set holds its head until the first body write (one write for an answer that
+arrives whole; aiohttp's `_send_headers_immediately = False`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from shared.http1.headers import reason_of
+from shared.http1.headers import content_type_of, reason_of
 
 if TYPE_CHECKING:
     from shared.http1.request import Request
@@ -19,24 +26,51 @@ if TYPE_CHECKING:
 SERVER = "leasehold"
 
 
-def _has(headers: dict[str, str], name: str) -> str | None:
+def _has(headers: Mapping[str, str], name: str) -> str | None:
+    """`name`'s value, its case aside: a look-up where the mapping is case-insensitive (not a
+    dict: the data plane's `CIMultiDict`) or spells it so, else a scan."""
+    value = headers.get(name)
+    if value is not None or not isinstance(headers, dict):
+        return value
     lowered = name.lower()
-    for key, value in headers.items():
-        if key.lower() == lowered:
-            return value
-    return None
+    return next((found for key, found in _items(headers) if key.lower() == lowered), None)
+
+
+def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
+    return headers.items()
 
 
 class StreamResponse:
-    def __init__(self, *, status: int = 200, reason: str | None = None, headers: dict[str, str] | None = None):
+    head_with_body = False  # the head waits for the first body write
+
+    def __init__(
+        self, *, status: int = 200, reason: str | None = None, headers: MutableMapping[str, str] | None = None
+    ):
         self.status = status
         self.reason = reason or reason_of(status)
-        self.headers: dict[str, str] = dict(headers or {})
+        self.headers: MutableMapping[str, str] = (
+            {} if headers is None else dict(headers) if isinstance(headers, dict) else headers
+        )
         self.force_close_after = False
         self._request: Request | None = None
         self._chunked = False
         self._head_only = False
         self._eof = False
+        self._held_head = b""
+
+    @property
+    def content_length(self) -> int | None:
+        value = _has(self.headers, "Content-Length")
+        return None if value is None else int(value)
+
+    @content_length.setter
+    def content_length(self, value: int) -> None:
+        self.headers["Content-Length"] = str(value)
+
+    @property
+    def content_type(self) -> str:
+        """The media type of its Content-Type (aiohttp's `content_type`)."""
+        return content_type_of(_has(self.headers, "Content-Type"))
 
     @property
     def prepared(self) -> bool:
@@ -55,7 +89,11 @@ class StreamResponse:
 
     async def prepare(self, request: Request) -> None:
         if self._request is None:
-            await request._conn.write(self._start(request))
+            head = self._start(request)
+            if self.head_with_body and not self._head_only:
+                self._held_head = head
+            else:
+                await request._conn.write(head)
 
     def _start(self, request: Request) -> bytes:
         """The head, once: the response is bound to `request` from here on."""
@@ -79,8 +117,11 @@ class StreamResponse:
             lines.append(f"{framing[0]}: {framing[1]}")
         lines.append(f"Date: {conn.server.date.now()}")
         lines.append(f"Server: {SERVER}")
-        if request.version < (1, 1) and request.keep_alive and self.keep_alive:
-            lines.append("Connection: keep-alive")
+        if _has(self.headers, "Connection") is None:  # as aiohttp says it
+            if request.version < (1, 1) and request.keep_alive and self.keep_alive:
+                lines.append("Connection: keep-alive")
+            elif request.version >= (1, 1) and not (request.keep_alive and self.keep_alive):
+                lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
     async def write(self, data: bytes) -> None:
@@ -92,6 +133,8 @@ class StreamResponse:
             return
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._held_head:
+            data, self._held_head = self._held_head + data, b""
         await self._request._conn.write(data)
 
     async def write_eof(self, data: bytes = b"") -> None:
@@ -100,6 +143,9 @@ class StreamResponse:
         if data:
             await self.write(data)
         self._eof = True
+        if self._held_head and self._request is not None:
+            head, self._held_head = self._held_head, b""
+            await self._request._conn.write(head)
         if self._chunked and not self._head_only and self._request is not None:
             await self._request._conn.write(b"0\r\n\r\n")
 
@@ -112,7 +158,7 @@ class Response(StreamResponse):
         text: str | None = None,
         status: int = 200,
         reason: str | None = None,
-        headers: dict[str, str] | None = None,
+        headers: MutableMapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> None:
         super().__init__(status=status, reason=reason, headers=headers)

@@ -14,10 +14,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from dataplane.leases import LeaseReplica
-from dataplane.main import build_app
+from dataplane.main import build_server
 from dataplane.proxy import Proxy
 from dataplane.rpc_client import ControlLink
 from dataplane.upstreams import UpstreamPools
@@ -104,11 +102,10 @@ async def _plane(
     link = ControlLink(str(tmp_path / "no-control.sock"), replica)
     pools = UpstreamPools(settings)
     proxy = Proxy(settings, replica, link, pools, fleet)
-    runner = web.AppRunner(build_app(settings, proxy), handler_cancellation=True)
-    await runner.setup()
+    server = build_server(settings, proxy)  # the daemon's own server
+    await server.start("127.0.0.1", port)
     try:
-        await web.TCPSite(runner, "127.0.0.1", port).start()
         yield Plane(f"http://127.0.0.1:{port}{path}", token, link, proxy)
     finally:
-        await runner.cleanup()
+        await server.close()
         await pools.close()

@@ -4,9 +4,8 @@ names the installed aiohttp version.
 
 The upstream client writes its request head with `aiohttp.http_writer._serialize_headers` and
 reads the answer with `aiohttp.client_proto.ResponseHandler` (plus `aiohttp.helpers`'
-`EMPTY_BODY_METHODS` and `parse_content_type`); the server builds its connection handler from
-`web.Server._loop` / `._kwargs`; `HeadersWithBody` turns `StreamResponse._send_headers_immediately`
-off. None of them is public API, so setup.cfg pins the aiohttp minors the byte-identity tests
+`EMPTY_BODY_METHODS` and `parse_content_type`); the WebSocket's connection handler, given a
+connection `shared.http1` accepted (`hand_over`), is built from `web.Server._loop` / `._kwargs`. None of them is public API, so setup.cfg pins the aiohttp minors the byte-identity tests
 (`tests/integration/test_upstream_client.py`) passed on; this file is the first thing to fail when
 a new aiohttp moves them. Each check drives the part the way the data plane does, over a
 transport that only records (no socket), or a server on 127.0.0.1."""
@@ -23,10 +22,9 @@ from typing import Any, NamedTuple
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from dataplane.aiohttp_private import HeadersWithBody, server_class
+from dataplane.aiohttp_private import hand_over, handed_over_server, server_class
 
 REPO = Path(__file__).resolve().parents[2]
 GUARD = REPO / "dataplane" / "aiohttp_private.py"
@@ -174,15 +172,6 @@ async def helpers_are_as_the_client_uses_them() -> None:
     assert parse_content_type("application/json; charset=utf-8")[0] == "application/json"
 
 
-async def request_handler_has_what_the_connection_bounds_use() -> None:
-    """dataplane/aiohttp_private.py's `BoundedRequestHandler` (SPEC §19's head timer and connection cap) reads these."""
-    from aiohttp.web_protocol import RequestHandler
-
-    slots = {name for cls in RequestHandler.__mro__ for name in getattr(cls, "__slots__", ())}
-    assert {"_request_in_progress", "_messages", "_manager", "_force_close", "_loop"} <= slots
-    assert "keepalive_timeout" in inspect.signature(RequestHandler.__init__).parameters
-
-
 async def server_class_serves_with_the_given_handler() -> None:
     """`server_class(handler)` answers through `handler`, built with aiohttp's own arguments."""
     built: list[web.RequestHandler] = []
@@ -210,14 +199,35 @@ async def server_class_serves_with_the_given_handler() -> None:
         await runner.cleanup()
 
 
-async def headers_with_body_holds_the_headers_for_the_first_chunk() -> None:
-    for response_class, sent_at_once in ((HeadersWithBody, False), (web.StreamResponse, True)):
-        request = make_mocked_request("POST", "/v1/messages")
-        response = response_class(status=200)
-        response.content_length = 2
-        await response.prepare(request)
-        assert request.writer.write_headers.called
-        assert request.writer.send_headers.called is sent_at_once, response_class.__name__
+async def a_handed_over_connection_is_served_by_aiohttp() -> None:
+    """`hand_over`: a connection another protocol accepted (its reading paused, as
+    `shared.http1` hands one over) is served by aiohttp from the bytes given, then from the
+    socket; the close is reported to `lost`."""
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[Exception | None] = loop.create_future()
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        return web.Response(text=request.path)
+
+    aiohttp_server = handed_over_server(handle, 1024, 8190)
+
+    class Accepting(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transport.pause_reading()  # type: ignore[attr-defined]
+            hand_over(aiohttp_server, transport, b"GET /first HTTP/1.1\r\nHost: x\r\n\r\n", lost.set_result)
+
+    listener = await loop.create_server(Accepting, "127.0.0.1", 0)
+    try:
+        port = listener.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert answer.count(b"HTTP/1.1 200 OK") == 2 and answer.endswith(b"/second"), answer
+        assert b"/first" in answer
+        assert await asyncio.wait_for(lost, 10) is None  # the close, reported
+    finally:
+        listener.close()
 
 
 class Case(NamedTuple):
@@ -238,9 +248,8 @@ CASES = [
         response_handler_raises_http_processing_error_on_a_malformed_answer,
         response_handler_raises_server_disconnected_on_a_lost_connection,
         helpers_are_as_the_client_uses_them,
-        request_handler_has_what_the_connection_bounds_use,
         server_class_serves_with_the_given_handler,
-        headers_with_body_holds_the_headers_for_the_first_chunk,
+        a_handed_over_connection_is_served_by_aiohttp,
     )
 ]
 
