@@ -318,12 +318,17 @@ def pack(commands: Sequence[Sequence[object]]) -> bytes:
     """The RESP encoding of `commands`, byte for byte what redis-py's `pack_command` writes for
     single-word commands (those of `BATCHED`), in one pass (tested against it): bytes as they
     are, str as UTF-8, int and float by `repr`; anything else (a bool, None) is refused as
-    redis-py refuses it, `DataError`, and nothing of the batch is sent."""
+    redis-py refuses it, `DataError`, and nothing of the batch is sent.
+
+    Every part (`*n`, `$size`, the argument) joined by CRLF in one `join`, the headers of the
+    common sizes taken from a table: no `%`-formatting (a copy of each argument) per argument
+    (issue 27 §4: a mint's claims 12–19 → 9.5 µs here)."""
     out: list[bytes] = []
     append = out.append
     for command in commands:
         args: Sequence[Any] = command
-        append(b"*%d\r\n" % len(args))
+        count = len(args)
+        append(_COUNTS[count] if count < _TABLED else b"*%d" % count)
         for arg in args:
             kind = type(arg)  # the common types first, by identity (no isinstance chain)
             if kind is str:
@@ -344,8 +349,18 @@ def pack(commands: Sequence[Sequence[object]]) -> bytes:
                 raise redis.DataError(
                     f"Invalid input of type: '{type(arg).__name__}'. Convert to a bytes, string, int or float first."
                 )
-            append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+            size = len(data)
+            append(_SIZES[size] if size < _TABLED else b"$%d" % size)
+            append(data)
+    if not out:
+        return b""
+    append(b"")  # the last part's CRLF
+    return b"\r\n".join(out)
+
+
+_TABLED = 1024  # `pack`'s headers of fewer parts or bytes than this are made once, here
+_COUNTS = tuple(b"*%d" % n for n in range(_TABLED))
+_SIZES = tuple(b"$%d" % n for n in range(_TABLED))
 
 
 def _fail(batch: list[Queued], exc: BaseException) -> None:

@@ -18,6 +18,8 @@ CASES = [
     [("EVALSHA", "sha", 0, -1, 0, 1.5, 1e-7, float("inf"))],
     [("MGET", "a", "b"), ("LRANGE", "l", 0, -1), ("GET", "")],
     [("SET", "k", bytearray(b"ba")), ("SET", "k", memoryview(b"mv"))],
+    [("SET", "k", "x" * 1023), ("SET", "k", b"y" * 1024), ("SET", "k", "z" * 70_000)],  # a header past the table
+    [("MGET", *(f"k{i}" for i in range(1100)))],  # a count past the table
     [],
 ]
 
