@@ -1,4 +1,4 @@
-"""`shared/fleet/batching.pack`: the batch's RESP bytes, table-tested against redis-py's own
+"""`shared/fleet/resp.pack`: the batch's RESP bytes, table-tested against redis-py's own
 `pack_command` (what the commands cost to encode changed, never what is sent)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import redis
 from redis.asyncio.connection import Connection
 
-from shared.fleet.batching import pack
+from shared.fleet.resp import pack
 
 CASES = [
     [("GET", "k")],
