@@ -79,7 +79,7 @@ class OwedWrites:
 
     def write_soon(self, owed: Owed, then: Callable[[Any], Any]) -> Awaitable[Any]:
         """`write`, its answer through `then`, for a write whose command is queued at the call
-        (`batching.soon`: a future, no task when the caller gathers it; issue 27 §4): sent now
+        (`shared/fleet/soon.py`: a future, no task when the caller gathers it; issue 27 §4): sent now
         when nothing is owed, and owed, answering `then(None)`, when it fails `StateUnavailable`
         (as `write_now`); queued behind, answering `then(None)` at once, while anything is owed."""
         loop = asyncio.get_running_loop()
@@ -93,7 +93,7 @@ class OwedWrites:
         def landed(done: asyncio.Future[Any]) -> None:
             if outer.done():  # its caller was cancelled
                 if not done.cancelled():
-                    done.exception()  # retrieved: a failure nobody waits for is owed no more
+                    done.exception()  # retrieved; owed nothing, as a cancelled `write` owes nothing
                 return
             if done.cancelled():
                 outer.cancel()
