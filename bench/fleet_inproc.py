@@ -10,6 +10,9 @@ pair: what fleet mode adds to control's own path, the figure a shared machine mo
 (bench/README "Stop 31: fleet mint + revoke cost", "Stop 32"). `--profile FILE` writes a
 cProfile of each mode's sets (`FILE.fleet`, `FILE.embedded`; `python -m pstats FILE.fleet`).
 `--exchange` times `BatchingRedis` alone instead: N gathers of 5 commands (one exchange each).
+`--instructions` counts instead the instructions the process executes per mint + revoke of each
+mode (callgrind, collection on around one set of N: `bench.instructions`' method), a figure the
+shared machine's load does not move (user space only: the same writes cost the same either way).
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import asyncio
 import cProfile
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+from bench.instructions import _callgrind, _control, _total
 from controlplane.registry import Registry
 from controlplane.wiring import Control
 from shared.fleet.batching import BatchingRedis
@@ -92,7 +98,9 @@ async def run(args: argparse.Namespace, work: Path) -> None:
             for mode in modes:
                 if profiles:
                     profiles[mode].enable()
+                _gate(args)
                 p50, cpu = await ops(controls[mode], args.n, f"{mode}-{s}")
+                _gate(args)
                 if profiles:
                     profiles[mode].disable()
                 line.append(f"{mode} p50 {p50:.2f} cpu {cpu:.2f}")
@@ -105,6 +113,32 @@ async def run(args: argparse.Namespace, work: Path) -> None:
             profile.dump_stats(f"{args.profile}.{mode}")
 
 
+def _gate(args: argparse.Namespace) -> None:
+    """`--gate` (the child of `--instructions`): say so, and wait until collection is switched."""
+    if args.gate:
+        print("gate", flush=True)
+        sys.stdin.readline()
+
+
+def instructions(args: argparse.Namespace, work: Path) -> None:
+    """Instructions per mint + revoke of each mode, each in a process of its own under callgrind."""
+    for mode in ("fleet", "embedded") if args.mode == "both" else (args.mode,):
+        out = work / f"callgrind.{mode}"
+        argv = [sys.executable, "-m", "bench.fleet_inproc", "--mode", mode, "-n", str(args.n), "--sets", "1", "--gate"]
+        child = subprocess.Popen(_callgrind(argv, out), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert child.stdin is not None and child.stdout is not None
+        for switch in ("on", "off"):
+            while child.stdout.readline().strip() != "gate":
+                if child.poll() is not None:
+                    raise RuntimeError(f"the {mode} child exited {child.returncode}")
+            _control(child.pid, "-i", switch)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        child.stdout.read()
+        child.wait(timeout=600)
+        print(f"{mode}: {_total(out) / args.n / 1000:.1f}k instructions per mint + revoke", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("both", "fleet", "embedded"), default="both")
@@ -112,9 +146,14 @@ def main() -> None:
     parser.add_argument("--sets", type=int, default=3)
     parser.add_argument("--profile", default=None)
     parser.add_argument("--exchange", action="store_true")
+    parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--gate", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     configure_logging("control", stream=open(os.devnull, "w"))  # the daemon's JSON lines, unread
     with tempfile.TemporaryDirectory(prefix="bench-fleet-inproc-") as tmp:
+        if args.instructions:
+            instructions(args, Path(tmp))
+            return
         asyncio.run((exchanges if args.exchange else run)(args, Path(tmp)))
 
 

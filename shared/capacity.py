@@ -8,6 +8,7 @@ clock: the table is a value the shells hold and ask.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Protocol
 
 
@@ -71,10 +72,12 @@ class CapacityStore(Protocol):
       a guess.
     """
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None) -> bool: ...
-    async def release(self, holder: str) -> bool: ...
+    # Awaitables, not necessarily coroutines: a fleet backend queues its command at the call
+    # and hands back a future (`shared/fleet/batching.soon`; issue 27 §4)
+    def reserve(self, account_id: str, holder: str, ceiling: int | None) -> Awaitable[bool]: ...
+    def release(self, holder: str) -> Awaitable[bool]: ...
     async def holds(self, holder: str) -> bool: ...
-    async def count(self, account_id: str) -> int: ...
+    def count(self, account_id: str) -> Awaitable[int]: ...
 
 
 class StateUnavailable(Exception):

@@ -36,7 +36,8 @@ and counted (`decision`): a decision read as absent (a citation of it is held
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 import redis.asyncio as aredis
@@ -47,6 +48,7 @@ from shared.codes import Condition, Outcome
 from shared.fleet.entries import EntryKind, FleetEntries, Why
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import guard
+from shared.fleet.soon import soon, soon_script
 from shared.logging import get_logger
 
 log = get_logger("fleet")
@@ -160,7 +162,7 @@ class RedisDecisions:
             return
         await self.stage(decision)
 
-    async def stage(self, decision: Decision) -> None:
+    def stage(self, decision: Decision) -> Awaitable[None]:
         """A lease-bearing decision, written whole (both keys, one script) ahead of its claims,
         so it rides in their exchange (`BatchingRedis`; issue 27): a mint's record costs no
         round trip of its own. Nobody can cite it before the mint answers (its id and key are
@@ -170,11 +172,13 @@ class RedisDecisions:
         key_id = decision.key_id
         if decision.skipped:  # answered and logged with the decision; not needed again
             decision = msgspec.structs.replace(decision, skipped=())
-        with guard("decision record"):
-            await self._record(
-                keys=[k.decision(decision.mint_decision_id), k.decision_of_key(key_id)],
-                args=[self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms],
-            )
+        return soon_script(
+            self._record,
+            "decision record",
+            _nothing,
+            [k.decision(decision.mint_decision_id), k.decision_of_key(key_id)],
+            [self._sign.signed(decision), decision.mint_decision_id, self.ttl_ms],
+        )
 
     async def unstage(self, decision: Decision, *, failed: bool = False) -> None:
         """A staged decision whose claim was refused or failed: its keys (and any evidence)
@@ -244,30 +248,30 @@ class RedisDecisions:
                 self.entries.reject(EntryKind.DECISION, where, Why.RANGE)
         return tuple(found)
 
-    async def claim_live(self, key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None) -> bool:
-        return await self._live(key_id, repo_slug, dispatch_id, allowing, check=True)
+    def claim_live(
+        self, key_id: str, repo_slug: str, dispatch_id: str, *, allowing: str | None = None
+    ) -> Awaitable[bool]:
+        return self._live(key_id, repo_slug, dispatch_id, allowing, check=True)
 
     async def note_live(self, key_id: str, repo_slug: str, dispatch_id: str) -> None:
         await self._live(key_id, repo_slug, dispatch_id, None, check=False)
 
-    async def _live(self, key_id: str, repo_slug: str, dispatch_id: str, allowing: str | None, *, check: bool) -> bool:
-        with guard("decision live claim"):
-            return (
-                await self._claim_live(
-                    keys=[self.keys.live(repo_slug, dispatch_id), self.keys.live_of_key(key_id)],
-                    args=[key_id, allowing or "", self.ttl_ms, "1" if check else "0"],
-                )
-                == 1
-            )
+    def _live(
+        self, key_id: str, repo_slug: str, dispatch_id: str, allowing: str | None, *, check: bool
+    ) -> Awaitable[bool]:
+        return soon_script(
+            self._claim_live,
+            "decision live claim",
+            _is_one,
+            [self.keys.live(repo_slug, dispatch_id), self.keys.live_of_key(key_id)],
+            [key_id, allowing or "", self.ttl_ms, "1" if check else "0"],
+        )
 
-    async def end_key(self, key_id: str) -> None:
-        with guard("decision end key"):
-            await self._end_key(keys=[self.keys.live_of_key(key_id)], args=[key_id])
+    def end_key(self, key_id: str) -> Awaitable[None]:
+        return soon_script(self._end_key, "decision end key", _nothing, [self.keys.live_of_key(key_id)], [key_id])
 
-    async def live_keys(self, repo_slug: str, dispatch_id: str) -> set[str]:
-        with guard("decision live keys"):
-            members = await self.client.smembers(self.keys.live(repo_slug, dispatch_id))
-        return {m.decode() for m in members}
+    def live_keys(self, repo_slug: str, dispatch_id: str) -> Awaitable[set[str]]:
+        return soon(self.client, "decision live keys", _decoded, "SMEMBERS", self.keys.live(repo_slug, dispatch_id))
 
     # ---- re-registration (SPEC §16: Redis lost its data, or this host restarted) -------------
 
@@ -316,3 +320,16 @@ class RedisDecisions:
 
 # The journal lives in a Redis-free module, so embedded mode uses it without the Redis client.
 from controlplane.stores.leasedecisions import LEASE_DECISIONS_FILE, LeaseDecisions  # noqa: E402,F401
+
+
+def _is_one(reply: object) -> bool:
+    return reply == 1
+
+
+def _nothing(_reply: object) -> None:
+    return None
+
+
+def _decoded(members: Iterable[Any]) -> set[str]:
+    """A set's members (a list under RESP2, a set under RESP3) as text."""
+    return {m.decode() for m in members}

@@ -40,6 +40,7 @@ from shared.codes import AttemptStatus, Condition
 from shared.fleet.capacity import Incarnation, RedisCapacity
 from shared.fleet.entries import FleetEntries
 from shared.fleet.keys import Ceiling, FleetKeys
+from shared.fleet.soon import failed
 from shared.logging import get_logger
 from shared.wire import AttemptRow
 
@@ -75,6 +76,45 @@ class OwedWrites:
             return await self.write_now(owed)
         self._append(owed)
         return None
+
+    def write_soon(self, owed: Owed, then: Callable[[Any], Any]) -> Awaitable[Any]:
+        """`write`, its answer through `then`, for a write whose command is queued at the call
+        (`shared/fleet/soon.py`: a future, no task when the caller gathers it; issue 27 §4): sent now
+        when nothing is owed, and owed, answering `then(None)`, when it fails `StateUnavailable`
+        (as `write_now`); queued behind, answering `then(None)` at once, while anything is owed."""
+        loop = asyncio.get_running_loop()
+        outer: asyncio.Future[Any] = loop.create_future()
+        if self._queue:
+            self._append(owed)
+            outer.set_result(then(None))
+            return outer
+        inner = asyncio.ensure_future(owed.write())
+
+        def landed(done: asyncio.Future[Any]) -> None:
+            if outer.done():  # its caller was cancelled
+                if not done.cancelled():
+                    done.exception()  # retrieved; owed nothing, as a cancelled `write` owes nothing
+                return
+            if done.cancelled():
+                outer.cancel()
+                return
+            exc = done.exception()
+            if isinstance(exc, StateUnavailable):
+                log.warning("fleet_writes_owed", first=owed.what, error=str(exc))
+                self._append(owed)
+                outer.set_result(then(None))
+            elif exc is not None:
+                outer.set_exception(exc)
+            else:
+                outer.set_result(then(done.result()))
+
+        def dropped(done: asyncio.Future[Any]) -> None:
+            if done.cancelled():  # a cancelled caller sends nothing, when it is not sent yet
+                inner.cancel()
+
+        inner.add_done_callback(landed)
+        outer.add_done_callback(dropped)
+        return outer
 
     async def write_now(self, owed: Owed) -> Any:
         """Run the write now even while older writes are owed (for a write none of them can
@@ -135,16 +175,19 @@ class OwedCapacity(RedisCapacity):
         self.admitting = True
         self.healthy: Callable[[], bool] = lambda: True  # the fleet host's supervised loops (SPEC §19)
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()) -> bool:
+    def reserve(
+        self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()
+    ) -> Awaitable[bool]:
         if not self.admitting:
-            raise StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register")
+            return failed(StateUnavailable("lease capacity: waiting for the fleet's hosts to re-register"))
         if not self.healthy():
-            raise StateUnavailable("lease capacity: a fleet loop keeps failing")
-        return await RedisCapacity.reserve(self, account_id, holder, ceiling, releasing)
+            return failed(StateUnavailable("lease capacity: a fleet loop keeps failing"))
+        return RedisCapacity.reserve(self, account_id, holder, ceiling, releasing)
 
-    async def release(self, holder: str) -> bool:
-        done = await self.owed.write(Owed("release", lambda: RedisCapacity.release(self, holder), unless_live=holder))
-        return bool(done)
+    def release(self, holder: str) -> Awaitable[bool]:
+        return self.owed.write_soon(
+            Owed("release", lambda: RedisCapacity.release(self, holder), unless_live=holder), bool
+        )
 
 
 class OwedDecisions(RedisDecisions):
@@ -182,12 +225,14 @@ class OwedDecisions(RedisDecisions):
     async def for_key(self, key_id: str) -> Decision | None:
         return self.local.of_key(key_id) or await RedisDecisions.for_key(self, key_id)
 
-    async def end_key(self, key_id: str) -> None:
+    def end_key(self, key_id: str) -> Awaitable[None]:
         decision = self.local.of_key(key_id)
         if decision is not None:
             self.sent.forget(decision.mint_decision_id)
         self.local.forget(key_id)
-        await self.owed.write(Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id))
+        return self.owed.write_soon(
+            Owed("end key", lambda: RedisDecisions.end_key(self, key_id), unless_live=key_id), _nothing
+        )
 
     async def add_evidence(self, mint_decision_id: str, condition: Condition | None) -> None:
         """Owed when Redis is away; nothing sent when the decision holds that condition already
@@ -292,3 +337,7 @@ class OwedCircuits(CircuitRegistry):
                 unless_live=key_id,
             )
         )
+
+
+def _nothing(_answer: object) -> None:
+    return None

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 import redis.asyncio as aredis
@@ -52,6 +52,7 @@ from redis.exceptions import NoScriptError
 from shared.fleet import linetarget, resp
 from shared.fleet.batchwire import BatchWire, Exchange
 from shared.fleet.linetarget import LineTarget, establish
+from shared.fleet.redis_client import guard, unavailable
 
 # Commands a backend awaits on the mint's and the revoke's path, and the spend's publish and pulls
 # (none of them blocks on the server).
@@ -64,6 +65,15 @@ READ_SIZE = 65_536  # bytes per read of an exchange's replies
 DEFAULT_TIMEOUT_S = 1.0  # the exchange's deadline when the pool's connections have no reply bound
 
 Queued = tuple[tuple[Any, ...], dict[str, Any], "asyncio.Future[Any]"]  # a command, its options, its caller
+_SOON = "_leasehold_soon"  # a queued command's option: answered by its `Answers` (`soon.py`), no callback
+
+
+class Answers(Protocol):
+    """How a command queued by `BatchingRedis.queue` is answered (`shared/fleet/soon.Soon`)."""
+
+    what: str
+
+    def answer(self, client: BatchingRedis, args: tuple[Any, ...], future: asyncio.Future[Any], reply: Any) -> None: ...
 
 
 class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untyped under --strict
@@ -103,6 +113,21 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
             loop.call_soon(self._turn, self.hops)
         return await future
 
+    def queue(self, args: tuple[Any, ...], soon: Answers) -> asyncio.Future[Any]:
+        """`args` queued now, in the caller's own loop turn (no coroutine, no task: `soon`); the
+        future answered by `soon` from the reply, as it arrives (`shared/fleet/soon.py`)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((args, {_SOON: soon}, future))
+        if len(self._queue) == 1:
+            loop.call_soon(self._turn, self.hops)
+        return future
+
+    @property
+    def queues(self) -> bool:
+        """Whether `queue` may be used: the exchanges go on the line (replies never decoded)."""
+        return self._target is not None
+
     def register_script(self, script: Any) -> BatchedScript:
         return BatchedScript(self, script)
 
@@ -123,7 +148,7 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
                 task.add_done_callback(self._sent)
                 continue
             try:
-                data = pack([args for args, _, _ in batch])
+                data = resp.pack([args for args, _, _ in batch])
             except redis.DataError as exc:
                 _fail(batch, exc)
                 continue
@@ -180,11 +205,15 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
         for (args, options, future), reply in zip(exchange.batch, replies, strict=True):
             if future.done():  # its caller was cancelled: the reply is dropped
                 continue
+            soon = options.get(_SOON)
+            if soon is not None:
+                soon.answer(self, args, future, reply)
+                continue
             try:
                 answer = self._answer(args[0], reply, options)
             except Exception as exc:  # a response callback that refused the reply
                 answer = exc
-            _settle(future, answer)
+            settle(future, answer)
 
     def _failed(self, exchange: Exchange, exc: BaseException, again: bool) -> None:
         assert exchange.batch is not None
@@ -192,6 +221,11 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
             self._dispatch(exchange)  # once more, on a fresh connection (its deadline kept)
         else:
             _fail(exchange.batch, exc)
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """A task answering queued callers (a script's reload: `Soon`), counted and closed as the rest."""
+        self._sending.add(task)
+        task.add_done_callback(self._sent)
 
     def _sent(self, task: asyncio.Task[None]) -> None:
         self._sending.discard(task)
@@ -222,10 +256,10 @@ class BatchingRedis(aredis.Redis):  # type: ignore[misc,unused-ignore]  # untype
                 await self.connection_pool.release(conn)
         self.batches += len(batch) > 1
         for (_, _, future), reply in zip(batch, replies, strict=True):
-            _settle(future, reply)
+            settle(future, reply)
 
     async def _exchange(self, conn: Any, batch: list[Queued]) -> list[Any]:
-        await conn.send_packed_command(pack([args for args, _, _ in batch]), check_health=False)
+        await conn.send_packed_command(resp.pack([args for args, _, _ in batch]), check_health=False)
         reader = getattr(conn, "_reader", None)
         if isinstance(reader, asyncio.StreamReader) and not conn.encoder.decode_responses:
             return [
@@ -280,6 +314,13 @@ class BatchedScript(AsyncScript):  # type: ignore[misc,unused-ignore]
 
     sha: str
 
+    async def run(self, count: int, keys_and_args: Sequence[Any], what: str) -> Any:
+        """Loaded, then run (a queued call's `NOSCRIPT`: `Soon`), under `guard(what)`."""
+        target = self.registered_client
+        with guard(what):
+            self.sha = await target.script_load(self.script)
+            return await target.execute_command("EVALSHA", self.sha, count, *keys_and_args)
+
     async def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
         if client is not None:
             return await super().__call__(keys, args, client)
@@ -314,50 +355,18 @@ async def _read(reader: asyncio.StreamReader, count: int) -> list[Any]:
         return replies
 
 
-def pack(commands: Sequence[Sequence[object]]) -> bytes:
-    """The RESP encoding of `commands`, byte for byte what redis-py's `pack_command` writes for
-    single-word commands (those of `BATCHED`), in one pass (tested against it): bytes as they
-    are, str as UTF-8, int and float by `repr`; anything else (a bool, None) is refused as
-    redis-py refuses it, `DataError`, and nothing of the batch is sent."""
-    out: list[bytes] = []
-    append = out.append
-    for command in commands:
-        args: Sequence[Any] = command
-        append(b"*%d\r\n" % len(args))
-        for arg in args:
-            kind = type(arg)  # the common types first, by identity (no isinstance chain)
-            if kind is str:
-                data = arg.encode()
-            elif kind is bytes:
-                data = arg
-            elif kind is int:
-                data = b"%d" % arg
-            elif isinstance(arg, bytes):
-                data = arg
-            elif isinstance(arg, str):
-                data = arg.encode()
-            elif isinstance(arg, (int, float)) and not isinstance(arg, bool):
-                data = repr(arg).encode()
-            elif isinstance(arg, (bytearray, memoryview)):
-                data = bytes(arg)
-            else:
-                raise redis.DataError(
-                    f"Invalid input of type: '{type(arg).__name__}'. Convert to a bytes, string, int or float first."
-                )
-            append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
 def _fail(batch: list[Queued], exc: BaseException) -> None:
-    """Every caller of `batch` fails with `exc` (a cancelled exchange: every caller cancelled)."""
-    for _, _, future in batch:
+    """Every caller of `batch` fails with `exc` (a cancelled exchange: every caller cancelled;
+    a `soon` caller's failure is `StateUnavailable`, as `guard` makes it)."""
+    for _, options, future in batch:
         if isinstance(exc, Exception):
-            _settle(future, exc)
+            soon = options.get(_SOON)
+            settle(future, exc if soon is None else unavailable(soon.what, exc))
         elif not future.done():
             future.cancel()
 
 
-def _settle(future: asyncio.Future[Any], reply: Any) -> None:
+def settle(future: asyncio.Future[Any], reply: Any) -> None:
     if future.done():  # its caller was cancelled: the reply is dropped
         return
     if isinstance(reply, BaseException):

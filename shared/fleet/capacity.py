@@ -14,7 +14,8 @@ no host admits a new holder into a registry that does not yet hold the old ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from functools import partial
 
 import redis.asyncio as aredis
 
@@ -22,6 +23,7 @@ from shared.capacity import StateUnavailable
 from shared.fleet.keys import Ceiling, FleetKeys
 from shared.fleet.redis_client import StateLost, guard
 from shared.fleet.scriptline import ScriptLine, Sent
+from shared.fleet.soon import failed, soon, soon_script
 
 # A Lua function releasing every holder of one host in one table (also used by the reaper).
 # Returns holder, account, holder, account, ...
@@ -215,17 +217,21 @@ class RedisCapacity:
 
     # ---- the CapacityStore contract --------------------------------------------------------
 
-    async def reserve(self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()) -> bool:
+    def reserve(
+        self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()
+    ) -> Awaitable[bool]:
         """Take a slot; `releasing`: holders to release first, in the same script (one round
-        trip; nothing is released when the reserve is fenced, `StateLost`)."""
+        trip; nothing is released when the reserve is fenced, `StateLost`). Queued at the call
+        on a batching client (`batching.soon`: a mint's claims gather no task for it)."""
         if self.line is not None:
-            return await self.send_reserve(account_id, holder, ceiling, releasing).taken()
-        args = self._reserve_args(account_id, holder, ceiling, releasing)
-        with guard(f"{self.table} capacity reserve"):
-            taken = await (self._reserve_releasing if releasing else self._reserve)(
-                keys=[self.keys.incarnation], args=args
-            )
-        return _taken(taken, self.table)
+            return self.send_reserve(account_id, holder, ceiling, releasing).taken()
+        try:
+            args = self._reserve_args(account_id, holder, ceiling, releasing)
+        except ValueError as exc:  # a negative ceiling: the awaitable's failure, never the call's
+            return failed(exc)
+        script = self._reserve_releasing if releasing else self._reserve
+        what = f"{self.table} capacity reserve"
+        return soon_script(script, what, partial(_taken, table=self.table), [self.keys.incarnation], args)
 
     def send_reserve(
         self, account_id: str, holder: str, ceiling: int | None, releasing: Sequence[str] = ()
@@ -246,9 +252,9 @@ class RedisCapacity:
             args += releasing
         return args
 
-    async def release(self, holder: str) -> bool:
-        with guard(f"{self.table} capacity release"):
-            return bool(await self._release(keys=[self.keys.cap_owner(self.table)], args=[self._cap, holder]) == 1)
+    def release(self, holder: str) -> Awaitable[bool]:
+        what = f"{self.table} capacity release"
+        return soon_script(self._release, what, _is_one, [self.keys.cap_owner(self.table)], [self._cap, holder])
 
     async def release_all(self, holders: Sequence[str]) -> int:
         """Release every one of `holders` in one script; answers how many were held."""
@@ -263,9 +269,9 @@ class RedisCapacity:
         with guard(f"{self.table} capacity holds"):
             return bool(await self.client.hexists(self.keys.cap_owner(self.table), holder))
 
-    async def count(self, account_id: str) -> int:
-        with guard(f"{self.table} capacity count"):
-            return int(await self.client.hlen(self.keys.cap_account(self.table, account_id)))
+    def count(self, account_id: str) -> Awaitable[int]:
+        what = f"{self.table} capacity count"
+        return soon(self.client, what, int, "HLEN", self.keys.cap_account(self.table, account_id))
 
     # ---- fleet operations -------------------------------------------------------------------
 
@@ -345,6 +351,10 @@ def _taken(taken: object, table: Ceiling) -> bool:
     if taken == -1:
         raise StateLost(f"{table} capacity: the fleet state was lost; re-register first")
     return bool(taken == 1)
+
+
+def _is_one(reply: object) -> bool:
+    return reply == 1
 
 
 def _integer(reply: object, what: str) -> int:

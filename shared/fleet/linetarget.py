@@ -11,14 +11,13 @@ from typing import Any
 
 import msgspec
 
+from shared.fleet import resp
+
 
 def pack(args: Sequence[str | bytes | int]) -> bytes:
-    """One command as a RESP2 array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+    """One command as a RESP2 array of bulk strings (`resp.pack`'s: a reserve's script 10–15 →
+    7–9 µs here, on the ceilinged request's path before its write; issue 27 §4)."""
+    return resp.pack((args,))
 
 
 class LineTarget(msgspec.Struct, frozen=True):

@@ -112,8 +112,18 @@ class Guard:
             return  # nothing swallowed: the block's own exception, if any, goes on
         if _cancelling():  # a cancelled call the client reported as a timeout: still a cancel
             raise asyncio.CancelledError() from exc
-        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise StateUnavailable(f"{self.what}: {type(exc).__name__} {detail}".rstrip()) from exc
+        raise unavailable(self.what, exc) from exc
+
+
+def unavailable(what: str, exc: BaseException) -> BaseException:
+    """What `guard` makes of `exc` (a Redis failure: `StateUnavailable` naming `what`; anything
+    else as it is), for a caller answered without a block around it (`batching.soon`)."""
+    if isinstance(exc, StateUnavailable) or not isinstance(exc, _FAILURES):
+        return exc
+    detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    failure = StateUnavailable(f"{what}: {type(exc).__name__} {detail}".rstrip())
+    failure.__cause__ = exc
+    return failure
 
 
 def raise_if_cancelled() -> None:

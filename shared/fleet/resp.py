@@ -2,7 +2,8 @@
 (issue 27 §4: redis-py's reader spends ~20 µs per reply on this machine, in layers of awaits,
 timeouts and per-line stream reads; this parse takes a few).
 
-Pure: `parse(data, count)` answers the first `count` replies of `data` and where they end, or
+Pure: `pack(commands)` encodes an exchange's commands (as redis-py's `pack_command`);
+`parse(data, count)` answers the first `count` replies of `data` and where they end, or
 raises `Incomplete` when `data` holds fewer (the caller reads more and parses again). Each reply is
 what redis-py's own pure-Python reader answers for the connection's bytes when responses are not
 decoded (tested reply type by reply type against it, `tests/unit/test_fleet_resp.py`): bytes for
@@ -15,8 +16,10 @@ not raised. A push or attribute reply, or a type byte that is none of these, is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import redis
 from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
@@ -106,3 +109,52 @@ def _one(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
             mapping[key], pos = _one(data, pos, depth + 1)
         return mapping, pos
     raise InvalidResponse(f"Protocol Error: {line[:40]!r}")
+
+
+def pack(commands: Sequence[Sequence[object]]) -> bytes:
+    """The RESP encoding of `commands`, byte for byte what redis-py's `pack_command` writes for
+    single-word commands (those of `BATCHED`), in one pass (tested against it): bytes as they
+    are, str as UTF-8, int and float by `repr`; anything else (a bool, None) is refused as
+    redis-py refuses it, `DataError`, and nothing of the batch is sent.
+
+    Every part (`*n`, `$size`, the argument) joined by CRLF in one `join`, the headers of the
+    common sizes taken from a table: no `%`-formatting (a copy of each argument) per argument
+    (issue 27 §4: a mint's claims 12–19 → 9.5 µs here)."""
+    out: list[bytes] = []
+    append = out.append
+    for command in commands:
+        args: Sequence[Any] = command
+        count = len(args)
+        append(_COUNTS[count] if count < _TABLED else b"*%d" % count)
+        for arg in args:
+            kind = type(arg)  # the common types first, by identity (no isinstance chain)
+            if kind is str:
+                data = arg.encode()
+            elif kind is bytes:
+                data = arg
+            elif kind is int:
+                data = b"%d" % arg
+            elif isinstance(arg, bytes):
+                data = arg
+            elif isinstance(arg, str):
+                data = arg.encode()
+            elif isinstance(arg, (int, float)) and not isinstance(arg, bool):
+                data = repr(arg).encode()
+            elif isinstance(arg, (bytearray, memoryview)):
+                data = bytes(arg)
+            else:
+                raise redis.DataError(
+                    f"Invalid input of type: '{type(arg).__name__}'. Convert to a bytes, string, int or float first."
+                )
+            size = len(data)
+            append(_SIZES[size] if size < _TABLED else b"$%d" % size)
+            append(data)
+    if not out:
+        return b""
+    append(b"")  # the last part's CRLF
+    return b"\r\n".join(out)
+
+
+_TABLED = 1024  # `pack`'s headers of fewer parts or bytes than this are made once, here
+_COUNTS = tuple(b"*%d" % n for n in range(_TABLED))
+_SIZES = tuple(b"$%d" % n for n in range(_TABLED))

@@ -1,4 +1,4 @@
-"""`shared/fleet/batching.pack`: the batch's RESP bytes, table-tested against redis-py's own
+"""`shared/fleet/resp.pack`: the batch's RESP bytes, table-tested against redis-py's own
 `pack_command` (what the commands cost to encode changed, never what is sent)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import redis
 from redis.asyncio.connection import Connection
 
-from shared.fleet.batching import pack
+from shared.fleet.resp import pack
 
 CASES = [
     [("GET", "k")],
@@ -18,6 +18,8 @@ CASES = [
     [("EVALSHA", "sha", 0, -1, 0, 1.5, 1e-7, float("inf"))],
     [("MGET", "a", "b"), ("LRANGE", "l", 0, -1), ("GET", "")],
     [("SET", "k", bytearray(b"ba")), ("SET", "k", memoryview(b"mv"))],
+    [("SET", "k", "x" * 1023), ("SET", "k", b"y" * 1024), ("SET", "k", "z" * 70_000)],  # a header past the table
+    [("MGET", *(f"k{i}" for i in range(1100)))],  # a count past the table
     [],
 ]
 

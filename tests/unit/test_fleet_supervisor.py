@@ -27,6 +27,36 @@ def test_loop_state(failures: int, running_for_s: float, expected: LoopState) ->
     assert loop_state(failures, running_for_s, failing_after=3, steady_s=5.0) is expected
 
 
+@pytest.mark.parametrize("failing_after", [1, 3])
+async def test_failing_and_healthy_read_every_loops_state(failing_after: int) -> None:
+    """`failing`/`healthy` skip the state of a loop short of `failing_after` failures (a compare per
+    loop, per mint and per ceilinged request): they answer what every loop's state says."""
+    now = [100.0]
+    supervisor = Supervisor(failing_after=failing_after, steady_s=5.0, clock=lambda: now[0])
+
+    async def idle() -> None:
+        await asyncio.sleep(3600)
+
+    cases = [(f, r) for f in range(6) for r in (0.0, 0.1, 4.9, 5.0, 60.0)]
+    tasks = [supervisor.spawn(f"loop-{i}", idle) for i in range(len(cases))]
+    try:
+        for i, (failures, running_for_s) in enumerate(cases):
+            loop = supervisor._loops[f"loop-{i}"]
+            loop.failures, loop.started = failures, now[0] - running_for_s
+        expected = sorted(
+            f"loop-{i}"
+            for i, (failures, running_for_s) in enumerate(cases)
+            if loop_state(failures, running_for_s, failing_after=failing_after, steady_s=5.0) is LoopState.FAILING
+        )
+        assert expected and supervisor.failing() == expected and not supervisor.healthy()
+        now[0] += 5.0  # every run has lasted: none fails
+        assert supervisor.failing() == [] and supervisor.healthy()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_failing_loop_restarts_then_reads_failing_then_recovers() -> None:
     supervisor = Supervisor(pause_s=0.01, failing_after=3, steady_s=0.5)
     runs: list[int] = []
