@@ -121,6 +121,10 @@ def test_redis_hung_past_the_timeout_holds_then_recovers_after_sigcont(tmp_path,
         finally:
             own_redis.resume()
         wait_until(lambda: mint(a, "hung-2")[0] == 201, 15, "mints after SIGCONT")
+        # hung-1's reserve may have reached Redis (it was in the socket when Redis stopped) and ran
+        # at SIGCONT: its slot is held until A's owed release lands. B's mint waits for it, so it
+        # finds team-a's second slot free whichever way that raced.
+        wait_until(lambda: fleet_of(a)["writes_owed"] == 0, 10, "A's owed writes delivered")
         wait_until(lambda: mint(b, "hung-3")[0] == 201, 15, "B's mints after SIGCONT")
         assert team_a_held(a) == 2
     finally:
