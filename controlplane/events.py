@@ -212,6 +212,7 @@ class Event:
 # a producer's bad shape is refused there, not on a reader's connection.
 _KINDS = {str(kind): kind for kind in EventKind}  # a dict lookup, not the enum's call
 LAZY_KINDS = frozenset({EventKind.ROUTE_STARTED, EventKind.ROUTE_FINISHED})
+_ROUTE_FINISHED = EventKind.ROUTE_FINISHED  # bound once: an enum member is a slow class attribute
 
 
 # ---- resumption (pure) ---------------------------------------------------------------------
@@ -305,6 +306,8 @@ class EventHub:
         self._next_seq = 1
         self._listeners: list[tuple[Callable[[Event], None], frozenset[EventKind] | None]] = []
         self._listeners_of: dict[EventKind, tuple[Callable[[Event], None], ...]] = {kind: () for kind in EventKind}
+        # `publish_row`'s: (route.started's, route.finished's), indexed by `kind is ROUTE_FINISHED`
+        self._route_listeners: tuple[tuple[Callable[[Event], None], ...], ...] = ((), ())
 
     def id_of(self, seq: int) -> str:
         return f"{self.epoch}-{seq}"
@@ -326,20 +329,28 @@ class EventHub:
         return event
 
     def publish_row(self, kind: EventKind, row: AttemptRow) -> None:
-        """`publish` of a route event of an `AttemptRow` (`LAZY_KINDS`, two per attempt): no check."""
-        self._emit(Event(self.epoch, self._next_seq, kind, row))
+        """`publish` of a route event of an `AttemptRow` (`LAZY_KINDS`, two per attempt): no check,
+        and its listeners found without hashing the kind (`Enum.__hash__` is a Python call)."""
+        event = Event(self.epoch, self._next_seq, kind, row)
+        self._next_seq += 1
+        self.published += 1
+        self.replay.append(event)
+        listeners = self._route_listeners[kind is _ROUTE_FINISHED]
+        if listeners or self.subscribers:
+            self._fan_out(event, listeners)
 
     def _emit(self, event: Event) -> None:
         self._next_seq += 1
         self.published += 1
         self.replay.append(event)
-        listeners = self._listeners_of[event.kind]
-        if listeners:
-            for listener in listeners:
-                try:
-                    listener(event)
-                except Exception:  # a listener's bug must not lose the event for everyone else
-                    log.exception("event_listener_failed", kind=event.kind)
+        self._fan_out(event, self._listeners_of[event.kind])
+
+    def _fan_out(self, event: Event, listeners: tuple[Callable[[Event], None], ...]) -> None:
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not lose the event for everyone else
+                log.exception("event_listener_failed", kind=event.kind)
         if self.subscribers:
             for subscriber in list(self.subscribers):
                 if not subscriber.offer(event):
@@ -351,6 +362,10 @@ class EventHub:
         """Run `listener` at each publish of an event of `kinds` (None: every kind), in order."""
         self._listeners.append((listener, kinds))
         self._listeners_of = {k: tuple(f for f, ks in self._listeners if ks is None or k in ks) for k in EventKind}
+        self._route_listeners = (
+            self._listeners_of[EventKind.ROUTE_STARTED],
+            self._listeners_of[EventKind.ROUTE_FINISHED],
+        )
 
     def subscribe(self, last_event_id: str | None, peer: str = "") -> tuple[Subscriber, list[Event]]:
         """A new reader and its backlog (a `gap` first when one is due, then the replay).
