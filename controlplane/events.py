@@ -18,9 +18,8 @@ Bounds, each with its reason:
 - event ids are `{epoch}-{seq}`: `epoch` names this process, so an id from before a control
   restart reads as never issued (a gap), not as a position in the new sequence.
 
-Listeners (`listen`) are synchronous callbacks run at publish time, each for the kinds it asks
-for (a route event, two per attempt, then calls none that does not want it). They receive the
-event, whose `data` is the sanitized model, like every subscriber's.
+Listeners (`listen`) are synchronous callbacks run at publish time for the kinds each asks for (a
+route event, two per attempt, calls none that does not), given the event as subscribers are.
 """
 
 from __future__ import annotations
@@ -172,11 +171,10 @@ _encode = msgspec.json.Encoder().encode
 
 
 class Event:
-    """One published event. Its sanitized model (`data`) and that model's JSON (`payload`) are
-    made on first use and kept, so an event is projected and encoded at most once — and not at
-    all when nobody reads it (every attempt publishes two route events; most are never read,
-    only retained for `Last-Event-ID` replay). Until then it holds the producer's value, which
-    only this module sees."""
+    """One published event. Its sanitized model (`data`) and that model's JSON (`payload`) are made
+    on first use and kept: projected and encoded at most once, not at all when nobody reads it
+    (two route events per attempt, most only retained for `Last-Event-ID` replay). Until then it
+    holds the producer's value, which only this module sees."""
 
     __slots__ = ("_data", "_payload", "_source", "kind", "seq", "epoch")
 
@@ -212,6 +210,7 @@ class Event:
 # a producer's bad shape is refused there, not on a reader's connection.
 _KINDS = {str(kind): kind for kind in EventKind}  # a dict lookup, not the enum's call
 LAZY_KINDS = frozenset({EventKind.ROUTE_STARTED, EventKind.ROUTE_FINISHED})
+_ROUTE_FINISHED = EventKind.ROUTE_FINISHED  # bound once: an enum member is a slow class attribute
 
 
 # ---- resumption (pure) ---------------------------------------------------------------------
@@ -305,6 +304,7 @@ class EventHub:
         self._next_seq = 1
         self._listeners: list[tuple[Callable[[Event], None], frozenset[EventKind] | None]] = []
         self._listeners_of: dict[EventKind, tuple[Callable[[Event], None], ...]] = {kind: () for kind in EventKind}
+        self._route_listeners: tuple[tuple[Callable[[Event], None], ...], ...] = ((), ())  # started, finished
 
     def id_of(self, seq: int) -> str:
         return f"{self.epoch}-{seq}"
@@ -322,24 +322,28 @@ class EventHub:
         except Exception as exc:  # an unknown kind or a shape the model refuses: a producer bug
             log.error("event_unpublishable", kind=str(kind), error=type(exc).__name__)
             return None
-        self._emit(event)
-        return event
-
-    def publish_row(self, kind: EventKind, row: AttemptRow) -> None:
-        """`publish` of a route event of an `AttemptRow` (`LAZY_KINDS`, two per attempt): no check."""
-        self._emit(Event(self.epoch, self._next_seq, kind, row))
-
-    def _emit(self, event: Event) -> None:
         self._next_seq += 1
         self.published += 1
         self.replay.append(event)
-        listeners = self._listeners_of[event.kind]
-        if listeners:
-            for listener in listeners:
-                try:
-                    listener(event)
-                except Exception:  # a listener's bug must not lose the event for everyone else
-                    log.exception("event_listener_failed", kind=event.kind)
+        self._fan_out(event, self._listeners_of[event.kind])
+        return event
+
+    def publish_row(self, kind: EventKind, row: AttemptRow) -> None:
+        """`publish` of an `AttemptRow`'s route event (two per attempt): no check, listeners by identity."""
+        event = Event(self.epoch, self._next_seq, kind, row)
+        self._next_seq += 1
+        self.published += 1
+        self.replay.append(event)
+        listeners = self._route_listeners[kind is _ROUTE_FINISHED]
+        if listeners or self.subscribers:
+            self._fan_out(event, listeners)
+
+    def _fan_out(self, event: Event, listeners: tuple[Callable[[Event], None], ...]) -> None:
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not lose the event for everyone else
+                log.exception("event_listener_failed", kind=event.kind)
         if self.subscribers:
             for subscriber in list(self.subscribers):
                 if not subscriber.offer(event):
@@ -351,6 +355,7 @@ class EventHub:
         """Run `listener` at each publish of an event of `kinds` (None: every kind), in order."""
         self._listeners.append((listener, kinds))
         self._listeners_of = {k: tuple(f for f, ks in self._listeners if ks is None or k in ks) for k in EventKind}
+        self._route_listeners = (self._listeners_of[EventKind.ROUTE_STARTED], self._listeners_of[_ROUTE_FINISHED])
 
     def subscribe(self, last_event_id: str | None, peer: str = "") -> tuple[Subscriber, list[Event]]:
         """A new reader and its backlog (a `gap` first when one is due, then the replay).
@@ -388,11 +393,8 @@ class EventHub:
             self.unsubscribe(subscriber, reason)
 
     def _drop(self, subscriber: Subscriber, reason: CloseReason) -> None:
+        queued, queue_max = len(subscriber.queue), subscriber.queue_max
         log.warning(
-            "event_subscriber_dropped",
-            reason=str(reason),
-            peer=subscriber.peer,
-            queued=len(subscriber.queue),
-            queue_max=subscriber.queue_max,
+            "event_subscriber_dropped", reason=str(reason), peer=subscriber.peer, queued=queued, queue_max=queue_max
         )
         self.unsubscribe(subscriber, reason)

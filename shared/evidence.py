@@ -21,12 +21,19 @@ _BY_STATUS: dict[int, Condition] = {
 }
 
 
+# Bound once: an enum member read off its class is a slow class attribute on 3.11 (issue 27).
+_CLIENT_ABORTED = AttemptStatus.CLIENT_ABORTED
+_TRANSPORT_ERROR = AttemptStatus.TRANSPORT_ERROR
+_UPSTREAM_ERROR = AttemptStatus.UPSTREAM_ERROR
+_TRANSPORT_CONDITION = Condition.TRANSPORT_ERROR
+
+
 def condition_for_terminal(status: str | None, http_status: int | None, refusal_reason: str | None) -> Condition | None:
     """The qualifying condition of one terminal row, or None."""
-    if refusal_reason is not None or status == AttemptStatus.CLIENT_ABORTED:
+    if refusal_reason is not None or status == _CLIENT_ABORTED:
         return None
-    if status == AttemptStatus.TRANSPORT_ERROR:
-        return Condition.TRANSPORT_ERROR
-    if status == AttemptStatus.UPSTREAM_ERROR and http_status is not None:
+    if status == _TRANSPORT_ERROR:
+        return _TRANSPORT_CONDITION
+    if status == _UPSTREAM_ERROR and http_status is not None:
         return _BY_STATUS.get(http_status)
     return None

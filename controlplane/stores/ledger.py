@@ -46,7 +46,8 @@ TAIL_BYTES = 16 * 1024 * 1024
 DAY_MS = 86_400_000
 RETRY_ROTATION_MS = 60_000
 
-_encode = msgspec.json.Encoder().encode
+_encoder = msgspec.json.Encoder()
+_encode_into = _encoder.encode_into
 
 
 class _Id(msgspec.Struct):
@@ -68,7 +69,9 @@ class Ledger:
         self._on_step = on_step or (lambda _step: None)
         self._fd: int | None = None
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._unwritten: list[bytes] = []
+        # Staged rows' lines, encoded straight into one buffer (no bytes object per row, no join).
+        self._unwritten = bytearray()
+        self._waiting = 0  # rows in `_unwritten`
         self._day: str | None = None  # YYYYMMDD of the live file's rows, None while empty
         self._rotate_at_ms: float = math.inf  # the first instant of the day after `_day`
         self._worker: ThreadPoolExecutor | None = None
@@ -166,8 +169,11 @@ class Ledger:
         if row.attempt_id in self._seen:
             return
         self._remember(row.attempt_id)
-        if len(self._unwritten) < RETRY_BUFFER:
-            self._unwritten.append(_encode(row) + b"\n")
+        if self._waiting < RETRY_BUFFER:
+            buffer = self._unwritten
+            _encode_into(row, buffer, -1)
+            buffer.append(10)  # the newline
+            self._waiting += 1
         else:
             log.error("ledger_row_dropped", attempt_id=row.attempt_id)
 
@@ -182,17 +188,18 @@ class Ledger:
         try:
             self._reopen()
             assert self._fd is not None
-            data = b"".join(self._unwritten)
+            data = self._unwritten
             written = os.write(self._fd, data)
             while written < len(data):
                 written += os.write(self._fd, data[written:])
-            self._unwritten.clear()
+            self._unwritten = bytearray()
+            self._waiting = 0
             self.ok = True
             if self._day is None:
                 self._set_day(segments.utc_day(now))
         except OSError as exc:
             if self.ok:
-                log.error("ledger_append_failed", error=str(exc), waiting=len(self._unwritten))
+                log.error("ledger_append_failed", error=str(exc), waiting=self._waiting)
             self._close_fd()
             self.ok = False
         return self.ok
