@@ -12,12 +12,12 @@ import asyncio
 import time
 
 import msgspec
-from aiohttp import web
 
 from dataplane.rpc_client import ControlLink
 from dataplane.stamps import iso_ms, new_ulid
 from dataplane.wires.spec import WireSpec
 from dataplane.wires.sse import Observation
+from shared.http1.response import StreamResponse
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
@@ -80,7 +80,7 @@ class Attempt:
         self.seen: Observation | None = None  # what the relay has learned so far
         self.task: asyncio.Task | None = asyncio.current_task()
         self.stopping = False  # the drain window ran out
-        self.response: web.StreamResponse | None = None  # set once headers went to the worker
+        self.response: StreamResponse | None = None  # set once headers went to the worker
         self.http_status: int | None = None  # the status the worker was sent
         self.sse_plain = False  # relaying uncompressed SSE
         self.row: AttemptRow | None = None  # as announced; finished by replacing

@@ -136,7 +136,7 @@ class Proxy:
             return await self._shut(request, attempt)
         except ConnectionError:  # the worker went away while we wrote to it
             attempt.finish(AttemptStatus.CLIENT_ABORTED, attempt.http_status)
-            return attempt.response or Response(status=400)  # type: ignore[return-value]  # never reaches anyone
+            return attempt.response or Response(status=400)  # never reaches anyone
         except Exception as exc:
             return await self._failed_internally(request, attempt, exc)
         finally:
@@ -166,7 +166,7 @@ class Proxy:
             return refuse(attempt, Refusal.INTERNAL_ERROR, "the gateway failed this request")
         await cut(request, attempt, "the gateway failed this request")
         attempt.finish(AttemptStatus.REFUSED, attempt.http_status, refusal=Refusal.INTERNAL_ERROR)
-        return attempt.response  # type: ignore[return-value]  # (typed as aiohttp's in attempt.py)
+        return attempt.response
 
     def authenticate(self, request: Request | web.BaseRequest) -> tuple[Lease | None, str]:
         """x-api-key first, then Authorization: Bearer; the first live lease wins.
@@ -354,4 +354,4 @@ class Proxy:
             return refuse(attempt, Refusal.GATEWAY_SHUTDOWN, SHUTDOWN_MESSAGE, retry_after_s=1)
         await cut(request, attempt, SHUTDOWN_MESSAGE)
         attempt.finish(result.status, attempt.http_status, refusal=result.refusal)
-        return attempt.response  # type: ignore[return-value]
+        return attempt.response

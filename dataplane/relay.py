@@ -239,7 +239,7 @@ class Relay:
         attempt.seen = observer.seen
         attempt.http_status = upstream.status
         await response.prepare(request)
-        attempt.response = response  # type: ignore[assignment]  # (typed as aiohttp's in attempt.py)
+        attempt.response = response
         attempt.sse_plain = is_sse and observer.decompress.plain
         strip = UsageStrip() if attempt.asked_usage and attempt.sse_plain else None
         ending = await self._pump(upstream, response, attempt, observer, watch, strip)
