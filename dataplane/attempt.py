@@ -17,10 +17,10 @@ from dataplane.rpc_client import ControlLink
 from dataplane.stamps import iso_ms, new_ulid
 from dataplane.wires.spec import WireSpec
 from dataplane.wires.sse import Observation
-from shared.http1.response import StreamResponse
 from shared.clock import now_ms
 from shared.codes import AttemptStatus, Refusal
 from shared.evidence import condition_for_terminal
+from shared.http1.response import StreamResponse
 from shared.logging import get_logger, info_line
 from shared.wire import AttemptRow, Lease, RateLimits, Usage
 
