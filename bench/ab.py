@@ -4,11 +4,16 @@ The quick way to decide a performance change: the minimal proxy, Leasehold from 
 and Leasehold from each other checkout given (`TREE`, as `bench.run --compare-tree` takes it)
 are driven at saturation in interleaved rounds against one stub, and each column's mean req/s
 and CPU µs per request per process are printed, then Leasehold's ratio to every other column
-round by round, with the median and range. A round is mirrored: each column runs half its
-`--seconds`, in the round's order, then the other half in reverse (A B C C B A; odd rounds start
-from the other end), so a drift of the machine that is linear over the round cancels in the
-ratios and a burst in one window counts half (`--flat`: one window per column, A B C). Same
-servers, request and generator as `make bench`'s saturation phase (`bench.phases`).
+round by round, with the median and range. A round is sliced: one generator process holds 64
+connections open to every column, and the columns take turns at saturation in `--slice`-second
+slices, mirrored (A B C C B A, repeated until each column has had its `--seconds`; odd rounds
+start from the other end). A column's throughput is the answers completed inside its slices'
+measured windows (after `--settle`), so a drift of the machine is sampled every few hundred ms
+for every column alike instead of once per window, and no column pays for a process start or a
+connection handshake. `--windows` keeps the older grain: one generator process per window, each
+column running half its `--seconds`, then the other half in reverse (`--flat`: one window per
+column, A B C). Same servers, request and generator as `make bench`'s saturation phase
+(`bench.phases`).
 
 `--rate N` adds a fixed-rate phase after the saturation rounds (issue 27: "the added p50 at
 50 req/s"): every column, direct-to-stub included, is driven open-loop at N req/s for
@@ -52,8 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-seconds", type=float, default=5.0, help="measured window per fixed-rate round")
     parser.add_argument("--no-saturation", action="store_true", help="only the fixed-rate phase")
     parser.add_argument(
-        "--flat", action="store_true", help="one window per column per round (A B C), not mirrored (A B C C B A)"
+        "--windows",
+        action="store_true",
+        help="one generator process per window, two windows per column per round (A B C C B A), not slices",
     )
+    parser.add_argument(
+        "--flat", action="store_true", help="with --windows: one window per column per round (A B C), not mirrored"
+    )
+    parser.add_argument("--slice", type=float, default=0.5, help="seconds per slice (default layout: slices)")
+    parser.add_argument("--settle", type=float, default=0.1, help="unmeasured start of each slice")
     args = parser.parse_args(argv)
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -74,14 +86,22 @@ def main(argv: list[str] | None = None) -> int:
                 for target in targets:
                     os.sched_setaffinity(_proxy_pid(target), {cpus[1]})
             ctx = Context(plan=PLANS["default"], layout=layout, servers=servers, targets=targets)
-            if not args.no_saturation and not _saturation(ctx, args.rounds, args.seconds, results, not args.flat):
-                return 1
+            if not args.no_saturation:
+                if args.windows or args.flat:
+                    ran = _saturation(ctx, args.rounds, args.seconds, results, not args.flat)
+                else:
+                    ran = _sliced(ctx, args.rounds, args.seconds, args.slice, args.settle, results)
+                if not ran:
+                    return 1
             if args.rate > 0:
                 _fixed_rate(ctx, every, args.rounds, args.rate, args.rate_seconds, latency)
         finally:
             servers.close()
     if results:
-        _print_saturation(results, args.rounds, args.seconds, args.alone)
+        grain = (
+            "windows" if args.windows or args.flat else f"slices of {args.slice} s, {args.settle} s of each unmeasured"
+        )
+        _print_saturation(results, args.rounds, args.seconds, args.alone, grain)
     if latency:
         _print_latency(latency, args.rounds, args.rate, args.rate_seconds)
     return 0
@@ -147,6 +167,50 @@ def _saturation(
     return True
 
 
+def slice_order(columns: int, index: int, per_column: int) -> list[int]:
+    """One round's slices: `mirrored` repeated (A B C C B A A B C C B A ...) until every column
+    has `per_column` slices (rounded up to an even count), odd rounds starting from the other end."""
+    pairs = max(1, -(-per_column // 2))
+    return mirrored(list(range(columns)), index) * pairs
+
+
+def _sliced(
+    ctx: Context,
+    rounds: int,
+    seconds: float,
+    slice_s: float,
+    settle_s: float,
+    results: dict[str, list[tuple[float, dict[str, float]]]],
+) -> bool:
+    """Each round one generator process drives every column in turn, `slice_s` at a time
+    (`bench.loadgen`'s `slices`): `seconds` of measured time per column per round."""
+    per_column = max(1, round(seconds / (slice_s - settle_s)))
+    for index in range(rounds):
+        base = _job(ctx, ctx.targets[0], "slices", stream=False, step=None)
+        job = {
+            **base,
+            "columns": [
+                {"host": t.host, "port": t.port, "path": t.path, "headers": dict(t.headers), "watch_pids": t.pids}
+                for t in ctx.targets
+            ],
+            "order": slice_order(len(ctx.targets), index, per_column),
+            "connections": 64,
+            "warmup_s": 0.5,
+            "slice_s": slice_s,
+            "settle_s": settle_s,
+        }
+        run = run_loadgen(job, timeout_s=300 + len(job["order"]) * slice_s * 2)
+        if run["errors"]:
+            print(f"errors {run['errors']}")
+            return False
+        for target, column in zip(ctx.targets, run["columns"], strict=True):
+            if not column["rps"]:
+                print(f"{target.name}: no request completed")
+                return False
+            results.setdefault(target.name, []).append((column["rps"], column["cpu_us_per_request"]))
+    return True
+
+
 def _fixed_rate(
     ctx: Context,
     targets: list[Target],
@@ -167,10 +231,10 @@ def _fixed_rate(
 
 
 def _print_saturation(
-    results: dict[str, list[tuple[float, dict[str, float]]]], rounds: int, seconds: float, alone: bool
+    results: dict[str, list[tuple[float, dict[str, float]]]], rounds: int, seconds: float, alone: bool, layout: str
 ) -> None:
     print(
-        f"saturation, {rounds} interleaved rounds of {seconds} s per column, "
+        f"saturation, {rounds} interleaved rounds of {seconds} s per column ({layout}), "
         f"{'proxy alone on its core' if alone else 'servers sharing one core'}"
     )
     for name, runs in results.items():

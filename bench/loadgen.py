@@ -5,6 +5,8 @@ it never shares an interpreter with a server it measures, and it reports its own
 to the servers' so a reader can check it was not the bottleneck. Scenarios:
 
 - ``saturate``: closed loop, ``connections`` keep-alive sockets each sending back to back.
+- ``slices``: closed loop over several columns at once, each driven in turn for a short slice
+  (``order``), answers counted per column: the interleaved A/B with the finest grain.
 - ``rate``: open loop at a fixed rate; latency counted from the moment each request is written.
 - ``streams``: ``count`` streams started together; time to first body byte and to the end.
 - ``hold``: ``count`` streams held open; prints a ``{"held": ...}`` line, waits for a line on
@@ -151,6 +153,93 @@ async def saturate(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def slice_windows(order: list[int], slice_s: float, settle_s: float) -> list[tuple[int, float]]:
+    """The `slices` scenario's plan: (column, measured seconds) per slice, in `order`. Each slice
+    drives one column for `slice_s`; its first `settle_s` (the pipeline filling after the switch)
+    is not measured, nor is the drain after it (the in-flight answers of the 64 connections)."""
+    if not 0 <= settle_s < slice_s:
+        raise ValueError("settle_s must be shorter than slice_s")
+    return [(column, slice_s - settle_s) for column in order]
+
+
+async def slices(job: dict[str, Any]) -> dict[str, Any]:
+    """Closed loop, finely interleaved: every column's connections open at once, then the columns
+    take turns at saturation, `slice_s` each, in `order` (A B C C B A repeated), so a burst of
+    the machine's load lasting longer than a few slices hits every column alike.
+
+    Throughput counts the answers *completed* in each slice's measured window (after `settle_s`,
+    up to the slice's end), which in a closed loop is the rate itself, with no edge bias; CPU per
+    request reads the column's processes over the same windows.
+    """
+    columns = job["columns"]
+    requests = [request_bytes({**job, **c}) for c in columns]
+    conns = [await open_many(c["host"], c["port"], job["connections"]) for c in columns]
+    done = [0] * len(columns)
+    measured = [0.0] * len(columns)
+    cpu_s: list[dict[str, float]] = [{} for _ in columns]
+    per_slice: list[list[float]] = [[] for _ in columns]
+    failures: list[Answer] = []
+
+    async def drive(column: int, until: float, window: tuple[float, float]) -> int:
+        completed = 0
+
+        async def worker(conn: Http1Connection) -> None:
+            nonlocal completed
+            while time.perf_counter() < until:
+                answer = await conn.send(requests[column])
+                if not answer.ok:
+                    failures.append(answer)
+                    return
+                if window[0] <= answer.done_at <= window[1]:
+                    completed += 1
+
+        await asyncio.gather(*(worker(c) for c in conns[column]))
+        return completed
+
+    for column in range(len(columns)):  # warm every column before the first measured slice
+        await drive(column, time.perf_counter() + job["warmup_s"], (0.0, 0.0))
+    for column, seconds in slice_windows(job["order"], job["slice_s"], job["settle_s"]):
+        start = time.perf_counter()
+        window_start, until = start + job["settle_s"], start + job["slice_s"]
+        watch = columns[column].get("watch_pids") or {}
+
+        async def measure(watch: dict[str, int] = watch, column: int = column) -> None:
+            await asyncio.sleep(window_start - time.perf_counter())
+            before = {name: cpu_seconds(pid) for name, pid in watch.items()}
+            generator = time.process_time()
+            await asyncio.sleep(until - time.perf_counter())
+            used = time.process_time() - generator
+            cpu_s[column]["generator"] = cpu_s[column].get("generator", 0.0) + used
+            for name, pid in watch.items():
+                b, a = before[name], cpu_seconds(pid)
+                if b is not None and a is not None:
+                    cpu_s[column][name] = cpu_s[column].get(name, 0.0) + a - b
+
+        meter = asyncio.create_task(measure())
+        completed = await drive(column, until, (window_start, until))
+        await meter
+        if failures:
+            break
+        done[column] += completed
+        measured[column] += seconds
+        per_slice[column].append(round(completed / seconds, 1))
+    for group in conns:
+        for conn in group:
+            conn.close()
+    return {
+        "columns": [
+            {
+                "requests": done[i],
+                "rps": round(done[i] / measured[i], 1) if measured[i] else 0.0,
+                "cpu_us_per_request": {k: round(v * 1e6 / done[i], 1) for k, v in cpu_s[i].items()} if done[i] else {},
+                "slices_rps": per_slice[i],
+            }
+            for i in range(len(columns))
+        ],
+        "errors": _errors(failures),
+    }
+
+
 async def rate(job: dict[str, Any]) -> dict[str, Any]:
     """Open loop: request i is written at t0 + i/rate whatever the previous ones are doing."""
     request = request_bytes(job)
@@ -284,7 +373,14 @@ async def mint_revoke(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SCENARIOS = {"saturate": saturate, "rate": rate, "streams": streams, "hold": hold, "mint_revoke": mint_revoke}
+SCENARIOS = {
+    "saturate": saturate,
+    "slices": slices,
+    "rate": rate,
+    "streams": streams,
+    "hold": hold,
+    "mint_revoke": mint_revoke,
+}
 
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def test_ab_runs_every_column_in_both_layouts(capsys) -> None:
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("bench.ab pins generator and servers apart: needs two CPUs")
-    for layout in ([], ["--alone"]):
+    for layout in ([], ["--alone", "--windows"]):  # slices (the default), and one process per window
         assert ab.main(["--rounds", "1", "--seconds", "1", *layout]) == 0  # 0.2 s measured no request once under load
         out = capsys.readouterr().out
         assert "minimal-proxy" in out and "leasehold" in out and "dataplane" in out

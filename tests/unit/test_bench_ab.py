@@ -7,7 +7,8 @@ import subprocess
 import pytest
 
 from bench import baseline
-from bench.ab import combine, mirrored, ratio_line, round_ratios
+from bench.ab import combine, mirrored, ratio_line, round_ratios, slice_order
+from bench.loadgen import slice_windows
 
 
 def test_ratios_pair_each_round_with_its_own_round() -> None:
@@ -45,3 +46,16 @@ def test_a_linear_drift_over_the_round_cancels_in_the_ratio() -> None:
     b = combine([(speeds[1], {}), (speeds[2], {})])
     assert round_ratios([a[0]], [b[0]]) == [1.0]
     assert a[1] == {"dataplane": 2.0}
+
+
+def test_slices_repeat_the_mirrored_round_until_each_column_has_its_share() -> None:
+    assert slice_order(2, 0, 4) == [0, 1, 1, 0, 0, 1, 1, 0]
+    assert slice_order(3, 1, 3) == [2, 1, 0, 0, 1, 2, 2, 1, 0, 0, 1, 2]  # 3 rounded up to 4 each
+    order = slice_order(3, 0, 10)
+    assert [order.count(c) for c in range(3)] == [10, 10, 10]
+
+
+def test_a_slice_measures_after_its_settle() -> None:
+    assert slice_windows([0, 1], 0.5, 0.1) == [(0, 0.4), (1, 0.4)]
+    with pytest.raises(ValueError):
+        slice_windows([0], 0.5, 0.5)  # nothing left to measure
