@@ -252,7 +252,12 @@ class Proxy:
             hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
-        admitted = await self._admit(attempt, account)
+        if self.fleet is None:  # embedded mode: nothing to await (no coroutine: issue 27)
+            attempt.announce()
+            reserved = self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity)
+            admitted = None if reserved else capacity_exhausted(attempt, account)
+        else:
+            admitted = await self._admit(attempt, account)
         if admitted is not None and not isinstance(admitted, FleetAnswer):
             return admitted
         path_qs = request.path_qs
@@ -269,7 +274,8 @@ class Proxy:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
         account has a ceiling); the refusal when the slot cannot be taken, else None — or, on a
         fleet-wide ceiling, the reserve written to Redis, its answer still to await
-        (`FleetAnswer`: the relay prepares the upstream request meanwhile)."""
+        (`FleetAnswer`: the relay prepares the upstream request meanwhile). In fleet mode only:
+        embedded mode announces and reserves in `_serve`, with nothing to await."""
         fleet = self.fleet
         held = fleet_held(fleet, account)
         if held is not None and fleet is not None:  # a lapse read before control's first beat ends here

@@ -77,6 +77,11 @@ class StreamResponse:
         return self._request is not None
 
     @property
+    def ended(self) -> bool:
+        """`write_eof` ran: nothing more goes out."""
+        return self._eof
+
+    @property
     def keep_alive(self) -> bool:
         connection = _has(self.headers, "Connection")
         return not self.force_close_after and (connection is None or connection.lower() != "close")
