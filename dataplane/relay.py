@@ -203,7 +203,7 @@ class Relay:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream's error answer was cut")
         headers = downstream_headers(upstream.headers)
-        headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
+        headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
         attempt.bytes_out = len(payload)
         await await_ack(
             attempt.finish(
@@ -220,7 +220,7 @@ class Relay:
         length = upstream.headers.get("Content-Length")
         sized = length is not None and not is_sse and length.isdigit()
         headers = CIMultiDict(downstream_pairs(upstream.headers))  # (an upstream's repeats kept)
-        headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
+        headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
         response = StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if sized:  # its head leaves with its first body chunk: one write for an answer read whole
             response.content_length = int(length)  # type: ignore[arg-type]
