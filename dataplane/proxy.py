@@ -124,8 +124,9 @@ class Proxy:
         spec = WIRES[account.wire] if account is not None else guess_wire(request.path, headers)
         trace = trace_headers(headers) if "traceparent" in headers else _NO_TRACE  # SPEC §21
         attempt = Attempt(self.link, lease, spec, request.path, trace)
+        if not self.in_flight:  # (set exactly while none is in flight: cleared by the first)
+            self._idle.clear()
         self.in_flight.add(attempt)
-        self._idle.clear()
         try:
             return await self._serve(request, attempt, presented)
         except asyncio.CancelledError:
