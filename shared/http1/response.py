@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from shared.http1.request import Request
 
 SERVER = "leasehold"
+_FIELD = ": ".join  # a (name, value) pair of str → its header line
 
 
 def _has(headers: Mapping[str, str], name: str) -> str | None:
@@ -38,6 +39,16 @@ def _has(headers: Mapping[str, str], name: str) -> str | None:
 
 def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
     return headers.items()
+
+
+def header_lines(headers: Mapping[str, str]) -> list[str]:
+    """`f"{name}: {value}"` for each header, in order. Names and values are str (as they always
+    are): joined in C, no format per header (issue 27: ~2k instructions per header less for a
+    `CIMultiDict`'s); anything else is formatted, as it always was."""
+    try:
+        return list(map(_FIELD, headers.items()))
+    except TypeError:
+        return [f"{name}: {value}" for name, value in headers.items()]
 
 
 class StreamResponse:
@@ -117,7 +128,7 @@ class StreamResponse:
     def _head(self, request: Request, framing: tuple[str, str] | None) -> bytes:
         conn = request._conn
         lines = [f"HTTP/{request.version[0]}.{request.version[1]} {self.status} {self.reason}"]
-        lines += [f"{name}: {value}" for name, value in self.headers.items()]
+        lines += header_lines(self.headers)
         if framing is not None:
             lines.append(f"{framing[0]}: {framing[1]}")
         lines.append(f"Date: {conn.server.date.now()}")

@@ -4,15 +4,18 @@ for the same input: the content type a handler sees, the query, the Date value, 
 from __future__ import annotations
 
 import email.utils
+from enum import StrEnum
 from typing import Any
 
 import pytest
 import yarl
 from aiohttp.helpers import parse_content_type
+from multidict import CIMultiDict, istr
 
 from shared.http1.errors import HTTPMethodNotAllowed, HTTPNotFound
 from shared.http1.headers import Headers, content_type_of, imf_fixdate
 from shared.http1.request import Body, Request
+from shared.http1.response import header_lines
 from shared.http1.router import Router
 from shared.http1.state import State
 
@@ -141,3 +144,21 @@ def test_a_route_added_twice_is_refused() -> None:
     made = router()
     with pytest.raises(ValueError):
         made.add_get("/healthz", h_put)
+
+
+class _Kind(StrEnum):
+    JSON = "application/json"
+
+
+HEADER_SETS: list[Any] = [
+    CIMultiDict([("Content-Type", "application/json"), ("x-a", "1"), ("X-A", "2"), ("x-empty", "")]),
+    {"Allow": "GET, HEAD", "Retry-After": 1, "X-None": None},  # not str: formatted
+    CIMultiDict([(istr("Content-Type"), _Kind.JSON), ("x-n", 3)]),
+    {istr("Server-Timing"): "a;dur=1.5", "X-Kind": _Kind.JSON},
+    {},
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_SETS)
+def test_header_lines_are_each_header_formatted(headers: Any) -> None:
+    assert header_lines(headers) == [f"{name}: {value}" for name, value in headers.items()]
