@@ -12,10 +12,11 @@ import yarl
 from aiohttp.helpers import parse_content_type
 from multidict import CIMultiDict, istr
 
+from shared.http1 import response
 from shared.http1.errors import HTTPMethodNotAllowed, HTTPNotFound
 from shared.http1.headers import Headers, content_type_of, imf_fixdate
 from shared.http1.request import Body, Request
-from shared.http1.response import header_lines
+from shared.http1.response import header_lines, status_line
 from shared.http1.router import Router
 from shared.http1.state import State
 
@@ -162,3 +163,25 @@ HEADER_SETS: list[Any] = [
 @pytest.mark.parametrize("headers", HEADER_SETS)
 def test_header_lines_are_each_header_formatted(headers: Any) -> None:
     assert header_lines(headers) == [f"{name}: {value}" for name, value in headers.items()]
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "reason"),
+    [
+        ((1, 1), 200, "OK"),
+        ((1, 0), 200, "OK"),
+        ((1, 1), 429, "Too Many Requests"),
+        ((1, 1), 529, ""),
+        ((1, 1), 200, "Fine"),
+    ],
+)
+def test_the_status_line_is_formatted_once_and_the_same(version: tuple[int, int], status: int, reason: str) -> None:
+    expected = f"HTTP/{version[0]}.{version[1]} {status} {reason}"
+    assert status_line(version, status, reason) == expected
+    assert status_line(version, status, reason) == expected  # (from the memo)
+
+
+def test_the_status_line_memo_is_bounded() -> None:
+    for n in range(response.STATUS_LINES_MAX * 2):
+        assert status_line((1, 1), 200, f"reason {n}") == f"HTTP/1.1 200 reason {n}"
+    assert len(response._status_lines) <= response.STATUS_LINES_MAX
