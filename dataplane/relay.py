@@ -30,7 +30,6 @@ from dataplane.upstreams import (
     PoolTimeout,
     UpstreamPools,
     downstream_headers,
-    downstream_pairs,
     upstream_headers,
 )
 from dataplane.usage_ask import UsageStrip
@@ -219,7 +218,7 @@ class Relay:
         encoding = upstream.headers.get("Content-Encoding", "")
         length = upstream.headers.get("Content-Length")
         sized = length is not None and not is_sse and length.isdigit()
-        headers = CIMultiDict(downstream_pairs(upstream.headers))  # (an upstream's repeats kept)
+        headers = downstream_headers(upstream.headers)  # (an upstream's repeats kept)
         headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
         response = StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if sized:  # its head leaves with its first body chunk: one write for an answer read whole
