@@ -42,18 +42,21 @@ def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
 
 
 STATUS_LINES_MAX = 256  # status lines kept (a relayed reason phrase is the upstream's): cleared when full
+REASON_KEPT_MAX = 64  # a longer reason phrase (a peer's) is formatted every time, never kept
 _status_lines: dict[tuple[tuple[int, int], int, str], str] = {}
 
 
 def status_line(version: tuple[int, int], status: int, reason: str) -> str:
     """`HTTP/1.1 200 OK`, formatted once per version, status and reason (issue 27: ~3k
-    instructions a response)."""
+    instructions a response); the memo holds at most `STATUS_LINES_MAX` short lines."""
     key = (version, status, reason)
     line = _status_lines.get(key)
     if line is None:
-        if len(_status_lines) >= STATUS_LINES_MAX:
-            _status_lines.clear()
-        line = _status_lines[key] = f"HTTP/{version[0]}.{version[1]} {status} {reason}"
+        line = f"HTTP/{version[0]}.{version[1]} {status} {reason}"
+        if len(reason) <= REASON_KEPT_MAX:
+            if len(_status_lines) >= STATUS_LINES_MAX:
+                _status_lines.clear()
+            _status_lines[key] = line
     return line
 
 

@@ -185,3 +185,6 @@ def test_the_status_line_memo_is_bounded() -> None:
     for n in range(response.STATUS_LINES_MAX * 2):
         assert status_line((1, 1), 200, f"reason {n}") == f"HTTP/1.1 200 reason {n}"
     assert len(response._status_lines) <= response.STATUS_LINES_MAX
+    long = "x" * (response.REASON_KEPT_MAX + 1)  # a peer's long reason phrase: never kept
+    assert status_line((1, 1), 200, long) == f"HTTP/1.1 200 {long}"
+    assert ((1, 1), 200, long) not in response._status_lines
