@@ -124,8 +124,9 @@ class Proxy:
         spec = WIRES[account.wire] if account is not None else guess_wire(request.path, headers)
         trace = trace_headers(headers) if "traceparent" in headers else _NO_TRACE  # SPEC §21
         attempt = Attempt(self.link, lease, spec, request.path, trace)
+        if not self.in_flight:  # (set exactly while none is in flight: cleared by the first)
+            self._idle.clear()
         self.in_flight.add(attempt)
-        self._idle.clear()
         try:
             return await self._serve(request, attempt, presented)
         except asyncio.CancelledError:
@@ -252,7 +253,7 @@ class Proxy:
             hold = budget_hold(attempt.lease, attempt.requested_model, now_ms(), self.replica.priced)
             if hold is not None:
                 return refuse(attempt, hold.code, hold.message, hold.retry_after_s, hold.status)
-        admitted = await self._admit(attempt, account)
+        admitted = self._admit_here(attempt, account) if self.fleet is None else await self._admit(attempt, account)
         if admitted is not None and not isinstance(admitted, FleetAnswer):
             return admitted
         path_qs = request.path_qs
@@ -265,11 +266,20 @@ class Proxy:
         finally:
             admitted.abandon()  # never asked (a failure before the write): its holder released
 
+    def _admit_here(self, attempt: Attempt, account: AccountRoute) -> StreamResponse | None:
+        """Embedded mode's `_admit`: announce, then the request slot on this host (SPEC §16), or
+        the refusal. Nothing to await, so no coroutine per request (issue 27)."""
+        attempt.announce()
+        if self.capacity.reserve(account.id, attempt.attempt_id, account.request_capacity):
+            return None
+        return capacity_exhausted(attempt, account)
+
     async def _admit(self, attempt: Attempt, account: AccountRoute) -> StreamResponse | FleetAnswer | None:
         """Announce the attempt and take its request slot (SPEC §16: fleet-wide in Redis when the
         account has a ceiling); the refusal when the slot cannot be taken, else None — or, on a
         fleet-wide ceiling, the reserve written to Redis, its answer still to await
-        (`FleetAnswer`: the relay prepares the upstream request meanwhile)."""
+        (`FleetAnswer`: the relay prepares the upstream request meanwhile). Fleet mode's; embedded
+        mode's is `_admit_here`."""
         fleet = self.fleet
         held = fleet_held(fleet, account)
         if held is not None and fleet is not None:  # a lapse read before control's first beat ends here

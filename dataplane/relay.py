@@ -30,7 +30,6 @@ from dataplane.upstreams import (
     PoolTimeout,
     UpstreamPools,
     downstream_headers,
-    downstream_pairs,
     upstream_headers,
 )
 from dataplane.usage_ask import UsageStrip
@@ -85,7 +84,7 @@ class Relay:
         answers and the answer awaited right before its first byte upstream; or, when no pool
         slot is free, before waiting for one (a refused request never waits for a slot)."""
         gate = self.pools.gate_for(account.id)
-        if answer is None or not gate.take():
+        if not gate.take():  # (a free slot is taken without a coroutine: issue 27)
             if answer is not None:
                 refused = await answer()
                 if refused is not None:
@@ -100,45 +99,36 @@ class Relay:
                     f"no upstream connection to {account.id} freed up in time",
                     retry_after_s=1,
                 )
-        try:
-            return await self._send(request, attempt, account, credential, body, path_qs, answer)
+        try:  # the slot is held from here: every way out releases it
+            url = self.pools.url_for(account, path_qs)
+            headers = upstream_headers(request.headers, account.auth_style, credential)  # type: ignore[arg-type]
+            if attempt.asked_usage:  # SPEC §19: the body goes decoded, and the answer must be readable
+                headers.popall("Content-Encoding", None)
+                headers["Accept-Encoding"] = "identity"
+            client = self.pools.client_for(account.id)
+            sent_at = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            clock = self.clock
+            if clock is None or clock.loop is not loop:  # one clock per loop the relay serves on
+                clock = self.clock = WatchClock(loop)
+            watch = ExchangeWatch(
+                loop,
+                self.settings.upstream_headers_timeout,
+                self.settings.upstream_idle_timeout,
+                self.settings.client_stall_seconds,
+                clock,
+                attempt.task,  # the handler's task, which runs this exchange (proxy.Proxy.handle)
+            )
+            if answer is not None:
+                answer.watch = watch
+            try:
+                return await self._exchange(
+                    request, attempt, account, client, url, headers, body, sent_at, watch, answer
+                )
+            finally:
+                watch.stop()
         finally:
             gate.release()
-
-    async def _send(
-        self,
-        request: Request,
-        attempt: Attempt,
-        account: AccountRoute,
-        credential: str,
-        body: bytes,
-        path_qs: str,
-        answer: FleetAnswer | None,
-    ) -> StreamResponse:
-        url = self.pools.url_for(account, path_qs)
-        headers = upstream_headers(request.headers, account.auth_style, credential)  # type: ignore[arg-type]
-        if attempt.asked_usage:  # SPEC §19: the body goes decoded, and the answer must be readable
-            headers.popall("Content-Encoding", None)
-            headers["Accept-Encoding"] = "identity"
-        client = self.pools.client_for(account.id)
-        sent_at = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        clock = self.clock
-        if clock is None or clock.loop is not loop:  # one clock per loop the relay serves on
-            clock = self.clock = WatchClock(loop)
-        watch = ExchangeWatch(
-            loop,
-            self.settings.upstream_headers_timeout,
-            self.settings.upstream_idle_timeout,
-            self.settings.client_stall_seconds,
-            clock,
-        )
-        if answer is not None:
-            answer.watch = watch
-        try:
-            return await self._exchange(request, attempt, account, client, url, headers, body, sent_at, watch, answer)
-        finally:
-            watch.stop()
 
     async def _exchange(
         self,
@@ -212,7 +202,7 @@ class Relay:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return await self._failed(attempt, ErrorCode.UPSTREAM_UNREACHABLE, "the upstream's error answer was cut")
         headers = downstream_headers(upstream.headers)
-        headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
+        headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
         attempt.bytes_out = len(payload)
         await await_ack(
             attempt.finish(
@@ -228,8 +218,8 @@ class Relay:
         encoding = upstream.headers.get("Content-Encoding", "")
         length = upstream.headers.get("Content-Length")
         sized = length is not None and not is_sse and length.isdigit()
-        headers = CIMultiDict(downstream_pairs(upstream.headers))  # (an upstream's repeats kept)
-        headers[OVERHEAD_HEADER] = f"{attempt.mark_overhead(upstream_wait):.3f}"
+        headers = downstream_headers(upstream.headers)  # (an upstream's repeats kept)
+        headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
         response = StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         if sized:  # its head leaves with its first body chunk: one write for an answer read whole
             response.content_length = int(length)  # type: ignore[arg-type]

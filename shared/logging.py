@@ -115,11 +115,13 @@ def _redact_str(text: str) -> str:
 
 
 def _redactor(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    memo = _memo  # a remembered scan is read here, without `_redact_str`'s call (issue 27)
     for key, value in event.items():
         kind = type(value)
         if kind is str:
             if key not in SAFE_KEYS:
-                event[key] = _redact_str(value)
+                found = memo.get(value)
+                event[key] = found if found is not None else _redact_str(value)
         elif kind is not int and kind is not float and kind is not bool and value is not None:
             event[key] = redact_value(value)
     return event

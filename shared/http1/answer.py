@@ -73,6 +73,8 @@ async def answer_refusal(conn: Conn, refusal: Refusal) -> None:
 async def _send(response: StreamResponse, request: Request) -> None:
     if isinstance(response, Response) and not response.prepared:
         await response.send(request)
-    else:
-        await response.prepare(request)
-        await response.write_eof()
+    else:  # (a stream the handler ended already costs no coroutine here: issue 27)
+        if not response.prepared:
+            await response.prepare(request)
+        if not response.ended:
+            await response.write_eof()

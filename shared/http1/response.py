@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from shared.http1.request import Request
 
 SERVER = "leasehold"
+_FIELD = ": ".join  # a (name, value) pair of str → its header line
 
 
 def _has(headers: Mapping[str, str], name: str) -> str | None:
@@ -38,6 +39,35 @@ def _has(headers: Mapping[str, str], name: str) -> str | None:
 
 def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
     return headers.items()
+
+
+STATUS_LINES_MAX = 256  # status lines kept (a relayed reason phrase is the upstream's): cleared when full
+REASON_KEPT_MAX = 64  # a longer reason phrase (a peer's) is formatted every time, never kept
+_status_lines: dict[tuple[tuple[int, int], int, str], str] = {}
+
+
+def status_line(version: tuple[int, int], status: int, reason: str) -> str:
+    """`HTTP/1.1 200 OK`, formatted once per version, status and reason (issue 27: ~3k
+    instructions a response); the memo holds at most `STATUS_LINES_MAX` short lines."""
+    key = (version, status, reason)
+    line = _status_lines.get(key)
+    if line is None:
+        line = f"HTTP/{version[0]}.{version[1]} {status} {reason}"
+        if len(reason) <= REASON_KEPT_MAX:
+            if len(_status_lines) >= STATUS_LINES_MAX:
+                _status_lines.clear()
+            _status_lines[key] = line
+    return line
+
+
+def header_lines(headers: Mapping[str, str]) -> list[str]:
+    """`f"{name}: {value}"` for each header, in order. Names and values are str (as they always
+    are): joined in C, no format per header (issue 27: ~2k instructions per header less for a
+    `CIMultiDict`'s); anything else is formatted, as it always was."""
+    try:
+        return list(map(_FIELD, headers.items()))
+    except TypeError:
+        return [f"{name}: {value}" for name, value in headers.items()]
 
 
 class StreamResponse:
@@ -77,6 +107,11 @@ class StreamResponse:
         return self._request is not None
 
     @property
+    def ended(self) -> bool:
+        """`write_eof` ran: nothing more goes out."""
+        return self._eof
+
+    @property
     def keep_alive(self) -> bool:
         connection = _has(self.headers, "Connection")
         return not self.force_close_after and (connection is None or connection.lower() != "close")
@@ -111,8 +146,8 @@ class StreamResponse:
 
     def _head(self, request: Request, framing: tuple[str, str] | None) -> bytes:
         conn = request._conn
-        lines = [f"HTTP/{request.version[0]}.{request.version[1]} {self.status} {self.reason}"]
-        lines += [f"{name}: {value}" for name, value in self.headers.items()]
+        lines = [status_line(request.version, self.status, self.reason)]
+        lines += header_lines(self.headers)
         if framing is not None:
             lines.append(f"{framing[0]}: {framing[1]}")
         lines.append(f"Date: {conn.server.date.now()}")

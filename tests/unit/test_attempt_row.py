@@ -8,6 +8,8 @@ import asyncio
 from typing import Any
 
 import msgspec
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dataplane import attempt as attempt_module
 from dataplane.attempt import Attempt
@@ -104,3 +106,29 @@ def test_the_template_memo_is_bounded() -> None:
     for n in range(attempt_module.TEMPLATES_MAX + 5):
         attempt_module._template(_lease(key_id=f"key_{n}"), "anthropic")
     assert len(attempt_module._templates) <= attempt_module.TEMPLATES_MAX
+
+
+# `Attempt.overhead_header` formats once and parses back instead of `round(x, 3)` then a
+# format (issue 27): the header's text and the row's value must be exactly the old ones.
+_TRICKY = [0.0, 0.0004, 0.0005, 0.0015, 2.675, 1.0005, 999.9995, 123456.7895, -0.0004, -1.2345, 1e15 + 0.5]
+
+
+def _old(x: float) -> tuple[str, float]:
+    value = round(x, 3)
+    return f"{value:.3f}", value
+
+
+@given(st.floats(min_value=-1e9, max_value=1e12, allow_nan=False) | st.sampled_from(_TRICKY))
+def test_formatting_once_gives_rounds_value_and_text(x: float) -> None:
+    text, value = _old(x)
+    assert f"{x:.3f}" == text
+    assert repr(float(f"{x:.3f}")) == repr(value)  # (repr: -0.0 stays -0.0)
+
+
+def test_the_overhead_header_is_the_rows_overhead() -> None:
+    attempt = _attempt(_lease(), "anthropic", "/v1/messages", (None, None))
+    text = attempt.overhead_header(0.0)
+    assert attempt.overhead_ms is not None
+    assert (text, attempt.overhead_ms) == _old(attempt.overhead_ms)
+    attempt.overhead_header(1e6)  # an upstream wait longer than the attempt: negative, as before
+    assert attempt.overhead_ms is not None and attempt.overhead_ms < 0

@@ -1,9 +1,12 @@
-"""The hop's header rules with the per-name memo (issue 27) drop exactly what the plain rule
-drops (`name.lower() in drop`), whatever the names' case, on both directions; a `Connection`
-header naming more takes the plain path; the memo of peer-chosen names is bounded."""
+"""The hop's header rules (issue 27: the per-name memo upstream, multidict's case-insensitive
+`keys() &` downstream) drop exactly what the plain rule drops (`name.lower() in drop`), whatever
+the names' case and repeats, on both directions; a `Connection` header naming more takes the
+plain path; the memo of peer-chosen names is bounded."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from dataplane import upstreams
@@ -11,7 +14,7 @@ from dataplane.upstreams import (
     DROP_DOWNSTREAM,
     DROP_UPSTREAM,
     KEEP_MEMO_MAX,
-    downstream_pairs,
+    downstream_headers,
     upstream_headers,
 )
 
@@ -38,6 +41,10 @@ def _headers(pairs: list[tuple[str, str]]) -> CIMultiDictProxy[str]:
     return CIMultiDictProxy(CIMultiDict(pairs))
 
 
+def downstream_pairs(upstream: CIMultiDictProxy[str]) -> list[tuple[str, str]]:
+    return list(downstream_headers(upstream).items())
+
+
 def test_both_directions_drop_what_the_plain_rule_drops() -> None:
     pairs = [(name, f"v{n}") for n, name in enumerate(NAMES)]
     for _ in range(2):  # the second round answers from the memo
@@ -58,5 +65,23 @@ def test_a_connection_header_naming_more_drops_those_too() -> None:
 
 def test_the_memo_is_bounded() -> None:
     for n in range(KEEP_MEMO_MAX + 10):
-        downstream_pairs(_headers([(f"X-Peer-{n}", "1")]))
-    assert len(upstreams._KEEP_DOWNSTREAM) <= KEEP_MEMO_MAX
+        upstream_headers(_headers([(f"X-Peer-{n}", "1")]), "x-api-key", "sk-ant-test-credential")
+    assert len(upstreams._KEEP_UPSTREAM) <= KEEP_MEMO_MAX
+
+
+_SPELLINGS = st.sampled_from(NAMES).flatmap(
+    lambda name: st.sampled_from([name, name.lower(), name.upper(), name.title(), name.swapcase()])
+)
+_CONNECTION = st.lists(st.sampled_from([*NAMES, "keep-alive", "close", " x-custom "]), max_size=3).map(", ".join)
+
+
+@given(st.lists(st.tuples(_SPELLINGS, st.sampled_from(["1", "2", ""])), max_size=12), st.none() | _CONNECTION)
+def test_downstream_drops_what_the_plain_rule_drops_for_any_spelling_and_repeats(
+    pairs: list[tuple[str, str]], connection: str | None
+) -> None:
+    if connection is not None:
+        pairs = [*pairs, ("Connection", connection)]
+    drop = set(DROP_DOWNSTREAM)
+    for value in (v for k, v in pairs if k.lower() == "connection"):
+        drop.update(token.strip().lower() for token in value.split(",") if token.strip())
+    assert downstream_pairs(_headers(pairs)) == [(k, v) for k, v in pairs if k.lower() not in drop]

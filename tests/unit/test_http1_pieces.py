@@ -4,15 +4,19 @@ for the same input: the content type a handler sees, the query, the Date value, 
 from __future__ import annotations
 
 import email.utils
+from enum import StrEnum
 from typing import Any
 
 import pytest
 import yarl
 from aiohttp.helpers import parse_content_type
+from multidict import CIMultiDict, istr
 
+from shared.http1 import response
 from shared.http1.errors import HTTPMethodNotAllowed, HTTPNotFound
 from shared.http1.headers import Headers, content_type_of, imf_fixdate
 from shared.http1.request import Body, Request
+from shared.http1.response import header_lines, status_line
 from shared.http1.router import Router
 from shared.http1.state import State
 
@@ -141,3 +145,46 @@ def test_a_route_added_twice_is_refused() -> None:
     made = router()
     with pytest.raises(ValueError):
         made.add_get("/healthz", h_put)
+
+
+class _Kind(StrEnum):
+    JSON = "application/json"
+
+
+HEADER_SETS: list[Any] = [
+    CIMultiDict([("Content-Type", "application/json"), ("x-a", "1"), ("X-A", "2"), ("x-empty", "")]),
+    {"Allow": "GET, HEAD", "Retry-After": 1, "X-None": None},  # not str: formatted
+    CIMultiDict([(istr("Content-Type"), _Kind.JSON), ("x-n", 3)]),
+    {istr("Server-Timing"): "a;dur=1.5", "X-Kind": _Kind.JSON},
+    {},
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_SETS)
+def test_header_lines_are_each_header_formatted(headers: Any) -> None:
+    assert header_lines(headers) == [f"{name}: {value}" for name, value in headers.items()]
+
+
+@pytest.mark.parametrize(
+    ("version", "status", "reason"),
+    [
+        ((1, 1), 200, "OK"),
+        ((1, 0), 200, "OK"),
+        ((1, 1), 429, "Too Many Requests"),
+        ((1, 1), 529, ""),
+        ((1, 1), 200, "Fine"),
+    ],
+)
+def test_the_status_line_is_formatted_once_and_the_same(version: tuple[int, int], status: int, reason: str) -> None:
+    expected = f"HTTP/{version[0]}.{version[1]} {status} {reason}"
+    assert status_line(version, status, reason) == expected
+    assert status_line(version, status, reason) == expected  # (from the memo)
+
+
+def test_the_status_line_memo_is_bounded() -> None:
+    for n in range(response.STATUS_LINES_MAX * 2):
+        assert status_line((1, 1), 200, f"reason {n}") == f"HTTP/1.1 200 reason {n}"
+    assert len(response._status_lines) <= response.STATUS_LINES_MAX
+    long = "x" * (response.REASON_KEPT_MAX + 1)  # a peer's long reason phrase: never kept
+    assert status_line((1, 1), 200, long) == f"HTTP/1.1 200 {long}"
+    assert ((1, 1), 200, long) not in response._status_lines
