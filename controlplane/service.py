@@ -90,7 +90,7 @@ class ControlService:
         self.keys = keys
         self.ledger = ledger
         self.prices = prices
-        self._price_of = PriceLookup(prices)
+        self._price_of = PriceLookup(prices).__getitem__  # the memo's bound look-up: the cheapest call per row
         self.configured = configured  # whether an account's credential is set
         self.routes = routes
         self.lease_capacity = lease_capacity
