@@ -298,12 +298,15 @@ class EventHub:
         self.queue_max = queue_max
         self.subscribers: set[Subscriber] = set()
         self.closed_by_reason: dict[CloseReason, int] = {reason: 0 for reason in CloseReason}
-        self.published = 0
         self.queue_high_water = 0  # deepest any subscriber's queue has been
         self._next_seq = 1
         self._listeners: list[tuple[Callable[[Event], None], frozenset[EventKind] | None]] = []
         self._listeners_of: dict[EventKind, tuple[Callable[[Event], None], ...]] = {kind: () for kind in EventKind}
         self._route_listeners: tuple[tuple[Callable[[Event], None], ...], ...] = ((), ())  # started, finished
+
+    @property
+    def published(self) -> int:
+        return self._next_seq - 1  # every event published took the next seq (none per event to count)
 
     def id_of(self, seq: int) -> str:
         return f"{self.epoch}-{seq}"
@@ -322,7 +325,6 @@ class EventHub:
             log.error("event_unpublishable", kind=str(kind), error=type(exc).__name__)
             return None
         self._next_seq += 1
-        self.published += 1
         self.replay.append(event)
         self._fan_out(event, self._listeners_of[event.kind])
         return event
@@ -331,7 +333,6 @@ class EventHub:
         """`publish` of an `AttemptRow`'s route event (two per attempt): no check, listeners by identity."""
         event = Event(self.epoch, self._next_seq, kind, row)
         self._next_seq += 1
-        self.published += 1
         self.replay.append(event)
         listeners = self._route_listeners[kind is _ROUTE_FINISHED]
         if listeners or self.subscribers:
