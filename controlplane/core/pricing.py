@@ -114,7 +114,8 @@ class PriceLookup(dict[str, Price | None]):
     (cleared when full); the table is immutable, so an entry is never stale.
 
     The memo is the dict itself and a call is its look-up (`__call__` is `dict.__getitem__`, a
-    miss `__missing__`): no Python frame per row (issue 27: 1.6k → 1.0k instructions a call)."""
+    miss `__missing__`): no Python frame per row (issue 27: 1.6k → 1.2k instructions a call, and
+    0.55k through the bound `__getitem__`, which `ControlService` holds)."""
 
     MEMO_MAX = 4096
 
