@@ -23,6 +23,7 @@ import asyncio
 import ctypes
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -55,14 +56,8 @@ async def _count(helper: str, rows: int, per_read: int, pieces: bool) -> None:
     from bench.control_rows import _Conn
     from controlplane.core.pricing import cost_of
     from controlplane.events import EventKind
-    from controlplane.main import wire
-    from controlplane.prices import load_prices
-    from controlplane.registry import Registry
-    from controlplane.stores.keys import KeyTable
-    from controlplane.stores.ledger import Ledger
     from shared.heap import settle_heap
     from shared.rpc import decode_body
-    from shared.settings import load_settings
 
     cg = ctypes.CDLL(helper)
 
@@ -73,15 +68,10 @@ async def _count(helper: str, rows: int, per_read: int, pieces: bool) -> None:
         cg.cg_toggle()
         cg.cg_dump(name.encode())
 
+    wired = runpy.run_path(str(Path(__file__).with_name("control_outputs.py")))["wired"]  # whatever tree is first
     with tempfile.TemporaryDirectory() as state:
-        env = {"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state, "GATEWAY_CONTROL_TOKEN": "bench-" + "x" * 30}
-        settings = load_settings(env)
-        keys = KeyTable(os.path.join(state, "keys.jsonl"))
-        keys.load(0)
-        ledger = Ledger(os.path.join(state, "ledger.jsonl"))
-        ledger.open()
-        control = wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(), env={"X": "x"})
-        service, conn = control.service, _Conn()
+        control = wired(state)
+        service, conn, ledger = control.service, _Conn(), control.service.ledger
         settle_heap()
 
         def handled(bodies: list[bytes]) -> None:
@@ -116,7 +106,7 @@ async def _count(helper: str, rows: int, per_read: int, pieces: bool) -> None:
                 region(name.replace(" ", "_"), lambda rows_, call=call: [call(r) for r in rows_], done)  # type: ignore[misc]
         await service.settle()
         ledger.close()
-        keys.close()
+        service.keys.close()
 
 
 def measure(tree: Path, helper: str, workdir: Path, args: argparse.Namespace) -> dict[str, float]:

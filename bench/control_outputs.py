@@ -101,6 +101,25 @@ def _frames() -> list[bytes]:
     return frames
 
 
+def wired(state: str) -> Any:
+    """A `wire()`d control over the state directory `state`, as `controlplane.main` wires it, of
+    the checkout first on the path (`bench.control_instructions` loads this file by its path)."""
+    from controlplane.main import wire
+    from controlplane.prices import load_prices
+    from controlplane.registry import Registry
+    from controlplane.stores.keys import KeyTable
+    from controlplane.stores.ledger import Ledger
+    from shared.settings import load_settings
+
+    env = {"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state, "GATEWAY_CONTROL_TOKEN": "bench-" + "x" * 30}
+    settings = load_settings(env)
+    keys = KeyTable(os.path.join(state, "keys.jsonl"))
+    keys.load(0)
+    ledger = Ledger(os.path.join(state, "ledger.jsonl"))
+    ledger.open()
+    return wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(), env={"X": "x"})
+
+
 async def _dump(out: Path) -> None:
     import msgspec
     from prometheus_client.exposition import generate_latest
@@ -109,24 +128,12 @@ async def _dump(out: Path) -> None:
     from controlplane.core.spend import By
     from controlplane.core.spendscopes import TenancyMap
     from controlplane.core.windows import Window
-    from controlplane.main import wire
-    from controlplane.prices import load_prices
-    from controlplane.registry import Registry
     from controlplane.routebook import view_of
-    from controlplane.stores.keys import KeyTable
-    from controlplane.stores.ledger import Ledger
     from shared.clock import now_ms
     from shared.rpc import _HEADER, decode_body
-    from shared.settings import load_settings
 
     with tempfile.TemporaryDirectory() as state:
-        env = {"GATEWAY_STATE_DIR": state, "GATEWAY_RUNTIME_DIR": state, "GATEWAY_CONTROL_TOKEN": "bench-" + "x" * 30}
-        settings = load_settings(env)
-        keys = KeyTable(os.path.join(state, "keys.jsonl"))
-        keys.load(0)
-        ledger = Ledger(os.path.join(state, "ledger.jsonl"))
-        ledger.open()
-        control = wire(settings, Registry.from_settings(settings), keys, ledger, load_prices(), env={"X": "x"})
+        control = wired(state)
         service, conn = control.service, _Conn()
         for n, frame in enumerate(_frames(), 1):
             service.handle(conn, decode_body(frame[_HEADER.size :]))  # type: ignore[arg-type]
@@ -135,7 +142,7 @@ async def _dump(out: Path) -> None:
                 await asyncio.sleep(0)
         service.read_done()
         await service.settle()
-        ledger.close()
+        service.ledger.close()
         (out / "ledger").write_bytes(Path(state, "ledger.jsonl").read_bytes())
         (out / "metrics").write_bytes(generate_latest(control.metrics.registry))
         hub = service.events
@@ -147,7 +154,7 @@ async def _dump(out: Path) -> None:
         circuits = sorted((a, msgspec.to_builtins(s)) for a, s in service.circuits.store._state.items())  # type: ignore[attr-defined]
         views = [spend, repr(msgspec.to_builtins([view_of(r) for r in recent[0]])), repr(recent[1:]), repr(circuits)]
         (out / "views").write_text(json.dumps(views, indent=1, sort_keys=True))
-        keys.close()
+        service.keys.close()
 
 
 def main(argv: list[str] | None = None) -> int:
