@@ -239,11 +239,13 @@ class ControlService:
         self._take(msgspec.structs.replace(row))
         self._settle_soon()
 
-    def _take(self, row: AttemptRow) -> None:
+    def _take(self, row: AttemptRow, start_withdrawn: bool = False) -> None:
         """Price the row, stage it in the ledger once, move it from active to recent. The row is
         ours (decoded by the link's reader, or `record`'s copy): priced in place, no copy per row
         (issue 27); only its start's event holds it yet, and shows no cost (`as_started`)."""
         if not self.ledger.has(row.attempt_id):
+            if start_withdrawn:  # reported once, by this row (issue 27): the feed still has both events;
+                self.events.publish_row(_ROUTE_STARTED, row)  # projected as its start was, on first read
             cost, reason = cost_of(
                 self._price_of, row.served_model or row.requested_model, row.usage, row.path, row.http_status
             )
@@ -363,12 +365,8 @@ class ControlService:
     def _finished(self, conn: Connection, message: AttemptFinished) -> None:
         """A terminal row from the data plane; its `Ack` is sent by the settle after the write."""
         self._unacked.append((conn, message.req_id))
-        row = message.row
-        if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
-            # reported once (the data plane withdrew its start, issue 27): the feed still has both;
-            # the event shows the row as its start was (projected on first read, `events.py`)
-            self.events.publish_row(_ROUTE_STARTED, row)
-        self._take(row)  # settled by `read_done` (the link's reader) or `on_message`
+        row = message.row  # settled by `read_done` (the link's reader) or `on_message`
+        self._take(row, row.attempt_id not in self.routes.active)
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():
