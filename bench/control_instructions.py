@@ -8,9 +8,9 @@ by `read_done`, as the link's reader does), after 200 rows of warm-up and `settl
 The process runs under `valgrind --tool=callgrind --collect-atstart=no`; collection is switched
 on and off around the counted loop by callgrind's client requests (a 3-line C helper, compiled
 here with `cc` against `valgrind/callgrind.h` and loaded with ctypes), one dump per region.
-`PYTHONHASHSEED=0`: with a random seed the same tree's count moves by ~1k per row between runs
-(dict and set probe lengths). `--pieces` also counts the row path's parts alone, each over
-decoded (or priced) rows: the decode, `cost_of`, the ledger's `stage`, each row sink, the two
+`PYTHONHASHSEED=0` and ids from a counter: with a random seed or random ids the same tree's
+count moves by ~1k per row between runs (dict and set probe lengths); so, it repeats exactly.
+`--pieces` also counts the row path's parts alone, each over decoded (or priced) rows: the decode, `cost_of`, the ledger's `stage`, each row sink, the two
 route events, evidence, the route book, and a one-row settle's circuit fold.
 For this checkout and each TREE given (its code first on the path, run by its own `.venv` when it
 has one), it prints thousands of instructions per row (per call for a piece).
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import itertools
 import os
 import re
 import runpy
@@ -43,10 +44,14 @@ _NAME = re.compile(r"^desc: Trigger: Client Request: (\S+)", re.M)
 
 
 def _finished_bodies(count: int) -> list[bytes]:
-    from bench.control_rows import _frames
+    import bench.control_rows
     from shared.rpc import _HEADER
+    from shared.tokens import ulid
 
-    return [frame[_HEADER.size :] for frame in _frames(count, rate_limits=True)[1::2]]
+    # The same ids every run: random ones move the count by ~1k per row (dict probe lengths).
+    serial = itertools.count(1)
+    bench.control_rows.new_ulid = lambda: ulid(1_764_547_200_000, next(serial).to_bytes(10, "big"))
+    return [frame[_HEADER.size :] for frame in bench.control_rows._frames(count, rate_limits=True)[1::2]]
 
 
 async def _count(helper: str, rows: int, per_read: int, pieces: bool) -> None:
