@@ -41,6 +41,7 @@ void cg_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
 """
 _TOTALS = re.compile(r"^totals:\s*(\d+)", re.M)
 _NAME = re.compile(r"^desc: Trigger: Client Request: (\S+)", re.M)
+_SERIAL = itertools.count(1)
 
 
 def _finished_bodies(count: int) -> list[bytes]:
@@ -48,9 +49,9 @@ def _finished_bodies(count: int) -> list[bytes]:
     from shared.rpc import _HEADER
     from shared.tokens import ulid
 
-    # The same ids every run: random ones move the count by ~1k per row (dict probe lengths).
-    serial = itertools.count(1)
-    bench.control_rows.new_ulid = lambda: ulid(1_764_547_200_000, next(serial).to_bytes(10, "big"))
+    # The same ids every run (random ones move the count by ~1k per row: dict probe lengths), new
+    # ones every call (a row seen before would be a duplicate).
+    bench.control_rows.new_ulid = lambda: ulid(1_764_547_200_000, next(_SERIAL).to_bytes(10, "big"))
     return [frame[_HEADER.size :] for frame in bench.control_rows._frames(count, rate_limits=True)[1::2]]
 
 
