@@ -94,6 +94,7 @@ class LocalCircuits:
 # class costs ~90 ns on Python 3.11 (a module global, ~7).
 _CLIENT_ABORTED = str(AttemptStatus.CLIENT_ABORTED)
 _CLOSED = CircuitPhase.CLOSED
+_AT_REST = rules.CLOSED
 NOT_PROBES_MAX = 100_000  # leases remembered as no probe; past it, forgotten (a store read each)
 
 
@@ -198,6 +199,18 @@ class CircuitRegistry:
         with nothing between them, are the swap that cannot lose."""
         store = self.store
         assert isinstance(store, LocalCircuits)
+        at_rest = None  # most settles: answers and aborts on circuits closed at rest (`rules.CLOSED`
+        for row in rows:  # itself), which `_fold` keeps as they are: nothing to fold, store or tell
+            if row.refusal_reason is not None:
+                continue
+            if row.condition is not None:
+                break
+            if row.account_id != at_rest:
+                if store.load_now(row.account_id) is not _AT_REST:
+                    break
+                at_rest = row.account_id
+        else:
+            return
         for account_id, evidence in _by_account(rows).items():
             stored = store.load_now(account_id)
             new = self._fold(stored, evidence, now_ms)

@@ -55,6 +55,7 @@ log = get_logger("control")
 # How long routes of a lost data plane wait to be re-announced before they are closed.
 LOST_ROUTE_GRACE_S = 5.0
 _ROUTE_STARTED, _ROUTE_FINISHED = EventKind.ROUTE_STARTED, EventKind.ROUTE_FINISHED  # read per attempt: ~90 ns saved
+_set = msgspec.structs.force_setattr
 
 
 class ControlService:
@@ -90,7 +91,7 @@ class ControlService:
         self.keys = keys
         self.ledger = ledger
         self.prices = prices
-        self._price_of = PriceLookup(prices)
+        self._price_of = PriceLookup(prices).__getitem__  # the memo's bound look-up: the cheapest call per row
         self.configured = configured  # whether an account's credential is set
         self.routes = routes
         self.lease_capacity = lease_capacity
@@ -100,13 +101,9 @@ class ControlService:
         self.events = events
         self.link = link
         self.grants = grants
-        # SPEC §18 (`BudgetGuard`): a lease as the data plane must hold it now (its budget gate),
-        # and the exhausted budgets of a (repo, role)'s chain.
-        self.budgets = budgets
+        self.budgets = budgets  # SPEC §18 (`BudgetGuard`): leases' budget gates, chains' exhausted budgets
         self.row_sinks = row_sinks  # each recorded terminal row, in this order
-        # Run by each settle after its rows are folded and before they are acknowledged (the
-        # dispatch keys' hops: a worker's retry after the failed answer finds the new account).
-        self.settle_hooks = settle_hooks
+        self.settle_hooks = settle_hooks  # after a settle's folds, before its Acks (the dispatch keys' hops)
         self.hooks_idle = hooks_idle  # whether the hooks would do nothing with these rows (`Hopper.idle`)
         self.fold_together = fold_together  # fleet mode: a settle's Redis work in one exchange (`_fold`)
         self._unacked: list[tuple[Connection, int]] = []  # rows staged, to acknowledge once written
@@ -238,17 +235,22 @@ class ControlService:
             log.warning("rpc_message_unexpected", op=type(message).__name__)
 
     def record(self, row: AttemptRow) -> None:
-        """`_take` the row and schedule the settle that writes and folds it (`settle` awaits it)."""
-        self._take(row)
+        """`_take` a copy of the row (the caller's stays as it is), then the settle (`settle` awaits it)."""
+        self._take(msgspec.structs.replace(row))
         self._settle_soon()
 
-    def _take(self, row: AttemptRow) -> None:
-        """Price the row, stage it in the ledger once, move it from active to recent."""
+    def _take(self, row: AttemptRow, start_withdrawn: bool = False) -> None:
+        """Price the row, stage it in the ledger once, move it from active to recent. The row is
+        ours (decoded by the link's reader, or `record`'s copy): priced in place, no copy per row
+        (issue 27); only its start's event holds it yet, and shows no cost (`as_started`)."""
         if not self.ledger.has(row.attempt_id):
+            if start_withdrawn:  # reported once, by this row (issue 27): the feed still has both events;
+                self.events.publish_row(_ROUTE_STARTED, row)  # projected as its start was, on first read
             cost, reason = cost_of(
                 self._price_of, row.served_model or row.requested_model, row.usage, row.path, row.http_status
             )
-            row = msgspec.structs.replace(row, cost_usd=cost, cost_reason=str(reason))
+            _set(row, "cost_usd", cost)
+            _set(row, "cost_reason", str(reason))
             self.ledger.stage(row)
             self.routes.finished(row)
             self.events.publish_row(_ROUTE_FINISHED, row)
@@ -363,12 +365,8 @@ class ControlService:
     def _finished(self, conn: Connection, message: AttemptFinished) -> None:
         """A terminal row from the data plane; its `Ack` is sent by the settle after the write."""
         self._unacked.append((conn, message.req_id))
-        row = message.row
-        if row.attempt_id not in self.routes.active and not self.ledger.has(row.attempt_id):
-            # reported once (the data plane withdrew its start, issue 27): the feed still has both;
-            # the event shows the row as its start was (projected on first read, `events.py`)
-            self.events.publish_row(_ROUTE_STARTED, row)
-        self._take(row)  # settled by `read_done` (the link's reader) or `on_message`
+        row = message.row  # settled by `read_done` (the link's reader) or `on_message`
+        self._take(row, row.attempt_id not in self.routes.active)
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():

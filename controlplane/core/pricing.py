@@ -108,25 +108,28 @@ def price_for(table: PriceTable, model: str) -> Price | None:
     return None
 
 
-class PriceLookup:
+class PriceLookup(dict[str, Price | None]):
     """`price_for` memoized per model name: a ledger row costs one dict lookup, not a glob match
     over the whole table. Model names come from workers and upstreams, so the memo is bounded
-    (cleared when full); the table is immutable, so an entry is never stale."""
+    (cleared when full); the table is immutable, so an entry is never stale.
+
+    The memo is the dict itself and a call is its look-up (`__call__` is `dict.__getitem__`, a
+    miss `__missing__`): no Python frame per row (issue 27: 1.6k → 1.2k instructions a call, and
+    0.55k through the bound `__getitem__`, which `ControlService` holds)."""
 
     MEMO_MAX = 4096
 
     def __init__(self, table: PriceTable) -> None:
+        super().__init__()
         self.table = table
-        self._memo: dict[str, Price | None] = {}
 
-    def __call__(self, model: str) -> Price | None:
-        try:
-            return self._memo[model]
-        except KeyError:
-            if len(self._memo) >= self.MEMO_MAX:
-                self._memo.clear()
-            price = self._memo[model] = price_for(self.table, model)
-            return price
+    def __missing__(self, model: str) -> Price | None:
+        if len(self) >= self.MEMO_MAX:
+            self.clear()
+        price = self[model] = price_for(self.table, model)
+        return price
+
+    __call__ = dict.__getitem__
 
 
 # SPEC §19: the paths whose answer is billed by its usage, and those the provider never bills.
@@ -139,6 +142,8 @@ _PRICED, _UNPRICED, _NOT_BILLED, _NO_USAGE = (
     CostReason.NOT_BILLED,
     CostReason.NO_USAGE,
 )
+# For 0 <= x < _ROUNDS_BELOW, `x + _ROUNDER - _ROUNDER` is x rounded to an integer (`round8`).
+_ROUNDER, _ROUNDS_BELOW = 1.5 * 2.0**52, 2.0**51
 
 
 def cost_of(
@@ -167,4 +172,27 @@ def cost_of(
         + usage.cache_read_tokens * price.cache_read
         + usage.cache_creation_tokens * price.cache_creation
     ) / 1_000_000
+    # `round8(total)`, inline: this runs per row
+    scaled = total * 1e8
+    if 0.0 < scaled < _ROUNDS_BELOW:
+        near = scaled + _ROUNDER - _ROUNDER
+        if -0.5 < scaled - near < 0.5:
+            return near / 1e8, _PRICED
     return round(total, 8), _PRICED
+
+
+def round8(total: float) -> float:
+    """`round(total, 8)`, the same float, without its trip through a decimal string (~2.7k
+    instructions a call on 3.11; this ~1.1k inline in `cost_of`). `round` rounds the exact value
+    of `total` to 8 decimals (never a tie: a tie has a 5 in its denominator) and answers the
+    double nearest to that, which is `n / 1e8` for the integer `n` (exact below 2**53; one
+    correctly rounded division). `scaled` is `total * 10**8` rounded to a double, and rounding
+    is monotonic: when `scaled` is strictly within half of the integer `near` nearest to it,
+    so is the exact product, and `n` is `near`. A `scaled` on a tie, 0, -0.0, negative, huge or
+    not finite goes to `round` itself. `tests/unit/test_price_lookup.py` holds the two equal."""
+    scaled = total * 1e8
+    if 0.0 < scaled < _ROUNDS_BELOW:
+        near = scaled + _ROUNDER - _ROUNDER
+        if -0.5 < scaled - near < 0.5:
+            return near / 1e8
+    return round(total, 8)

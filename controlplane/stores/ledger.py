@@ -166,16 +166,19 @@ class Ledger:
     def stage(self, row: AttemptRow) -> None:
         """Queue `row` (once) for the next `flush`: rows arriving together are written together,
         with one `write`. A staged row counts as seen at once, so a re-sent copy is not queued."""
-        if row.attempt_id in self._seen:
+        attempt_id, seen = row.attempt_id, self._seen
+        if attempt_id in seen:
             return
-        self._remember(row.attempt_id)
+        seen[attempt_id] = None  # `_remember`, inline: this runs per row
+        if len(seen) > DEDUP_WINDOW:
+            seen.popitem(last=False)
         if self._waiting < RETRY_BUFFER:
             buffer = self._unwritten
             _encode_into(row, buffer, -1)
             buffer.append(10)  # the newline
             self._waiting += 1
         else:
-            log.error("ledger_row_dropped", attempt_id=row.attempt_id)
+            log.error("ledger_row_dropped", attempt_id=attempt_id)
 
     def flush(self) -> bool:
         """Write every buffered row; sets and returns `ok`."""

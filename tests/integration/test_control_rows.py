@@ -199,3 +199,23 @@ async def test_a_row_that_may_start_a_hop_is_never_settled_at_once(tmp_path: Pat
     service.read_done()
     assert service._settling is not None  # the hook runs in a task
     assert await service.settle() and [ack.req_id for ack, _ in conn.acks] == [6]
+
+
+async def test_a_withdrawn_starts_event_shows_no_price_and_a_recorded_row_stays_the_callers(tmp_path: Path) -> None:
+    """Control prices the row it decoded in place (issue 27: no copy per row). The start's event of
+    an attempt reported once holds that very row: read after the pricing, it still shows the start
+    (no cost, no status). A row handed to `record` is copied first: the caller's stays unpriced."""
+    service = _service(tmp_path)
+    conn = _Conn(tmp_path / "ledger.jsonl")
+    reported = _row(1)
+    service.handle(conn, AttemptFinished(req_id=1, row=reported))  # type: ignore[arg-type]
+    started, finished = list(service.events.replay)
+    assert reported.cost_reason == "priced" and finished.data.cost_reason == "priced"  # type: ignore[attr-defined]
+    start = msgspec.json.decode(started.payload)
+    assert (start["status"], start["cost_usd"], start["cost_reason"], start["usage"]) == (None, None, None, None)
+    mine = _row(2)
+    service.record(mine)
+    await service.settle()
+    assert mine == _row(2) and mine.cost_reason is None
+    lines = (tmp_path / "ledger.jsonl").read_bytes().splitlines()
+    assert [msgspec.json.decode(line)["cost_reason"] for line in lines] == ["priced", "priced"]
