@@ -263,7 +263,9 @@ class Ledger:
 
     def resume_rotations(self) -> None:
         """Retry a rotation a failure left unfinished (the timer's call; a no-op when none is)."""
-        if not self._pending and segments.has_parts(self.state_dir):
+        # a future that has ended may still be listed: its done-callback runs on the worker
+        # thread after `wait_idle` has already returned, so only one still running defers this
+        if not any(not f.done() for f in list(self._pending)) and segments.has_parts(self.state_dir):
             self.submit(lambda: segments.recover(self.state_dir, self._on_step))
 
     def wait_idle(self, timeout_s: float | None = None) -> None:

@@ -183,6 +183,34 @@ def test_a_rotation_that_fails_in_the_background_is_finished_later(tmp_path: Pat
     ledger.close()
 
 
+def test_a_failed_rotation_still_listed_does_not_hold_back_its_retry(tmp_path: Path) -> None:
+    """CI caught this: `wait_idle` returns once the failed future has ended, but its
+    done-callback (which unlists it) runs on the worker thread a moment later; a resume in
+    that window saw it "pending" and retried nothing. The window, held open on purpose:"""
+    from concurrent.futures import Future
+
+    clock = FakeClock("2026-11-29T22:00:00")
+    failing = {"on": True}
+
+    def on_step(step: str) -> None:
+        if failing["on"] and step == "compressed":
+            raise OSError(28, "No space left on device")
+
+    ledger = open_ledger(tmp_path, clock, on_step=on_step)
+    write(ledger, clock, 3, "a")
+    clock.set("2026-11-30T00:00:00.500")
+    write(ledger, clock, 1, "b")
+    ledger.wait_idle()
+    ended: Future = Future()
+    ended.set_exception(OSError(28, "No space left on device"))
+    ledger._pending.append(ended)  # ended, its callback not yet run
+    failing["on"] = False
+    ledger.resume_rotations()
+    ledger.wait_idle()
+    assert ledger_files(tmp_path) == ["ledger-20261129.jsonl.gz", "ledger-20261129.spend.json", "ledger.jsonl"]
+    ledger.close()
+
+
 def test_deduplication_survives_a_rotation_and_a_restart(tmp_path: Path) -> None:
     clock = FakeClock("2026-11-30T23:59:00")
     ledger = open_ledger(tmp_path, clock)
