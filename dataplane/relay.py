@@ -220,7 +220,7 @@ class Relay:
         sized = length is not None and not is_sse and length.isdigit()
         headers = downstream_headers(upstream.headers)  # (an upstream's repeats kept)
         headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
-        response = StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        response = StreamResponse(upstream.status, upstream.reason, headers)  # (positional: cheaper)
         if sized:  # its head leaves with its first body chunk: one write for an answer read whole
             response.content_length = int(length)  # type: ignore[arg-type]
             response.head_with_body = True

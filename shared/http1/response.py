@@ -73,9 +73,7 @@ def header_lines(headers: Mapping[str, str]) -> list[str]:
 class StreamResponse:
     head_with_body = False  # the head waits for the first body write
 
-    def __init__(
-        self, *, status: int = 200, reason: str | None = None, headers: MutableMapping[str, str] | None = None
-    ):
+    def __init__(self, status: int = 200, reason: str | None = None, headers: MutableMapping[str, str] | None = None):
         self.status = status
         self.reason = reason or reason_of(status)
         self.headers: MutableMapping[str, str] = (
@@ -196,7 +194,7 @@ class Response(StreamResponse):
         headers: MutableMapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> None:
-        super().__init__(status=status, reason=reason, headers=headers)
+        super().__init__(status, reason, headers)
         if text is not None:
             body = text.encode("utf-8")
             content_type = content_type or "text/plain"
