@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from shared.http1.request import Request
 
 SERVER = "leasehold"
+_SERVER_LINE = f"Server: {SERVER}"
+_CHUNKED_LINE = "Transfer-Encoding: chunked"
 _FIELD = ": ".join  # a (name, value) pair of str → its header line
 
 
@@ -134,22 +136,22 @@ class StreamResponse:
         request.started = True
         self._head_only = request.method == "HEAD"
         length = _has(self.headers, "Content-Length")
-        framing = None
+        framing = None  # its line, when the head names it
         if length is None and request.version >= (1, 1):
             self._chunked = True
-            framing = ("Transfer-Encoding", "chunked")
+            framing = _CHUNKED_LINE
         elif length is None:
             self.force_close_after = True  # HTTP/1.0: the close ends the body
         return self._head(request, framing)
 
-    def _head(self, request: Request, framing: tuple[str, str] | None) -> bytes:
+    def _head(self, request: Request, framing: str | None) -> bytes:
         conn = request._conn
         lines = [status_line(request.version, self.status, self.reason)]
         lines += header_lines(self.headers)
         if framing is not None:
-            lines.append(f"{framing[0]}: {framing[1]}")
+            lines.append(framing)
         lines.append(f"Date: {conn.server.date.now()}")
-        lines.append(f"Server: {SERVER}")
+        lines.append(_SERVER_LINE)
         if _has(self.headers, "Connection") is None:  # as aiohttp says it
             if request.version < (1, 1) and request.keep_alive and self.keep_alive:
                 lines.append("Connection: keep-alive")
