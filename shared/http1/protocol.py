@@ -341,7 +341,7 @@ class Connection(asyncio.Protocol):
         try:
             while keep and self._queue and self.transport is not None:
                 item = self._queue.popleft()
-                if len(self._queue) <= self.limits.max_pipelined // 2:
+                if "pipeline" in self._paused and len(self._queue) <= self.limits.max_pipelined // 2:
                     self.resume_reading("pipeline")
                 if isinstance(item, Refusal):
                     await answer_refusal(self, item)

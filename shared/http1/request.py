@@ -76,11 +76,13 @@ class Body:
         self._buffered += len(chunk)
         if self._buffered > self.buffer_bytes:
             self.flow.pause_reading("body")
-        self._wake()
+        if self._waiter is not None:  # (a reader waits: no call per chunk otherwise)
+            self._wake()
 
     def finish(self) -> None:
         self.complete = True
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def fail(self, exc: BaseException) -> None:
         if not self.complete:

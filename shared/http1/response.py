@@ -153,9 +153,10 @@ class StreamResponse:
         lines.append(f"Date: {conn.server.date.now()}")
         lines.append(_SERVER_LINE)
         if _has(self.headers, "Connection") is None:  # as aiohttp says it
-            if request.version < (1, 1) and request.keep_alive and self.keep_alive:
+            keep = request.keep_alive and not self.force_close_after  # (`keep_alive`, no header)
+            if request.version < (1, 1) and keep:
                 lines.append("Connection: keep-alive")
-            elif request.version >= (1, 1) and not (request.keep_alive and self.keep_alive):
+            elif request.version >= (1, 1) and not keep:
                 lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
