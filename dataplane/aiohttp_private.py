@@ -10,6 +10,9 @@ private attributes below.
   `serialize_headers` (`aiohttp.http_writer._serialize_headers`) and reads the answer with
   `ResponseHandler` (`aiohttp.client_proto`), plus `EMPTY_BODY_METHODS` and
   `parse_content_type` (`aiohttp.helpers`) and `HttpProcessingError` (`aiohttp.http_exceptions`).
+  `KeptAlive`, its `ResponseHandler`, keeps the response parser (`_parser`, aiohttp's C
+  `HttpResponseParser`) from one exchange to the next on a kept-alive connection, as long as
+  the parser stands between two messages (its `feed_eof()` answers None only there): issue 27.
 - The data plane's WebSocket (SPEC §20) is served by aiohttp on a connection `shared.http1`
   parsed the handshake's head of (`hand_over`): a `web.Server`'s connection handler, built as
   aiohttp's `Server.__call__` builds it (from `_loop` and `_kwargs`: `server_class`), is given the
@@ -32,6 +35,7 @@ __all__ = [
     "EMPTY_BODY_METHODS",
     "HandedOver",
     "HttpProcessingError",
+    "KeptAlive",
     "ResponseHandler",
     "hand_over",
     "handed_over_server",
@@ -39,6 +43,48 @@ __all__ = [
     "serialize_headers",
     "server_class",
 ]
+
+
+# The response parser's settings for every exchange (aiohttp's, as its session sets them), but
+# `skip_payload` (a HEAD's answer has no body): `KeptAlive.expect_response`.
+RESPONSE_PARAMS: dict[str, Any] = dict(
+    read_until_eof=True,
+    auto_decompress=False,
+    read_bufsize=64 * 1024,
+    timeout_ceil_threshold=5,
+    max_line_size=64 * 1024,
+    max_field_size=64 * 1024,
+    max_headers=128,
+)
+
+
+class KeptAlive(ResponseHandler):
+    """aiohttp's `ResponseHandler`, its response parser kept for the connection's next exchange.
+
+    `set_response_params` builds a new C parser per exchange (~10k instructions: issue 27);
+    aiohttp's parser reads consecutive answers itself. It is kept only when a fresh one would
+    read the next answer exactly alike: built with the same settings (`parser_skips`), the
+    connection clean (`should_close` false: the last answer read to its end, nothing queued or
+    failed), and the parser between two messages. A parser that has taken bytes of a next
+    message (an upstream writing past its answer) answers `feed_eof()` with that message, or
+    raises; only a parser between messages (CR/LF aside, which a fresh one skips too) answers
+    None, without touching anything. Any other answer: a fresh parser, as before, and the one
+    probed is dropped. tests/unit/test_aiohttp_private_api.py holds each of these."""
+
+    parser_skips: bool | None = None  # `skip_payload` of the parser set, None before the first
+
+    def expect_response(self, skip_payload: bool) -> None:
+        """The parser for the next exchange's answer: the kept one or a fresh one."""
+        parser = self._parser
+        if parser is not None and self.parser_skips is skip_payload and not self.should_close:
+            try:
+                between = parser.feed_eof() is None
+            except Exception:  # (a partial next message it cannot finish)
+                between = False
+            if between:
+                return
+        self.set_response_params(skip_payload=skip_payload, **RESPONSE_PARAMS)
+        self.parser_skips = skip_payload
 
 
 def server_class(handler: type[web.RequestHandler]) -> type[web.Server]:

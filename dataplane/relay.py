@@ -220,7 +220,7 @@ class Relay:
         sized = length is not None and not is_sse and length.isdigit()
         headers = downstream_headers(upstream.headers)  # (an upstream's repeats kept)
         headers[OVERHEAD_HEADER] = attempt.overhead_header(upstream_wait)
-        response = StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        response = StreamResponse(upstream.status, upstream.reason, headers)  # (positional: cheaper)
         if sized:  # its head leaves with its first body chunk: one write for an answer read whole
             response.content_length = int(length)  # type: ignore[arg-type]
             response.head_with_body = True
@@ -265,7 +265,8 @@ class Relay:
         """Relay chunks as they arrive, no buffering, no per-chunk logging or timer (a `strip`
         holds back only a partial SSE event)."""
         loop = watch.loop  # the running loop, as the watch took it (no second look-up)
-        read = upstream.content.readany
+        content = upstream.content
+        read, at_eof, failed = content.readany, content.at_eof, content.exception
         write = response.write if strip is None else _stripping(response.write, strip)
         observe = observer.feed
         while True:
@@ -286,6 +287,9 @@ class Relay:
             except ConnectionError:
                 return _CLIENT_GONE
             attempt.bytes_out += len(chunk)
+            if at_eof() and failed() is None:  # all read: the end `read()` would give (b""), no read
+                watch.writing_since = loop.time()  # (the watch as that read would leave it)
+                return _EOF
 
 
 def _stalled(request: Request, attempt: Attempt) -> None:

@@ -10,6 +10,8 @@ wire and drops the rest:
   bodiless method that expects one), no header of its own;
 - the response is read by aiohttp's `ResponseHandler` and parser (framing, chunked and
   close-delimited bodies, header limits, flow control, its exceptions), 1xx answers skipped;
+  its parser kept for a kept-alive connection's next answer where a fresh one would read it
+  alike (`KeptAlive`);
 - a malformed answer raises `aiohttp.ClientResponseError`; a refused, reset or lost
   connection an `aiohttp.ClientError`/`OSError`; a connect that outlasts
   `GATEWAY_UPSTREAM_CONNECT_TIMEOUT` a `TimeoutError` — what the relay already classifies;
@@ -39,7 +41,7 @@ from yarl import URL
 from dataplane.aiohttp_private import (
     EMPTY_BODY_METHODS,
     HttpProcessingError,
-    ResponseHandler,
+    KeptAlive,
     parse_content_type,
     serialize_headers,
 )
@@ -47,17 +49,12 @@ from shared import deferred_ca
 
 KEEPALIVE_S = 30.0
 DNS_TTL_S = 60.0
-READ_BUFSIZE = 64 * 1024
-MAX_LINE = 64 * 1024
-MAX_FIELD = 64 * 1024
-MAX_HEADERS = 128
-TIMEOUT_CEIL_THRESHOLD = 5
 # Methods aiohttp sends `Content-Length: 0` for when there is no body, and retries on a stale
 # keep-alive connection.
 _BODYLESS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 _IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # Clean connections of one origin, oldest at the left, each with when it was parked.
-Idle = deque[tuple[ResponseHandler, float]]
+Idle = deque[tuple[KeptAlive, float]]
 # Above this a body is written after its headers instead of being joined to them.
 _JOIN_LIMIT = 64 * 1024
 # A URL (its object), its pool key, its `Host` value and its request target.
@@ -100,20 +97,6 @@ def request_head(method: str, host: str | None, target: str, headers: CIMultiDic
     return serialize_headers(f"{method} {target} HTTP/1.1", out)
 
 
-def _expect_response(protocol: ResponseHandler, method: str) -> None:
-    """The response parser's settings for one exchange (aiohttp's, as its session sets them)."""
-    protocol.set_response_params(
-        skip_payload=method in EMPTY_BODY_METHODS,
-        read_until_eof=True,
-        auto_decompress=False,
-        read_bufsize=READ_BUFSIZE,
-        timeout_ceil_threshold=TIMEOUT_CEIL_THRESHOLD,
-        max_line_size=MAX_LINE,
-        max_field_size=MAX_FIELD,
-        max_headers=MAX_HEADERS,
-    )
-
-
 class Withheld(Exception):
     """The request was not sent: `ready` answered `answer` (a refusal) instead of going ahead."""
 
@@ -128,13 +111,13 @@ class UpstreamResponse:
     __slots__ = ("status", "reason", "headers", "content", "_protocol", "_idle", "_client")
 
     def __init__(
-        self, message: Any, payload: aiohttp.StreamReader, protocol: ResponseHandler, idle: Idle, client: UpstreamClient
+        self, message: Any, payload: aiohttp.StreamReader, protocol: KeptAlive, idle: Idle, client: UpstreamClient
     ) -> None:
         self.status: int = message.code
         self.reason: str = message.reason
         self.headers: CIMultiDictProxy[str] = message.headers
         self.content = payload
-        self._protocol: ResponseHandler | None = protocol
+        self._protocol: KeptAlive | None = protocol
         self._idle = idle
         self._client = client
 
@@ -222,7 +205,7 @@ class UpstreamClient:
             if protocol is None:
                 protocol = await self._connect(url)
             try:
-                _expect_response(protocol, method)
+                protocol.expect_response(method in EMPTY_BODY_METHODS)
                 transport = protocol.transport
                 assert transport is not None
                 if body and len(body) > _JOIN_LIMIT:
@@ -267,9 +250,7 @@ class UpstreamClient:
             self._fallback = self._make_fallback()
         return await self._fallback.request(method, url, data=body, headers=headers, allow_redirects=False)
 
-    async def _ready(
-        self, ready: Callable[[], Awaitable[object]], idle: Idle, protocol: ResponseHandler | None
-    ) -> None:
+    async def _ready(self, ready: Callable[[], Awaitable[object]], idle: Idle, protocol: KeptAlive | None) -> None:
         """Await `ready` before the first byte; unless it goes ahead, park the unused connection."""
         try:
             answer = await ready()
@@ -282,7 +263,7 @@ class UpstreamClient:
                 self.park(idle, protocol)
             raise Withheld(answer)
 
-    def park(self, idle: Idle, protocol: ResponseHandler) -> None:
+    def park(self, idle: Idle, protocol: KeptAlive) -> None:
         """Keep a clean connection for the next exchange; a sweep closes it after 30 s unused."""
         loop = asyncio.get_running_loop()
         idle.append((protocol, loop.time()))
@@ -302,7 +283,7 @@ class UpstreamClient:
         if left and not self.closed:
             self._sweeping = loop.call_later(KEEPALIVE_S, self._sweep)
 
-    def _reuse(self, idle: Idle) -> ResponseHandler | None:
+    def _reuse(self, idle: Idle) -> KeptAlive | None:
         """The newest clean kept-alive connection (stale ones closed), or None."""
         if not idle:
             return None
@@ -315,7 +296,7 @@ class UpstreamClient:
             return protocol
         return None
 
-    async def _connect(self, url: URL) -> ResponseHandler:
+    async def _connect(self, url: URL) -> KeptAlive:
         loop = asyncio.get_running_loop()
         host, port = url.raw_host or "", url.port or 0
         infos = await self._resolve(loop, host, port, loop.time())
@@ -324,7 +305,7 @@ class UpstreamClient:
             sock = await aiohappyeyeballs.start_connection(infos, happy_eyeballs_delay=0.25)
             try:
                 _, protocol = await loop.create_connection(
-                    lambda: ResponseHandler(loop),
+                    lambda: KeptAlive(loop),
                     sock=sock,
                     ssl=self.tls if tls else None,
                     server_hostname=host.rstrip(".") if tls else None,

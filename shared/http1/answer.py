@@ -32,7 +32,8 @@ async def answer_one(conn: Conn, request: Request) -> bool:
     if request.started and not response.prepared:  # a stream failed midway: cut, not re-answered
         return False
     try:
-        await _send(response, request)
+        if not (response.prepared and response.ended):  # (else `_send` has nothing to do)
+            await _send(response, request)
     except ConnectionResetError:
         return False
     keep = request.keep_alive and response.keep_alive and not conn.reading_stopped and not server.closing

@@ -54,7 +54,7 @@ class Body:
         "_waiter",
     )
 
-    def __init__(self, flow: Flow, *, declared: int | None, expects_continue: bool, limit_s: float, buffer_bytes: int):
+    def __init__(self, flow: Flow, declared: int | None, expects_continue: bool, limit_s: float, buffer_bytes: int):
         self.flow, self.limit_s, self.buffer_bytes = flow, limit_s, buffer_bytes
         self.declared = declared  # Content-Length, None when chunked or absent
         self.expects_continue = expects_continue
@@ -76,11 +76,13 @@ class Body:
         self._buffered += len(chunk)
         if self._buffered > self.buffer_bytes:
             self.flow.pause_reading("body")
-        self._wake()
+        if self._waiter is not None:  # (a reader waits: no call per chunk otherwise)
+            self._wake()
 
     def finish(self) -> None:
         self.complete = True
-        self._wake()
+        if self._waiter is not None:
+            self._wake()
 
     def fail(self, exc: BaseException) -> None:
         if not self.complete:
@@ -106,6 +108,14 @@ class Body:
         body = bytearray()
         while True:
             self.flow.resume_reading("body")  # bytes held back may land in `_chunks` now
+            if self.complete and not body:  # all of it arrived before this read: no copy to gather
+                whole = b"".join(self._chunks)  # (one chunk: that chunk itself)
+                self._chunks.clear()
+                self._buffered = 0
+                if max_size and len(whole) > max_size:
+                    raise HTTPRequestEntityTooLarge(max_size)
+                self.consumed = True
+                return whole
             body += b"".join(self._chunks)
             self._chunks.clear()
             self._buffered = 0
@@ -175,7 +185,6 @@ class Request:
 
     def __init__(
         self,
-        *,
         method: str,
         version: tuple[int, int],
         target: bytes,

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from shared.http1.request import Request
 
 SERVER = "leasehold"
+_SERVER_LINE = f"Server: {SERVER}"
+_CHUNKED_LINE = "Transfer-Encoding: chunked"
 _FIELD = ": ".join  # a (name, value) pair of str → its header line
 
 
@@ -73,9 +75,7 @@ def header_lines(headers: Mapping[str, str]) -> list[str]:
 class StreamResponse:
     head_with_body = False  # the head waits for the first body write
 
-    def __init__(
-        self, *, status: int = 200, reason: str | None = None, headers: MutableMapping[str, str] | None = None
-    ):
+    def __init__(self, status: int = 200, reason: str | None = None, headers: MutableMapping[str, str] | None = None):
         self.status = status
         self.reason = reason or reason_of(status)
         self.headers: MutableMapping[str, str] = (
@@ -136,26 +136,27 @@ class StreamResponse:
         request.started = True
         self._head_only = request.method == "HEAD"
         length = _has(self.headers, "Content-Length")
-        framing = None
+        framing = None  # its line, when the head names it
         if length is None and request.version >= (1, 1):
             self._chunked = True
-            framing = ("Transfer-Encoding", "chunked")
+            framing = _CHUNKED_LINE
         elif length is None:
             self.force_close_after = True  # HTTP/1.0: the close ends the body
         return self._head(request, framing)
 
-    def _head(self, request: Request, framing: tuple[str, str] | None) -> bytes:
+    def _head(self, request: Request, framing: str | None) -> bytes:
         conn = request._conn
         lines = [status_line(request.version, self.status, self.reason)]
         lines += header_lines(self.headers)
         if framing is not None:
-            lines.append(f"{framing[0]}: {framing[1]}")
+            lines.append(framing)
         lines.append(f"Date: {conn.server.date.now()}")
-        lines.append(f"Server: {SERVER}")
+        lines.append(_SERVER_LINE)
         if _has(self.headers, "Connection") is None:  # as aiohttp says it
-            if request.version < (1, 1) and request.keep_alive and self.keep_alive:
+            keep = request.keep_alive and not self.force_close_after  # (`keep_alive`, no header)
+            if request.version < (1, 1) and keep:
                 lines.append("Connection: keep-alive")
-            elif request.version >= (1, 1) and not (request.keep_alive and self.keep_alive):
+            elif request.version >= (1, 1) and not keep:
                 lines.append("Connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
@@ -196,7 +197,7 @@ class Response(StreamResponse):
         headers: MutableMapping[str, str] | None = None,
         content_type: str | None = None,
     ) -> None:
-        super().__init__(status=status, reason=reason, headers=headers)
+        super().__init__(status, reason, headers)
         if text is not None:
             body = text.encode("utf-8")
             content_type = content_type or "text/plain"

@@ -159,6 +159,30 @@ async def test_connections_are_kept_and_reused() -> None:
         upstream.close()
 
 
+@pytest.mark.parametrize("past", [b"", b"\r\n", b"HTTP/1.1 418 I", b"HTTP/1.1 200 OK\r\nX-Smuggled: 1\r\nConte"])
+async def test_bytes_past_an_answer_never_prefix_the_next(past: bytes) -> None:
+    """An upstream writing past its answer on a kept-alive connection (a partial next head in the
+    same write): the next exchange on that connection reads only its own answer, as with a
+    fresh parser (the response parser is kept across exchanges only between messages)."""
+    second = b"HTTP/1.1 201 Created\r\nContent-Length: 4\r\n\r\nnext"
+
+    async def answer(_conn: int, _raw: bytes, _reader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(OK + past if len(upstream.requests) == 1 else second)
+        return True
+
+    upstream = await Upstream(answer).start()
+    lean = client()
+    try:
+        url = URL(f"http://127.0.0.1:{upstream.port}/v1/messages", encoded=True)
+        assert await exchange(lean, "POST", url, CIMultiDict(), b"{}") == (200, b"{}")
+        assert await exchange(lean, "POST", url, CIMultiDict(), b"{}") == (201, b"next")
+        assert await exchange(lean, "POST", url, CIMultiDict(), b"{}") == (201, b"next")
+        assert upstream.connections == 1
+    finally:
+        await lean.close()
+        upstream.close()
+
+
 async def test_connections_unused_for_the_keepalive_time_are_closed(monkeypatch) -> None:
     monkeypatch.setattr(upstream_client, "KEEPALIVE_S", 0.05)
     upstream = await Upstream().start()

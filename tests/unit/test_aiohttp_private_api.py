@@ -24,7 +24,8 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
-from dataplane.aiohttp_private import hand_over, handed_over_server, server_class
+from dataplane.aiohttp_private import RESPONSE_PARAMS as KEPT_PARAMS
+from dataplane.aiohttp_private import KeptAlive, hand_over, handed_over_server, server_class
 
 REPO = Path(__file__).resolve().parents[2]
 GUARD = REPO / "dataplane" / "aiohttp_private.py"
@@ -165,6 +166,145 @@ async def response_handler_raises_server_disconnected_on_a_lost_connection() -> 
         await asyncio.wait_for(protocol.read(), 5)
 
 
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+HEAD_ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"  # (to a HEAD: no body follows)
+# What may follow an answer on a kept-alive connection, each read by a kept parser and by a
+# fresh one (`KeptAlive`): the next answer in every framing, after stray CR/LFs, split anywhere,
+# and garbage; the 1xx before it.
+NEXT_ANSWERS = [
+    ANSWER,
+    b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n2\r\nab\r\n0\r\nX-T: 1\r\n\r\n",
+    b"HTTP/1.1 204 No Content\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end",
+    b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx",
+    b"HTTP/1.1 100 Continue\r\n\r\n" + ANSWER,
+    b"\r\n" + ANSWER,
+    b"\n\r\n\r" + ANSWER,
+    b" " + ANSWER,
+    b"HTTP/1.1 2x0 OK\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    b"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\nraw",
+    b"HTTP/1.1 200 OK\r\n" + b"X-Long: " + b"v" * (64 * 1024 + 1) + b"\r\n\r\n",
+]
+
+
+async def _read_all(protocol: Any, data: bytes, split: int) -> list[Any]:
+    """What `protocol` reads from `data` (fed in two pieces at `split`): each answer's status,
+    headers and body, or the error, and the connection's state after."""
+    seen: list[Any] = []
+    for piece in (data[:split], data[split:]):
+        if piece and not protocol.transport.is_closing():  # (closed on a parse error: no more bytes)
+            protocol.data_received(piece)
+    protocol.connection_lost(None)  # the end: what is left is read to it
+    while True:
+        try:
+            message, payload = await asyncio.wait_for(protocol.read(), 5)
+        except Exception as exc:
+            seen.append((type(exc).__name__, str(exc)))
+            break
+        try:
+            body = await asyncio.wait_for(payload.read(), 5)
+        except Exception as exc:
+            body = (type(exc).__name__, str(exc))
+        seen.append((message.code, message.reason, list(message.raw_headers), message.should_close, body))
+    return seen
+
+
+async def kept_alive_parser_reads_the_next_answer_as_a_fresh_one() -> None:
+    """`KeptAlive.expect_response` keeps the parser after a clean answer; the next answer (any
+    framing, split anywhere, or malformed) reads exactly as with the fresh parser aiohttp's
+    `set_response_params` builds."""
+    for skip in (False, True):
+        for following in NEXT_ANSWERS:
+            for split in sorted({0, 1, 2, 17, len(following) // 2, len(following) - 1}):
+                seen = []
+                for keep in (True, False):
+                    protocol = KeptAlive(asyncio.get_running_loop())
+                    protocol.connection_made(_Transport())
+                    protocol.expect_response(skip)
+                    first = protocol._parser
+                    protocol.data_received(HEAD_ANSWER if skip else ANSWER)
+                    _, payload = await asyncio.wait_for(protocol.read(), 5)
+                    await payload.read()
+                    assert not protocol.should_close
+                    if keep:
+                        protocol.expect_response(skip)
+                        assert protocol._parser is first  # kept
+                    else:
+                        protocol.set_response_params(skip_payload=skip, **KEPT_PARAMS)
+                    seen.append(await _read_all(protocol, following, split))
+                assert seen[0] == seen[1], (skip, following[:40], split)
+
+
+async def kept_alive_parser_is_dropped_when_it_holds_a_next_message() -> None:
+    """Bytes past a clean answer (an upstream writing more than it answered) leave the parser in
+    a next message: `expect_response` builds a fresh one, as aiohttp would, and the bytes are
+    dropped with the old; CR/LF alone leave it between messages (and kept). A parser built for
+    another `skip_payload`, or a connection not clean, is never kept."""
+    loop = asyncio.get_running_loop()
+    for extra, kept in [
+        (b"", True),
+        (b"\r\n", True),
+        (b"\r", True),
+        (b"H", False),
+        (b"HTTP/1.1 200", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", None),  # a whole head: queued, not clean
+    ]:
+        for together in (True, False):
+            protocol = KeptAlive(loop)
+            protocol.connection_made(_Transport())
+            protocol.expect_response(False)
+            first = protocol._parser
+            if together:
+                protocol.data_received(ANSWER + extra)
+            else:
+                protocol.data_received(ANSWER)
+            message, payload = await asyncio.wait_for(protocol.read(), 5)
+            assert await payload.read() == b"{}"
+            if not together and extra:
+                protocol.data_received(extra)
+            if kept is None:
+                assert protocol.should_close
+                continue
+            assert not protocol.should_close, extra
+            protocol.expect_response(False)
+            assert (protocol._parser is first) is kept, (extra, together)
+            protocol.data_received(ANSWER)
+            message, payload = await asyncio.wait_for(protocol.read(), 5)
+            assert (message.code, await payload.read()) == (200, b"{}"), extra
+    protocol = KeptAlive(loop)
+    protocol.connection_made(_Transport())
+    protocol.expect_response(False)
+    protocol.data_received(ANSWER)
+    await (await asyncio.wait_for(protocol.read(), 5))[1].read()
+    protocol.data_received(b"xyz")  # no message: the parser fails, the connection is not clean
+    assert protocol.should_close
+    protocol = KeptAlive(loop)
+    protocol.connection_made(_Transport())
+    protocol.expect_response(False)
+    first = protocol._parser
+    protocol.data_received(ANSWER)
+    await (await asyncio.wait_for(protocol.read(), 5))[1].read()
+    protocol.expect_response(True)  # another setting: a fresh parser
+    assert protocol._parser is not first and protocol.parser_skips is True
+    first = protocol._parser
+    protocol.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")  # (a HEAD's answer)
+    await asyncio.wait_for(protocol.read(), 5)
+    protocol.expect_response(True)
+    assert protocol._parser is first
+    protocol.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+    message, payload = await asyncio.wait_for(protocol.read(), 5)
+    assert payload.is_eof() and not protocol.should_close  # still a HEAD's parser: no body awaited
+    protocol.force_close()
+    assert protocol.should_close
+    protocol.expect_response(True)  # a connection not clean: never kept (the client does not reuse it)
+    assert protocol._parser is not first
+
+
 async def helpers_are_as_the_client_uses_them() -> None:
     from aiohttp.helpers import EMPTY_BODY_METHODS, parse_content_type
 
@@ -247,6 +387,8 @@ CASES = [
         response_handler_skips_the_payload_when_told,
         response_handler_raises_http_processing_error_on_a_malformed_answer,
         response_handler_raises_server_disconnected_on_a_lost_connection,
+        kept_alive_parser_reads_the_next_answer_as_a_fresh_one,
+        kept_alive_parser_is_dropped_when_it_holds_a_next_message,
         helpers_are_as_the_client_uses_them,
         server_class_serves_with_the_given_handler,
         a_handed_over_connection_is_served_by_aiohttp,

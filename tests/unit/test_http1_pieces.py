@@ -92,6 +92,22 @@ def test_headers_are_case_insensitive_and_keep_repeats() -> None:
     assert "x-many" in headers and "Missing" not in headers and headers.get("Missing", "d") == "d"
 
 
+def test_header_look_ups_by_any_name_past_the_remembered_bound() -> None:
+    """`Headers.get` and `in` remember each looked-up name's lower case (bounded): any number
+    of names, in any spelling, answer as `name.lower()` would, before and after the clear."""
+    from shared.http1 import headers as module
+
+    items = [(f"X-Name-{i}", str(i)) for i in range(3 * module.LOWERED_MAX)] + [("", "empty")]
+    headers = Headers(items)
+    for _ in range(2):
+        for i in range(3 * module.LOWERED_MAX):
+            for spelling in (f"x-name-{i}", f"X-NAME-{i}", f"X-Name-{i}"):
+                assert headers.get(spelling) == str(i) and spelling in headers
+            assert headers.get(f"x-other-{i}") is None and f"X-Other-{i}" not in headers
+        assert headers.get("") == "empty" and "" in headers and 3 not in headers  # type: ignore[operator]
+        assert len(module._lowered_names) <= module.LOWERED_MAX
+
+
 async def h_get(request: Any) -> Any: ...
 async def h_put(request: Any) -> Any: ...
 async def h_key(request: Any) -> Any: ...
