@@ -163,12 +163,13 @@ class Ledger:
     def has(self, attempt_id: str) -> bool:
         return attempt_id in self._seen
 
-    def stage(self, row: AttemptRow) -> None:
+    def stage(self, row: AttemptRow) -> bool:
         """Queue `row` (once) for the next `flush`: rows arriving together are written together,
-        with one `write`. A staged row counts as seen at once, so a re-sent copy is not queued."""
+        with one `write`. A staged row counts as seen at once, so a re-sent copy is not queued.
+        Answers whether the row was new (not seen before), queued or not (`ledger_row_dropped`)."""
         attempt_id, seen = row.attempt_id, self._seen
         if attempt_id in seen:
-            return
+            return False
         seen[attempt_id] = None  # `_remember`, inline: this runs per row
         if len(seen) > DEDUP_WINDOW:
             seen.popitem(last=False)
@@ -179,6 +180,7 @@ class Ledger:
             self._waiting += 1
         else:
             log.error("ledger_row_dropped", attempt_id=attempt_id)
+        return True
 
     def flush(self) -> bool:
         """Write every buffered row; sets and returns `ok`."""
