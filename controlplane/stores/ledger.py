@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -68,7 +68,10 @@ class Ledger:
         self.clock = clock  # the ledger's notion of now: its rotation, and the spend book's windows
         self._on_step = on_step or (lambda _step: None)
         self._fd: int | None = None
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        # The deduplication window: the ids, and their order (oldest first). A dict and a deque, not an
+        # OrderedDict: ~1.1k instructions less per row once the window is full (issue 27).
+        self._seen: dict[str, None] = {}
+        self._seen_order: deque[str] = deque()
         # Staged rows' lines, encoded straight into one buffer (no bytes object per row, no join).
         self._unwritten = bytearray()
         self._waiting = 0  # rows in `_unwritten`
@@ -156,9 +159,11 @@ class Ledger:
             self._rotate_at_ms = start + DAY_MS
 
     def _remember(self, attempt_id: str) -> None:
-        self._seen[attempt_id] = None
-        if len(self._seen) > DEDUP_WINDOW:
-            self._seen.popitem(last=False)
+        if attempt_id not in self._seen:  # one id once in the order: the window holds distinct ids
+            self._seen[attempt_id] = None
+            self._seen_order.append(attempt_id)
+            if len(self._seen_order) > DEDUP_WINDOW:
+                del self._seen[self._seen_order.popleft()]
 
     def has(self, attempt_id: str) -> bool:
         return attempt_id in self._seen
@@ -171,8 +176,10 @@ class Ledger:
         if attempt_id in seen:
             return False
         seen[attempt_id] = None  # `_remember`, inline: this runs per row
-        if len(seen) > DEDUP_WINDOW:
-            seen.popitem(last=False)
+        order = self._seen_order
+        order.append(attempt_id)
+        if len(order) > DEDUP_WINDOW:
+            del seen[order.popleft()]
         if self._waiting < RETRY_BUFFER:
             buffer = self._unwritten
             _encode_into(row, buffer, -1)
