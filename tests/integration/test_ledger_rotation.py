@@ -299,3 +299,21 @@ def test_the_dedup_window_forgets_the_oldest_distinct_id_first(tmp_path: Path, m
     assert ledger.flush()
     assert ids_on_disk(tmp_path / "state") == staged
     ledger.close()
+
+
+def test_each_line_is_its_row_encoded_whatever_the_rows_sizes(tmp_path: Path) -> None:
+    """Rows are encoded through one scratch line (kept up to `LINE_KEPT`, dropped past it): every
+    line is still exactly its row's JSON, a long row's and the short ones after it."""
+    import msgspec
+
+    clock = FakeClock("2026-03-01T12:00:00")
+    ledger = open_ledger(tmp_path / "state", clock)
+    rows = [row(stamp_of(clock.now), principal=f"w-{'x' * size}") for size in (0, 900, 3, 70_000, 1, 200)]
+    for n, r in enumerate(rows):
+        ledger.stage(r)
+        if n % 2:
+            assert ledger.flush()
+    assert ledger.flush()
+    text = (tmp_path / "state" / "ledger.jsonl").read_bytes()
+    assert text == b"".join(msgspec.json.encode(r) + b"\n" for r in rows)
+    ledger.close()
