@@ -207,7 +207,8 @@ class Ledger:
         if now >= self._rotate_at_ms:
             self.rotate_if_due(now)
         try:
-            self._reopen()
+            if self._fd is None:  # `_reopen`'s test first: no call per write
+                self._reopen()
             assert self._fd is not None
             data = self._unwritten
             written = os.write(self._fd, data)
