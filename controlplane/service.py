@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from time import time_ns as _time_ns
 
 import msgspec
 
@@ -217,12 +218,14 @@ class ControlService:
         """One report of the data plane, taken at once (nothing here suspends): what the link's
         reader calls per frame, with no coroutine to make and await (`Connection.run`); it calls
         `read_done` after each read, which settles what the read's reports staged."""
-        if isinstance(message, AttemptStarted):
+        if isinstance(message, AttemptFinished):  # a terminal row, taken here (no call more per row)
+            self._unacked.append((conn, message.req_id))  # its `Ack` is sent by the settle, after the write
+            row = message.row
+            self._take(row, row.attempt_id not in self.routes.active)
+        elif isinstance(message, AttemptStarted):
             if message.row.attempt_id not in self.routes.active:
                 self.routes.started(message.row)
                 self.events.publish_row(_ROUTE_STARTED, message.row)
-        elif isinstance(message, AttemptFinished):
-            self._finished(conn, message)
         elif isinstance(message, Ping):
             conn.send_nowait(Ack(req_id=message.req_id))
         elif isinstance(message, SocketsOpen):
@@ -243,15 +246,14 @@ class ControlService:
         """Price the row, stage it in the ledger once, move it from active to recent. The row is
         ours (decoded by the link's reader, or `record`'s copy): priced in place, no copy per row
         (issue 27); only its start's event holds it yet, and shows no cost (`as_started`)."""
-        if not self.ledger.has(row.attempt_id):
+        cost, reason = cost_of(
+            self._price_of, row.served_model or row.requested_model, row.usage, row.path, row.http_status
+        )
+        _set(row, "cost_usd", cost)  # a re-sent copy too (dropped unread): `stage` is the one dedup check
+        _set(row, "cost_reason", reason._value_)  # `str(reason)`, the member's own str, without the call
+        if self.ledger.stage(row):
             if start_withdrawn:  # reported once, by this row (issue 27): the feed still has both events;
                 self.events.publish_row(_ROUTE_STARTED, row)  # projected as its start was, on first read
-            cost, reason = cost_of(
-                self._price_of, row.served_model or row.requested_model, row.usage, row.path, row.http_status
-            )
-            _set(row, "cost_usd", cost)
-            _set(row, "cost_reason", str(reason))
-            self.ledger.stage(row)
             self.routes.finished(row)
             self.events.publish_row(_ROUTE_FINISHED, row)
             for sink in self.row_sinks:
@@ -259,7 +261,7 @@ class ControlService:
                     sink(row)
                 except Exception:  # a sink's bug must not cost the row its Ack or its evidence
                     log.exception("row_listener_failed", attempt_id=row.attempt_id)
-            self.evidence.record(row, now_ms())
+            self.evidence.record(row, _time_ns() // 1_000_000)  # `now_ms()`, inline
             self._unfolded.append(row)
         else:
             self.routes.active.pop(row.attempt_id, None)
@@ -287,7 +289,7 @@ class ControlService:
         rows, self._unfolded = self._unfolded, []
         unacked, self._unacked = self._unacked, []
         try:
-            self.circuits.fold_now(rows, now_ms())
+            self.circuits.fold_now(rows, _time_ns() // 1_000_000)  # `now_ms()`, inline: per read
         except Exception:
             log.exception("row_fold_failed", into="circuits", rows=len(rows))
         send_acks(unacked, ok)  # the link gone: the data plane re-sends the rows
@@ -361,12 +363,6 @@ class ControlService:
         if ok != was_ok:
             self.link.storage_state(ok)
         return ok
-
-    def _finished(self, conn: Connection, message: AttemptFinished) -> None:
-        """A terminal row from the data plane; its `Ack` is sent by the settle after the write."""
-        self._unacked.append((conn, message.req_id))
-        row = message.row  # settled by `read_done` (the link's reader) or `on_message`
-        self._take(row, row.attempt_id not in self.routes.active)
 
     async def retry_storage(self) -> None:
         if not self.ledger.ok and self.write_staged():

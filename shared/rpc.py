@@ -299,6 +299,13 @@ def acks_by_connection(unacked: list[tuple[Connection, int]]) -> dict[Connection
 def send_acks(unacked: list[tuple[Connection, int]], ok: bool) -> None:
     """Acknowledge rows with one frame per connection (issue 27), `ok` in each; a connection
     gone is passed over (its peer re-sends what it did not see acknowledged)."""
+    if len(unacked) == 1:  # a settle of one row (a link not saturated): its `Ack`, nothing to group
+        conn, req_id = unacked[0]
+        try:
+            conn.send_nowait(Ack(req_id=req_id, ok=ok))
+        except ConnectionError:
+            pass
+        return
     for conn, req_ids in acks_by_connection(unacked).items():
         try:
             conn.send_nowait(Ack(req_id=req_ids[0], ok=ok) if len(req_ids) == 1 else Acks(req_ids=req_ids, ok=ok))

@@ -267,3 +267,53 @@ def test_a_ledger_that_is_not_a_file_never_rotates(tmp_path: Path) -> None:
     assert (tmp_path / "ledger.jsonl").is_symlink()
     ledger.close()
     assert ms("2026-12-02T00:00:00") == clock.now
+
+
+def test_the_dedup_window_forgets_the_oldest_distinct_id_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stage` and `_remember` keep the window an OrderedDict kept (a dict and a deque since issue
+    27): distinct ids, oldest forgotten first, a remembered id re-seen keeps its place."""
+    from collections import OrderedDict
+
+    from controlplane.stores import ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "DEDUP_WINDOW", 5)
+    clock = FakeClock("2026-03-01T12:00:00")
+    ledger = open_ledger(tmp_path / "state", clock)
+    model: OrderedDict[str, None] = OrderedDict()
+    staged = []
+    for step, n in enumerate([1, 2, 1, 3, 4, 2, 5, 6, 7, 1, 8, 3, 9, 9, 2, 10, 4, 11]):
+        attempt_id = f"att-{n}"
+        if step % 3 == 2:  # seeding (a summary's tail ids and the live tail may repeat one)
+            ledger._remember(attempt_id)
+            new = False
+        else:
+            new = ledger.stage(row(stamp_of(clock.now), attempt_id=attempt_id))
+            assert new == (attempt_id not in model)
+            staged += [attempt_id] if new else []
+        if attempt_id not in model:
+            model[attempt_id] = None
+            if len(model) > 5:
+                model.popitem(last=False)
+        assert [f"att-{k}" for k in range(1, 12) if ledger.has(f"att-{k}")] == sorted(model, key=lambda i: int(i[4:]))
+        assert list(ledger._seen) == list(model) == list(ledger._seen_order)
+    assert ledger.flush()
+    assert ids_on_disk(tmp_path / "state") == staged
+    ledger.close()
+
+
+def test_each_line_is_its_row_encoded_whatever_the_rows_sizes(tmp_path: Path) -> None:
+    """Rows are encoded through one scratch line (kept up to `LINE_KEPT`, dropped past it): every
+    line is still exactly its row's JSON, a long row's and the short ones after it."""
+    import msgspec
+
+    clock = FakeClock("2026-03-01T12:00:00")
+    ledger = open_ledger(tmp_path / "state", clock)
+    rows = [row(stamp_of(clock.now), principal=f"w-{'x' * size}") for size in (0, 900, 3, 70_000, 1, 200)]
+    for n, r in enumerate(rows):
+        ledger.stage(r)
+        if n % 2:
+            assert ledger.flush()
+    assert ledger.flush()
+    text = (tmp_path / "state" / "ledger.jsonl").read_bytes()
+    assert text == b"".join(msgspec.json.encode(r) + b"\n" for r in rows)
+    ledger.close()

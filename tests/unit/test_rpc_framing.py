@@ -164,3 +164,26 @@ def test_acks_are_grouped_per_connection_in_order() -> None:
     a, b = object(), object()
     grouped = acks_by_connection([(a, 1), (b, 2), (a, 3), (a, 4)])  # type: ignore[list-item]
     assert grouped == {a: [1, 3, 4], b: [2]}
+
+
+def test_send_acks_sends_one_frame_per_connection_whatever_the_count() -> None:
+    from shared.rpc import send_acks
+    from shared.wire import Ack, Acks
+
+    class Conn:
+        def __init__(self, gone: bool = False) -> None:
+            self.sent: list[object] = []
+            self.gone = gone
+
+        def send_nowait(self, message: object) -> None:
+            if self.gone:
+                raise ConnectionError("rpc connection closed")
+            self.sent.append(message)
+
+    a, b, gone = Conn(), Conn(), Conn(gone=True)
+    send_acks([(a, 7)], False)  # type: ignore[list-item]
+    send_acks([(gone, 8)], True)  # type: ignore[list-item]  # passed over, as with several rows
+    send_acks([(a, 1), (b, 2), (gone, 5), (a, 3)], True)  # type: ignore[list-item]
+    send_acks([], True)
+    assert a.sent == [Ack(req_id=7, ok=False), Acks(req_ids=[1, 3], ok=True)]
+    assert b.sent == [Ack(req_id=2, ok=True)]
