@@ -32,17 +32,8 @@ GUARD = REPO / "dataplane" / "aiohttp_private.py"
 # aiohttp's public surface: the package and its `web` module (each one's `__all__`).
 PUBLIC_MODULES = {"aiohttp", "aiohttp.web"}
 
-# The keyword arguments `UpstreamClient.request` passes to `ResponseHandler.set_response_params`.
-RESPONSE_PARAMS = dict(
-    skip_payload=False,
-    read_until_eof=True,
-    auto_decompress=False,
-    read_bufsize=64 * 1024,
-    timeout_ceil_threshold=5,
-    max_line_size=64 * 1024,
-    max_field_size=64 * 1024,
-    max_headers=128,
-)
+# The keyword arguments the upstream client passes to `ResponseHandler.set_response_params`.
+RESPONSE_PARAMS: dict[str, Any] = dict(skip_payload=False, **KEPT_PARAMS)
 
 
 class _Transport(asyncio.Transport):
