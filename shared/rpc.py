@@ -103,7 +103,8 @@ class Connection:
     and one callback (`call_soon`) writes them all with a single `write`, so a burst of reports
     costs one syscall and one wake-up of the peer instead of one per frame; reports nobody
     waits for are sent `lazy` and wait a little longer for company. `send` flushes at
-    once (the handshake and anything written after it stay in order). Reading takes whatever
+    once (the handshake and anything written after it stay in order), and so does the reader
+    after `read_done` (control's Acks leave in its turn, with no callback). Reading takes whatever
     the socket holds and splits every whole frame out of it, the length checked against
     `FRAME_CAP` before the body is waited for.
     """
@@ -111,6 +112,7 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
         self.reader = reader
         self.writer = writer
+        self._transport = writer.transport  # `writer.write` and `is_closing` are its, one call less
         self.name = name
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Ack]] = {}
@@ -119,6 +121,8 @@ class Connection:
         self._withdrawable: dict[str, int] = {}  # its key → its place in `_out`
         self._soon = False  # a flush is due this iteration
         self._timer: asyncio.TimerHandle | None = None  # a flush is due for lazy frames
+        self._in_turn = False  # `run` is in `read_done`: it flushes after it (no `call_soon`)
+        self._closed = False  # `closed.is_set()`, without the call
         self.closed = asyncio.Event()
 
     def next_id(self) -> int:
@@ -137,17 +141,17 @@ class Connection:
         path, and under load many requests share one write and one wake-up of the peer. Any
         other frame sent meanwhile takes the lazy ones along. Order is kept either way.
         """
-        if self.closed.is_set() or self.writer.is_closing():
+        if self._closed or self._transport.is_closing():
             raise ConnectionError("rpc connection closed")
         self._out.append(encode_frame(message) if encoded else message)
         if self._soon:
             return
-        loop = asyncio.get_running_loop()
         if not lazy:
             self._soon = True
-            loop.call_soon(self.flush)
+            if not self._in_turn:  # else `run` flushes when `read_done` returns, in this turn
+                asyncio.get_running_loop().call_soon(self.flush)
         elif self._timer is None:
-            self._timer = loop.call_later(LAZY_FLUSH_S, self.flush)
+            self._timer = asyncio.get_running_loop().call_later(LAZY_FLUSH_S, self.flush)
 
     def send_withdrawable(self, key: str, message: Message) -> None:
         """Queue a lazy frame that `withdraw(key)` can still take back until it is flushed; it
@@ -177,9 +181,9 @@ class Connection:
         if self._withdrawable:
             self._withdrawable.clear()
             out = [frame if isinstance(frame, bytes) else encode_frame(frame) for frame in out]
-        if self.writer.is_closing():
+        if self._transport.is_closing():
             return
-        self.writer.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[arg-type]
+        self._transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[arg-type]
 
     async def send(self, message: Message) -> None:
         self.send_nowait(message)
@@ -254,7 +258,13 @@ class Connection:
                         if pending is not None:
                             await pending
                 if read_done is not None:
-                    read_done()
+                    self._in_turn = True  # the Acks it sends are written right after it, not a turn later
+                    try:
+                        read_done()
+                    finally:
+                        self._in_turn = False
+                    if self._soon:
+                        self.flush()
                 if data is rest:
                     del rest[:offset]
                 elif offset < size:
@@ -269,10 +279,11 @@ class Connection:
             self.close()
 
     def close(self) -> None:
-        if self.closed.is_set():
+        if self._closed:
             return
+        self._closed = True
         self.closed.set()
-        if self._out and not self.writer.is_closing():
+        if self._out and not self._transport.is_closing():
             self.flush()
         for future in self._pending.values():
             if not future.done():

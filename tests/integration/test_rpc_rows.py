@@ -214,12 +214,28 @@ async def test_shutdown_flush_waits_for_every_row(socket_path: str) -> None:
         control.server.close()
 
 
+class CountingTransport:
+    """The real transport, with its `write` calls counted (`Connection` writes to it directly)."""
+
+    def __init__(self, transport: asyncio.WriteTransport, counter: CountingWriter) -> None:
+        self.inner = transport
+        self.counter = counter
+
+    def write(self, data: bytes) -> None:
+        self.counter.writes += 1
+        self.inner.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 class CountingWriter:
-    """The real StreamWriter, with its `write` calls counted."""
+    """The real StreamWriter, with its `write` calls counted, at the writer or its transport."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.inner = writer
         self.writes = 0
+        self.transport = CountingTransport(writer.transport, self)  # type: ignore[arg-type]
 
     def write(self, data: bytes) -> None:
         self.writes += 1
@@ -323,6 +339,55 @@ async def test_a_plain_function_takes_each_push_in_order(socket_path: str) -> No
         assert [m.row.attempt_id for m in got] == [f"att_{n}" for n in range(40)]  # type: ignore[attr-defined]
     finally:
         conn.close()
+        server.close()
+
+
+async def test_frames_sent_by_read_done_are_written_in_the_readers_turn(socket_path: str) -> None:
+    """What `read_done` sends (control's Acks) is written when it returns, in the reader's turn
+    (before a callback it scheduled first), in one write with a lazy frame queued before it."""
+    got: list[Message] = []
+    after_read_done: list[bool] = []
+    next_turn: list[int] = []
+
+    async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        counting = CountingWriter(writer)
+        peer = Connection(reader, counting, "peer")  # type: ignore[arg-type]
+        pushed: list[Message] = []
+
+        def read_done() -> None:
+            if pushed:
+                peer.send_nowait(AttemptStarted(row=row(99)), lazy=True)
+                for message in pushed:
+                    peer.send_nowait(Ack(req_id=message.req_id))  # type: ignore[attr-defined]
+                pushed.clear()
+
+        def handler(_conn: Connection, message: Message) -> None:
+            pushed.append(message)
+
+        def read_done_checked() -> None:
+            before = counting.writes
+            asyncio.get_running_loop().call_soon(lambda: next_turn.append(counting.writes - before))
+            read_done()
+            after_read_done.append(counting.writes == before)  # not yet: after it returns
+
+        await peer.run(handler, read_done_checked)
+
+    server = await start_unix_server(socket_path, on_client)
+    reader, writer = await asyncio.open_unix_connection(socket_path)
+    conn = Connection(reader, writer, "test")
+    reading = asyncio.create_task(conn.run(lambda _c, message: got.append(message)))
+    acks: list[Ack | None] = []
+    try:
+        for n in range(2):
+            conn.post(lambda rid, n=n: AttemptFinished(req_id=rid, row=row(n)), acks.append)
+        await until(lambda: len(acks) == 2 and len(got) == 1, 5, "two acks and the lazy frame")
+        assert all(a is not None and a.ok for a in acks)
+        assert [m.row.attempt_id for m in got] == ["att_99"]  # type: ignore[attr-defined]
+        assert after_read_done and all(after_read_done)
+        assert next_turn and next_turn[0] == 1  # written once, before the next turn's callbacks
+    finally:
+        conn.close()
+        reading.cancel()
         server.close()
 
 
